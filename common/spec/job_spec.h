@@ -1,0 +1,117 @@
+// The typed job spec: what a user's YAML file (DESIGN.md "Spec") means once parsed and validated.
+// Produced by ParseJobSpec (spec_parser.h); consumed by the coordinator's planner and by workers.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace stagecoach::spec {
+
+// model.builtin: a model family built in to the worker.
+struct BuiltinModel {
+  // "mlp" or "gpt".
+  std::string family;
+  // mlp: layer widths [in, h1, ..., out]; layer i is Linear(sizes[i], sizes[i+1]) followed by
+  // ReLU except after the last. At least two entries.
+  std::vector<int64_t> sizes;
+  // gpt: vocabulary size, model width, number of blocks, attention heads, sequence length.
+  int64_t vocab = 0;
+  int64_t d_model = 0;
+  int64_t layers = 0;
+  int64_t heads = 0;
+  int64_t seq = 0;
+};
+
+struct ModelSpec {
+  // Exactly one of these is set.
+  std::optional<std::string> torchscript;  // path or uploaded artifact name of a TorchScript file
+  std::optional<BuiltinModel> builtin;
+};
+
+struct SplitSpec {
+  // Number of pipeline stages. 0 means "not given": derived from placement.workers and the
+  // schedule's stages per rank.
+  int stages = 0;
+  // split.points: qualified submodule name -> "beginning" | "end" (PyTorch's SplitPoint).
+  std::map<std::string, std::string> points;
+  // "equal-layers" (default), "equal-params" or "profiled".
+  std::string policy = "equal-layers";
+};
+
+struct ScheduleSpec {
+  // Generator name as the user wrote it (lookup is case-insensitive), e.g. "1F1B". Empty when
+  // `csv` is given.
+  std::string kind;
+  // Microbatches per step, >= 1.
+  int microbatches = 1;
+  // schedule.csv: a user's schedule file (stagectl sends its contents in csv_text).
+  std::string csv;
+  std::string csv_text;
+  // "compute_only" (default) or "compute_comms".
+  std::string csv_format = "compute_only";
+};
+
+struct PlacementSpec {
+  // Workers (ranks) the job needs. 0 means "not given": derived from split.stages.
+  int workers = 0;
+  // "cpu" (default) or "cuda".
+  std::string device = "cpu";
+  // "" (the schedule's own), "loop" or "v".
+  std::string style;
+};
+
+struct OptimizerSpec {
+  // "sgd" or "adamw".
+  std::string kind = "sgd";
+  double lr = 0.01;
+  double weight_decay = 0.0;  // sgd default 0; adamw default 0.01
+  double momentum = 0.0;      // sgd only
+  double beta1 = 0.9;         // adamw only
+  double beta2 = 0.999;       // adamw only
+  double eps = 1e-8;          // adamw only
+};
+
+struct CheckpointSpec {
+  // Directory on the workers' filesystem; empty means no checkpoints.
+  std::string dir;
+  // Write one every this many steps; 0 means only at the end of the job.
+  int64_t every_steps = 0;
+};
+
+struct TrainingSpec {
+  // Rows per step, split into schedule.microbatches microbatches along dimension 0.
+  int64_t batch_size = 0;
+  // Training steps to run, >= 1.
+  int64_t steps = 1;
+  // "mse" (mean over the microbatch's elements) or "cross_entropy" (mean over its rows).
+  std::string loss = "mse";
+  OptimizerSpec optimizer;
+  CheckpointSpec checkpoint;
+  // Divide the accumulated gradients by the number of microbatches (PyTorch's scale_grads).
+  bool scale_grads = true;
+};
+
+struct DataSpec {
+  // "synthetic" (default), "tokens" or "tensors".
+  std::string kind = "synthetic";
+  // Path on the workers' filesystem (tokens, tensors).
+  std::string path;
+  // Seed of the data stream (and, for built-in models, of the parameter initialisation).
+  uint64_t seed = 0;
+};
+
+struct JobSpec {
+  // Job name, [a-z0-9][a-z0-9-]*, at most 63 characters.
+  std::string name;
+  ModelSpec model;
+  SplitSpec split;
+  ScheduleSpec schedule;
+  PlacementSpec placement;
+  TrainingSpec training;
+  DataSpec data;
+};
+
+}  // namespace stagecoach::spec

@@ -1,0 +1,17 @@
+// Paths the build passes to tests.
+#pragma once
+
+#include <string>
+
+namespace stagecoach::testing {
+
+// tests/data in the source tree.
+inline std::string TestDataDir() { return STAGECOACH_TEST_DATA_DIR; }
+
+// Golden schedules captured from torch.distributed.pipelining.
+inline std::string GoldenDir() { return TestDataDir() + "/pytorch-schedules"; }
+
+// The top of the build tree (binaries live in its subfolders).
+inline std::string BinaryDir() { return STAGECOACH_BINARY_DIR; }
+
+}  // namespace stagecoach::testing

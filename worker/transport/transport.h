@@ -1,0 +1,73 @@
+// The data-plane transport: point-to-point transfers of raw buffers between the ranks of one
+// job. Backends: Gloo (host memory, TCP; gloo/factory.h) and, where CUDA and NCCL are found,
+// NCCL (device memory). Callers include this header and one backend's factory.h only.
+//
+// Matching: a Send(data, n, peer=q, tag=t) on rank p pairs with the Recv(buf, n, peer=p, tag=t)
+// on rank q. Transfers with the same (peer, tag) pair up in the order they were posted. Both
+// sides must agree on the byte count; a mismatch is an error on the receiver, never a silent
+// truncation.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace stagecoach::transport {
+
+// Bytes moved by one transport since it was created.
+struct TransferStats {
+  int64_t bytes_sent = 0;
+  int64_t bytes_received = 0;
+};
+
+// A posted send or receive. Not thread-safe; owned by the caller that posted it.
+class Work {
+ public:
+  virtual ~Work() = default;
+
+  // Blocks until the transfer completed (OK), `timeout` passed (DEADLINE_EXCEEDED), the
+  // transport failed (UNAVAILABLE or INTERNAL, with the backend's message: a peer closed its
+  // connection, a size mismatch, ...), or the transport was aborted (CANCELLED).
+  // Calling Wait again after it returned OK returns OK at once.
+  virtual absl::Status Wait(absl::Duration timeout) = 0;
+};
+
+// One rank's endpoint of a job's data plane. Send, Recv and Barrier are called from one thread
+// at a time; Abort and stats may be called from any thread.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  // "gloo" or "nccl".
+  virtual absl::string_view backend() const = 0;
+
+  // Starts sending `bytes` bytes at `data` to rank `peer`. `data` must stay valid and unchanged
+  // until the returned Work's Wait returned OK, or the transport was aborted or destroyed.
+  // INVALID_ARGUMENT for a bad peer (out of range or this rank).
+  virtual absl::StatusOr<std::unique_ptr<Work>> Send(const void* data, size_t bytes, int peer,
+                                                     uint64_t tag) = 0;
+
+  // Starts receiving exactly `bytes` bytes from rank `peer` into `data`, which must stay valid
+  // until Wait returned OK, or the transport was aborted or destroyed.
+  virtual absl::StatusOr<std::unique_ptr<Work>> Recv(void* data, size_t bytes, int peer,
+                                                     uint64_t tag) = 0;
+
+  // Returns once every rank has entered Barrier, or an error after `timeout`.
+  virtual absl::Status Barrier(absl::Duration timeout) = 0;
+
+  // Makes every pending and later Wait and Barrier return CANCELLED promptly, e.g. when the job
+  // is stopped or a peer is known to be lost. Idempotent. After Abort the transport can only be
+  // destroyed; destruction then does not wait for peers.
+  virtual void Abort() = 0;
+
+  virtual TransferStats stats() const = 0;
+};
+
+}  // namespace stagecoach::transport

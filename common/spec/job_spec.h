@@ -23,6 +23,10 @@ struct BuiltinModel {
   int64_t layers = 0;
   int64_t heads = 0;
   int64_t seq = 0;
+  // Seed of the parameter initialisation: every worker seeds LibTorch's generator with it and
+  // builds all layers in order, so each keeps exactly its layers of one identical model (the
+  // same parameters torch.manual_seed(seed) and PyTorch's default init would give).
+  uint64_t seed = 0;
 };
 
 struct ModelSpec {

@@ -107,8 +107,15 @@ struct DataSpec {
   uint64_t seed = 0;
 };
 
+// restart: what happens when a job fails (a lost worker, a transport error).
+struct RestartSpec {
+  // Times the job may be restarted from its latest checkpoint before it goes to FAILED; 0 (the
+  // default) means never.
+  int max_restarts = 0;
+};
+
 struct JobSpec {
-  // Job name, [a-z0-9][a-z0-9-]*, at most 63 characters.
+  // Job name: [a-z0-9]([a-z0-9-]*[a-z0-9])?, at most 63 characters (a DNS label).
   std::string name;
   ModelSpec model;
   SplitSpec split;
@@ -116,6 +123,7 @@ struct JobSpec {
   PlacementSpec placement;
   TrainingSpec training;
   DataSpec data;
+  RestartSpec restart;
 };
 
 }  // namespace stagecoach::spec

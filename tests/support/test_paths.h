@@ -14,4 +14,7 @@ inline std::string GoldenDir() { return TestDataDir() + "/pytorch-schedules"; }
 // The top of the build tree (binaries live in its subfolders).
 inline std::string BinaryDir() { return STAGECOACH_BINARY_DIR; }
 
+// configs/ in the source tree: the example job specs.
+inline std::string ConfigsDir() { return STAGECOACH_CONFIGS_DIR; }
+
 }  // namespace stagecoach::testing

@@ -1,0 +1,23 @@
+// Client-side gRPC plumbing shared by stagectl, the coordinator and the workers.
+#pragma once
+
+#include <grpcpp/channel.h>
+#include <grpcpp/client_context.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/time/time.h"
+
+namespace stagecoach::rpc {
+
+// Largest gRPC message any of our services sends or accepts (specs, action lists, reports).
+inline constexpr int kMaxMessageBytes = 64 << 20;
+
+// A channel to `address` (host:port) with our message size limits. Connection is lazy.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
+
+// Sets `ctx`'s deadline to now + `timeout`. Every client call sets one.
+void SetDeadline(grpc::ClientContext* ctx, absl::Duration timeout);
+
+}  // namespace stagecoach::rpc

@@ -1,0 +1,102 @@
+// Schedule generators: the per-rank action lists of torch.distributed.pipelining's schedule
+// classes, and the stage-to-rank mappings they assume.
+//
+// A generator is selected by ScheduleKind and parameterised by ScheduleConfig. Each kind produces
+// PyTorch's `pipeline_order` for the same arguments (same names, same orders, same constraint
+// errors), except where PyTorch's list is known to be defective; those differences are documented
+// at the kind. Generators are pure functions: thread-safe, no I/O.
+#pragma once
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/schedule/action.h"
+
+namespace stagecoach::schedule {
+
+// The schedules this library can generate.
+enum class ScheduleKind {
+  // Fill-drain: every rank runs all forwards, then all backwards. One stage per rank.
+  kGPipe,
+  // One-forward-one-backward: warm-up forwards, then alternating F/B, then cool-down backwards.
+  // One stage per rank; needs num_microbatches >= number of stages.
+  //
+  // Differs from PyTorch on the last rank only: PyTorch's list there runs forwards F1..Fm
+  // (skipping F0 and running one past the end) and fails PyTorch's own validator. Ours runs
+  // F0,B0,F1,B1,... with the same idle-slot alignment; every other rank is identical.
+  k1F1B,
+};
+
+// Looks up a schedule by PyTorch's name, case-insensitively ("gpipe", "1F1B").
+// INVALID_ARGUMENT naming the valid schedules for anything else, e.g.
+// "unknown schedule 'ZeroBubble'; valid schedules: GPipe, 1F1B".
+absl::StatusOr<ScheduleKind> ParseScheduleKind(absl::string_view name);
+
+// PyTorch's spelling of `kind` ("GPipe", "1F1B"); ParseScheduleKind accepts it.
+absl::string_view ScheduleKindName(ScheduleKind kind);
+
+// All kinds, in the order error messages list them.
+const std::vector<ScheduleKind>& AllScheduleKinds();
+
+// What to generate.
+struct ScheduleConfig {
+  ScheduleKind kind = ScheduleKind::kGPipe;
+  // Pipeline ranks (PyTorch's pp_group_size); >= 1.
+  int num_ranks = 1;
+  // Stages hosted by each rank; the pipeline has num_ranks * stages_per_rank stages.
+  // GPipe and 1F1B require exactly 1 (stage index == rank).
+  int stages_per_rank = 1;
+  // Microbatches per training step; >= 1.
+  int num_microbatches = 1;
+};
+
+// Number of pipeline stages `config` describes: num_ranks * stages_per_rank.
+int NumStages(const ScheduleConfig& config);
+
+// The schedule in time-aligned form: element r is rank r's list, where std::nullopt is an idle
+// slot that lines actions up in time across ranks (PyTorch's raw list, the golden
+// `.compute_raw.csv` form). For kinds whose PyTorch pipeline_order already keeps idle slots this
+// equals GenerateSchedule().
+// INVALID_ARGUMENT if the config is invalid or violates the kind's constraint (same message shape
+// as PyTorch, e.g. "Number of microbatches (2) must be greater than or equal to the number of
+// stages (4).").
+absl::StatusOr<PipelineOrder> GenerateTimeAligned(const ScheduleConfig& config);
+
+// The schedule as PyTorch's `pipeline_order`: for GPipe and 1F1B the time-aligned list with idle
+// slots dropped and "{stage}REDUCE_GRAD" appended after each stage's last backward (the golden
+// `.compute.csv` form). Errors as GenerateTimeAligned.
+absl::StatusOr<PipelineOrder> GenerateSchedule(const ScheduleConfig& config);
+
+// How stages are placed on ranks.
+enum class MappingStyle {
+  // Stage s on rank s % num_ranks (PyTorch's "loop"; GPipe, 1F1B, interleaved schedules).
+  kLoop,
+  // Zig-zag: blocks of num_ranks stages alternate direction, so rank r holds stages r and
+  // 2*num_ranks-1-r, ... (PyTorch's "v"; ZBVZeroBubble, DualPipeV).
+  kV,
+};
+
+// "loop" or "v" (case-insensitive). INVALID_ARGUMENT naming the valid styles otherwise.
+absl::StatusOr<MappingStyle> ParseMappingStyle(absl::string_view name);
+
+// "loop" or "v".
+absl::string_view MappingStyleName(MappingStyle style);
+
+// Element s is the rank that runs stage s (PyTorch's generate_stage_to_rank_mapping).
+// INVALID_ARGUMENT if num_stages < 1 or num_ranks < 1, or for kV if num_stages is not a multiple
+// of num_ranks.
+absl::StatusOr<std::vector<int>> StageToRank(int num_stages, int num_ranks, MappingStyle style);
+
+// Element r lists the stages of rank r in increasing order (PyTorch's
+// generate_rank_to_stage_mapping). Errors as StageToRank.
+absl::StatusOr<std::vector<std::vector<int>>> RankToStages(int num_stages, int num_ranks,
+                                                           MappingStyle style);
+
+// Inverts any stage-to-rank map (e.g. the one ValidateComputeSchedule infers): element r lists
+// the stages s with stage_to_rank[s] == r, in increasing order. INVALID_ARGUMENT if an entry is
+// outside [0, num_ranks).
+absl::StatusOr<std::vector<std::vector<int>>> InvertStageToRank(
+    const std::vector<int>& stage_to_rank, int num_ranks);
+
+}  // namespace stagecoach::schedule

@@ -1,0 +1,40 @@
+// Lowering passes over per-rank action lists, as torch.distributed.pipelining runs them between
+// a compute-only schedule and the list a worker executes. Pure functions; thread-safe.
+#pragma once
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/schedule/action.h"
+
+namespace stagecoach::schedule {
+
+// PyTorch's _add_reduce_grad for one rank: drops idle slots and, right after the action that
+// completes a stage's `num_microbatches`-th B or W (the sub-actions of OVERLAP_F_B count one by
+// one), appends "{stage}REDUCE_GRAD". Everything else is kept in order.
+RankActions AddReduceGrad(const RankActions& actions, int num_microbatches);
+
+// PyTorch's _add_send_recv: turns per-rank lists without communication into lists with SEND_F /
+// RECV_F / SEND_B / RECV_B, one row per rank of `compute`.
+//
+// Works in rounds; each round visits the ranks in order and takes the head of each rank's list if
+// it is ready. A forward of stage s > 0 is ready once this rank holds RECV_F(s, mb) or has run
+// F(s-1, mb); an I or B of stage s < last once it holds RECV_B(s, mb) or has run I/B(s+1, mb);
+// OVERLAP_F_B once all its sub-actions are; anything else (W, UNSHARD, RESHARD, REDUCE_GRAD) at
+// once. A taken action is appended, and each F (each I or B) whose next (previous) stage is on
+// another rank appends SEND_F (SEND_B) after it and RECV_F(s+1, mb) (RECV_B(s-1, mb)) to the
+// receiving rank's list at the same moment. Stages on the same rank exchange nothing.
+//
+// Idle slots in `compute` are dropped without spending a round, so the result depends only on
+// each rank's order of actions. (PyTorch's runtime never passes idle slots to this pass: the
+// passes before it drop them. Passed directly, PyTorch's function would spend a round on each;
+// the golden `.sendrecv_only.csv` lists match dropping them.)
+//
+// `stage_to_rank` has one entry per stage (num_stages of them), each a row of `compute`.
+// INVALID_ARGUMENT if the inputs disagree (size, a stage out of range, an action on a rank other
+// than its stage's), or if a round makes no progress; that error names each rank's stuck head
+// action and the action it waits for.
+absl::StatusOr<PipelineOrder> AddSendRecv(const PipelineOrder& compute,
+                                          const std::vector<int>& stage_to_rank, int num_stages);
+
+}  // namespace stagecoach::schedule

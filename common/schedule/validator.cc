@@ -1,0 +1,596 @@
+#include "common/schedule/validator.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace stagecoach::schedule {
+namespace {
+
+// (stage, type, microbatch or -1).
+using Key = std::tuple<int, ActionType, int>;
+
+Key KeyOf(const Action& leaf) { return Key{leaf.stage, leaf.type, leaf.microbatch.value_or(-1)}; }
+Key KeyOf(int stage, ActionType type, int mb) { return Key{stage, type, mb}; }
+
+std::string Name(int stage, ActionType type, int mb) {
+  return Action::Make(stage, type, mb).ToString();
+}
+
+bool IsComm(ActionType type) {
+  return type == ActionType::kSendF || type == ActionType::kRecvF || type == ActionType::kSendB ||
+         type == ActionType::kRecvB;
+}
+
+bool IsLeafCompute(ActionType type) {
+  return type == ActionType::kForward || type == ActionType::kBackwardInput ||
+         type == ActionType::kBackwardWeight || type == ActionType::kFullBackward;
+}
+
+bool IsBackwardInputOrFull(ActionType type) {
+  return type == ActionType::kBackwardInput || type == ActionType::kFullBackward;
+}
+
+std::vector<const Action*> Leaves(const Action& action) {
+  std::vector<const Action*> leaves;
+  if (action.sub_actions.empty()) {
+    leaves.push_back(&action);
+  } else {
+    for (const Action& sub : action.sub_actions) leaves.push_back(&sub);
+  }
+  return leaves;
+}
+
+// "0F3" for a plain action, "0F3 (in (0F3;3B1)OVERLAP_F_B)" for a sub-action.
+std::string Describe(const Action& leaf, const Action& entry) {
+  if (&leaf == &entry) return leaf.ToString();
+  return absl::StrCat(leaf.ToString(), " (in ", entry.ToString(), ")");
+}
+
+// Builds INVALID_ARGUMENT errors that end with the schedule's grid, as PyTorch's do.
+class Reporter {
+ public:
+  explicit Reporter(const PipelineOrder& order) : order_(order) {}
+
+  absl::Status AtStep(size_t rank, size_t step, absl::string_view what) const {
+    return absl::InvalidArgumentError(absl::StrCat("Rank ", rank, ", step ", step, ": ", what,
+                                                   "\n\nFull pipeline schedule:\n",
+                                                   FormatGrid(order_, static_cast<int>(step))));
+  }
+
+  absl::Status Whole(absl::string_view what) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, "\n\nFull pipeline schedule:\n", FormatGrid(order_)));
+  }
+
+ private:
+  const PipelineOrder& order_;
+};
+
+// PyTorch's _validate_schedule rules (and our stricter ones) over the compute actions of `order`.
+// In lowered mode SEND/RECV actions are allowed (their own rules live in CheckComms) and
+// `expected_stage_to_rank` fixes where every stage must run.
+class ComputeChecker {
+ public:
+  ComputeChecker(const PipelineOrder& order, int num_stages, int num_microbatches,
+                 const std::vector<int>* expected_stage_to_rank)
+      : order_(order),
+        report_(order),
+        num_stages_(num_stages),
+        num_microbatches_(num_microbatches),
+        expected_(expected_stage_to_rank),
+        stages_(num_stages),
+        stage_to_rank_(num_stages, -1) {}
+
+  absl::StatusOr<std::vector<int>> Run() {
+    for (size_t rank = 0; rank < order_.size(); ++rank) {
+      for (size_t step = 0; step < order_[rank].size(); ++step) {
+        if (!order_[rank][step].has_value()) continue;
+        const Action& entry = *order_[rank][step];
+        for (const Action* leaf : Leaves(entry)) {
+          absl::Status status = Process(*leaf, entry, rank, step);
+          if (!status.ok()) return status;
+        }
+      }
+    }
+    for (int s = 0; s < num_stages_; ++s) {
+      const StageState& st = stages_[s];
+      const size_t f = st.f.size(), b = st.b.size(), i = st.i.size(), w = st.w.size();
+      if (static_cast<int>(f) != num_microbatches_) {
+        return report_.Whole(absl::StrCat("Got ", f, " F microbatches for stage ", s, ", expected ",
+                                          num_microbatches_));
+      }
+      if (i != w) {
+        return report_.Whole(absl::StrCat("Invalid backward microbatches for stage ", s,
+                                          ": I and W must have equal counts, but got I=", i,
+                                          ", W=", w));
+      }
+      if (static_cast<int>(b + (i + w) / 2) != num_microbatches_) {
+        return report_.Whole(absl::StrCat("Invalid backward microbatches for stage ", s,
+                                          ": expected ", num_microbatches_,
+                                          " total backwards, but got B=", b, ", I=", i, ", W=", w));
+      }
+    }
+    return stage_to_rank_;
+  }
+
+ private:
+  struct StageState {
+    std::set<int> f, b, i, w;
+    int backwards_done = 0;  // B and W so far
+    bool reduced = false;
+  };
+
+  absl::Status Process(const Action& leaf, const Action& entry, size_t rank, size_t step) {
+    const std::string name = Describe(leaf, entry);
+    if (&leaf != &entry && !IsLeafCompute(leaf.type)) {
+      return report_.AtStep(rank, step,
+                            absl::StrCat(entry.ToString(), " overlaps ", leaf.ToString(),
+                                         "; OVERLAP_F_B may only contain F, I, B and W"));
+    }
+    if (expected_ == nullptr && IsComm(leaf.type)) {
+      return report_.AtStep(rank, step,
+                            absl::StrCat("communication action ", name,
+                                         " in a compute schedule (validate lowered schedules "
+                                         "with ValidateLoweredSchedule)"));
+    }
+    const int s = leaf.stage;
+    if (s < 0 || s >= num_stages_) {
+      return report_.AtStep(
+          rank, step,
+          absl::StrCat("action ", name, " names stage ", s, ", outside [0, ", num_stages_, ")"));
+    }
+    const int mb = leaf.microbatch.value_or(0);
+    if (leaf.microbatch.has_value() && (mb < 0 || mb >= num_microbatches_)) {
+      return report_.AtStep(rank, step,
+                            absl::StrCat("action ", name, " names microbatch ", mb,
+                                         ", outside [0, ", num_microbatches_, ")"));
+    }
+    StageState& st = stages_[s];
+    auto twice = [&](absl::string_view what) {
+      return report_.AtStep(rank, step,
+                            absl::StrCat(what, " for stage ", s, ", microbatch ", mb, " (", name,
+                                         ") runs a second time"));
+    };
+    switch (leaf.type) {
+      case ActionType::kForward:
+        if (st.f.count(mb)) return twice("Forward");
+        st.f.insert(mb);
+        break;
+      case ActionType::kFullBackward:
+        if (!st.f.count(mb)) {
+          return report_.AtStep(rank, step,
+                                absl::StrCat("Running Full Backward for stage ", s, ", microbatch ",
+                                             mb, " without first running Forward"));
+        }
+        if (st.b.count(mb)) return twice("Full Backward");
+        if (st.i.count(mb)) {
+          return report_.AtStep(rank, step,
+                                absl::StrCat("Full Backward for stage ", s, ", microbatch ", mb,
+                                             " (", name, ") after its Backward Input already ran"));
+        }
+        st.b.insert(mb);
+        ++st.backwards_done;
+        break;
+      case ActionType::kBackwardInput:
+        if (!st.f.count(mb)) {
+          return report_.AtStep(
+              rank, step,
+              absl::StrCat("Running Backward Input for stage ", s, ", microbatch ", mb,
+                           " without first running Forward"));
+        }
+        if (st.i.count(mb)) return twice("Backward Input");
+        if (st.b.count(mb)) {
+          return report_.AtStep(rank, step,
+                                absl::StrCat("Backward Input for stage ", s, ", microbatch ", mb,
+                                             " (", name, ") after its Full Backward already ran"));
+        }
+        st.i.insert(mb);
+        break;
+      case ActionType::kBackwardWeight:
+        if (!st.i.count(mb)) {
+          return report_.AtStep(
+              rank, step,
+              absl::StrCat("Running Backward Weight for stage ", s, ", microbatch ", mb,
+                           " without first running Backward Input"));
+        }
+        if (st.w.count(mb)) return twice("Backward Weight");
+        st.w.insert(mb);
+        ++st.backwards_done;
+        break;
+      case ActionType::kReduceGrad:
+        if (st.reduced) {
+          return report_.AtStep(rank, step,
+                                absl::StrCat(name, " runs a second time for stage ", s));
+        }
+        if (st.backwards_done < num_microbatches_) {
+          return report_.AtStep(
+              rank, step,
+              absl::StrCat(name, " runs before the last backward of stage ", s, " (",
+                           st.backwards_done, " of ", num_microbatches_, " B/W done)"));
+        }
+        st.reduced = true;
+        break;
+      default:
+        break;
+    }
+    const int r = static_cast<int>(rank);
+    if (expected_ != nullptr && (*expected_)[s] != r) {
+      return report_.AtStep(
+          rank, step,
+          absl::StrCat("action ", name, " of stage ", s, " is on rank ", r,
+                       ", but stage_to_rank maps stage ", s, " to rank ", (*expected_)[s]));
+    }
+    if (stage_to_rank_[s] == -1) {
+      stage_to_rank_[s] = r;
+    } else if (stage_to_rank_[s] != r) {
+      return report_.AtStep(rank, step,
+                            absl::StrCat("Stage ", s, " is assigned to both rank ", r, " and rank ",
+                                         stage_to_rank_[s], " (", name, ")"));
+    }
+    return absl::OkStatus();
+  }
+
+  const PipelineOrder& order_;
+  const Reporter report_;
+  const int num_stages_;
+  const int num_microbatches_;
+  const std::vector<int>* expected_;
+  std::vector<StageState> stages_;
+  std::vector<int> stage_to_rank_;
+};
+
+absl::Status CheckCounts(int num_ranks, int num_stages, int num_microbatches) {
+  if (num_ranks < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_ranks must be at least 1, got ", num_ranks));
+  }
+  if (num_stages < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_stages must be at least 1, got ", num_stages));
+  }
+  if (num_microbatches < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_microbatches must be at least 1, got ", num_microbatches));
+  }
+  return absl::OkStatus();
+}
+
+// Send/recv rules of a lowered schedule, given that the compute rules and stage placement hold.
+class CommChecker {
+ public:
+  CommChecker(const PipelineOrder& order, const std::vector<int>& stage_to_rank)
+      : order_(order),
+        report_(order),
+        stage_to_rank_(stage_to_rank),
+        num_stages_(static_cast<int>(stage_to_rank.size())) {}
+
+  absl::Status Run() {
+    // Per step: placement of comms, SEND after its producer, consumer after its RECV.
+    for (size_t rank = 0; rank < order_.size(); ++rank) {
+      std::set<Key> seen;  // leaves that came earlier on this rank
+      for (size_t step = 0; step < order_[rank].size(); ++step) {
+        if (!order_[rank][step].has_value()) continue;
+        const Action& entry = *order_[rank][step];
+        for (const Action* leaf : Leaves(entry)) {
+          absl::Status status = CheckStep(*leaf, entry, rank, step, seen);
+          if (!status.ok()) return status;
+          if (IsComm(leaf->type)) occurrences_[KeyOf(*leaf)].push_back({rank, step});
+        }
+        for (const Action* leaf : Leaves(entry)) seen.insert(KeyOf(*leaf));
+      }
+    }
+    // Pairing, in rank/step order of the first occurrence.
+    std::vector<std::pair<Where, Key>> firsts;
+    for (const auto& [key, where] : occurrences_) firsts.push_back({where.front(), key});
+    std::sort(firsts.begin(), firsts.end());
+    for (const auto& [where, key] : firsts) {
+      absl::Status status = CheckPair(key, where);
+      if (!status.ok()) return status;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  using Where = std::pair<size_t, size_t>;  // (rank, step)
+
+  bool SameRank(int a, int b) const { return stage_to_rank_[a] == stage_to_rank_[b]; }
+
+  absl::Status CheckStep(const Action& leaf, const Action& entry, size_t rank, size_t step,
+                         const std::set<Key>& seen) const {
+    const int s = leaf.stage;
+    const int mb = leaf.microbatch.value_or(-1);
+    const int last = num_stages_ - 1;
+    const std::string name = Describe(leaf, entry);
+    auto fail = [&](auto&&... parts) { return report_.AtStep(rank, step, absl::StrCat(parts...)); };
+    switch (leaf.type) {
+      case ActionType::kSendF:
+        if (s == last) return fail(name, " sends a forward output from the last stage");
+        if (SameRank(s, s + 1)) {
+          return fail(name, ": stages ", s, " and ", s + 1, " are both on rank ", rank,
+                      ", which exchange tensors without send/recv");
+        }
+        if (!seen.count(KeyOf(s, ActionType::kForward, mb))) {
+          return fail(name, " comes before ", Name(s, ActionType::kForward, mb),
+                      ", which produces what it sends");
+        }
+        break;
+      case ActionType::kSendB:
+        if (s == 0) return fail(name, " sends an input gradient from stage 0");
+        if (SameRank(s, s - 1)) {
+          return fail(name, ": stages ", s - 1, " and ", s, " are both on rank ", rank,
+                      ", which exchange tensors without send/recv");
+        }
+        if (!seen.count(KeyOf(s, ActionType::kBackwardInput, mb)) &&
+            !seen.count(KeyOf(s, ActionType::kFullBackward, mb))) {
+          return fail(name, " comes before ", Name(s, ActionType::kBackwardInput, mb), " or ",
+                      Name(s, ActionType::kFullBackward, mb), ", which produces what it sends");
+        }
+        break;
+      case ActionType::kRecvF:
+        if (s == 0) return fail(name, " receives a forward input for stage 0");
+        if (SameRank(s - 1, s)) {
+          return fail(name, ": stages ", s - 1, " and ", s, " are both on rank ", rank,
+                      ", which exchange tensors without send/recv");
+        }
+        break;
+      case ActionType::kRecvB:
+        if (s == last) return fail(name, " receives an output gradient for the last stage");
+        if (SameRank(s, s + 1)) {
+          return fail(name, ": stages ", s, " and ", s + 1, " are both on rank ", rank,
+                      ", which exchange tensors without send/recv");
+        }
+        break;
+      case ActionType::kForward:
+        if (s > 0 && !SameRank(s - 1, s) && !seen.count(KeyOf(s, ActionType::kRecvF, mb))) {
+          return fail(name, " consumes the output of stage ", s - 1, " on rank ",
+                      stage_to_rank_[s - 1], " but does not come after its ",
+                      Name(s, ActionType::kRecvF, mb), " on this rank");
+        }
+        break;
+      case ActionType::kBackwardInput:
+      case ActionType::kFullBackward:
+        if (s < last && !SameRank(s + 1, s) && !seen.count(KeyOf(s, ActionType::kRecvB, mb))) {
+          return fail(name, " consumes the input gradient of stage ", s + 1, " on rank ",
+                      stage_to_rank_[s + 1], " but does not come after its ",
+                      Name(s, ActionType::kRecvB, mb), " on this rank");
+        }
+        break;
+      default:
+        break;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status CheckPair(const Key& key, const Where& where) const {
+    const auto [s, type, mb] = key;
+    const std::vector<Where>& mine = occurrences_.at(key);
+    const std::string name = Name(s, type, mb);
+    if (mine.size() > 1) {
+      return report_.AtStep(mine[1].first, mine[1].second,
+                            absl::StrCat(name, " appears ", mine.size(),
+                                         " times; each send and receive must appear once"));
+    }
+    int peer_stage = 0;
+    ActionType peer_type = type;
+    switch (type) {
+      case ActionType::kSendF:
+        peer_stage = s + 1, peer_type = ActionType::kRecvF;
+        break;
+      case ActionType::kRecvF:
+        peer_stage = s - 1, peer_type = ActionType::kSendF;
+        break;
+      case ActionType::kSendB:
+        peer_stage = s - 1, peer_type = ActionType::kRecvB;
+        break;
+      case ActionType::kRecvB:
+        peer_stage = s + 1, peer_type = ActionType::kSendB;
+        break;
+      default:
+        return absl::OkStatus();
+    }
+    auto it = occurrences_.find(KeyOf(peer_stage, peer_type, mb));
+    if (it == occurrences_.end()) {
+      return report_.AtStep(where.first, where.second,
+                            absl::StrCat(name, " has no matching ", Name(peer_stage, peer_type, mb),
+                                         " on rank ", stage_to_rank_[peer_stage]));
+    }
+    return absl::OkStatus();
+  }
+
+  const PipelineOrder& order_;
+  const Reporter report_;
+  const std::vector<int>& stage_to_rank_;
+  const int num_stages_;
+  std::map<Key, std::vector<Where>> occurrences_;
+};
+
+// Executes a lowered schedule symbolically: SEND and RECV never block; a compute action that
+// consumes a tensor waits for the peer's SEND (remote producer) or for its producer to have run on
+// this rank (local producer).
+class DeadlockChecker {
+ public:
+  DeadlockChecker(const PipelineOrder& order, const std::vector<int>& stage_to_rank)
+      : order_(order),
+        stage_to_rank_(stage_to_rank),
+        num_stages_(static_cast<int>(stage_to_rank.size())),
+        done_(order.size()),
+        next_(order.size(), 0) {}
+
+  absl::Status Run() {
+    while (true) {
+      bool progress = false;
+      bool finished = true;
+      for (size_t rank = 0; rank < order_.size(); ++rank) {
+        while (next_[rank] < order_[rank].size()) {
+          const std::optional<Action>& entry = order_[rank][next_[rank]];
+          if (entry.has_value()) {
+            if (Blocker(rank, *entry).has_value()) break;
+            for (const Action* leaf : Leaves(*entry)) {
+              done_[rank].insert(KeyOf(*leaf));
+              if (leaf->type == ActionType::kSendF || leaf->type == ActionType::kSendB) {
+                sent_.insert(KeyOf(*leaf));
+              }
+            }
+          }
+          ++next_[rank];
+          progress = true;
+        }
+        if (next_[rank] < order_[rank].size()) finished = false;
+      }
+      if (finished) return absl::OkStatus();
+      if (!progress) return Deadlock();
+    }
+  }
+
+ private:
+  // What `entry` on `rank` waits for, or nullopt if it can run now. Sub-actions run in order, so a
+  // later sub-action may consume what an earlier one produced.
+  std::optional<std::string> Blocker(size_t rank, const Action& entry) const {
+    std::set<Key> local = done_[rank];
+    for (const Action* leaf : Leaves(entry)) {
+      if (auto why = LeafBlocker(rank, *leaf, local)) return why;
+      local.insert(KeyOf(*leaf));
+    }
+    return std::nullopt;
+  }
+
+  std::optional<std::string> LeafBlocker(size_t rank, const Action& leaf,
+                                         const std::set<Key>& local) const {
+    const int s = leaf.stage;
+    const int mb = leaf.microbatch.value_or(-1);
+    const int r = static_cast<int>(rank);
+    if (leaf.type == ActionType::kForward && s > 0) {
+      if (stage_to_rank_[s - 1] == r) {
+        if (local.count(KeyOf(s - 1, ActionType::kForward, mb))) return std::nullopt;
+        return absl::StrCat(Name(s - 1, ActionType::kForward, mb), " on this rank");
+      }
+      if (sent_.count(KeyOf(s - 1, ActionType::kSendF, mb))) return std::nullopt;
+      return absl::StrCat(Name(s - 1, ActionType::kSendF, mb), " from rank ",
+                          stage_to_rank_[s - 1]);
+    }
+    if (IsBackwardInputOrFull(leaf.type) && s < num_stages_ - 1) {
+      if (stage_to_rank_[s + 1] == r) {
+        if (local.count(KeyOf(s + 1, ActionType::kBackwardInput, mb)) ||
+            local.count(KeyOf(s + 1, ActionType::kFullBackward, mb))) {
+          return std::nullopt;
+        }
+        return absl::StrCat(Name(s + 1, ActionType::kBackwardInput, mb), " or ",
+                            Name(s + 1, ActionType::kFullBackward, mb), " on this rank");
+      }
+      if (sent_.count(KeyOf(s + 1, ActionType::kSendB, mb))) return std::nullopt;
+      return absl::StrCat(Name(s + 1, ActionType::kSendB, mb), " from rank ",
+                          stage_to_rank_[s + 1]);
+    }
+    return std::nullopt;
+  }
+
+  absl::Status Deadlock() const {
+    std::vector<std::string> lines;
+    for (size_t rank = 0; rank < order_.size(); ++rank) {
+      if (next_[rank] >= order_[rank].size()) {
+        lines.push_back(absl::StrCat("rank ", rank, " has finished"));
+        continue;
+      }
+      const Action& entry = *order_[rank][next_[rank]];
+      lines.push_back(absl::StrCat("rank ", rank, " is blocked at step ", next_[rank], " on ",
+                                   entry.ToString(), ", waiting for ",
+                                   Blocker(rank, entry).value_or("?")));
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("deadlock: no rank can progress; ", absl::StrJoin(lines, "; "),
+                     "\n\nFull pipeline schedule:\n", FormatGrid(order_)));
+  }
+
+  const PipelineOrder& order_;
+  const std::vector<int>& stage_to_rank_;
+  const int num_stages_;
+  std::vector<std::set<Key>> done_;
+  std::set<Key> sent_;
+  std::vector<size_t> next_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::vector<int>> ValidateComputeSchedule(const PipelineOrder& order, int num_ranks,
+                                                         int num_stages, int num_microbatches) {
+  absl::Status status = CheckCounts(num_ranks, num_stages, num_microbatches);
+  if (!status.ok()) return status;
+  if (static_cast<int>(order.size()) != num_ranks) {
+    return Reporter(order).Whole(absl::StrCat("Schedule has incorrect number of ranks - expected ",
+                                              num_ranks, ", actual ", order.size()));
+  }
+  return ComputeChecker(order, num_stages, num_microbatches, nullptr).Run();
+}
+
+absl::Status ValidateLoweredSchedule(const PipelineOrder& lowered,
+                                     const std::vector<int>& stage_to_rank, int num_stages,
+                                     int num_microbatches) {
+  const int num_ranks = static_cast<int>(lowered.size());
+  absl::Status status = CheckCounts(num_ranks, num_stages, num_microbatches);
+  if (!status.ok()) return status;
+  if (static_cast<int>(stage_to_rank.size()) != num_stages) {
+    return absl::InvalidArgumentError(absl::StrCat("stage_to_rank has ", stage_to_rank.size(),
+                                                   " entries, expected one per stage (", num_stages,
+                                                   ")"));
+  }
+  for (int s = 0; s < num_stages; ++s) {
+    if (stage_to_rank[s] < 0 || stage_to_rank[s] >= num_ranks) {
+      return absl::InvalidArgumentError(absl::StrCat("stage ", s, " is mapped to rank ",
+                                                     stage_to_rank[s], ", but the schedule has ",
+                                                     num_ranks, " ranks"));
+    }
+  }
+  auto inferred = ComputeChecker(lowered, num_stages, num_microbatches, &stage_to_rank).Run();
+  if (!inferred.ok()) return inferred.status();
+  status = CommChecker(lowered, stage_to_rank).Run();
+  if (!status.ok()) return status;
+  return DeadlockChecker(lowered, stage_to_rank).Run();
+}
+
+std::string FormatGrid(const PipelineOrder& order, std::optional<int> error_step) {
+  size_t num_steps = 0;
+  for (const RankActions& actions : order) num_steps = std::max(num_steps, actions.size());
+  const size_t digits = num_steps > 1 ? std::to_string(num_steps - 1).size() : 1;
+  const size_t label_width = 5 + digits;  // "Step " and the zero-padded number
+
+  std::vector<std::vector<std::string>> cells(order.size());
+  std::vector<size_t> widths(order.size(), label_width);
+  for (size_t rank = 0; rank < order.size(); ++rank) {
+    for (const std::optional<Action>& action : order[rank]) {
+      cells[rank].push_back(action.has_value() ? action->ToString() : "");
+      widths[rank] = std::max(widths[rank], cells[rank].back().size());
+    }
+  }
+  auto pad = [](std::string text, size_t width) {
+    if (text.size() < width) text.append(width - text.size(), ' ');
+    return text;
+  };
+
+  std::string out(label_width + 2, ' ');
+  for (size_t rank = 0; rank < order.size(); ++rank) {
+    if (rank > 0) out += ' ';
+    out += pad(absl::StrCat("Rank ", rank), widths[rank]);
+  }
+  out += '\n';
+  for (size_t step = 0; step < num_steps; ++step) {
+    std::string number = std::to_string(step);
+    out += absl::StrCat("Step ", std::string(digits - number.size(), '0'), number, ": ");
+    for (size_t rank = 0; rank < order.size(); ++rank) {
+      if (rank > 0) out += ' ';
+      out += pad(step < cells[rank].size() ? cells[rank][step] : "", widths[rank]);
+    }
+    if (error_step.has_value() && static_cast<size_t>(*error_step) == step) {
+      out += " <-- ERROR HERE";
+    }
+    out += '\n';
+  }
+  return out;
+}
+
+}  // namespace stagecoach::schedule

@@ -1,0 +1,277 @@
+// Lowering passes against PyTorch's own lowered lists (golden pytorch-schedules).
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/schedule/csv.h"
+#include "common/schedule/generators.h"
+#include "common/schedule/lowering.h"
+#include "common/schedule/validator.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/support/test_paths.h"
+
+namespace stagecoach::schedule {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Golden {
+  std::string file;
+  std::string base;  // file name without the suffix
+  std::string schedule;
+  int ranks = 0;
+  int stages_per_rank = 0;
+  int microbatches = 0;
+  int num_stages() const { return ranks * stages_per_rank; }
+};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in.good()) << "cannot read " << path;
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+std::string WithoutCR(std::string text) {
+  text.erase(std::remove(text.begin(), text.end(), '\r'), text.end());
+  return text;
+}
+
+// Golden files named <Schedule>_r<R>_s<S>_m<M><suffix>, sorted by name.
+std::vector<Golden> GoldenFiles(const std::string& suffix) {
+  static const std::regex kName(R"(([A-Za-z0-9]+)_r(\d+)_s(\d+)_m(\d+)(\..+))");
+  std::vector<Golden> out;
+  for (const auto& entry : std::filesystem::directory_iterator(testing::GoldenDir())) {
+    const std::string file = entry.path().filename().string();
+    std::smatch m;
+    if (!std::regex_match(file, m, kName) || m[5] != suffix) continue;
+    out.push_back({file, file.substr(0, file.size() - suffix.size()), m[1], std::stoi(m[2]),
+                   std::stoi(m[3]), std::stoi(m[4])});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const Golden& a, const Golden& b) { return a.file < b.file; });
+  return out;
+}
+
+PipelineOrder LoadOrder(const std::string& file) {
+  auto order = ParseScheduleCsv(ReadFile(testing::GoldenDir() + "/" + file));
+  EXPECT_TRUE(order.ok()) << file << ": " << order.status();
+  return order.ok() ? *order : PipelineOrder{};
+}
+
+bool IsSendRecv(const Action& action) {
+  return action.type == ActionType::kSendF || action.type == ActionType::kRecvF ||
+         action.type == ActionType::kSendB || action.type == ActionType::kRecvB;
+}
+
+// Keeps the actions for which keep(action) holds.
+template <typename Pred>
+PipelineOrder Filter(const PipelineOrder& order, Pred keep) {
+  PipelineOrder out(order.size());
+  for (size_t rank = 0; rank < order.size(); ++rank) {
+    for (const auto& action : order[rank]) {
+      if (action && keep(*action)) out[rank].push_back(action);
+    }
+  }
+  return out;
+}
+
+RankActions Actions(std::initializer_list<const char*> texts) {
+  RankActions out;
+  for (const char* text : texts) out.push_back(*ParseAction(text));
+  return out;
+}
+
+TEST(AddReduceGrad, TurnsEveryRawGoldenListIntoItsComputeList) {
+  int checked = 0;
+  for (const Golden& g : GoldenFiles(".compute_raw.csv")) {
+    SCOPED_TRACE(g.file);
+    PipelineOrder raw = LoadOrder(g.file);
+    PipelineOrder want = LoadOrder(g.base + ".compute.csv");
+    ASSERT_EQ(raw.size(), want.size());
+    for (size_t rank = 0; rank < raw.size(); ++rank) {
+      EXPECT_EQ(AddReduceGrad(raw[rank], g.microbatches), want[rank]) << "rank " << rank;
+    }
+    ++checked;
+  }
+  EXPECT_EQ(checked, 10);
+}
+
+// PyTorch's runtime lowering is unshard/reshard, then reduce-grad, then send/recv; so a comms
+// list without SEND/RECV/UNSHARD/RESHARD is the reduce-grad pass applied to the compute list.
+TEST(AddReduceGrad, MatchesPyTorchRuntimeLoweringOfMultiStageSchedules) {
+  int checked = 0;
+  for (const Golden& g : GoldenFiles(".comms.csv")) {
+    SCOPED_TRACE(g.file);
+    PipelineOrder compute = LoadOrder(g.base + ".compute.csv");
+    PipelineOrder want = Filter(LoadOrder(g.file), [](const Action& a) {
+      return !IsSendRecv(a) && a.type != ActionType::kUnshard && a.type != ActionType::kReshard;
+    });
+    ASSERT_EQ(compute.size(), want.size());
+    for (size_t rank = 0; rank < compute.size(); ++rank) {
+      EXPECT_EQ(AddReduceGrad(compute[rank], g.microbatches), want[rank]) << "rank " << rank;
+    }
+    ++checked;
+  }
+  EXPECT_EQ(checked, 23);
+}
+
+TEST(AddReduceGrad, CountsOverlappedSubActionsAndWeightGradients) {
+  // Stage 0 completes with W1; stage 3 with the B1 inside the overlap.
+  RankActions actions =
+      Actions({"0F0", "", "3F0", "0F1", "3B0", "0I0", "(0F2;3B1)OVERLAP_F_B", "0W0", "0I1", "0W1"});
+  RankActions got = AddReduceGrad(actions, 2);
+  RankActions want = Actions({"0F0", "3F0", "0F1", "3B0", "0I0", "(0F2;3B1)OVERLAP_F_B",
+                              "3REDUCE_GRAD", "0W0", "0I1", "0W1", "0REDUCE_GRAD"});
+  EXPECT_EQ(got, want);
+  // I does not count; with 3 microbatches nothing completes.
+  EXPECT_EQ(AddReduceGrad(actions, 3).size(), actions.size() - 1);
+}
+
+// The two sendrecv_only files are the compute list passed through the send/recv pass alone.
+TEST(AddSendRecv, MatchesSendRecvOnlyGolden) {
+  int checked = 0;
+  for (const Golden& g : GoldenFiles(".sendrecv_only.csv")) {
+    SCOPED_TRACE(g.file);
+    PipelineOrder compute = LoadOrder(g.base + ".compute.csv");
+    auto mapping = ValidateComputeSchedule(compute, g.ranks, g.num_stages(), g.microbatches);
+    ASSERT_TRUE(mapping.ok()) << mapping.status();
+    auto lowered = AddSendRecv(compute, *mapping, g.num_stages());
+    ASSERT_TRUE(lowered.ok()) << lowered.status();
+    EXPECT_EQ(FormatScheduleCsv(*lowered),
+              WithoutCR(ReadFile(testing::GoldenDir() + "/" + g.file)));
+    ++checked;
+  }
+  EXPECT_EQ(checked, 2);
+}
+
+// Idle slots do not take a turn in the round-robin: the result depends only on each rank's order
+// of actions (as in PyTorch's runtime, whose earlier passes drop them).
+TEST(AddSendRecv, IdleSlotsAreIgnored) {
+  for (const char* base : {"Interleaved1F1B_r4_s2_m8", "ZBVZeroBubble_r4_s2_m8"}) {
+    SCOPED_TRACE(base);
+    PipelineOrder compute = LoadOrder(std::string(base) + ".compute.csv");
+    auto mapping = ValidateComputeSchedule(compute, 4, 8, 8);
+    ASSERT_TRUE(mapping.ok()) << mapping.status();
+    PipelineOrder packed = Filter(compute, [](const Action&) { return true; });
+    ASSERT_NE(packed, compute);
+    auto from_packed = AddSendRecv(packed, *mapping, 8);
+    auto from_aligned = AddSendRecv(compute, *mapping, 8);
+    ASSERT_TRUE(from_packed.ok()) << from_packed.status();
+    ASSERT_TRUE(from_aligned.ok()) << from_aligned.status();
+    EXPECT_EQ(*from_packed, *from_aligned);
+  }
+  PipelineOrder spaced = {Actions({"", "", "0F0", "", "0B0"}), Actions({"1F0", "", "1B0", ""})};
+  auto lowered = AddSendRecv(spaced, {0, 1}, 2);
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  EXPECT_EQ(FormatScheduleCsv(*lowered), "0F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n");
+}
+
+// Every runtime-lowered golden list: its own non-comm actions, run through the pass, give it back.
+// This covers UNSHARD/RESHARD/REDUCE_GRAD pass-through, V placement and OVERLAP_F_B.
+TEST(AddSendRecv, ReproducesEveryGoldenCommsList) {
+  int checked = 0;
+  for (const Golden& g : GoldenFiles(".comms.csv")) {
+    SCOPED_TRACE(g.file);
+    PipelineOrder comms = LoadOrder(g.file);
+    auto mapping = ValidateComputeSchedule(LoadOrder(g.base + ".compute.csv"), g.ranks,
+                                           g.num_stages(), g.microbatches);
+    ASSERT_TRUE(mapping.ok()) << mapping.status();
+    PipelineOrder input = Filter(comms, [](const Action& a) { return !IsSendRecv(a); });
+    auto lowered = AddSendRecv(input, *mapping, g.num_stages());
+    ASSERT_TRUE(lowered.ok()) << lowered.status();
+    EXPECT_EQ(FormatScheduleCsv(*lowered),
+              WithoutCR(ReadFile(testing::GoldenDir() + "/" + g.file)));
+    ++checked;
+  }
+  EXPECT_EQ(checked, 23);
+}
+
+TEST(AddSendRecv, GPipeAndOneFOneBLowerToValidSchedules) {
+  int checked = 0;
+  for (ScheduleKind kind : AllScheduleKinds()) {
+    for (int ranks = 1; ranks <= 8; ++ranks) {
+      for (int mbs = 1; mbs <= 16; ++mbs) {
+        if (kind == ScheduleKind::k1F1B && mbs < ranks) continue;
+        SCOPED_TRACE(absl::StrCat(ScheduleKindName(kind), " ranks=", ranks, " mbs=", mbs));
+        ScheduleConfig config;
+        config.kind = kind;
+        config.num_ranks = ranks;
+        config.num_microbatches = mbs;
+        auto compute = GenerateSchedule(config);
+        ASSERT_TRUE(compute.ok()) << compute.status();
+        std::vector<int> mapping = *StageToRank(ranks, ranks, MappingStyle::kLoop);
+        auto lowered = AddSendRecv(*compute, mapping, ranks);
+        ASSERT_TRUE(lowered.ok()) << lowered.status();
+        absl::Status valid = ValidateLoweredSchedule(*lowered, mapping, ranks, mbs);
+        ASSERT_TRUE(valid.ok()) << valid;
+        // Each boundary carries one activation and one gradient per microbatch, both ways.
+        int sends = 0, recvs = 0;
+        for (const RankActions& actions : *lowered) {
+          for (const auto& a : actions) {
+            sends += a->type == ActionType::kSendF || a->type == ActionType::kSendB;
+            recvs += a->type == ActionType::kRecvF || a->type == ActionType::kRecvB;
+          }
+        }
+        EXPECT_EQ(sends, 2 * (ranks - 1) * mbs);
+        EXPECT_EQ(recvs, sends);
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 128 + 100);
+}
+
+TEST(AddSendRecv, HandMadeTwoRankList) {
+  PipelineOrder compute = {Actions({"0F0", "0F1", "0B0", "0B1"}),
+                           Actions({"1F0", "1B0", "1F1", "1B1"})};
+  auto lowered = AddSendRecv(compute, {0, 1}, 2);
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  EXPECT_EQ(FormatScheduleCsv(*lowered),
+            "0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1\n"
+            "1RECV_F0,1F0,1RECV_F1,1B0,1SEND_B0,1F1,1B1,1SEND_B1\n");
+}
+
+TEST(AddSendRecv, SameRankStagesExchangeNothing) {
+  // One rank holding both stages: no comms at all, local readiness suffices.
+  PipelineOrder compute = {Actions({"0F0", "1F0", "1B0", "0B0"})};
+  auto lowered = AddSendRecv(compute, {0, 0}, 2);
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  EXPECT_EQ(*lowered, compute);
+}
+
+TEST(AddSendRecv, NoProgressNamesEachStuckHead) {
+  PipelineOrder compute = {Actions({"0B0", "0F0"}), Actions({"1F0", "1B0"}), {}};
+  auto lowered = AddSendRecv(compute, {0, 1}, 2);
+  ASSERT_FALSE(lowered.ok());
+  EXPECT_EQ(lowered.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string message(lowered.status().message());
+  EXPECT_THAT(message, HasSubstr("can't schedule sends/recvs"));
+  EXPECT_THAT(message, HasSubstr("rank 0 is stuck at step 0 on 0B0: 0B0 needs 0RECV_B0"));
+  EXPECT_THAT(message, HasSubstr("rank 1 is stuck at step 0 on 1F0: 1F0 needs 1RECV_F0"));
+  EXPECT_THAT(message, HasSubstr("rank 2 has finished"));
+}
+
+TEST(AddSendRecv, RejectsInconsistentInputs) {
+  PipelineOrder compute = {Actions({"0F0", "0B0"}), Actions({"1F0", "1B0"})};
+  EXPECT_THAT(std::string(AddSendRecv(compute, {0}, 2).status().message()),
+              HasSubstr("stage_to_rank has 1 entries"));
+  EXPECT_THAT(std::string(AddSendRecv(compute, {0, 2}, 2).status().message()),
+              HasSubstr("stage 1 is mapped to rank 2, but the schedule has 2 ranks"));
+  EXPECT_THAT(
+      std::string(AddSendRecv(compute, {1, 0}, 2).status().message()),
+      HasSubstr("rank 0, step 0: action 0F0 is on rank 0, but stage 0 is mapped to rank 1"));
+  PipelineOrder out_of_range = {Actions({"0F0", "5B0"}), Actions({"1F0", "1B0"})};
+  EXPECT_THAT(std::string(AddSendRecv(out_of_range, {0, 1}, 2).status().message()),
+              HasSubstr("rank 0, step 1: action 5B0 names stage 5"));
+}
+
+}  // namespace
+}  // namespace stagecoach::schedule

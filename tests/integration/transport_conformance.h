@@ -1,0 +1,74 @@
+// A conformance suite for Transport backends (worker/transport/transport.h), written against
+// the interface only. A backend instantiates it with a TransportBackend that creates groups of
+// connected transports and memory they can transfer:
+//
+//   INSTANTIATE_TEST_SUITE_P(Gloo, TransportConformanceTest,
+//                            ::testing::Values(GlooBackend()), BackendName);
+//
+// The tests run every rank of a group in this process; calls on one transport are made from
+// one thread at a time, as transport.h requires.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "gtest/gtest.h"
+#include "worker/transport/transport.h"
+
+namespace stagecoach::transport::testing {
+
+// Memory a backend sends from and receives into (host memory for Gloo, device memory for
+// NCCL), with copies from and to the host for the tests to fill and check it.
+class TestBuffer {
+ public:
+  virtual ~TestBuffer() = default;
+  virtual void* data() = 0;
+  virtual size_t size() const = 0;
+  // Copies `bytes` (at most size() of them) to the start of the buffer.
+  virtual void Write(const std::vector<uint8_t>& bytes) = 0;
+  // Copies the whole buffer to the host.
+  virtual std::vector<uint8_t> Read() const = 0;
+};
+
+// Host memory, for backends that transfer host memory.
+std::unique_ptr<TestBuffer> AllocateHostBuffer(size_t bytes);
+
+// What the suite needs from a backend.
+struct TransportBackend {
+  // Names the instantiation ("Gloo").
+  std::string name;
+  // Creates `world_size` connected transports; element i is rank i.
+  std::function<absl::StatusOr<std::vector<std::unique_ptr<Transport>>>(int world_size)>
+      create_group;
+  // Allocates memory the backend can transfer.
+  std::function<std::unique_ptr<TestBuffer>(size_t bytes)> allocate = AllocateHostBuffer;
+  // The largest group create_group supports; tests that need more ranks skip.
+  int max_world_size = 4;
+};
+
+// Prints the backend's name in test output.
+void PrintTo(const TransportBackend& backend, std::ostream* os);
+
+// Names instantiations after TransportBackend::name.
+std::string BackendName(const ::testing::TestParamInfo<TransportBackend>& info);
+
+// Bytes that differ between (seed, position), to tell messages apart.
+std::vector<uint8_t> Pattern(size_t bytes, uint32_t seed);
+
+class TransportConformanceTest : public ::testing::TestWithParam<TransportBackend> {
+ protected:
+  // Creates a group of `world_size` into `group`; a fatal failure when the backend fails.
+  void CreateGroup(int world_size, std::vector<std::unique_ptr<Transport>>* group);
+  // Backend memory holding `contents`.
+  std::unique_ptr<TestBuffer> Buffer(const std::vector<uint8_t>& contents);
+  // Backend memory of `bytes` zero bytes.
+  std::unique_ptr<TestBuffer> ZeroBuffer(size_t bytes);
+};
+
+}  // namespace stagecoach::transport::testing

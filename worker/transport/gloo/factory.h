@@ -1,0 +1,59 @@
+// The Gloo data-plane backend: host memory over TCP, one connection per pair of ranks.
+// Callers include this header and transport.h only.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "worker/transport/rendezvous_store.h"
+#include "worker/transport/transport.h"
+
+namespace stagecoach::transport {
+
+struct GlooOptions {
+  // This process's rank, in [0, world_size).
+  int rank = 0;
+
+  // Number of ranks in the job, >= 1.
+  int world_size = 1;
+
+  // Address or host name of the local interface to bind. It is also the address this rank
+  // advertises, so every other rank must be able to reach it. Each connection listens on its
+  // own ephemeral port. The default only works when all ranks run on one machine.
+  std::string hostname = "127.0.0.1";
+
+  // Prefix of the keys the rendezvous writes to the store. Transports created over the same
+  // store at the same time, or one after another for the same ranks (a restarted attempt),
+  // each need their own prefix, e.g. "job/7/attempt/2/gloo/".
+  std::string key_prefix = "gloo/";
+
+  // How long CreateGlooTransport waits, in total, for the other ranks to appear in the store.
+  // Opening the TCP connection to a rank whose address has arrived is bounded separately by
+  // the same amount, so a call returns within about twice this at worst.
+  absl::Duration connect_timeout = absl::Seconds(30);
+};
+
+// Creates this rank's endpoint of the job's data plane: publishes this rank's addresses in
+// `store`, reads every other rank's and connects to all of them. Every rank of the job calls
+// this with the same world_size and key_prefix. Blocks until connected to all other ranks.
+// `store` is used only during this call.
+//
+// Errors: INVALID_ARGUMENT (bad options, null store, an address that cannot be bound),
+// DEADLINE_EXCEEDED (a rank did not publish its address in time; names the missing keys),
+// UNAVAILABLE (a connection failed), or an error the store returned.
+//
+// The transport, beyond transport.h: every uint64 tag is valid. A Wait that timed out leaves
+// the transfer posted, and waiting again may still complete it. A size mismatch fails the
+// receive (INTERNAL, "expected N bytes from rank p tag t, got M") and its send, and writes
+// nothing into the receive buffer. A peer's death or Abort fails waits on that peer with
+// UNAVAILABLE within milliseconds; Abort resets this rank's connections, so peers see it the
+// same way. Works may outlive the transport (Wait then returns CANCELLED). Destroying a
+// transport whose Works all completed closes its connections gracefully: data of completed
+// sends still arrives. It holds a TCP connection and a thread per other rank, and one more
+// thread.
+absl::StatusOr<std::unique_ptr<Transport>> CreateGlooTransport(const GlooOptions& options,
+                                                               RendezvousStore* store);
+
+}  // namespace stagecoach::transport

@@ -1,0 +1,52 @@
+// The gRPC adapter of CoordinatorService: converts requests to JobManager / KvStore calls and
+// their Status to grpc::Status. No logic of its own.
+#pragma once
+
+#include "coordinator/job_manager.h"
+#include "coordinator/kv_store.h"
+#include "stagecoach/v1/coordinator.grpc.pb.h"
+
+namespace stagecoach::coordinator {
+
+class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
+ public:
+  // Longest a single GetKey / WaitKeys call may block, whatever the client asks.
+  static constexpr absl::Duration kMaxKvWait = absl::Minutes(5);
+  // How often a WatchJob stream checks whether its client went away.
+  static constexpr absl::Duration kWatchPoll = absl::Milliseconds(500);
+
+  CoordinatorServiceImpl(JobManager* jobs, KvStore* kv) : jobs_(jobs), kv_(kv) {}
+
+  grpc::Status SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
+                         v1::SubmitJobResponse* resp) override;
+  grpc::Status GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
+                      v1::GetJobResponse* resp) override;
+  grpc::Status ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
+                        v1::ListJobsResponse* resp) override;
+  grpc::Status WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
+                        grpc::ServerWriter<v1::JobEvent>* writer) override;
+  grpc::Status CancelJob(grpc::ServerContext* ctx, const v1::CancelJobRequest* req,
+                         v1::CancelJobResponse* resp) override;
+  grpc::Status ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest* req,
+                           v1::ListWorkersResponse* resp) override;
+  grpc::Status RegisterWorker(grpc::ServerContext* ctx, const v1::RegisterWorkerRequest* req,
+                              v1::RegisterWorkerResponse* resp) override;
+  grpc::Status Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
+                         v1::HeartbeatResponse* resp) override;
+  grpc::Status ReportStep(grpc::ServerContext* ctx, const v1::ReportStepRequest* req,
+                          v1::ReportStepResponse* resp) override;
+  grpc::Status ReportTaskEnd(grpc::ServerContext* ctx, const v1::ReportTaskEndRequest* req,
+                             v1::ReportTaskEndResponse* resp) override;
+  grpc::Status SetKey(grpc::ServerContext* ctx, const v1::SetKeyRequest* req,
+                      v1::SetKeyResponse* resp) override;
+  grpc::Status GetKey(grpc::ServerContext* ctx, const v1::GetKeyRequest* req,
+                      v1::GetKeyResponse* resp) override;
+  grpc::Status WaitKeys(grpc::ServerContext* ctx, const v1::WaitKeysRequest* req,
+                        v1::WaitKeysResponse* resp) override;
+
+ private:
+  JobManager* jobs_;
+  KvStore* kv_;
+};
+
+}  // namespace stagecoach::coordinator

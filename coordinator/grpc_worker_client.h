@@ -1,0 +1,30 @@
+// WorkerClient over gRPC, with one cached channel per worker address.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
+#include "coordinator/worker_client.h"
+#include "stagecoach/v1/worker.grpc.pb.h"
+
+namespace stagecoach::coordinator {
+
+class GrpcWorkerClient : public WorkerClient {
+ public:
+  absl::Status StartTask(const std::string& address, const v1::TaskAssignment& task,
+                         absl::Duration timeout) override;
+  absl::Status StopTask(const std::string& address, const std::string& job_id,
+                        const std::string& reason, absl::Duration timeout) override;
+  absl::StatusOr<v1::GetWorkerStatusResponse> GetStatus(const std::string& address,
+                                                        absl::Duration timeout) override;
+
+ private:
+  v1::WorkerService::Stub* Stub(const std::string& address);
+
+  absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<v1::WorkerService::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace stagecoach::coordinator

@@ -1,0 +1,97 @@
+#include "coordinator/job.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc/time_conversion.h"
+#include "common/schedule/generators.h"
+
+namespace stagecoach::coordinator {
+
+bool IsFinal(v1::JobState state) {
+  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
+         state == v1::JOB_STATE_CANCELLED;
+}
+
+absl::Status CheckTransition(v1::JobState from, v1::JobState to) {
+  bool allowed = false;
+  switch (from) {
+    case v1::JOB_STATE_PENDING:
+      allowed = to == v1::JOB_STATE_RUNNING || to == v1::JOB_STATE_FAILED ||
+                to == v1::JOB_STATE_CANCELLED;
+      break;
+    case v1::JOB_STATE_RUNNING:
+      allowed = to == v1::JOB_STATE_SUCCEEDED || to == v1::JOB_STATE_FAILED ||
+                to == v1::JOB_STATE_CANCELLED;
+      break;
+    default:
+      allowed = false;
+  }
+  if (allowed) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("job cannot go from ", JobStateName(from), " to ", JobStateName(to)));
+}
+
+std::string JobStateName(v1::JobState state) {
+  const std::string& full = v1::JobState_Name(state);
+  constexpr absl::string_view kPrefix = "JOB_STATE_";
+  if (full.compare(0, kPrefix.size(), kPrefix.data(), kPrefix.size()) == 0) {
+    return full.substr(kPrefix.size());
+  }
+  return full;
+}
+
+absl::Status Job::TransitionTo(v1::JobState to, const std::string& why, absl::Time now) {
+  absl::Status allowed = CheckTransition(state, to);
+  if (!allowed.ok()) return allowed;
+  state = to;
+  reason = why;
+  v1::JobTransition transition;
+  transition.set_state(to);
+  transition.set_reason(why);
+  *transition.mutable_time() = rpc::ToProtoTimestamp(now);
+  history.push_back(transition);
+  v1::JobEvent event;
+  *event.mutable_state_change() = transition;
+  AddEvent(std::move(event), now);
+  return absl::OkStatus();
+}
+
+void Job::AddEvent(v1::JobEvent event, absl::Time now) {
+  event.set_job_id(id);
+  event.set_sequence(static_cast<int64_t>(events.size()));
+  *event.mutable_time() = rpc::ToProtoTimestamp(now);
+  events.push_back(std::move(event));
+}
+
+std::string Job::RendezvousPrefix() const {
+  return absl::StrCat("jobs/", id, "/attempt-", attempt, "/");
+}
+
+void Job::ToProto(v1::Job* out) const {
+  out->set_id(id);
+  out->set_name(spec.name);
+  out->set_state(state);
+  out->set_reason(reason);
+  for (const auto& t : history) *out->add_history() = t;
+  out->set_steps_done(steps_done);
+  out->set_steps_total(spec.training.steps);
+  for (double loss : losses) out->add_losses(loss);
+  out->set_num_stages(plan.num_stages);
+  out->set_num_ranks(plan.num_ranks);
+  out->set_schedule(std::string(schedule::ScheduleKindName(plan.kind)));
+  out->set_microbatches(plan.num_microbatches);
+  for (const RankSlot& slot : ranks) {
+    v1::RankStatus* r = out->add_ranks();
+    r->set_rank(slot.rank);
+    r->set_worker_id(slot.worker_id);
+    for (int s : slot.stages) r->add_stages(s);
+    for (const auto& a : slot.actions) r->add_assigned_actions(a);
+    for (const auto& a : slot.executed_actions) r->add_executed_actions(a);
+    r->set_steps_done(slot.steps_done);
+    r->set_bytes_sent(slot.bytes_sent);
+    r->set_bytes_received(slot.bytes_received);
+  }
+  out->set_spec_yaml(spec_yaml);
+  *out->mutable_created_time() = rpc::ToProtoTimestamp(created);
+}
+
+}  // namespace stagecoach::coordinator

@@ -1,0 +1,504 @@
+#include "coordinator/job_manager.h"
+
+#include "common/util/logging.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/rpc/time_conversion.h"
+#include "common/spec/spec_parser.h"
+#include "common/util/status_macros.h"
+
+namespace stagecoach::coordinator {
+namespace {
+
+std::string WorkerLabel(const RankSlot& slot) {
+  return absl::StrCat("worker ", slot.worker_id, " (rank ", slot.rank, ")");
+}
+
+}  // namespace
+
+JobManager::JobManager(JobManagerOptions options, JobManagerDeps deps)
+    : options_(options),
+      deps_(deps),
+      registry_(options.lease),
+      calls_(std::make_unique<WorkQueue>(options.worker_call_threads)) {}
+
+JobManager::~JobManager() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (ticker_.joinable()) ticker_.join();
+  calls_.reset();
+}
+
+void JobManager::Start() {
+  ticker_ = std::thread([this] {
+    while (true) {
+      {
+        absl::MutexLock lock(&mu_);
+        auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
+        if (mu_.AwaitWithTimeout(absl::Condition(&stopping), options_.tick_interval)) return;
+      }
+      Tick();
+    }
+  });
+}
+
+Job* JobManager::FindJob(const std::string& id) {
+  for (Job& job : jobs_) {
+    if (job.id == id) return &job;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<Job*> JobManager::FindJobOrError(const std::string& id) {
+  Job* job = FindJob(id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  return job;
+}
+
+absl::StatusOr<std::string> JobManager::SubmitJob(const std::string& spec_yaml,
+                                                  const std::string& origin) {
+  ASSIGN_OR_RETURN(spec::JobSpec spec, spec::ParseJobSpec(spec_yaml, origin));
+  ASSIGN_OR_RETURN(Plan plan, PlanJob(spec));
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = deps_.clock->Now();
+  Job& job = jobs_.emplace_back();
+  job.id = absl::StrCat("job-", next_job_++);
+  job.spec = std::move(spec);
+  job.spec_yaml = spec_yaml;
+  job.plan = std::move(plan);
+  job.created = now;
+  v1::JobTransition created;
+  created.set_state(v1::JOB_STATE_PENDING);
+  created.set_reason("submitted");
+  *created.mutable_time() = rpc::ToProtoTimestamp(now);
+  job.history.push_back(created);
+  v1::JobEvent event;
+  *event.mutable_state_change() = created;
+  job.AddEvent(std::move(event), now);
+  spdlog::info("{} submitted: {} stages on {} workers, {} x {} microbatches, {} steps", job.id,
+               job.plan.num_stages, job.plan.num_ranks,
+               schedule::ScheduleKindName(job.plan.kind), job.plan.num_microbatches,
+               job.spec.training.steps);
+  const std::string id = job.id;
+  ScheduleLocked();
+  return id;
+}
+
+absl::StatusOr<v1::Job> JobManager::GetJob(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Job * job, FindJobOrError(job_id));
+  v1::Job out;
+  job->ToProto(&out);
+  return out;
+}
+
+std::vector<v1::Job> JobManager::ListJobs() {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::Job> out;
+  for (const Job& job : jobs_) job.ToProto(&out.emplace_back());
+  return out;
+}
+
+absl::StatusOr<v1::Job> JobManager::CancelJob(const std::string& job_id,
+                                              const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Job * job, FindJobOrError(job_id));
+  if (IsFinal(job->state)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(job_id, " has already ended (", JobStateName(job->state), ")"));
+  }
+  EndJobLocked(job, v1::JOB_STATE_CANCELLED, reason.empty() ? "cancelled by client" : reason);
+  ScheduleLocked();
+  v1::Job out;
+  job->ToProto(&out);
+  return out;
+}
+
+absl::StatusOr<JobEvents> JobManager::WaitForEvents(const std::string& job_id,
+                                                    int64_t from_sequence,
+                                                    absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Job * job, FindJobOrError(job_id));
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || static_cast<int64_t>(job->events.size()) > from_sequence ||
+           IsFinal(job->state);
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+  JobEvents out;
+  for (int64_t i = std::max<int64_t>(from_sequence, 0);
+       i < static_cast<int64_t>(job->events.size()); ++i) {
+    out.events.push_back(job->events[i]);
+  }
+  out.ended = IsFinal(job->state);
+  return out;
+}
+
+std::vector<v1::WorkerInfo> JobManager::ListWorkers() {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::WorkerInfo> out;
+  for (const WorkerRecord* w : registry_.All()) w->ToProto(&out.emplace_back());
+  return out;
+}
+
+absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
+    const v1::RegisterWorkerRequest& req) {
+  if (req.address().empty()) {
+    return absl::InvalidArgumentError("address: required (host:port of the WorkerService)");
+  }
+  if (req.device().empty()) return absl::InvalidArgumentError("device: required");
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(std::string id,
+                   registry_.Register(req.name(), req.address(), req.device(),
+                                      {req.transports().begin(), req.transports().end()},
+                                      deps_.clock->Now()));
+  spdlog::info("worker {} registered: {} at {} ({})", id, req.name(), req.address(),
+               req.device());
+  ScheduleLocked();
+  v1::RegisterWorkerResponse out;
+  out.set_worker_id(id);
+  *out.mutable_heartbeat_interval() = rpc::ToProtoDuration(options_.heartbeat_interval);
+  *out.mutable_lease() = rpc::ToProtoDuration(options_.lease);
+  return out;
+}
+
+absl::Status JobManager::Heartbeat(const v1::HeartbeatRequest& req) {
+  absl::MutexLock lock(&mu_);
+  return registry_.Heartbeat(req.worker_id(), deps_.clock->Now());
+}
+
+absl::StatusOr<RankSlot*> JobManager::ReportingSlot(Job* job, const std::string& worker_id,
+                                                    int attempt, int rank) {
+  if (attempt != job->attempt || rank < 0 || rank >= static_cast<int>(job->ranks.size()) ||
+      job->ranks[rank].worker_id != worker_id) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("report from worker ", worker_id, " for ", job->id, " attempt ", attempt,
+                     " rank ", rank, " does not match the job's current placement"));
+  }
+  return &job->ranks[rank];
+}
+
+absl::Status JobManager::ReportStep(const v1::ReportStepRequest& req) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Job * job, FindJobOrError(req.job_id()));
+  if (IsFinal(job->state)) return absl::OkStatus();  // late report of a stopped job
+  ASSIGN_OR_RETURN(RankSlot * slot,
+                   ReportingSlot(job, req.worker_id(), req.attempt(), req.rank()));
+  if (req.step() != slot->steps_done) {
+    return absl::InvalidArgumentError(absl::StrCat("step: rank ", req.rank(), " reported step ",
+                                                   req.step(), ", expected ", slot->steps_done));
+  }
+  const int last_stage = job->plan.num_stages - 1;
+  const bool owns_last = job->plan.stage_to_rank[last_stage] == req.rank();
+  if (owns_last && req.microbatch_losses_size() != job->plan.num_microbatches) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("microbatch_losses: the last stage's rank must report ",
+                     job->plan.num_microbatches, " losses, got ", req.microbatch_losses_size()));
+  }
+  slot->steps_done = req.step() + 1;
+  slot->bytes_sent += req.bytes_sent();
+  slot->bytes_received += req.bytes_received();
+  slot->executed_actions.assign(req.executed_actions().begin(), req.executed_actions().end());
+
+  StepAggregate& agg = job->partial_steps[req.step()];
+  ++agg.ranks_reported;
+  const absl::Duration step_time = rpc::FromProtoDuration(req.step_time());
+  agg.slowest = std::max(agg.slowest, step_time);
+  if (owns_last) {
+    agg.microbatch_losses.assign(req.microbatch_losses().begin(), req.microbatch_losses().end());
+  }
+  if (agg.ranks_reported < job->plan.num_ranks) return absl::OkStatus();
+
+  const double loss =
+      std::accumulate(agg.microbatch_losses.begin(), agg.microbatch_losses.end(), 0.0) /
+      static_cast<double>(agg.microbatch_losses.size());
+  job->losses.push_back(loss);
+  job->steps_done = req.step() + 1;
+  v1::JobEvent event;
+  v1::StepCompleted* step = event.mutable_step_completed();
+  step->set_step(req.step());
+  step->set_steps_total(job->spec.training.steps);
+  step->set_loss(loss);
+  *step->mutable_step_time() = rpc::ToProtoDuration(agg.slowest);
+  const double seconds = absl::ToDoubleSeconds(agg.slowest);
+  step->set_samples_per_second(seconds > 0 ? job->spec.training.batch_size / seconds : 0.0);
+  job->AddEvent(std::move(event), deps_.clock->Now());
+  job->partial_steps.erase(req.step());
+  return absl::OkStatus();
+}
+
+absl::Status JobManager::ReportTaskEnd(const v1::ReportTaskEndRequest& req) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Job * job, FindJobOrError(req.job_id()));
+  if (req.attempt() != job->attempt) return absl::OkStatus();  // an older attempt's task
+  ASSIGN_OR_RETURN(RankSlot * slot,
+                   ReportingSlot(job, req.worker_id(), req.attempt(), req.rank()));
+  if (slot->task_ended) return absl::OkStatus();
+  slot->task_ended = true;
+  slot->outcome = req.outcome();
+  slot->error = req.error();
+  registry_.Release(slot->worker_id, job->id);
+  if (IsFinal(job->state)) {
+    ScheduleLocked();
+    return absl::OkStatus();
+  }
+  switch (req.outcome()) {
+    case v1::TASK_OUTCOME_SUCCEEDED: {
+      const bool all = std::all_of(job->ranks.begin(), job->ranks.end(), [](const RankSlot& s) {
+        return s.task_ended && s.outcome == v1::TASK_OUTCOME_SUCCEEDED;
+      });
+      if (all) {
+        EndJobLocked(job, v1::JOB_STATE_SUCCEEDED,
+                     absl::StrCat("all ", job->steps_done, " steps done"));
+      }
+      break;
+    }
+    case v1::TASK_OUTCOME_FAILED:
+    case v1::TASK_OUTCOME_STOPPED: {
+      // A rank that stops on its own (not asked to) is a failure too.
+      const std::string error = req.error().empty() ? "task stopped" : req.error();
+      spdlog::warn("{} rank {} on {} failed: {}", job->id, req.rank(), req.worker_id(), error);
+      const std::string job_id = job->id;
+      const int attempt = job->attempt;
+      const int rank = req.rank();
+      calls_->Enqueue([this, job_id, attempt, rank, error] {
+        InvestigateFailure(job_id, attempt, rank, error);
+      });
+      break;
+    }
+    default:
+      return absl::InvalidArgumentError("outcome: required");
+  }
+  ScheduleLocked();
+  return absl::OkStatus();
+}
+
+void JobManager::InvestigateFailure(const std::string& job_id, int attempt, int rank,
+                                    const std::string& error) {
+  std::vector<std::pair<std::string, std::string>> suspects;  // worker id, address
+  {
+    absl::MutexLock lock(&mu_);
+    Job* job = FindJob(job_id);
+    if (job == nullptr || job->attempt != attempt || IsFinal(job->state)) return;
+    for (const RankSlot& slot : job->ranks) {
+      if (slot.rank != rank && !slot.task_ended) {
+        suspects.emplace_back(slot.worker_id, slot.worker_address);
+      }
+    }
+  }
+  std::vector<std::pair<std::string, std::string>> lost;  // worker id, why
+  for (const auto& [worker_id, address] : suspects) {
+    auto status = deps_.workers->GetStatus(address, options_.probe_timeout);
+    if (!status.ok()) {
+      lost.emplace_back(worker_id, absl::StrCat("unreachable: ", status.status().message()));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  Job* job = FindJob(job_id);
+  for (const auto& [worker_id, why] : lost) {
+    registry_.MarkLost(worker_id, why);
+  }
+  if (job == nullptr || job->attempt != attempt || IsFinal(job->state)) return;
+  std::string reason;
+  for (const auto& [worker_id, why] : lost) {
+    for (const RankSlot& slot : job->ranks) {
+      if (slot.worker_id == worker_id) {
+        absl::StrAppend(&reason, reason.empty() ? "" : "; ", WorkerLabel(slot), " lost: ", why);
+      }
+    }
+  }
+  const RankSlot& reporter = job->ranks[rank];
+  if (reason.empty()) {
+    reason = absl::StrCat("rank ", rank, " (worker ", reporter.worker_id, ") failed: ", error);
+  } else {
+    absl::StrAppend(&reason, " (rank ", rank, " reported: ", error, ")");
+  }
+  EndJobLocked(job, v1::JOB_STATE_FAILED, reason);
+  ScheduleLocked();
+}
+
+void JobManager::Tick() {
+  absl::MutexLock lock(&mu_);
+  for (const std::string& id : registry_.ExpireLeases(deps_.clock->Now())) {
+    const WorkerRecord* w = registry_.Find(id);
+    spdlog::warn("worker {} lost: {}", id, w->reason);
+    // The registry already marked it LOST; fail its job.
+    for (Job& job : jobs_) {
+      if (IsFinal(job.state)) continue;
+      for (const RankSlot& slot : job.ranks) {
+        if (slot.worker_id == id && !slot.task_ended) {
+          EndJobLocked(&job, v1::JOB_STATE_FAILED,
+                       absl::StrCat(WorkerLabel(slot), " lost: ", w->reason));
+          break;
+        }
+      }
+    }
+  }
+  ScheduleLocked();
+}
+
+void JobManager::LoseWorkerLocked(const std::string& worker_id, const std::string& why) {
+  registry_.MarkLost(worker_id, why);
+  for (Job& job : jobs_) {
+    if (IsFinal(job.state)) continue;
+    for (const RankSlot& slot : job.ranks) {
+      if (slot.worker_id == worker_id && !slot.task_ended) {
+        EndJobLocked(&job, v1::JOB_STATE_FAILED, absl::StrCat(WorkerLabel(slot), " lost: ", why));
+        break;
+      }
+    }
+  }
+}
+
+void JobManager::ScheduleLocked() {
+  bool blocked = false;  // an older pending job is waiting: later ones queue behind it
+  std::string blocker;
+  for (Job& job : jobs_) {
+    if (job.state != v1::JOB_STATE_PENDING || job.starting) continue;
+    const int needed = job.plan.num_ranks;
+    std::vector<const WorkerRecord*> idle = registry_.Idle(job.spec.placement.device);
+    const std::string device = job.spec.placement.device;
+    if (blocked) {
+      job.reason = absl::StrCat("queued behind ", blocker, "; needs ", needed, " ", device,
+                                " workers");
+      continue;
+    }
+    if (static_cast<int>(idle.size()) < needed) {
+      job.reason = absl::StrCat("waiting for ", needed, " workers, ", idle.size(), " free");
+      if (device != "cpu") absl::StrAppend(&job.reason, " (device ", device, ")");
+      blocked = true;
+      blocker = job.id;
+      continue;
+    }
+    // Place: ranks in registration order of the free workers.
+    ++job.attempt;
+    job.starting = true;
+    job.ranks.clear();
+    job.partial_steps.clear();
+    std::vector<std::pair<std::string, v1::TaskAssignment>> tasks;
+    std::vector<std::string> names;
+    for (int r = 0; r < needed; ++r) {
+      const WorkerRecord* w = idle[r];
+      RankSlot& slot = job.ranks.emplace_back();
+      slot.rank = r;
+      slot.worker_id = w->id;
+      slot.worker_address = w->address;
+      for (int s = 0; s < job.plan.num_stages; ++s) {
+        if (job.plan.stage_to_rank[s] == r) slot.stages.push_back(s);
+      }
+      for (const auto& action : job.plan.lowered[r]) {
+        if (action.has_value()) slot.actions.push_back(action->ToString());
+      }
+      v1::TaskAssignment task;
+      task.set_job_id(job.id);
+      task.set_attempt(job.attempt);
+      task.set_rank(r);
+      task.set_world_size(needed);
+      task.set_num_stages(job.plan.num_stages);
+      for (int owner : job.plan.stage_to_rank) task.add_stage_to_rank(owner);
+      for (int s : slot.stages) {
+        v1::StageAssignment* st = task.add_stages();
+        st->set_stage(s);
+        st->set_first_layer(job.plan.stages[s].first_layer);
+        st->set_end_layer(job.plan.stages[s].end_layer);
+      }
+      for (const auto& a : slot.actions) task.add_actions(a);
+      task.set_spec_yaml(job.spec_yaml);
+      task.set_rendezvous_prefix(job.RendezvousPrefix());
+      task.set_transport("gloo");
+      *task.mutable_comm_timeout() = rpc::ToProtoDuration(options_.comm_timeout);
+      tasks.emplace_back(w->address, std::move(task));
+      names.push_back(w->id);
+    }
+    for (int r = 0; r < needed; ++r) {
+      absl::Status assigned = registry_.Assign(job.ranks[r].worker_id, job.id, r);
+      if (!assigned.ok()) spdlog::error("{}: {}", job.id, assigned.message());
+    }
+    job.reason = absl::StrCat("starting on ", absl::StrJoin(names, ", "));
+    spdlog::info("{} attempt {} placed on {}", job.id, job.attempt, absl::StrJoin(names, ", "));
+    const std::string id = job.id;
+    const int attempt = job.attempt;
+    calls_->Enqueue([this, id, attempt, tasks = std::move(tasks)]() mutable {
+      StartTasks(id, attempt, std::move(tasks));
+    });
+  }
+}
+
+void JobManager::StartTasks(const std::string& job_id, int attempt,
+                            std::vector<std::pair<std::string, v1::TaskAssignment>> tasks) {
+  absl::Status failure;
+  int failed_rank = -1;
+  for (const auto& [address, task] : tasks) {
+    absl::Status started = deps_.workers->StartTask(address, task, options_.worker_rpc_timeout);
+    if (!started.ok()) {
+      failure = started;
+      failed_rank = task.rank();
+      break;
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  Job* job = FindJob(job_id);
+  if (job == nullptr || job->attempt != attempt) return;
+  job->starting = false;
+  if (IsFinal(job->state)) {
+    // Cancelled while starting: stop what was started (StopTask is idempotent).
+    for (const RankSlot& slot : job->ranks) StopRankLocked(*job, slot, job->reason);
+    return;
+  }
+  if (!failure.ok()) {
+    const RankSlot& slot = job->ranks[failed_rank];
+    if (absl::IsUnavailable(failure) || absl::IsDeadlineExceeded(failure)) {
+      registry_.MarkLost(slot.worker_id, absl::StrCat("unreachable: ", failure.message()));
+    }
+    EndJobLocked(job, v1::JOB_STATE_FAILED,
+                 absl::StrCat("could not start rank ", failed_rank, " on worker ",
+                              slot.worker_id, ": ", failure.message()));
+    ScheduleLocked();
+    return;
+  }
+  absl::Status running = job->TransitionTo(
+      v1::JOB_STATE_RUNNING, absl::StrCat("running on ", job->ranks.size(), " workers"),
+      deps_.clock->Now());
+  if (!running.ok()) spdlog::error("{}: {}", job->id, running.message());
+}
+
+void JobManager::EndJobLocked(Job* job, v1::JobState state, const std::string& reason) {
+  absl::Status moved = job->TransitionTo(state, reason, deps_.clock->Now());
+  if (!moved.ok()) {
+    spdlog::error("{}: {}", job->id, moved.message());
+    return;
+  }
+  spdlog::info("{} {}: {}", job->id, JobStateName(state), reason);
+  deps_.kv->DeletePrefix(job->RendezvousPrefix());
+  if (job->starting) return;  // StartTasks stops the ranks once its calls return
+  for (const RankSlot& slot : job->ranks) {
+    if (!slot.task_ended) StopRankLocked(*job, slot, reason);
+  }
+}
+
+void JobManager::StopRankLocked(const Job& job, const RankSlot& slot, const std::string& reason) {
+  const WorkerRecord* w = registry_.Find(slot.worker_id);
+  if (w == nullptr || w->state == v1::WORKER_STATE_LOST) return;
+  const std::string job_id = job.id;
+  const std::string worker_id = slot.worker_id;
+  const std::string address = slot.worker_address;
+  calls_->Enqueue([this, job_id, worker_id, address, reason] {
+    absl::Status stopped =
+        deps_.workers->StopTask(address, job_id, reason, options_.worker_rpc_timeout);
+    absl::MutexLock lock(&mu_);
+    if (stopped.ok()) {
+      registry_.Release(worker_id, job_id);
+    } else {
+      spdlog::warn("stopping {} on {}: {}", job_id, worker_id, stopped.message());
+      LoseWorkerLocked(worker_id, absl::StrCat("could not stop its task: ", stopped.message()));
+    }
+    ScheduleLocked();
+  });
+}
+
+}  // namespace stagecoach::coordinator

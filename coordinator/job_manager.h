@@ -1,0 +1,138 @@
+// The coordinator's core: validates and plans submitted jobs, queues them with gang semantics
+// (all ranks of a job start together or it waits), hands tasks to workers, follows their
+// reports, detects lost workers, and keeps each job's state, history and event log.
+//
+// Scheduling is strict FIFO: the oldest pending job is placed first, and a later job waits
+// behind it even if it would fit, so a large job cannot be starved by a stream of small ones.
+//
+// Locking: one mutex guards the registry and the jobs. Calls to workers (StartTask, StopTask,
+// probes) run on a work queue without the lock and report back under it.
+#pragma once
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/util/clock.h"
+#include "common/util/work_queue.h"
+#include "coordinator/job.h"
+#include "coordinator/kv_store.h"
+#include "coordinator/worker_client.h"
+#include "coordinator/worker_registry.h"
+#include "stagecoach/v1/coordinator.pb.h"
+
+namespace stagecoach::coordinator {
+
+struct JobManagerOptions {
+  // A worker that sends no heartbeat for this long is declared lost.
+  absl::Duration lease = absl::Seconds(10);
+  // How often workers are told to heartbeat; must be well below `lease`.
+  absl::Duration heartbeat_interval = absl::Seconds(2);
+  // Bound on each StartTask / StopTask call to a worker.
+  absl::Duration worker_rpc_timeout = absl::Seconds(10);
+  // Bound on the call that checks whether a worker suspected lost still answers.
+  absl::Duration probe_timeout = absl::Seconds(2);
+  // Bound on every data-plane wait inside a task (handed to workers with their tasks).
+  absl::Duration comm_timeout = absl::Seconds(60);
+  // How often leases are checked and pending jobs retried by the background thread.
+  absl::Duration tick_interval = absl::Milliseconds(100);
+  // Threads calling workers concurrently.
+  int worker_call_threads = 8;
+};
+
+struct JobManagerDeps {
+  Clock* clock = Clock::Real();
+  WorkerClient* workers = nullptr;  // required
+  KvStore* kv = nullptr;            // required
+};
+
+// Events of a job from a sequence number on, and whether the job has ended (no more events).
+struct JobEvents {
+  std::vector<v1::JobEvent> events;
+  bool ended = false;
+};
+
+// Thread-safe.
+class JobManager {
+ public:
+  JobManager(JobManagerOptions options, JobManagerDeps deps);
+  // Stops the background thread and waits for in-flight worker calls.
+  ~JobManager();
+
+  // Starts the background thread (lease expiry, scheduling). Tests may call Tick() instead.
+  void Start();
+
+  // --- Clients ---
+
+  // Parses, validates and plans the spec, then queues the job. INVALID_ARGUMENT (naming the
+  // field path) when the spec is invalid or cannot be planned; nothing is queued then.
+  absl::StatusOr<std::string> SubmitJob(const std::string& spec_yaml, const std::string& origin);
+  absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
+  std::vector<v1::Job> ListJobs();
+  // FAILED_PRECONDITION when the job has already ended.
+  absl::StatusOr<v1::Job> CancelJob(const std::string& job_id, const std::string& reason);
+  // Waits up to `timeout` for events with sequence >= from_sequence; returns those (possibly
+  // none) and whether the job has ended.
+  absl::StatusOr<JobEvents> WaitForEvents(const std::string& job_id, int64_t from_sequence,
+                                          absl::Duration timeout);
+  std::vector<v1::WorkerInfo> ListWorkers();
+
+  // --- Workers ---
+
+  absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(const v1::RegisterWorkerRequest& req);
+  absl::Status Heartbeat(const v1::HeartbeatRequest& req);
+  absl::Status ReportStep(const v1::ReportStepRequest& req);
+  absl::Status ReportTaskEnd(const v1::ReportTaskEndRequest& req);
+
+  // One round of background work: expire leases (failing the jobs of lost workers) and place
+  // pending jobs on free workers.
+  void Tick();
+
+ private:
+  Job* FindJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Job*> FindJobOrError(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Places pending jobs in FIFO order while workers are free.
+  void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Calls StartTask for every rank of `job_id`'s attempt (on the work queue).
+  void StartTasks(const std::string& job_id, int attempt,
+                  std::vector<std::pair<std::string, v1::TaskAssignment>> tasks);
+  // Ends a job that is not final yet: records the transition, stops its live tasks and
+  // releases its workers.
+  void EndJobLocked(Job* job, v1::JobState state, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stops one rank's task on its worker and releases the worker (on the work queue).
+  void StopRankLocked(const Job& job, const RankSlot& slot, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks a worker lost and fails the job it was running, naming it and its rank.
+  void LoseWorkerLocked(const std::string& worker_id, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a rank reported a failure: probes the job's other workers so that a lost worker,
+  // not its symptom on a peer, is named as the root cause; then fails the job.
+  void InvestigateFailure(const std::string& job_id, int attempt, int rank,
+                          const std::string& error);
+  // Validates that a report comes from the worker holding `rank` in the current attempt.
+  absl::StatusOr<RankSlot*> ReportingSlot(Job* job, const std::string& worker_id, int attempt,
+                                          int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const JobManagerOptions options_;
+  const JobManagerDeps deps_;
+
+  absl::Mutex mu_;
+  WorkerRegistry registry_ ABSL_GUARDED_BY(mu_);
+  std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);  // oldest first; deque keeps pointers stable
+  int64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+
+  std::thread ticker_;
+  // Declared last: destroyed first, so queued worker calls finish while members still exist.
+  std::unique_ptr<WorkQueue> calls_;
+};
+
+}  // namespace stagecoach::coordinator

@@ -1,0 +1,154 @@
+// stagecoach-coordinator: the control plane. See DESIGN.md "Command-line contract".
+#include <grpcpp/server.h>
+#include <grpcpp/server_builder.h>
+#include <signal.h>
+#include "common/util/logging.h"
+
+#include <CLI/CLI.hpp>
+#include <iostream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc/address.h"
+#include "common/rpc/channel.h"
+#include "common/util/config_file.h"
+#include "common/util/logging.h"
+#include "coordinator/coordinator_service.h"
+#include "coordinator/grpc_worker_client.h"
+#include "coordinator/job_manager.h"
+#include "coordinator/kv_store.h"
+
+namespace {
+
+using stagecoach::coordinator::CoordinatorServiceImpl;
+using stagecoach::coordinator::GrpcWorkerClient;
+using stagecoach::coordinator::JobManager;
+using stagecoach::coordinator::JobManagerOptions;
+using stagecoach::coordinator::KvStore;
+
+struct Flags {
+  std::string listen = "0.0.0.0:7070";
+  std::string config;
+  std::string lease = "10s";
+  std::string heartbeat_interval = "2s";
+  std::string comm_timeout = "60s";
+  std::string log_level = "info";
+  bool check_config = false;
+};
+
+int Fail(const std::string& message) {
+  std::cerr << "stagecoach-coordinator: " << message << "\n";
+  return 2;
+}
+
+absl::StatusOr<absl::Duration> ParsePositiveDuration(const std::string& text,
+                                                     const std::string& flag) {
+  absl::Duration d;
+  if (!absl::ParseDuration(text, &d) || d <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", flag, ": must be a positive duration like 500ms, 10s or 1m, got '", text, "'"));
+  }
+  return d;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Stagecoach coordinator: plans pipeline jobs and steers the workers that run them"};
+  Flags flags;
+  auto* listen = app.add_option("--listen", flags.listen,
+                                "gRPC address HOST:PORT (port 0 picks a free port)");
+  app.add_option("--config", flags.config, "YAML file with any of these options as keys");
+  auto* lease = app.add_option("--lease", flags.lease,
+                               "declare a worker lost after this long without a heartbeat");
+  auto* heartbeat = app.add_option("--heartbeat-interval", flags.heartbeat_interval,
+                                   "how often workers heartbeat");
+  auto* comm = app.add_option("--comm-timeout", flags.comm_timeout,
+                              "bound on every data-plane wait in a job's tasks");
+  auto* level = app.add_option("--log-level", flags.log_level,
+                               "trace, debug, info, warn, error or off");
+  app.add_flag("--check-config", flags.check_config,
+               "validate the configuration and exit (0 when valid)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+
+  if (!flags.config.empty()) {
+    auto file = stagecoach::LoadConfigFile(
+        flags.config, {"listen", "lease", "heartbeat-interval", "comm-timeout", "log-level"});
+    if (!file.ok()) return Fail(std::string(file.status().message()));
+    auto take = [&](CLI::Option* opt, const char* key, std::string* into) {
+      auto it = file->find(key);
+      if (it != file->end() && opt->count() == 0) *into = it->second;
+    };
+    take(listen, "listen", &flags.listen);
+    take(lease, "lease", &flags.lease);
+    take(heartbeat, "heartbeat-interval", &flags.heartbeat_interval);
+    take(comm, "comm-timeout", &flags.comm_timeout);
+    take(level, "log-level", &flags.log_level);
+  }
+
+  JobManagerOptions options;
+  auto listen_addr = stagecoach::rpc::ParseHostPort(flags.listen, "--listen");
+  if (!listen_addr.ok()) return Fail(std::string(listen_addr.status().message()));
+  for (auto [text, flag, into] :
+       {std::tuple{&flags.lease, "lease", &options.lease},
+        std::tuple{&flags.heartbeat_interval, "heartbeat-interval", &options.heartbeat_interval},
+        std::tuple{&flags.comm_timeout, "comm-timeout", &options.comm_timeout}}) {
+    auto d = ParsePositiveDuration(*text, flag);
+    if (!d.ok()) return Fail(std::string(d.status().message()));
+    *into = *d;
+  }
+  if (options.heartbeat_interval * 2 > options.lease) {
+    return Fail(absl::StrCat("--heartbeat-interval (", flags.heartbeat_interval,
+                             ") must be at most half of --lease (", flags.lease, ")"));
+  }
+  if (auto s = stagecoach::InitLogging("coordinator", flags.log_level); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
+  if (flags.check_config) {
+    std::cout << "configuration ok\n";
+    return 0;
+  }
+
+  // Signals are handled by one thread with sigwait; block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  KvStore kv;
+  GrpcWorkerClient worker_client;
+  JobManager jobs(options, {stagecoach::Clock::Real(), &worker_client, &kv});
+  CoordinatorServiceImpl service(&jobs, &kv);
+
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(listen_addr->ToString(), grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(stagecoach::rpc::kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(stagecoach::rpc::kMaxMessageBytes);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return Fail(absl::StrCat("cannot listen on ", flags.listen));
+  }
+  stagecoach::rpc::HostPort actual = *listen_addr;
+  actual.port = port;
+  std::cout << "listening on " << actual.ToString() << std::endl;
+  spdlog::info("coordinator listening on {} (lease {}, heartbeat {})", actual.ToString(),
+               flags.lease, flags.heartbeat_interval);
+  jobs.Start();
+
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    spdlog::info("signal {}: shutting down", sig);
+    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  });
+  server->Wait();
+  signal_thread.join();
+  return 0;
+}

@@ -1,0 +1,140 @@
+#include "coordinator/worker_registry.h"
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/rpc/time_conversion.h"
+
+namespace stagecoach::coordinator {
+
+void WorkerRecord::ToProto(v1::WorkerInfo* out) const {
+  out->set_id(id);
+  out->set_name(name);
+  out->set_address(address);
+  out->set_state(state);
+  out->set_job_id(job_id);
+  out->set_rank(rank);
+  out->set_device(device);
+  for (const auto& t : transports) out->add_transports(t);
+  *out->mutable_last_heartbeat_time() = rpc::ToProtoTimestamp(last_heartbeat);
+  out->set_reason(reason);
+}
+
+bool DeviceMatches(const std::string& placement_device, const std::string& worker_device) {
+  if (placement_device == "cpu") return worker_device == "cpu";
+  if (placement_device == "cuda") return absl::StartsWith(worker_device, "cuda");
+  return placement_device == worker_device;
+}
+
+absl::StatusOr<std::string> WorkerRegistry::Register(const std::string& name,
+                                                     const std::string& address,
+                                                     const std::string& device,
+                                                     const std::vector<std::string>& transports,
+                                                     absl::Time now) {
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    if (it->second.address != address) {
+      ++it;
+      continue;
+    }
+    if (it->second.state != v1::WORKER_STATE_LOST) {
+      return absl::AlreadyExistsError(absl::StrCat("worker ", it->second.id,
+                                                   " is already registered at ", address));
+    }
+    it = workers_.erase(it);
+  }
+  const int64_t n = next_id_++;
+  WorkerRecord& w = workers_[n];
+  w.id = absl::StrCat("w-", n);
+  w.name = name.empty() ? address : name;
+  w.address = address;
+  w.device = device;
+  w.transports = transports;
+  w.state = v1::WORKER_STATE_IDLE;
+  w.last_heartbeat = now;
+  return w.id;
+}
+
+absl::Status WorkerRegistry::Heartbeat(const std::string& id, absl::Time now) {
+  WorkerRecord* w = Mutable(id);
+  if (w == nullptr || w->state == v1::WORKER_STATE_LOST) {
+    return absl::NotFoundError(absl::StrCat("worker ", id, " is not registered",
+                                            w ? absl::StrCat(" (lost: ", w->reason, ")") : "",
+                                            "; register again"));
+  }
+  w->last_heartbeat = now;
+  return absl::OkStatus();
+}
+
+std::vector<std::string> WorkerRegistry::ExpireLeases(absl::Time now) {
+  std::vector<std::string> expired;
+  for (auto& [n, w] : workers_) {
+    if (w.state == v1::WORKER_STATE_LOST) continue;
+    if (now - w.last_heartbeat > lease_) {
+      w.state = v1::WORKER_STATE_LOST;
+      w.reason = absl::StrCat("no heartbeat for ", absl::FormatDuration(now - w.last_heartbeat),
+                              " (lease ", absl::FormatDuration(lease_), ")");
+      expired.push_back(w.id);
+    }
+  }
+  return expired;
+}
+
+void WorkerRegistry::MarkLost(const std::string& id, const std::string& reason) {
+  WorkerRecord* w = Mutable(id);
+  if (w == nullptr || w->state == v1::WORKER_STATE_LOST) return;
+  w->state = v1::WORKER_STATE_LOST;
+  w->reason = reason;
+}
+
+absl::Status WorkerRegistry::Assign(const std::string& id, const std::string& job_id, int rank) {
+  WorkerRecord* w = Mutable(id);
+  if (w == nullptr || w->state != v1::WORKER_STATE_IDLE) {
+    return absl::FailedPreconditionError(absl::StrCat("worker ", id, " is not idle"));
+  }
+  w->state = v1::WORKER_STATE_BUSY;
+  w->job_id = job_id;
+  w->rank = rank;
+  return absl::OkStatus();
+}
+
+void WorkerRegistry::Release(const std::string& id, const std::string& job_id) {
+  WorkerRecord* w = Mutable(id);
+  if (w == nullptr || w->state != v1::WORKER_STATE_BUSY || w->job_id != job_id) return;
+  w->state = v1::WORKER_STATE_IDLE;
+  w->job_id.clear();
+  w->rank = -1;
+}
+
+std::vector<const WorkerRecord*> WorkerRegistry::Idle(const std::string& placement_device) const {
+  std::vector<const WorkerRecord*> out;
+  for (const auto& [n, w] : workers_) {
+    if (w.state == v1::WORKER_STATE_IDLE && DeviceMatches(placement_device, w.device)) {
+      out.push_back(&w);
+    }
+  }
+  return out;
+}
+
+const WorkerRecord* WorkerRegistry::Find(const std::string& id) const {
+  for (const auto& [n, w] : workers_) {
+    if (w.id == id) return &w;
+  }
+  return nullptr;
+}
+
+WorkerRecord* WorkerRegistry::Mutable(const std::string& id) {
+  return const_cast<WorkerRecord*>(Find(id));
+}
+
+std::vector<const WorkerRecord*> WorkerRegistry::All() const {
+  std::vector<const WorkerRecord*> out;
+  for (const auto& [n, w] : workers_) out.push_back(&w);
+  return out;
+}
+
+int WorkerRegistry::CountInState(v1::WorkerState state) const {
+  int count = 0;
+  for (const auto& [n, w] : workers_) count += w.state == state;
+  return count;
+}
+
+}  // namespace stagecoach::coordinator

@@ -1,0 +1,93 @@
+// The coordinator's view of its workers: who is registered, alive (holding a lease renewed by
+// heartbeats), idle or busy with which job and rank.
+//
+//   RegisterWorker --> IDLE <--(1)--> BUSY        (1) Assign / Release
+//                        \             /
+//                         (2)-> LOST <-(2)        (2) lease expired, or found unreachable
+//
+// A LOST worker stays listed (with the reason) until a worker registers again at its address;
+// its heartbeats are refused with NOT_FOUND so that it registers again under a new id.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "stagecoach/v1/types.pb.h"
+
+namespace stagecoach::coordinator {
+
+struct WorkerRecord {
+  std::string id;       // "w-<n>", assigned at registration
+  std::string name;     // as the worker calls itself
+  std::string address;  // its WorkerService, host:port
+  std::string device;   // "cpu", "cuda:0", ...
+  std::vector<std::string> transports;
+  v1::WorkerState state = v1::WORKER_STATE_IDLE;
+  std::string job_id;  // set while BUSY
+  int rank = -1;       // set while BUSY
+  absl::Time last_heartbeat;
+  std::string reason;  // why LOST
+
+  void ToProto(v1::WorkerInfo* out) const;
+};
+
+// True when a worker on `worker_device` ("cpu", "cuda:1") can run a job placed on
+// `placement_device` ("cpu" or "cuda").
+bool DeviceMatches(const std::string& placement_device, const std::string& worker_device);
+
+// Not thread-safe: the JobManager owns it and serialises access under its own lock.
+class WorkerRegistry {
+ public:
+  explicit WorkerRegistry(absl::Duration lease) : lease_(lease) {}
+
+  absl::Duration lease() const { return lease_; }
+
+  // Adds a worker as IDLE with a fresh lease and returns its id. A LOST entry with the same
+  // address is dropped (the worker came back). A live entry with the same address is an
+  // ALREADY_EXISTS error: two daemons cannot serve one address.
+  absl::StatusOr<std::string> Register(const std::string& name, const std::string& address,
+                                       const std::string& device,
+                                       const std::vector<std::string>& transports,
+                                       absl::Time now);
+
+  // Renews the lease. NOT_FOUND for an unknown or LOST worker.
+  absl::Status Heartbeat(const std::string& id, absl::Time now);
+
+  // Marks every live worker whose lease ran out by `now` as LOST and returns their ids.
+  std::vector<std::string> ExpireLeases(absl::Time now);
+
+  // Marks a worker LOST with `reason` (no-op if unknown or already LOST).
+  void MarkLost(const std::string& id, const std::string& reason);
+
+  // IDLE -> BUSY on (job_id, rank). FAILED_PRECONDITION unless IDLE.
+  absl::Status Assign(const std::string& id, const std::string& job_id, int rank);
+
+  // BUSY on `job_id` -> IDLE. No-op when the worker is not busy on that job (e.g. LOST).
+  void Release(const std::string& id, const std::string& job_id);
+
+  // Idle workers whose device matches, in registration order.
+  std::vector<const WorkerRecord*> Idle(const std::string& placement_device) const;
+
+  // nullptr when unknown.
+  const WorkerRecord* Find(const std::string& id) const;
+
+  // Every worker, in registration order.
+  std::vector<const WorkerRecord*> All() const;
+
+  int CountInState(v1::WorkerState state) const;
+
+ private:
+  WorkerRecord* Mutable(const std::string& id);
+
+  absl::Duration lease_;
+  int64_t next_id_ = 1;
+  // Keyed by registration number so that iteration is in registration order.
+  std::map<int64_t, WorkerRecord> workers_;
+};
+
+}  // namespace stagecoach::coordinator

@@ -1,0 +1,105 @@
+// The coordinator's small stateful parts: the rendezvous store, the worker registry and the
+// job state machine.
+#include <thread>
+
+#include "coordinator/job.h"
+#include "coordinator/kv_store.h"
+#include "coordinator/worker_registry.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace stagecoach::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(KvStore, GetWaitsForTheKeyAndTimesOutNamingIt) {
+  KvStore kv;
+  std::thread setter([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    ASSERT_TRUE(kv.Set("a/b", "value").ok());
+  });
+  auto got = kv.Get("a/b", absl::Seconds(5));
+  setter.join();
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(*got, "value");
+  auto missing = kv.Get("a/c", absl::Milliseconds(20));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(missing.status()));
+  EXPECT_THAT(std::string(missing.status().message()), HasSubstr("'a/c'"));
+  absl::Status wait = kv.Wait({"a/b", "x", "y"}, absl::Milliseconds(20));
+  EXPECT_THAT(std::string(wait.message()), HasSubstr("x, y"));
+  EXPECT_TRUE(kv.Wait({"a/b"}, absl::ZeroDuration()).ok());
+}
+
+TEST(KvStore, DeletePrefixAndLimits) {
+  KvStore kv;
+  ASSERT_TRUE(kv.Set("jobs/1/a", "1").ok());
+  ASSERT_TRUE(kv.Set("jobs/1/b", "2").ok());
+  ASSERT_TRUE(kv.Set("jobs/10/a", "3").ok());
+  EXPECT_EQ(kv.DeletePrefix("jobs/1/"), 2);
+  EXPECT_EQ(kv.size(), 1u);
+  EXPECT_TRUE(absl::IsInvalidArgument(kv.Set("", "x")));
+  EXPECT_TRUE(absl::IsInvalidArgument(kv.Set("k", std::string(KvStore::kMaxValueBytes + 1, 'x'))));
+}
+
+TEST(WorkerRegistry, LeasesExpireAndLostWorkersMustRegisterAgain) {
+  WorkerRegistry registry(absl::Seconds(3));
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  auto a = registry.Register("a", "h:1", "cpu", {"gloo"}, t0);
+  auto b = registry.Register("b", "h:2", "cuda:0", {"gloo"}, t0);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(*a, "w-1");
+  EXPECT_TRUE(absl::IsAlreadyExists(registry.Register("a2", "h:1", "cpu", {}, t0).status()));
+  ASSERT_TRUE(registry.Heartbeat(*a, t0 + absl::Seconds(2)).ok());
+  EXPECT_THAT(registry.ExpireLeases(t0 + absl::Seconds(4)), ::testing::ElementsAre(*b));
+  EXPECT_EQ(registry.Find(*b)->state, v1::WORKER_STATE_LOST);
+  EXPECT_THAT(registry.Find(*b)->reason, HasSubstr("no heartbeat for 4s"));
+  EXPECT_TRUE(absl::IsNotFound(registry.Heartbeat(*b, t0 + absl::Seconds(5))));
+  // Registering again at the lost worker's address replaces its entry.
+  auto again = registry.Register("b", "h:2", "cuda:0", {}, t0 + absl::Seconds(6));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, "w-3");
+  EXPECT_EQ(registry.Find(*b), nullptr);
+}
+
+TEST(WorkerRegistry, AssignAndReleaseAndDeviceMatching) {
+  WorkerRegistry registry(absl::Seconds(3));
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  auto cpu = registry.Register("a", "h:1", "cpu", {}, t0);
+  auto gpu = registry.Register("b", "h:2", "cuda:1", {}, t0);
+  EXPECT_EQ(registry.Idle("cpu").size(), 1u);
+  EXPECT_EQ(registry.Idle("cuda").size(), 1u);
+  ASSERT_TRUE(registry.Assign(*cpu, "job-1", 0).ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(registry.Assign(*cpu, "job-2", 0)));
+  EXPECT_TRUE(registry.Idle("cpu").empty());
+  registry.Release(*cpu, "job-2");  // not its job: no-op
+  EXPECT_EQ(registry.Find(*cpu)->state, v1::WORKER_STATE_BUSY);
+  registry.Release(*cpu, "job-1");
+  EXPECT_EQ(registry.Find(*cpu)->state, v1::WORKER_STATE_IDLE);
+  EXPECT_EQ(registry.Find(*cpu)->rank, -1);
+  EXPECT_FALSE(DeviceMatches("cpu", "cuda:0"));
+  EXPECT_TRUE(DeviceMatches("cuda", "cuda:3"));
+  (void)gpu;
+}
+
+TEST(JobStateMachine, OnlyTheDiagramsTransitionsAreAllowed) {
+  EXPECT_TRUE(CheckTransition(v1::JOB_STATE_PENDING, v1::JOB_STATE_RUNNING).ok());
+  EXPECT_TRUE(CheckTransition(v1::JOB_STATE_PENDING, v1::JOB_STATE_CANCELLED).ok());
+  EXPECT_TRUE(CheckTransition(v1::JOB_STATE_RUNNING, v1::JOB_STATE_FAILED).ok());
+  EXPECT_FALSE(CheckTransition(v1::JOB_STATE_PENDING, v1::JOB_STATE_SUCCEEDED).ok());
+  EXPECT_FALSE(CheckTransition(v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED).ok());
+  EXPECT_FALSE(CheckTransition(v1::JOB_STATE_CANCELLED, v1::JOB_STATE_RUNNING).ok());
+  Job job;
+  job.id = "job-1";
+  const absl::Time t = absl::FromUnixSeconds(5);
+  ASSERT_TRUE(job.TransitionTo(v1::JOB_STATE_RUNNING, "go", t).ok());
+  ASSERT_TRUE(job.TransitionTo(v1::JOB_STATE_FAILED, "worker w-2 (rank 1) lost", t).ok());
+  absl::Status again = job.TransitionTo(v1::JOB_STATE_RUNNING, "", t);
+  EXPECT_THAT(std::string(again.message()), HasSubstr("cannot go from FAILED to RUNNING"));
+  EXPECT_EQ(job.history.size(), 2u);
+  EXPECT_EQ(job.events.size(), 2u);
+  EXPECT_EQ(job.reason, "worker w-2 (rank 1) lost");
+}
+
+}  // namespace
+}  // namespace stagecoach::coordinator

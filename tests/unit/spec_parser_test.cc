@@ -132,12 +132,13 @@ TEST(SpecParserTest, ExampleConfigValues) {
   EXPECT_EQ(spec.name, "mlp-4stage-gpipe");
   ASSERT_TRUE(spec.model.builtin.has_value());
   EXPECT_EQ(spec.model.builtin->family, "mlp");
-  EXPECT_THAT(spec.model.builtin->sizes, ElementsAre(32, 64, 64, 64, 64, 64, 64, 64, 10));
+  EXPECT_THAT(spec.model.builtin->sizes, ElementsAre(32, 128, 128, 128, 10));
   EXPECT_EQ(spec.model.builtin->seed, 7u);
   EXPECT_EQ(spec.split.stages, 4);
   EXPECT_EQ(spec.schedule.kind, "GPipe");
   EXPECT_EQ(spec.training.optimizer.kind, "sgd");
-  EXPECT_DOUBLE_EQ(spec.training.optimizer.lr, 0.05);
+  EXPECT_EQ(spec.training.steps, 200);
+  EXPECT_DOUBLE_EQ(spec.training.optimizer.lr, 0.1);
   EXPECT_DOUBLE_EQ(spec.training.optimizer.momentum, 0.9);
   EXPECT_EQ(spec.data.seed, 1234u);
 }

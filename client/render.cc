@@ -1,0 +1,218 @@
+#include "client/render.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/rpc/time_conversion.h"
+
+namespace stagecoach::client {
+namespace {
+
+std::string StripPrefix(const std::string& name, absl::string_view prefix) {
+  if (name.compare(0, prefix.size(), prefix.data(), prefix.size()) == 0) {
+    return name.substr(prefix.size());
+  }
+  return name;
+}
+
+std::string TimeString(const google::protobuf::Timestamp& t) {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", rpc::FromProtoTimestamp(t), absl::UTCTimeZone());
+}
+
+std::string Age(const google::protobuf::Timestamp& t) {
+  const absl::Duration age = absl::Now() - rpc::FromProtoTimestamp(t);
+  const int64_t s = absl::ToInt64Seconds(age);
+  if (s < 120) return absl::StrCat(std::max<int64_t>(s, 0), "s");
+  if (s < 7200) return absl::StrCat(s / 60, "m");
+  return absl::StrCat(s / 3600, "h");
+}
+
+void EmitYaml(YAML::Emitter& out, const nlohmann::json& v) {
+  if (v.is_object()) {
+    out << YAML::BeginMap;
+    for (const auto& [key, value] : v.items()) {
+      out << YAML::Key << key << YAML::Value;
+      EmitYaml(out, value);
+    }
+    out << YAML::EndMap;
+  } else if (v.is_array()) {
+    out << YAML::BeginSeq;
+    for (const auto& value : v) EmitYaml(out, value);
+    out << YAML::EndSeq;
+  } else if (v.is_string()) {
+    out << v.get<std::string>();
+  } else if (v.is_boolean()) {
+    out << v.get<bool>();
+  } else if (v.is_number_integer()) {
+    out << v.get<int64_t>();
+  } else if (v.is_number()) {
+    out << v.get<double>();
+  } else {
+    out << YAML::Null;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<OutputFormat> ParseOutputFormat(const std::string& text) {
+  if (text == "table") return OutputFormat::kTable;
+  if (text == "json") return OutputFormat::kJson;
+  if (text == "yaml") return OutputFormat::kYaml;
+  return absl::InvalidArgumentError(
+      absl::StrCat("-o: must be table, json or yaml, got '", text, "'"));
+}
+
+std::string StateName(v1::JobState state) {
+  return StripPrefix(v1::JobState_Name(state), "JOB_STATE_");
+}
+
+std::string StateName(v1::WorkerState state) {
+  return StripPrefix(v1::WorkerState_Name(state), "WORKER_STATE_");
+}
+
+nlohmann::json JobJson(const v1::Job& job) {
+  nlohmann::json out;
+  out["id"] = job.id();
+  out["name"] = job.name();
+  out["state"] = StateName(job.state());
+  out["reason"] = job.reason();
+  out["steps_done"] = job.steps_done();
+  out["steps_total"] = job.steps_total();
+  out["losses"] = std::vector<double>(job.losses().begin(), job.losses().end());
+  out["schedule"] = job.schedule();
+  out["num_stages"] = job.num_stages();
+  out["num_ranks"] = job.num_ranks();
+  out["microbatches"] = job.microbatches();
+  out["created_time"] = TimeString(job.created_time());
+  nlohmann::json history = nlohmann::json::array();
+  for (const auto& t : job.history()) {
+    history.push_back({{"state", StateName(t.state())},
+                       {"reason", t.reason()},
+                       {"time", TimeString(t.time())}});
+  }
+  out["history"] = history;
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const auto& r : job.ranks()) {
+    ranks.push_back({
+        {"rank", r.rank()},
+        {"worker_id", r.worker_id()},
+        {"stages", std::vector<int>(r.stages().begin(), r.stages().end())},
+        {"steps_done", r.steps_done()},
+        {"bytes_sent", r.bytes_sent()},
+        {"bytes_received", r.bytes_received()},
+        {"assigned_actions",
+         std::vector<std::string>(r.assigned_actions().begin(), r.assigned_actions().end())},
+        {"executed_actions",
+         std::vector<std::string>(r.executed_actions().begin(), r.executed_actions().end())},
+    });
+  }
+  out["ranks"] = ranks;
+  return out;
+}
+
+nlohmann::json WorkerJson(const v1::WorkerInfo& w) {
+  return {
+      {"id", w.id()},
+      {"name", w.name()},
+      {"address", w.address()},
+      {"state", StateName(w.state())},
+      {"job_id", w.job_id()},
+      {"rank", w.rank()},
+      {"device", w.device()},
+      {"transports", std::vector<std::string>(w.transports().begin(), w.transports().end())},
+      {"last_heartbeat_time", TimeString(w.last_heartbeat_time())},
+      {"reason", w.reason()},
+  };
+}
+
+std::string ToYaml(const nlohmann::json& value) {
+  YAML::Emitter out;
+  EmitYaml(out, value);
+  return std::string(out.c_str()) + "\n";
+}
+
+std::string FormatTable(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> widths;
+  for (const auto& row : rows) {
+    widths.resize(std::max(widths.size(), row.size()), 0);
+    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
+  }
+  std::string out;
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      line += row[i];
+      if (i + 1 < row.size()) line += std::string(widths[i] - row[i].size() + 2, ' ');
+    }
+    out += line + "\n";
+  }
+  return out;
+}
+
+std::string JobsTable(const std::vector<v1::Job>& jobs) {
+  std::vector<std::vector<std::string>> rows = {
+      {"ID", "NAME", "STATE", "STEPS", "LOSS", "SCHEDULE", "STAGES", "AGE", "REASON"}};
+  for (const auto& j : jobs) {
+    rows.push_back({j.id(), j.name(), StateName(j.state()),
+                    absl::StrCat(j.steps_done(), "/", j.steps_total()),
+                    j.losses().empty() ? "-" : absl::StrFormat("%.4f", *j.losses().rbegin()),
+                    j.schedule(), absl::StrCat(j.num_stages()), Age(j.created_time()),
+                    j.reason()});
+  }
+  return FormatTable(rows);
+}
+
+std::string WorkersTable(const std::vector<v1::WorkerInfo>& workers) {
+  std::vector<std::vector<std::string>> rows = {
+      {"ID", "NAME", "ADDRESS", "DEVICE", "STATE", "JOB", "RANK", "HEARTBEAT"}};
+  for (const auto& w : workers) {
+    std::string state = StateName(w.state());
+    if (w.state() == v1::WORKER_STATE_LOST && !w.reason().empty()) {
+      absl::StrAppend(&state, " (", w.reason(), ")");
+    }
+    rows.push_back({w.id(), w.name(), w.address(), w.device(), state,
+                    w.job_id().empty() ? "-" : w.job_id(),
+                    w.rank() < 0 ? "-" : absl::StrCat(w.rank()),
+                    absl::StrCat(Age(w.last_heartbeat_time()), " ago")});
+  }
+  return FormatTable(rows);
+}
+
+std::string JobDetails(const v1::Job& j) {
+  std::ostringstream out;
+  out << "Job:       " << j.id() << " (" << j.name() << ")\n";
+  out << "State:     " << StateName(j.state()) << "\n";
+  if (!j.reason().empty()) out << "Reason:    " << j.reason() << "\n";
+  out << "Schedule:  " << j.schedule() << ", " << j.num_stages() << " stages on " << j.num_ranks()
+      << " workers, " << j.microbatches() << " microbatches\n";
+  out << "Steps:     " << j.steps_done() << "/" << j.steps_total() << "\n";
+  if (!j.losses().empty()) {
+    out << "Loss:      " << absl::StrFormat("%.6f", *j.losses().begin()) << " (first) -> "
+        << absl::StrFormat("%.6f", *j.losses().rbegin()) << " (latest)\n";
+  }
+  if (j.ranks_size() > 0) {
+    std::vector<std::vector<std::string>> rows = {
+        {"RANK", "WORKER", "STAGES", "STEPS", "SENT", "RECEIVED"}};
+    for (const auto& r : j.ranks()) {
+      rows.push_back({absl::StrCat(r.rank()), r.worker_id(), absl::StrJoin(r.stages(), ","),
+                      absl::StrCat(r.steps_done()), absl::StrCat(r.bytes_sent(), " B"),
+                      absl::StrCat(r.bytes_received(), " B")});
+    }
+    out << "\n" << FormatTable(rows);
+  }
+  out << "\nHistory:\n";
+  for (const auto& t : j.history()) {
+    out << "  " << TimeString(t.time()) << "  " << StateName(t.state());
+    if (!t.reason().empty()) out << "  " << t.reason();
+    out << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace stagecoach::client

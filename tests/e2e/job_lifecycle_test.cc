@@ -1,0 +1,252 @@
+// Jobs through the control plane with real processes: gang placement (a job waits, visibly,
+// until enough workers are free), bad input refused at submit, a worker killed mid-job (the job
+// fails naming the worker and its rank within the lease plus a margin; the others recover and
+// run the next job), cancellation, and stagectl's command-line contract.
+#include <signal.h>
+
+#include <fstream>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/support/local_cluster.h"
+#include "tests/support/test_paths.h"
+
+namespace stagecoach::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string MlpSpec(const std::string& name, int stages, const std::string& schedule,
+                    int64_t steps, int microbatches = 4) {
+  return absl::StrCat("name: ", name, "\n",
+                      "model:\n  builtin: {family: mlp, sizes: [8, 16, 16, 16, 16, 4], seed: 1}\n",
+                      "split: {stages: ", stages, "}\n",
+                      "schedule: {kind: ", schedule, ", microbatches: ", microbatches, "}\n",
+                      "training: {batch_size: 16, steps: ", steps, ", loss: mse}\n");
+}
+
+std::string LastLine(const std::string& text) {
+  std::vector<std::string> lines = absl::StrSplit(text, '\n', absl::SkipEmpty());
+  return lines.empty() ? "" : lines.back();
+}
+
+bool IsFinal(const v1::Job& job) {
+  return job.state() == v1::JOB_STATE_SUCCEEDED || job.state() == v1::JOB_STATE_FAILED ||
+         job.state() == v1::JOB_STATE_CANCELLED;
+}
+
+TEST(JobLifecycle, PendingJobShowsWhatItWaitsForAndStartsWhenWorkersJoin) {
+  auto cluster = LocalCluster::Start({.workers = 2});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  const std::string spec = c.WriteFile("four.yaml", MlpSpec("four", 4, "1F1B", 5));
+  CommandResult submit = c.Stagectl({"submit", spec});
+  ASSERT_EQ(submit.exit_code, 0) << submit.err;
+  const std::string job_id = LastLine(submit.out);
+
+  CommandResult status = c.Stagectl({"status", job_id, "-o", "json"});
+  ASSERT_EQ(status.exit_code, 0) << status.err;
+  nlohmann::json j = nlohmann::json::parse(status.out);
+  EXPECT_EQ(j["id"], job_id);
+  EXPECT_EQ(j["state"], "PENDING");
+  EXPECT_EQ(j["reason"], "waiting for 4 workers, 2 free");
+  EXPECT_EQ(j["steps_done"], 0);
+  EXPECT_TRUE(j["losses"].is_array());
+
+  // The human view says the same; global options may also follow the command.
+  CommandResult table = c.Stagectl({"status", job_id});
+  EXPECT_THAT(table.out, HasSubstr("PENDING"));
+  EXPECT_THAT(table.out, HasSubstr("waiting for 4 workers, 2 free"));
+
+  ASSERT_TRUE(c.AddWorker().ok());
+  ASSERT_TRUE(c.AddWorker().ok());
+  auto done = c.WaitForJob(job_id, IsFinal, absl::Seconds(90));
+  ASSERT_TRUE(done.ok()) << done.status() << c.Logs();
+  EXPECT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->reason() << c.Logs();
+  EXPECT_EQ(done->steps_done(), 5);
+  EXPECT_EQ(done->losses_size(), 5);
+  // History: PENDING (submitted), RUNNING, SUCCEEDED.
+  ASSERT_EQ(done->history_size(), 3);
+  EXPECT_EQ(done->history(1).state(), v1::JOB_STATE_RUNNING);
+}
+
+TEST(JobLifecycle, BadSpecsAreRefusedAtSubmitWithTheFieldAndNothingIsQueued) {
+  auto cluster = LocalCluster::Start({.workers = 1});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  struct Bad {
+    std::string name;
+    std::string yaml;
+    std::string message;
+  };
+  const std::vector<Bad> bad = {
+      {"invalid-yaml", "name: x\nmodel: {builtin: [\n", "invalid YAML"},
+      {"unknown-schedule", MlpSpec("s", 2, "ZeroBubbleDeluxe", 3),
+       "schedule.kind: unknown schedule 'ZeroBubbleDeluxe'"},
+      {"too-many-stages", MlpSpec("s", 7, "GPipe", 3), "split.stages: must be <= 5"},
+      {"microbatches-over-batch", MlpSpec("s", 2, "GPipe", 3, 32),
+       "schedule.microbatches: must be <= training.batch_size (16), got 32"},
+      {"1f1b-too-few-microbatches", MlpSpec("s", 4, "1F1B", 3, 2),
+       "Number of microbatches (2) must be greater than or equal to the number of stages (4)"},
+  };
+  for (const Bad& b : bad) {
+    const std::string path = c.WriteFile(b.name + ".yaml", b.yaml);
+    CommandResult submit = c.Stagectl({"submit", path});
+    EXPECT_EQ(submit.exit_code, 1) << b.name;
+    EXPECT_THAT(submit.err, HasSubstr(b.message)) << b.name;
+    EXPECT_THAT(submit.err, HasSubstr(path)) << b.name;  // says which file
+    EXPECT_EQ(submit.out, "") << b.name;
+  }
+  CommandResult list = c.Stagectl({"list", "-o", "json"});
+  ASSERT_EQ(list.exit_code, 0) << list.err;
+  EXPECT_EQ(nlohmann::json::parse(list.out).size(), 0u);
+  CommandResult missing = c.Stagectl({"submit", c.dir() + "/no-such.yaml"});
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_THAT(missing.err, HasSubstr("cannot read spec file"));
+}
+
+TEST(JobLifecycle, KilledWorkerFailsTheJobNamingItAndTheOthersRunTheNextJob) {
+  ClusterOptions options;
+  options.workers = 3;
+  options.lease = "2s";
+  options.heartbeat_interval = "400ms";
+  options.comm_timeout = "60s";  // the failure must be found without waiting for this
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  const std::string spec = c.WriteFile("long.yaml", MlpSpec("long", 3, "GPipe", 1000000));
+  CommandResult submit = c.Stagectl({"submit", spec});
+  ASSERT_EQ(submit.exit_code, 0) << submit.err;
+  const std::string job_id = LastLine(submit.out);
+  auto running = c.WaitForJob(
+      job_id, [](const v1::Job& j) { return j.steps_done() >= 3 || IsFinal(j); },
+      absl::Seconds(60));
+  ASSERT_TRUE(running.ok()) << running.status() << c.Logs();
+  ASSERT_EQ(running->state(), v1::JOB_STATE_RUNNING) << running->reason();
+
+  const v1::RankStatus& victim = running->ranks(1);
+  const int index = c.WorkerIndex(victim.worker_id());
+  ASSERT_GE(index, 0);
+  const absl::Time killed = absl::Now();
+  c.worker(index).Signal(SIGKILL);
+  auto failed = c.WaitForJob(job_id, IsFinal, absl::Seconds(20));
+  ASSERT_TRUE(failed.ok()) << failed.status() << c.Logs();
+  const absl::Duration took = absl::Now() - killed;
+  std::cerr << "FAILED " << absl::FormatDuration(took) << " after the kill: " << failed->reason()
+            << "\n";
+  EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(failed->reason(), HasSubstr(absl::StrCat("worker ", victim.worker_id(), " (rank 1)")));
+  EXPECT_THAT(failed->reason(), HasSubstr("lost"));
+  EXPECT_LT(took, absl::Seconds(2) + absl::Seconds(3)) << "lease 2s plus a 3s margin";
+
+  // The surviving workers return to idle; the lost one is listed as LOST.
+  ASSERT_TRUE(c.WaitForIdleWorkers(2, absl::Seconds(15)).ok()) << c.Logs();
+  CommandResult workers = c.Stagectl({"workers"});
+  EXPECT_THAT(workers.out, HasSubstr("LOST"));
+
+  // A next job on the two survivors succeeds.
+  const std::string next = c.WriteFile("next.yaml", MlpSpec("next", 2, "1F1B", 4));
+  CommandResult again = c.Stagectl({"submit", next, "--wait"});
+  EXPECT_EQ(again.exit_code, 0) << again.err << c.Logs();
+}
+
+TEST(JobLifecycle, CancelStopsARunningJobAndFreesItsWorkers) {
+  auto cluster = LocalCluster::Start({.workers = 2});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  const std::string spec = c.WriteFile("long.yaml", MlpSpec("long", 2, "1F1B", 1000000));
+  CommandResult submit = c.Stagectl({"submit", spec});
+  ASSERT_EQ(submit.exit_code, 0) << submit.err;
+  const std::string job_id = LastLine(submit.out);
+  ASSERT_TRUE(c.WaitForJob(job_id, [](const v1::Job& j) { return j.steps_done() >= 2; },
+                           absl::Seconds(60))
+                  .ok())
+      << c.Logs();
+  CommandResult cancel = c.Stagectl({"cancel", job_id});
+  EXPECT_EQ(cancel.exit_code, 0) << cancel.err;
+  EXPECT_THAT(cancel.out, HasSubstr("CANCELLED"));
+  auto job = c.GetJob(job_id);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(job->reason(), "cancelled by client");
+  EXPECT_TRUE(c.WaitForIdleWorkers(2, absl::Seconds(15)).ok()) << c.Logs();
+  // Watching an ended job replays its events and exits 1 (it did not succeed).
+  CommandResult watch = c.Stagectl({"watch", job_id});
+  EXPECT_EQ(watch.exit_code, 1);
+  EXPECT_THAT(watch.out, HasSubstr("loss"));
+  EXPECT_THAT(watch.out, HasSubstr("CANCELLED"));
+  // Cancelling twice is an error that says why.
+  CommandResult twice = c.Stagectl({"cancel", job_id});
+  EXPECT_EQ(twice.exit_code, 1);
+  EXPECT_THAT(twice.err, HasSubstr("already ended"));
+}
+
+TEST(JobLifecycle, WatchShowsEveryStepWithItsLoss) {
+  auto cluster = LocalCluster::Start({.workers = 2});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  const std::string spec = c.WriteFile("short.yaml", MlpSpec("short", 2, "GPipe", 6));
+  CommandResult submit = c.Stagectl({"submit", spec});
+  ASSERT_EQ(submit.exit_code, 0) << submit.err;
+  const std::string job_id = LastLine(submit.out);
+  CommandResult watch = c.Stagectl({"watch", job_id});
+  EXPECT_EQ(watch.exit_code, 0) << watch.err << c.Logs();
+  for (int step = 1; step <= 6; ++step) {
+    EXPECT_THAT(watch.out, HasSubstr(absl::StrCat("step ", step, "/6  loss ")));
+  }
+  EXPECT_THAT(watch.out, HasSubstr("SUCCEEDED"));
+  CommandResult list = c.Stagectl({"list"});
+  EXPECT_THAT(list.out, HasSubstr(job_id));
+  EXPECT_THAT(list.out, HasSubstr("6/6"));
+  CommandResult yaml = c.Stagectl({"-o", "yaml", "status", job_id});
+  EXPECT_THAT(yaml.out, HasSubstr("state: SUCCEEDED"));
+}
+
+TEST(Stagectl, UnreachableCoordinatorIsAClearError) {
+  CommandResult r = RunCommand({StagectlBinary(), "--coordinator", "127.0.0.1:1", "list"},
+                               absl::Seconds(30));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("cannot reach the coordinator at 127.0.0.1:1"));
+  EXPECT_THAT(r.err, HasSubstr("STAGECOACH_COORDINATOR"));
+  // The environment variable is the default address.
+  CommandResult env = RunCommand({StagectlBinary(), "workers"}, absl::Seconds(30),
+                                 {{"STAGECOACH_COORDINATOR", "127.0.0.1:2"}});
+  EXPECT_THAT(env.err, HasSubstr("127.0.0.1:2"));
+}
+
+TEST(Stagectl, UsageErrorsExitTwo) {
+  EXPECT_EQ(RunCommand({StagectlBinary()}, absl::Seconds(10)).exit_code, 2);
+  EXPECT_EQ(RunCommand({StagectlBinary(), "status"}, absl::Seconds(10)).exit_code, 2);
+  EXPECT_EQ(RunCommand({StagectlBinary(), "frobnicate"}, absl::Seconds(10)).exit_code, 2);
+  CommandResult format = RunCommand({StagectlBinary(), "list", "-o", "xml"}, absl::Seconds(10));
+  EXPECT_EQ(format.exit_code, 2);
+  EXPECT_THAT(format.err, HasSubstr("-o: must be table, json or yaml"));
+  CommandResult address = RunCommand({StagectlBinary(), "--coordinator", "nohostport", "list"},
+                                     absl::Seconds(10));
+  EXPECT_EQ(address.exit_code, 2);
+  EXPECT_THAT(address.err, HasSubstr("missing port"));
+}
+
+TEST(Daemons, CheckConfigValidatesAndExits) {
+  TempDir dir;
+  EXPECT_EQ(RunCommand({CoordinatorBinary(), "--check-config"}, absl::Seconds(10)).exit_code, 0);
+  CommandResult bad = RunCommand({CoordinatorBinary(), "--check-config", "--lease", "soon"},
+                                 absl::Seconds(10));
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("--lease"));
+  const std::string config = dir.path() + "/worker.yaml";
+  std::ofstream(config) << "coordinator: 127.0.0.1:7070\nlisten: 127.0.0.1:0\nbogus: 1\n";
+  CommandResult worker = RunCommand({WorkerBinary(), "--config", config, "--check-config"},
+                                    absl::Seconds(10));
+  EXPECT_EQ(worker.exit_code, 2);
+  EXPECT_THAT(worker.err, HasSubstr("bogus: unknown option"));
+  EXPECT_EQ(RunCommand({WorkerBinary(), "--check-config"}, absl::Seconds(10), {}).exit_code, 2)
+      << "no coordinator given";
+}
+
+}  // namespace
+}  // namespace stagecoach::testing

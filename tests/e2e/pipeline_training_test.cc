@@ -1,0 +1,182 @@
+// The numerical contract across real processes: a coordinator and one worker per stage on
+// loopback train an MLP through GPipe and 1F1B pipelines, and every step's loss and every
+// stage's final parameters equal a single-process reference (tests/support/reference_mlp.h)
+// within rtol 1e-5 + atol 1e-6. The data plane is real: each rank's sent and received bytes are
+// exactly the activations and gradients of its stage boundaries, and each rank executed exactly
+// the action list it was assigned.
+#include <torch/serialize.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/support/local_cluster.h"
+#include "tests/support/reference_mlp.h"
+
+namespace stagecoach::testing {
+namespace {
+
+constexpr double kRtol = 1e-5;
+constexpr double kAtol = 1e-6;
+constexpr int64_t kSteps = 10;
+
+struct Case {
+  std::string name;
+  int stages;
+  std::string schedule;
+  int microbatches;
+  ReferenceConfig ref;
+};
+
+std::string SpecYaml(const Case& c, const std::string& ckpt_dir) {
+  const ReferenceConfig& r = c.ref;
+  std::string optimizer =
+      r.optimizer == "sgd"
+          ? absl::StrFormat("{kind: sgd, lr: %g, momentum: %g, weight_decay: %g}", r.lr,
+                            r.momentum, r.weight_decay)
+          : absl::StrFormat("{kind: adamw, lr: %g, weight_decay: %g}", r.lr, r.weight_decay);
+  return absl::StrCat("name: ", c.name, "\n",                                               //
+                      "model:\n  builtin: {family: mlp, sizes: [", absl::StrJoin(r.sizes, ", "),
+                      "], seed: ", r.model_seed, "}\n",                                     //
+                      "split: {stages: ", c.stages, "}\n",                                  //
+                      "schedule: {kind: ", c.schedule, ", microbatches: ", c.microbatches, "}\n",
+                      "placement: {workers: ", c.stages, "}\n",                             //
+                      "training:\n  batch_size: ", r.batch_size, "\n  steps: ", r.steps,
+                      "\n  loss: ", r.loss, "\n  optimizer: ", optimizer,
+                      "\n  checkpoint: {dir: ", ckpt_dir, "}\n",                            //
+                      "data: {kind: synthetic, seed: ", r.data_seed, "}\n");
+}
+
+std::map<std::string, torch::Tensor> LoadStageFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in.good()) << "missing " << path;
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  c10::IValue value = torch::pickle_load(bytes);
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& entry : value.toGenericDict()) {
+    out[entry.key().toStringRef()] = entry.value().toTensor();
+  }
+  return out;
+}
+
+// Layer index of a parameter name "{layer}.weight".
+int LayerOf(const std::string& name) { return std::stoi(name.substr(0, name.find('.'))); }
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+class PipelineTrainingTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(PipelineTrainingTest, MatchesUnpipelinedReference) {
+  const Case& c = GetParam();
+  ClusterOptions options;
+  options.workers = c.stages;
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string ckpt = (*cluster)->dir() + "/ckpt";
+  const std::string spec = (*cluster)->WriteFile("spec.yaml", SpecYaml(c, ckpt));
+
+  CommandResult submit = (*cluster)->Stagectl({"submit", spec, "--wait"});
+  ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err << (*cluster)->Logs();
+  std::vector<std::string> lines = absl::StrSplit(submit.out, '\n', absl::SkipEmpty());
+  ASSERT_FALSE(lines.empty());
+  const std::string job_id = lines.back();
+  auto job = (*cluster)->GetJob(job_id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->reason();
+
+  const ReferenceResult ref = TrainReference(c.ref);
+
+  // Every step's loss.
+  ASSERT_EQ(job->losses_size(), kSteps);
+  for (int step = 0; step < kSteps; ++step) {
+    EXPECT_NEAR(job->losses(step), ref.losses[step], kAtol + kRtol * std::abs(ref.losses[step]))
+        << "step " << step;
+  }
+
+  // Every stage's final parameters; together the stages hold every parameter exactly once.
+  std::map<std::string, torch::Tensor> all;
+  std::vector<int> last_layer_of_stage(c.stages, -1), first_layer_of_stage(c.stages, 1 << 20);
+  for (int s = 0; s < c.stages; ++s) {
+    const std::string path = absl::StrFormat("%s/step-%06d/stage-%d.pt", ckpt, kSteps, s);
+    for (auto& [name, tensor] : LoadStageFile(path)) {
+      EXPECT_EQ(all.count(name), 0u) << name << " is in two stages";
+      last_layer_of_stage[s] = std::max(last_layer_of_stage[s], LayerOf(name));
+      first_layer_of_stage[s] = std::min(first_layer_of_stage[s], LayerOf(name));
+      all[name] = tensor;
+    }
+  }
+  ASSERT_EQ(all.size(), ref.params.size());
+  for (const auto& [name, want] : ref.params) {
+    ASSERT_EQ(all.count(name), 1u) << name;
+    const torch::Tensor& got = all[name];
+    ASSERT_EQ(got.sizes(), want.sizes()) << name;
+    const double max_diff = (got - want).abs().max().item<double>();
+    EXPECT_TRUE(torch::allclose(got, want, kRtol, kAtol)) << name << " differs by " << max_diff;
+    // Training moved every parameter far beyond the tolerance, so the comparison means something.
+    const double moved = (want - ref.initial_params.at(name)).abs().max().item<double>();
+    EXPECT_GT(moved, 100 * kAtol) << name << " barely changed in training";
+  }
+
+  // The data plane moved exactly the activations and gradients of each rank's boundaries, and
+  // each rank ran exactly its assigned actions.
+  ASSERT_EQ(job->ranks_size(), c.stages);
+  for (const v1::RankStatus& rank : job->ranks()) {
+    const int s = rank.stages(0);
+    int64_t widths = 0;
+    if (s > 0) widths += c.ref.sizes[first_layer_of_stage[s]];
+    if (s + 1 < c.stages) widths += c.ref.sizes[last_layer_of_stage[s] + 1];
+    const int64_t expected = kSteps * c.ref.batch_size * widths * 4;
+    EXPECT_EQ(rank.bytes_sent(), expected) << "rank " << rank.rank();
+    EXPECT_EQ(rank.bytes_received(), expected) << "rank " << rank.rank();
+    EXPECT_GT(rank.bytes_sent(), 0);
+    EXPECT_EQ(rank.steps_done(), kSteps);
+    EXPECT_THAT(rank.executed_actions(), ::testing::ElementsAreArray(rank.assigned_actions()))
+        << "rank " << rank.rank();
+  }
+}
+
+ReferenceConfig Ref(std::vector<int64_t> sizes, int64_t batch, int microbatches, std::string loss,
+                    std::string optimizer, double lr, double momentum, double weight_decay) {
+  ReferenceConfig r;
+  r.sizes = std::move(sizes);
+  r.model_seed = 11;
+  r.data_seed = 4242;
+  r.batch_size = batch;
+  r.microbatches = microbatches;
+  r.steps = kSteps;
+  r.loss = std::move(loss);
+  r.optimizer = std::move(optimizer);
+  r.lr = lr;
+  r.momentum = momentum;
+  r.weight_decay = weight_decay;
+  return r;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Schedules, PipelineTrainingTest,
+    ::testing::Values(
+        Case{"two-stages-gpipe", 2, "GPipe", 4,
+             Ref({16, 32, 32, 8}, 32, 4, "mse", "sgd", 0.05, 0.9, 0.0)},
+        // 30 rows in 4 microbatches: 8, 8, 7, 7 (tensor_split).
+        Case{"two-stages-1f1b", 2, "1F1B", 4,
+             Ref({16, 32, 32, 32, 5}, 30, 4, "cross_entropy", "adamw", 0.01, 0.0, 0.01)},
+        Case{"four-stages-gpipe", 4, "GPipe", 8,
+             Ref({16, 24, 24, 24, 24, 24, 6}, 40, 8, "cross_entropy", "sgd", 0.1, 0.0, 0.001)},
+        Case{"four-stages-1f1b", 4, "1F1B", 6,
+             Ref({16, 32, 32, 32, 32, 8}, 27, 6, "mse", "adamw", 0.005, 0.0, 0.01)}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      std::string name = info.param.name;
+      name.erase(std::remove(name.begin(), name.end(), '-'), name.end());
+      return name;
+    });
+
+}  // namespace
+}  // namespace stagecoach::testing

@@ -1,0 +1,164 @@
+#include "tests/support/local_cluster.h"
+
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/rpc/channel.h"
+#include "common/rpc/status_conversion.h"
+#include "tests/support/test_paths.h"
+
+namespace stagecoach::testing {
+namespace {
+
+constexpr absl::Duration kStartTimeout = absl::Seconds(30);
+
+// Reads the "listening on HOST:PORT" line a daemon prints first.
+absl::StatusOr<std::string> ListeningAddress(ChildProcess& p) {
+  auto line = p.ReadLine(kStartTimeout);
+  if (!line.ok()) {
+    return absl::Status(line.status().code(), absl::StrCat(line.status().message(), "\n",
+                                                           p.StderrTail()));
+  }
+  absl::string_view rest = *line;
+  if (!absl::ConsumePrefix(&rest, "listening on ")) {
+    return absl::InternalError(absl::StrCat("unexpected first line: '", *line, "'"));
+  }
+  return std::string(rest);
+}
+
+}  // namespace
+
+std::string CoordinatorBinary() { return BinaryDir() + "/coordinator/stagecoach-coordinator"; }
+std::string WorkerBinary() { return BinaryDir() + "/worker/stagecoach-worker"; }
+std::string StagectlBinary() { return BinaryDir() + "/client/stagectl"; }
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterOptions& options) {
+  std::unique_ptr<LocalCluster> c(new LocalCluster());
+  auto coordinator = ChildProcess::Start(
+      {CoordinatorBinary(), "--listen", "127.0.0.1:0", "--lease", options.lease,
+       "--heartbeat-interval", options.heartbeat_interval, "--comm-timeout", options.comm_timeout,
+       "--log-level", "debug"},
+      c->dir() + "/coordinator.log");
+  if (!coordinator.ok()) return coordinator.status();
+  c->coordinator_ = *std::move(coordinator);
+  auto address = ListeningAddress(*c->coordinator_);
+  if (!address.ok()) return address.status();
+  c->coordinator_address_ = *address;
+  c->stub_ = v1::CoordinatorService::NewStub(rpc::MakeChannel(c->coordinator_address_));
+  for (int i = 0; i < options.workers; ++i) {
+    auto added = c->AddWorker();
+    if (!added.ok()) return added.status();
+  }
+  absl::Status idle = c->WaitForIdleWorkers(options.workers, kStartTimeout);
+  if (!idle.ok()) return absl::Status(idle.code(), absl::StrCat(idle.message(), "\n", c->Logs()));
+  return c;
+}
+
+LocalCluster::~LocalCluster() {
+  for (auto& w : workers_) w->Stop();
+  if (coordinator_) coordinator_->Stop();
+}
+
+absl::StatusOr<int> LocalCluster::AddWorker() {
+  const int index = static_cast<int>(workers_.size());
+  auto worker = ChildProcess::Start(
+      {WorkerBinary(), "--coordinator", coordinator_address_, "--listen", "127.0.0.1:0", "--name",
+       absl::StrCat("worker-", index), "--log-level", "debug"},
+      absl::StrCat(dir(), "/worker-", index, ".log"));
+  if (!worker.ok()) return worker.status();
+  auto address = ListeningAddress(**worker);
+  if (!address.ok()) return address.status();
+  workers_.push_back(*std::move(worker));
+  worker_addresses_.push_back(*address);
+  return index;
+}
+
+int LocalCluster::WorkerIndex(const std::string& worker_id) {
+  auto workers = ListWorkers();
+  if (!workers.ok()) return -1;
+  for (const auto& w : *workers) {
+    if (w.id() != worker_id) continue;
+    for (size_t i = 0; i < worker_addresses_.size(); ++i) {
+      if (worker_addresses_[i] == w.address()) return static_cast<int>(i);
+    }
+  }
+  return -1;
+}
+
+absl::Status LocalCluster::WaitForIdleWorkers(int n, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  int idle = 0;
+  while (absl::Now() < deadline) {
+    auto workers = ListWorkers();
+    idle = 0;
+    if (workers.ok()) {
+      for (const auto& w : *workers) idle += w.state() == v1::WORKER_STATE_IDLE;
+      if (idle >= n) return absl::OkStatus();
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("waited ", absl::FormatDuration(timeout),
+                                                  " for ", n, " idle workers, have ", idle));
+}
+
+CommandResult LocalCluster::Stagectl(const std::vector<std::string>& args,
+                                     absl::Duration timeout) {
+  std::vector<std::string> argv = {StagectlBinary(), "--coordinator", coordinator_address_};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return RunCommand(argv, timeout);
+}
+
+absl::StatusOr<v1::Job> LocalCluster::GetJob(const std::string& job_id) {
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(&ctx, absl::Seconds(10));
+  v1::GetJobRequest req;
+  req.set_job_id(job_id);
+  v1::GetJobResponse resp;
+  grpc::Status status = stub_->GetJob(&ctx, req, &resp);
+  if (!status.ok()) return rpc::FromGrpcStatus(status);
+  return resp.job();
+}
+
+absl::StatusOr<std::vector<v1::WorkerInfo>> LocalCluster::ListWorkers() {
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(&ctx, absl::Seconds(10));
+  v1::ListWorkersResponse resp;
+  grpc::Status status = stub_->ListWorkers(&ctx, {}, &resp);
+  if (!status.ok()) return rpc::FromGrpcStatus(status);
+  return std::vector<v1::WorkerInfo>(resp.workers().begin(), resp.workers().end());
+}
+
+absl::StatusOr<v1::Job> LocalCluster::WaitForJob(const std::string& job_id,
+                                                 const std::function<bool(const v1::Job&)>& done,
+                                                 absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::StatusOr<v1::Job> job;
+  while (absl::Now() < deadline) {
+    job = GetJob(job_id);
+    if (job.ok() && done(*job)) return job;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "waited ", absl::FormatDuration(timeout), " for ", job_id, "; last seen: ",
+      job.ok() ? absl::StrCat(v1::JobState_Name(job->state()), " (", job->reason(), ")")
+               : std::string(job.status().message())));
+}
+
+std::string LocalCluster::WriteFile(const std::string& name, const std::string& text) {
+  const std::string path = dir() + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+std::string LocalCluster::Logs() {
+  std::string out;
+  if (coordinator_) absl::StrAppend(&out, "--- coordinator ---\n", coordinator_->StderrTail());
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    absl::StrAppend(&out, "--- worker-", i, " ---\n", workers_[i]->StderrTail());
+  }
+  return out;
+}
+
+}  // namespace stagecoach::testing

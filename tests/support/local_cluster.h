@@ -1,0 +1,76 @@
+// A coordinator and workers as real processes on loopback, plus stagectl, for end-to-end tests.
+// Every daemon listens on port 0 and the cluster reads the address each one prints first.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "stagecoach/v1/coordinator.grpc.pb.h"
+#include "tests/support/process.h"
+
+namespace stagecoach::testing {
+
+struct ClusterOptions {
+  int workers = 2;
+  std::string lease = "3s";
+  std::string heartbeat_interval = "500ms";
+  std::string comm_timeout = "30s";
+};
+
+class LocalCluster {
+ public:
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const ClusterOptions& options);
+  // Stops every process it started.
+  ~LocalCluster();
+
+  const std::string& coordinator_address() const { return coordinator_address_; }
+  const std::string& dir() const { return dir_.path(); }
+
+  // Starts one more worker; returns its index.
+  absl::StatusOr<int> AddWorker();
+  ChildProcess& worker(int i) { return *workers_[i]; }
+  int num_workers() const { return static_cast<int>(workers_.size()); }
+  // The index of the worker process registered under `worker_id` ("w-3"), or -1.
+  int WorkerIndex(const std::string& worker_id);
+
+  // Waits until at least `n` workers are IDLE.
+  absl::Status WaitForIdleWorkers(int n, absl::Duration timeout);
+
+  // Runs stagectl with --coordinator set, then `args`.
+  CommandResult Stagectl(const std::vector<std::string>& args,
+                         absl::Duration timeout = absl::Seconds(120));
+
+  absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
+  absl::StatusOr<std::vector<v1::WorkerInfo>> ListWorkers();
+  // Polls GetJob until `done(job)` or `timeout`.
+  absl::StatusOr<v1::Job> WaitForJob(const std::string& job_id,
+                                     const std::function<bool(const v1::Job&)>& done,
+                                     absl::Duration timeout);
+
+  // Writes `text` to a file in the cluster's directory; returns its path.
+  std::string WriteFile(const std::string& name, const std::string& text);
+
+  // Logs of every process (stderr tails), for failure messages.
+  std::string Logs();
+
+ private:
+  LocalCluster() = default;
+
+  TempDir dir_;
+  std::string coordinator_address_;
+  std::unique_ptr<ChildProcess> coordinator_;
+  std::vector<std::unique_ptr<ChildProcess>> workers_;
+  std::vector<std::string> worker_addresses_;
+  std::unique_ptr<v1::CoordinatorService::Stub> stub_;
+};
+
+// Paths of the binaries under test.
+std::string CoordinatorBinary();
+std::string WorkerBinary();
+std::string StagectlBinary();
+
+}  // namespace stagecoach::testing

@@ -1,0 +1,70 @@
+#include "tests/support/reference_mlp.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+namespace stagecoach::testing {
+
+ReferenceResult TrainReference(const ReferenceConfig& c) {
+  torch::manual_seed(c.model_seed);
+  std::vector<torch::nn::Linear> layers;
+  std::vector<torch::Tensor> params;
+  for (size_t i = 0; i + 1 < c.sizes.size(); ++i) {
+    layers.emplace_back(torch::nn::LinearOptions(c.sizes[i], c.sizes[i + 1]));
+    params.push_back(layers.back()->weight);
+    params.push_back(layers.back()->bias);
+  }
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  if (c.optimizer == "sgd") {
+    opt = std::make_unique<torch::optim::SGD>(
+        params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay));
+  } else {
+    opt = std::make_unique<torch::optim::AdamW>(
+        params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
+  }
+  const int64_t in = c.sizes.front(), out = c.sizes.back();
+  at::Generator teacher_gen = at::detail::createCPUGenerator(c.data_seed);
+  const torch::Tensor teacher =
+      torch::randn({in, out}, teacher_gen, torch::kFloat32) / std::sqrt(static_cast<double>(in));
+
+  ReferenceResult result;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    result.initial_params[std::to_string(i) + ".weight"] = layers[i]->weight.detach().clone();
+    result.initial_params[std::to_string(i) + ".bias"] = layers[i]->bias.detach().clone();
+  }
+  for (int64_t step = 0; step < c.steps; ++step) {
+    at::Generator gen = at::detail::createCPUGenerator(c.data_seed + 1 + step);
+    const torch::Tensor x = torch::randn({c.batch_size, in}, gen, torch::kFloat32);
+    const torch::Tensor logits = torch::matmul(x, teacher);
+    const torch::Tensor y = c.loss == "cross_entropy" ? logits.argmax(1) : torch::tanh(logits);
+    const auto xs = torch::tensor_split(x, c.microbatches, 0);
+    const auto ys = torch::tensor_split(y, c.microbatches, 0);
+    opt->zero_grad();
+    std::vector<torch::Tensor> losses;
+    for (int mb = 0; mb < c.microbatches; ++mb) {
+      torch::Tensor h = xs[mb];
+      for (size_t i = 0; i < layers.size(); ++i) {
+        h = layers[i]->forward(h);
+        if (i + 1 < layers.size()) h = torch::relu(h);
+      }
+      losses.push_back(c.loss == "cross_entropy"
+                           ? torch::nn::functional::cross_entropy(h, ys[mb])
+                           : torch::nn::functional::mse_loss(h, ys[mb]));
+    }
+    torch::Tensor mean = torch::stack(losses).mean();
+    mean.backward();
+    opt->step();
+    double sum = 0;
+    for (const auto& l : losses) sum += l.item<double>();
+    result.losses.push_back(sum / c.microbatches);
+  }
+  for (size_t i = 0; i < layers.size(); ++i) {
+    result.params[std::to_string(i) + ".weight"] = layers[i]->weight.detach().clone();
+    result.params[std::to_string(i) + ".bias"] = layers[i]->bias.detach().clone();
+  }
+  return result;
+}
+
+}  // namespace stagecoach::testing

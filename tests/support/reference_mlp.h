@@ -1,0 +1,40 @@
+// The numerical contract's reference: the same MLP trained in one process without a pipeline,
+// written in plain LibTorch and sharing no code with the worker's model, data or executor.
+// It follows the definitions users rely on (DESIGN.md "Spec" and "Numerical contract";
+// worker/runtime/training_data.h for synthetic data): parameters from torch.manual_seed(seed)
+// and nn.Linear layers built in order; each step's batch split with tensor_split; step loss =
+// mean over microbatches of each microbatch's loss; gradients of that mean.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+namespace stagecoach::testing {
+
+struct ReferenceConfig {
+  std::vector<int64_t> sizes;
+  uint64_t model_seed = 0;
+  uint64_t data_seed = 0;
+  int64_t batch_size = 0;
+  int microbatches = 1;
+  int64_t steps = 1;
+  std::string loss = "mse";       // mse | cross_entropy
+  std::string optimizer = "sgd";  // sgd | adamw
+  double lr = 0.01;
+  double momentum = 0.0;          // sgd
+  double weight_decay = 0.0;
+};
+
+struct ReferenceResult {
+  std::vector<double> losses;                    // one per step
+  std::map<std::string, torch::Tensor> params;  // "{layer}.weight" / "{layer}.bias", final
+  std::map<std::string, torch::Tensor> initial_params;  // the same, before the first step
+};
+
+ReferenceResult TrainReference(const ReferenceConfig& config);
+
+}  // namespace stagecoach::testing

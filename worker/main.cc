@@ -1,0 +1,172 @@
+// stagecoach-worker: runs pipeline stages for the coordinator. See DESIGN.md
+// "Command-line contract".
+#include <grpcpp/server.h>
+#include <grpcpp/server_builder.h>
+#include <signal.h>
+#include "common/util/logging.h"
+
+#include <CLI/CLI.hpp>
+#include <cstdlib>
+#include <iostream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc/address.h"
+#include "common/rpc/channel.h"
+#include "common/util/config_file.h"
+#include "common/util/logging.h"
+#include "worker/service/coordinator_client.h"
+#include "worker/service/coordinator_session.h"
+#include "worker/service/task_manager.h"
+#include "worker/service/worker_service.h"
+#include "worker/transport/gloo/factory.h"
+
+namespace {
+
+namespace sc = stagecoach;
+
+struct Flags {
+  std::string coordinator;
+  std::string listen = "0.0.0.0:0";
+  std::string advertise_host;
+  std::string name;
+  std::string device = "cpu";
+  std::string config;
+  std::string log_level = "info";
+  bool check_config = false;
+};
+
+int Fail(const std::string& message) {
+  std::cerr << "stagecoach-worker: " << message << "\n";
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Stagecoach worker: runs pipeline stages assigned by a coordinator"};
+  Flags flags;
+  if (const char* env = std::getenv("STAGECOACH_COORDINATOR")) flags.coordinator = env;
+  auto* coordinator = app.add_option("--coordinator", flags.coordinator,
+                                     "coordinator address HOST:PORT (default: "
+                                     "$STAGECOACH_COORDINATOR)");
+  auto* listen = app.add_option("--listen", flags.listen,
+                                "gRPC address HOST:PORT of this worker (port 0 picks a free one)");
+  auto* advertise = app.add_option(
+      "--advertise-host", flags.advertise_host,
+      "host the coordinator and peers reach this worker at (default: the --listen host, or "
+      "this machine's host name when listening on every interface)");
+  auto* name = app.add_option("--name", flags.name, "name shown by 'stagectl workers'");
+  auto* device = app.add_option("--device", flags.device, "compute device: cpu");
+  app.add_option("--config", flags.config, "YAML file with any of these options as keys");
+  auto* level = app.add_option("--log-level", flags.log_level,
+                               "trace, debug, info, warn, error or off");
+  app.add_flag("--check-config", flags.check_config,
+               "validate the configuration and exit (0 when valid)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (!flags.config.empty()) {
+    auto file = sc::LoadConfigFile(flags.config, {"coordinator", "listen", "advertise-host",
+                                                  "name", "device", "log-level"});
+    if (!file.ok()) return Fail(std::string(file.status().message()));
+    auto take = [&](CLI::Option* opt, const char* key, std::string* into) {
+      auto it = file->find(key);
+      if (it != file->end() && opt->count() == 0) *into = it->second;
+    };
+    take(coordinator, "coordinator", &flags.coordinator);
+    take(listen, "listen", &flags.listen);
+    take(advertise, "advertise-host", &flags.advertise_host);
+    take(name, "name", &flags.name);
+    take(device, "device", &flags.device);
+    take(level, "log-level", &flags.log_level);
+  }
+  if (flags.coordinator.empty()) {
+    return Fail("--coordinator: required (or set STAGECOACH_COORDINATOR)");
+  }
+  if (auto c = sc::rpc::ParseHostPort(flags.coordinator, "--coordinator"); !c.ok()) {
+    return Fail(std::string(c.status().message()));
+  }
+  auto listen_addr = sc::rpc::ParseHostPort(flags.listen, "--listen");
+  if (!listen_addr.ok()) return Fail(std::string(listen_addr.status().message()));
+  if (flags.device != "cpu") {
+    return Fail(absl::StrCat("--device: '", flags.device,
+                             "' is not supported by this worker version (supported: cpu)"));
+  }
+  if (flags.advertise_host.empty()) {
+    flags.advertise_host = sc::rpc::IsWildcardHost(listen_addr->host) ? sc::rpc::LocalHostName()
+                                                                       : listen_addr->host;
+  }
+  if (auto s = sc::InitLogging("worker", flags.log_level); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
+  if (flags.check_config) {
+    std::cout << "configuration ok\n";
+    return 0;
+  }
+
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  sc::worker::CoordinatorClient client(flags.coordinator);
+  std::unique_ptr<sc::worker::CoordinatorSession> session;
+  const std::string data_host = flags.advertise_host;
+  sc::worker::TaskManagerDeps task_deps;
+  task_deps.reporter = &client;
+  task_deps.store = &client;
+  task_deps.worker_id = [&session] { return session ? session->worker_id() : std::string(); };
+  task_deps.make_transport = [data_host](int rank, int world_size, const std::string& prefix,
+                                         absl::Duration timeout,
+                                         sc::transport::RendezvousStore* store) {
+    sc::transport::GlooOptions options;
+    options.rank = rank;
+    options.world_size = world_size;
+    options.hostname = data_host;
+    options.key_prefix = prefix;
+    options.connect_timeout = timeout;
+    return sc::transport::CreateGlooTransport(options, store);
+  };
+  sc::worker::TaskManager tasks(task_deps);
+  sc::worker::WorkerServiceImpl service(&tasks);
+
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(listen_addr->ToString(), grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(sc::rpc::kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(sc::rpc::kMaxMessageBytes);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) return Fail(absl::StrCat("cannot listen on ", flags.listen));
+  sc::rpc::HostPort advertised{flags.advertise_host, port};
+  std::cout << "listening on " << advertised.ToString() << std::endl;
+
+  sc::worker::SessionOptions session_options;
+  session_options.registration.set_name(flags.name.empty() ? advertised.ToString() : flags.name);
+  session_options.registration.set_address(advertised.ToString());
+  session_options.registration.set_device(flags.device);
+  session_options.registration.add_transports("gloo");
+  session = std::make_unique<sc::worker::CoordinatorSession>(
+      session_options, &client, [&tasks] { return tasks.Status().job_id(); },
+      [&tasks](const std::string& why) {
+        tasks.StopAll(absl::StrCat("coordinator forgot this worker: ", why), absl::Seconds(10));
+      });
+  session->Start();
+  spdlog::info("worker listening on {}, coordinator {}", advertised.ToString(), flags.coordinator);
+
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    spdlog::info("signal {}: shutting down", sig);
+    tasks.StopAll("worker shutting down", absl::Seconds(10));
+    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  });
+  server->Wait();
+  signal_thread.join();
+  session.reset();
+  return 0;
+}

@@ -1,0 +1,277 @@
+#include "worker/runtime/task_runner.h"
+
+#include "common/util/logging.h"
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc/time_conversion.h"
+#include "common/schedule/action.h"
+#include "common/spec/spec_parser.h"
+#include "common/util/status_macros.h"
+#include "worker/model/mlp.h"
+#include "worker/runtime/checkpoint.h"
+#include "worker/runtime/pipeline_executor.h"
+#include "worker/runtime/training_data.h"
+#include "worker/runtime/training_setup.h"
+
+namespace stagecoach::runtime {
+
+// Decorates the task's rendezvous store so that Stop can interrupt its waits: long waits are
+// cut into short slices, and a cancelled store answers CANCELLED.
+class TaskRunner::CancellableStore : public transport::RendezvousStore {
+ public:
+  static constexpr absl::Duration kSlice = absl::Milliseconds(250);
+
+  explicit CancellableStore(transport::RendezvousStore* inner) : inner_(inner) {}
+
+  void Cancel() { cancelled_.store(true); }
+
+  absl::Status Set(const std::string& key, const std::string& value) override {
+    if (cancelled_.load()) return Cancelled();
+    return inner_->Set(key, value);
+  }
+
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      if (cancelled_.load()) return Cancelled();
+      const absl::Duration slice = std::min(kSlice, std::max(deadline - absl::Now(),
+                                                             absl::ZeroDuration()));
+      auto value = inner_->Get(key, slice);
+      if (value.ok() || !absl::IsDeadlineExceeded(value.status()) || absl::Now() >= deadline) {
+        return value;
+      }
+    }
+  }
+
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      if (cancelled_.load()) return Cancelled();
+      const absl::Duration slice = std::min(kSlice, std::max(deadline - absl::Now(),
+                                                             absl::ZeroDuration()));
+      absl::Status waited = inner_->Wait(keys, slice);
+      if (waited.ok() || !absl::IsDeadlineExceeded(waited) || absl::Now() >= deadline) {
+        return waited;
+      }
+    }
+  }
+
+ private:
+  static absl::Status Cancelled() {
+    return absl::CancelledError("rendezvous interrupted: the task is stopping");
+  }
+
+  transport::RendezvousStore* inner_;
+  std::atomic<bool> cancelled_{false};
+};
+
+TaskRunner::TaskRunner(v1::TaskAssignment task, TaskRunnerDeps deps)
+    : task_(std::move(task)),
+      deps_(std::move(deps)),
+      store_(std::make_unique<CancellableStore>(deps_.store)) {}
+
+TaskRunner::~TaskRunner() = default;
+
+void TaskRunner::Stop(const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  if (!stop_requested_) {
+    stop_requested_ = true;
+    stop_reason_ = reason;
+  }
+  store_->Cancel();
+  if (transport_ != nullptr) transport_->Abort();
+}
+
+void TaskRunner::Run() {
+  absl::Status status;
+  try {
+    status = RunSteps();
+  } catch (const std::exception& e) {
+    status = absl::InternalError(absl::StrCat("rank ", task_.rank(), ": ", e.what()));
+  }
+  v1::ReportTaskEndRequest end;
+  end.set_worker_id(deps_.worker_id);
+  end.set_job_id(task_.job_id());
+  end.set_attempt(task_.attempt());
+  end.set_rank(task_.rank());
+  {
+    absl::MutexLock lock(&mu_);
+    if (status.ok()) {
+      end.set_outcome(v1::TASK_OUTCOME_SUCCEEDED);
+    } else if (stop_requested_) {
+      end.set_outcome(v1::TASK_OUTCOME_STOPPED);
+      end.set_error(absl::StrCat("stopped: ", stop_reason_));
+    } else {
+      end.set_outcome(v1::TASK_OUTCOME_FAILED);
+      end.set_error(std::string(status.message()));
+    }
+  }
+  if (end.outcome() == v1::TASK_OUTCOME_FAILED) {
+    spdlog::error("{} rank {} failed: {}", task_.job_id(), task_.rank(), end.error());
+  } else {
+    spdlog::info("{} rank {} ended: {}", task_.job_id(), task_.rank(),
+                 v1::TaskOutcome_Name(end.outcome()));
+  }
+  absl::Status reported = deps_.reporter->ReportTaskEnd(end);
+  if (!reported.ok()) spdlog::warn("reporting the end of {}: {}", task_.job_id(), reported.message());
+}
+
+absl::Status TaskRunner::RunSteps() {
+  ASSIGN_OR_RETURN(spec::JobSpec spec, spec::ParseJobSpec(task_.spec_yaml(), task_.job_id()));
+  if (!spec.model.builtin.has_value() || spec.model.builtin->family != "mlp") {
+    return absl::InvalidArgumentError("model: this worker runs built-in mlp models only");
+  }
+  ASSIGN_OR_RETURN(LossKind loss, ParseLoss(spec.training.loss));
+  const int rank = task_.rank();
+  const int num_stages = task_.num_stages();
+  const int m = spec.schedule.microbatches;
+  if (task_.stage_to_rank_size() != num_stages) {
+    return absl::InvalidArgumentError(absl::StrCat("stage_to_rank: expected ", num_stages,
+                                                   " entries, got ", task_.stage_to_rank_size()));
+  }
+
+  // The rank's stages of the model.
+  std::vector<std::unique_ptr<model::StageModel>> owned;
+  std::map<int, model::StageModel*> stages;
+  std::vector<torch::Tensor> parameters;
+  for (const v1::StageAssignment& st : task_.stages()) {
+    if (st.stage() < 0 || st.stage() >= num_stages || task_.stage_to_rank(st.stage()) != rank) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stages: stage ", st.stage(), " is not assigned to rank ", rank));
+    }
+    ASSIGN_OR_RETURN(auto stage, model::BuildMlpStage(*spec.model.builtin, st.first_layer(),
+                                                      st.end_layer()));
+    for (auto& p : stage->Parameters()) parameters.push_back(p);
+    stages[st.stage()] = stage.get();
+    owned.push_back(std::move(stage));
+  }
+  if (stages.empty()) return absl::InvalidArgumentError("stages: the task has no stage");
+  ASSIGN_OR_RETURN(auto optimizer, MakeOptimizer(spec.training.optimizer, parameters));
+
+  std::vector<schedule::Action> actions;
+  for (int i = 0; i < task_.actions_size(); ++i) {
+    auto action = schedule::ParseRequiredAction(task_.actions(i));
+    if (!action.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("actions[", i, "]: ", action.status().message()));
+    }
+    actions.push_back(*std::move(action));
+  }
+
+  // The data plane.
+  const absl::Duration comm_timeout = rpc::FromProtoDuration(task_.comm_timeout());
+  ASSIGN_OR_RETURN(std::unique_ptr<transport::Transport> transport,
+                   deps_.make_transport(rank, task_.world_size(), task_.rendezvous_prefix(),
+                                        comm_timeout, store_.get()));
+  {
+    absl::MutexLock lock(&mu_);
+    transport_ = transport.get();
+    if (stop_requested_) transport_->Abort();
+  }
+  auto forget_transport = [&] {
+    absl::MutexLock lock(&mu_);
+    transport_ = nullptr;
+  };
+
+  ExecutorOptions options;
+  options.rank = rank;
+  options.num_stages = num_stages;
+  options.num_microbatches = m;
+  options.stage_to_rank.assign(task_.stage_to_rank().begin(), task_.stage_to_rank().end());
+  options.comm_timeout = comm_timeout;
+  options.scale_grads = spec.training.scale_grads;
+  options.loss = loss;
+  PipelineExecutor executor(options, transport.get(), stages);
+
+  const bool owns_first = stages.count(0) > 0;
+  const bool owns_last = stages.count(num_stages - 1) > 0;
+  std::vector<TensorMeta> first_inputs;
+  if (owns_first) {
+    ASSIGN_OR_RETURN(Batch batch, MakeBatch(spec, 0, true, false));
+    for (const auto& mb : SplitMicrobatches(batch.inputs, m)) {
+      first_inputs.push_back(TensorMeta{mb.sizes().vec(), mb.scalar_type()});
+    }
+  }
+  absl::Status agreed = executor.AgreeShapes(first_inputs);
+  if (!agreed.ok()) {
+    forget_transport();
+    return agreed;
+  }
+  spdlog::info("{} rank {}: stages ready, {} steps of {} actions", task_.job_id(), rank,
+               spec.training.steps, actions.size());
+
+  const std::string& ckpt_dir = spec.training.checkpoint.dir;
+  int64_t last_checkpoint = -1;
+  auto checkpoint = [&](int64_t steps) -> absl::Status {
+    for (auto& [s, stage] : stages) {
+      RETURN_IF_ERROR(WriteStageParameters(ckpt_dir, steps, s, stage->NamedParameters()));
+    }
+    last_checkpoint = steps;
+    return absl::OkStatus();
+  };
+
+  absl::Status status;
+  for (int64_t step = 0; step < spec.training.steps && status.ok(); ++step) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_requested_) {
+        status = absl::CancelledError(absl::StrCat("stopped: ", stop_reason_));
+        break;
+      }
+    }
+    const absl::Time start = absl::Now();
+    const transport::TransferStats before = transport->stats();
+    auto batch = MakeBatch(spec, step, owns_first, owns_last);
+    if (!batch.ok()) {
+      status = batch.status();
+      break;
+    }
+    std::vector<torch::Tensor> inputs, targets;
+    if (owns_first) inputs = SplitMicrobatches(batch->inputs, m);
+    if (owns_last) targets = SplitMicrobatches(batch->targets, m);
+    optimizer->zero_grad();
+    auto result = executor.RunStep(actions, inputs, targets);
+    if (!result.ok()) {
+      status = result.status();
+      break;
+    }
+    optimizer->step();
+    const transport::TransferStats after = transport->stats();
+
+    v1::ReportStepRequest report;
+    report.set_worker_id(deps_.worker_id);
+    report.set_job_id(task_.job_id());
+    report.set_attempt(task_.attempt());
+    report.set_rank(rank);
+    report.set_step(step);
+    for (double l : result->microbatch_losses) report.add_microbatch_losses(l);
+    for (const auto& a : result->executed) report.add_executed_actions(a);
+    report.set_bytes_sent(after.bytes_sent - before.bytes_sent);
+    report.set_bytes_received(after.bytes_received - before.bytes_received);
+    *report.mutable_step_time() = rpc::ToProtoDuration(absl::Now() - start);
+    absl::Status reported = deps_.reporter->ReportStep(report);
+    if (!reported.ok()) {
+      spdlog::warn("{} rank {}: reporting step {}: {}", task_.job_id(), rank, step,
+                   reported.message());
+    }
+    steps_done_.store(step + 1);
+    const int64_t every = spec.training.checkpoint.every_steps;
+    if (!ckpt_dir.empty() && every > 0 && (step + 1) % every == 0) status = checkpoint(step + 1);
+  }
+  if (status.ok() && !ckpt_dir.empty() && last_checkpoint != spec.training.steps) {
+    status = checkpoint(spec.training.steps);
+  }
+  if (status.ok()) {
+    // Every rank is done with the data plane before any tears it down.
+    status = transport->Barrier(comm_timeout);
+  } else {
+    transport->Abort();
+  }
+  forget_transport();
+  return status;
+}
+
+}  // namespace stagecoach::runtime

@@ -1,0 +1,79 @@
+// Runs one rank of one job attempt (a TaskAssignment) from start to end: builds the rank's
+// stages, bootstraps the data plane through the rendezvous store, agrees shapes with the other
+// ranks, runs the training steps with the schedule's action list, reports every step, writes
+// stage parameters when the spec asks, and reports how the task ended.
+//
+// This header keeps LibTorch out of its includes so the gRPC service can include it cheaply.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "stagecoach/v1/coordinator.pb.h"
+#include "stagecoach/v1/types.pb.h"
+#include "worker/transport/rendezvous_store.h"
+#include "worker/transport/transport.h"
+
+namespace stagecoach::runtime {
+
+// Where a task's progress goes (the coordinator, in production). Thread-safe.
+class TaskReporter {
+ public:
+  virtual ~TaskReporter() = default;
+  // A step finished on this rank. Errors are logged by the caller, not fatal.
+  virtual absl::Status ReportStep(const v1::ReportStepRequest& report) = 0;
+  // The task ended; called exactly once per task.
+  virtual absl::Status ReportTaskEnd(const v1::ReportTaskEndRequest& report) = 0;
+};
+
+// Creates the data-plane transport for a task: rank, world size, rendezvous key prefix,
+// timeout, and the store to rendezvous through.
+using TransportFactory = std::function<absl::StatusOr<std::unique_ptr<transport::Transport>>(
+    int rank, int world_size, const std::string& prefix, absl::Duration timeout,
+    transport::RendezvousStore* store)>;
+
+struct TaskRunnerDeps {
+  std::string worker_id;
+  TaskReporter* reporter = nullptr;         // required
+  transport::RendezvousStore* store = nullptr;  // required
+  TransportFactory make_transport;          // required
+};
+
+class TaskRunner {
+ public:
+  TaskRunner(v1::TaskAssignment task, TaskRunnerDeps deps);
+  ~TaskRunner();
+
+  // Runs the task to its end and reports the end (SUCCEEDED, FAILED with the error, or
+  // STOPPED after Stop). Blocking; call once.
+  void Run();
+
+  // Asks Run to stop soon: pending rendezvous and data-plane waits return at once. Thread-safe.
+  void Stop(const std::string& reason);
+
+  const v1::TaskAssignment& task() const { return task_; }
+  int64_t steps_done() const { return steps_done_.load(); }
+
+ private:
+  absl::Status RunSteps();
+
+  const v1::TaskAssignment task_;
+  TaskRunnerDeps deps_;
+  std::atomic<int64_t> steps_done_{0};
+
+  absl::Mutex mu_;
+  bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
+  std::string stop_reason_ ABSL_GUARDED_BY(mu_);
+  // The transport in use, so that Stop can abort it; owned by RunSteps.
+  transport::Transport* transport_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // The rendezvous store wrapper in use, so that Stop can cancel its waits.
+  class CancellableStore;
+  std::unique_ptr<CancellableStore> store_;
+};
+
+}  // namespace stagecoach::runtime

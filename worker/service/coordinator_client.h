@@ -1,0 +1,45 @@
+// The worker's side of CoordinatorService: registration and heartbeats, progress reports, and
+// the rendezvous store the data plane bootstraps through. Every call has a deadline.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "stagecoach/v1/coordinator.grpc.pb.h"
+#include "worker/runtime/task_runner.h"
+#include "worker/transport/rendezvous_store.h"
+
+namespace stagecoach::worker {
+
+// Thread-safe.
+class CoordinatorClient : public runtime::TaskReporter, public transport::RendezvousStore {
+ public:
+  // Bound on calls that do not wait on purpose.
+  static constexpr absl::Duration kCallTimeout = absl::Seconds(10);
+
+  explicit CoordinatorClient(const std::string& address);
+
+  const std::string& address() const { return address_; }
+
+  absl::StatusOr<v1::RegisterWorkerResponse> Register(const v1::RegisterWorkerRequest& req);
+  absl::Status Heartbeat(const std::string& worker_id, const std::string& job_id);
+
+  // runtime::TaskReporter
+  absl::Status ReportStep(const v1::ReportStepRequest& report) override;
+  absl::Status ReportTaskEnd(const v1::ReportTaskEndRequest& report) override;
+
+  // transport::RendezvousStore, backed by the coordinator's key-value store.
+  absl::Status Set(const std::string& key, const std::string& value) override;
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override;
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
+
+ private:
+  const std::string address_;
+  std::unique_ptr<v1::CoordinatorService::Stub> stub_;
+};
+
+}  // namespace stagecoach::worker

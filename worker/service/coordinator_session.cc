@@ -1,0 +1,88 @@
+#include "worker/service/coordinator_session.h"
+
+#include "common/util/logging.h"
+
+#include <algorithm>
+
+#include "common/rpc/time_conversion.h"
+
+namespace stagecoach::worker {
+
+CoordinatorSession::CoordinatorSession(SessionOptions options, CoordinatorClient* client,
+                                       std::function<std::string()> current_job,
+                                       std::function<void(const std::string&)> forgotten)
+    : options_(std::move(options)),
+      client_(client),
+      current_job_(std::move(current_job)),
+      forgotten_(std::move(forgotten)) {}
+
+CoordinatorSession::~CoordinatorSession() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void CoordinatorSession::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+std::string CoordinatorSession::worker_id() {
+  absl::MutexLock lock(&mu_);
+  return worker_id_;
+}
+
+bool CoordinatorSession::WaitRegistered(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto registered = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !worker_id_.empty(); };
+  return mu_.AwaitWithTimeout(absl::Condition(&registered), timeout);
+}
+
+void CoordinatorSession::Loop() {
+  absl::Duration backoff = absl::Milliseconds(100);
+  absl::Duration interval = absl::Seconds(1);
+  int failures = 0;
+  while (true) {
+    std::string id = worker_id();
+    absl::Duration pause;
+    if (id.empty()) {
+      auto registered = client_->Register(options_.registration);
+      if (registered.ok()) {
+        interval = std::max(rpc::FromProtoDuration(registered->heartbeat_interval()),
+                            absl::Milliseconds(10));
+        spdlog::info("registered with coordinator {} as {} (heartbeat every {})",
+                     client_->address(), registered->worker_id(), absl::FormatDuration(interval));
+        absl::MutexLock lock(&mu_);
+        worker_id_ = registered->worker_id();
+        backoff = absl::Milliseconds(100);
+        failures = 0;
+        pause = interval;
+      } else {
+        // Log the first failure and then every tenth, not every retry.
+        if (failures++ % 10 == 0) {
+          spdlog::warn("cannot register (retrying): {}", registered.status().message());
+        }
+        pause = backoff;
+        backoff = std::min(backoff * 2, options_.max_backoff);
+      }
+    } else {
+      absl::Status beat = client_->Heartbeat(id, current_job_());
+      if (absl::IsNotFound(beat)) {
+        spdlog::warn("coordinator forgot this worker: {}", beat.message());
+        forgotten_(std::string(beat.message()));
+        absl::MutexLock lock(&mu_);
+        worker_id_.clear();
+        pause = absl::ZeroDuration();
+      } else {
+        if (!beat.ok()) spdlog::warn("heartbeat: {}", beat.message());
+        pause = interval;
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
+    if (mu_.AwaitWithTimeout(absl::Condition(&stopping), pause)) return;
+  }
+}
+
+}  // namespace stagecoach::worker

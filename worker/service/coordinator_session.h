@@ -1,0 +1,56 @@
+// Keeps the worker registered with its coordinator: registers (retrying with backoff until the
+// coordinator answers), heartbeats at the interval the coordinator asked for, and registers
+// again when the coordinator no longer knows the worker (it declared it lost, or restarted) —
+// after stopping any task, since the coordinator has failed that task's job by then.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "worker/service/coordinator_client.h"
+
+namespace stagecoach::worker {
+
+struct SessionOptions {
+  v1::RegisterWorkerRequest registration;
+  // Longest pause between registration attempts.
+  absl::Duration max_backoff = absl::Seconds(5);
+};
+
+// Thread-safe.
+class CoordinatorSession {
+ public:
+  // `current_job` says which job's task runs (empty when idle); `forgotten` is called when the
+  // coordinator no longer knows this worker.
+  CoordinatorSession(SessionOptions options, CoordinatorClient* client,
+                     std::function<std::string()> current_job,
+                     std::function<void(const std::string& why)> forgotten);
+  // Stops the session thread.
+  ~CoordinatorSession();
+
+  void Start();
+
+  // The id of the current registration; empty until registered.
+  std::string worker_id();
+
+  // Waits up to `timeout` for the first registration. True when registered.
+  bool WaitRegistered(absl::Duration timeout);
+
+ private:
+  void Loop();
+
+  const SessionOptions options_;
+  CoordinatorClient* client_;
+  std::function<std::string()> current_job_;
+  std::function<void(const std::string&)> forgotten_;
+
+  absl::Mutex mu_;
+  std::string worker_id_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace stagecoach::worker

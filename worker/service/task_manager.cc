@@ -1,0 +1,130 @@
+#include "worker/service/task_manager.h"
+
+#include "common/util/logging.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace stagecoach::worker {
+
+absl::Status ValidateAssignment(const v1::TaskAssignment& task) {
+  auto bad = [](absl::string_view field, absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("assignment.", field, ": ", why));
+  };
+  if (task.job_id().empty()) return bad("job_id", "required");
+  if (task.attempt() < 1) return bad("attempt", absl::StrCat("must be >= 1, got ", task.attempt()));
+  if (task.world_size() < 1) {
+    return bad("world_size", absl::StrCat("must be >= 1, got ", task.world_size()));
+  }
+  if (task.rank() < 0 || task.rank() >= task.world_size()) {
+    return bad("rank", absl::StrCat("must be in 0..", task.world_size() - 1, ", got ",
+                                    task.rank()));
+  }
+  if (task.num_stages() < 1) {
+    return bad("num_stages", absl::StrCat("must be >= 1, got ", task.num_stages()));
+  }
+  if (task.stage_to_rank_size() != task.num_stages()) {
+    return bad("stage_to_rank", absl::StrCat("must have num_stages (", task.num_stages(),
+                                             ") entries, got ", task.stage_to_rank_size()));
+  }
+  for (int s = 0; s < task.stage_to_rank_size(); ++s) {
+    if (task.stage_to_rank(s) < 0 || task.stage_to_rank(s) >= task.world_size()) {
+      return bad(absl::StrCat("stage_to_rank[", s, "]"),
+                 absl::StrCat("must be a rank in 0..", task.world_size() - 1));
+    }
+  }
+  if (task.stages_size() == 0) return bad("stages", "required");
+  if (task.actions_size() == 0) return bad("actions", "required");
+  if (task.spec_yaml().empty()) return bad("spec_yaml", "required");
+  if (task.transport() != "gloo") {
+    return bad("transport", absl::StrCat("this worker supports gloo, got '", task.transport(), "'"));
+  }
+  if (task.comm_timeout().seconds() <= 0 && task.comm_timeout().nanos() <= 0) {
+    return bad("comm_timeout", "must be positive");
+  }
+  return absl::OkStatus();
+}
+
+TaskManager::~TaskManager() { StopAll("worker shutting down", absl::Seconds(30)); }
+
+void TaskManager::ReapLocked() {
+  if (!running_ && thread_.joinable()) thread_.join();
+}
+
+absl::Status TaskManager::Start(const v1::TaskAssignment& task) {
+  if (absl::Status valid = ValidateAssignment(task); !valid.ok()) return valid;
+  absl::MutexLock lock(&mu_);
+  ReapLocked();
+  if (running_) {
+    const v1::TaskAssignment& current = runner_->task();
+    if (current.job_id() == task.job_id() && current.attempt() == task.attempt() &&
+        current.rank() == task.rank()) {
+      return absl::OkStatus();
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker is busy with ", current.job_id(), " rank ", current.rank()));
+  }
+  runtime::TaskRunnerDeps deps;
+  deps.worker_id = deps_.worker_id();
+  deps.reporter = deps_.reporter;
+  deps.store = deps_.store;
+  deps.make_transport = deps_.make_transport;
+  runner_ = std::make_unique<runtime::TaskRunner>(task, std::move(deps));
+  running_ = true;
+  runtime::TaskRunner* runner = runner_.get();
+  spdlog::info("starting {} attempt {} rank {}/{}", task.job_id(), task.attempt(), task.rank(),
+               task.world_size());
+  thread_ = std::thread([this, runner] {
+    runner->Run();
+    absl::MutexLock lock(&mu_);
+    running_ = false;
+  });
+  return absl::OkStatus();
+}
+
+absl::Status TaskManager::Stop(const std::string& job_id, const std::string& reason,
+                               absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  if (!running_ || runner_->task().job_id() != job_id) {
+    ReapLocked();
+    return absl::OkStatus();
+  }
+  spdlog::info("stopping {}: {}", job_id, reason);
+  runner_->Stop(reason);
+  auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !running_; };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&ended), timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat("task of ", job_id, " did not stop within ",
+                                                    absl::FormatDuration(timeout)));
+  }
+  ReapLocked();
+  return absl::OkStatus();
+}
+
+void TaskManager::StopAll(const std::string& reason, absl::Duration timeout) {
+  std::string job_id;
+  {
+    absl::MutexLock lock(&mu_);
+    if (running_) job_id = runner_->task().job_id();
+  }
+  if (!job_id.empty()) {
+    absl::Status stopped = Stop(job_id, reason, timeout);
+    if (!stopped.ok()) spdlog::error("{}", stopped.message());
+  }
+  absl::MutexLock lock(&mu_);
+  if (!running_ && thread_.joinable()) thread_.join();
+}
+
+v1::GetWorkerStatusResponse TaskManager::Status() {
+  v1::GetWorkerStatusResponse out;
+  out.set_worker_id(deps_.worker_id());
+  absl::MutexLock lock(&mu_);
+  if (running_) {
+    out.set_job_id(runner_->task().job_id());
+    out.set_rank(runner_->task().rank());
+    out.set_steps_done(runner_->steps_done());
+  } else {
+    out.set_rank(-1);
+  }
+  return out;
+}
+
+}  // namespace stagecoach::worker

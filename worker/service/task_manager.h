@@ -1,0 +1,60 @@
+// Holds the worker's one running task: starts it on its own thread, stops it on request, and
+// says what is running. A worker runs at most one task at a time.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "stagecoach/v1/worker.pb.h"
+#include "worker/runtime/task_runner.h"
+
+namespace stagecoach::worker {
+
+struct TaskManagerDeps {
+  runtime::TaskReporter* reporter = nullptr;        // required
+  transport::RendezvousStore* store = nullptr;      // required
+  runtime::TransportFactory make_transport;         // required
+  std::function<std::string()> worker_id;           // required: the id of the registration
+};
+
+// Thread-safe.
+class TaskManager {
+ public:
+  explicit TaskManager(TaskManagerDeps deps) : deps_(std::move(deps)) {}
+  // Stops a running task and waits for it.
+  ~TaskManager();
+
+  // Starts `task` in the background. Starting the task that already runs (same job and
+  // attempt) is OK (a retried call); FAILED_PRECONDITION while another task runs;
+  // INVALID_ARGUMENT naming the field for an assignment that cannot be run.
+  absl::Status Start(const v1::TaskAssignment& task);
+
+  // Stops the task of `job_id` and waits up to `timeout` for it to end. OK when no such task
+  // runs; DEADLINE_EXCEEDED when it did not stop in time (it keeps stopping in the background).
+  absl::Status Stop(const std::string& job_id, const std::string& reason, absl::Duration timeout);
+
+  // Stops whatever runs (shutdown, or the coordinator forgot this worker).
+  void StopAll(const std::string& reason, absl::Duration timeout);
+
+  v1::GetWorkerStatusResponse Status();
+
+ private:
+  // Joins the thread of a task that has ended, if any.
+  void ReapLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const TaskManagerDeps deps_;
+  absl::Mutex mu_;
+  std::unique_ptr<runtime::TaskRunner> runner_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_ ABSL_GUARDED_BY(mu_);
+  bool running_ ABSL_GUARDED_BY(mu_) = false;  // runner_'s thread has not finished Run
+};
+
+// Checks the fields of an assignment a worker needs before it starts the task.
+absl::Status ValidateAssignment(const v1::TaskAssignment& task);
+
+}  // namespace stagecoach::worker

@@ -92,9 +92,8 @@ nlohmann::json JobJson(const v1::Job& job) {
   out["created_time"] = TimeString(job.created_time());
   nlohmann::json history = nlohmann::json::array();
   for (const auto& t : job.history()) {
-    history.push_back({{"state", StateName(t.state())},
-                       {"reason", t.reason()},
-                       {"time", TimeString(t.time())}});
+    history.push_back(
+        {{"state", StateName(t.state())}, {"reason", t.reason()}, {"time", TimeString(t.time())}});
   }
   out["history"] = history;
   nlohmann::json ranks = nlohmann::json::array();
@@ -162,8 +161,7 @@ std::string JobsTable(const std::vector<v1::Job>& jobs) {
     rows.push_back({j.id(), j.name(), StateName(j.state()),
                     absl::StrCat(j.steps_done(), "/", j.steps_total()),
                     j.losses().empty() ? "-" : absl::StrFormat("%.4f", *j.losses().rbegin()),
-                    j.schedule(), absl::StrCat(j.num_stages()), Age(j.created_time()),
-                    j.reason()});
+                    j.schedule(), absl::StrCat(j.num_stages()), Age(j.created_time()), j.reason()});
   }
   return FormatTable(rows);
 }

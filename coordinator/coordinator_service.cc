@@ -26,8 +26,8 @@ grpc::Status CoordinatorServiceImpl::SubmitJob(grpc::ServerContext*,
                                                const v1::SubmitJobRequest* req,
                                                v1::SubmitJobResponse* resp) {
   if (auto s = Required(req->spec_yaml(), "spec_yaml"); !s.ok()) return s;
-  auto id = jobs_->SubmitJob(req->spec_yaml(),
-                             req->spec_origin().empty() ? "spec" : req->spec_origin());
+  auto id =
+      jobs_->SubmitJob(req->spec_yaml(), req->spec_origin().empty() ? "spec" : req->spec_origin());
   if (!id.ok()) return ToGrpcStatus(id.status());
   resp->set_job_id(*id);
   return grpc::Status::OK;
@@ -126,11 +126,9 @@ grpc::Status CoordinatorServiceImpl::GetKey(grpc::ServerContext*, const v1::GetK
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorServiceImpl::WaitKeys(grpc::ServerContext*,
-                                              const v1::WaitKeysRequest* req,
+grpc::Status CoordinatorServiceImpl::WaitKeys(grpc::ServerContext*, const v1::WaitKeysRequest* req,
                                               v1::WaitKeysResponse*) {
-  return ToGrpcStatus(
-      kv_->Wait({req->keys().begin(), req->keys().end()}, ClampWait(req->wait())));
+  return ToGrpcStatus(kv_->Wait({req->keys().begin(), req->keys().end()}, ClampWait(req->wait())));
 }
 
 }  // namespace stagecoach::coordinator

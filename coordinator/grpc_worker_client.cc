@@ -5,17 +5,6 @@
 #include "common/rpc/status_conversion.h"
 
 namespace stagecoach::coordinator {
-namespace {
-
-absl::Status Annotated(const grpc::Status& status, absl::string_view call,
-                       const std::string& address) {
-  if (status.ok()) return absl::OkStatus();
-  absl::Status s = rpc::FromGrpcStatus(status);
-  return absl::Status(s.code(), absl::StrCat(call, " on worker at ", address, ": ", s.message()));
-}
-
-}  // namespace
-
 v1::WorkerService::Stub* GrpcWorkerClient::Stub(const std::string& address) {
   absl::MutexLock lock(&mu_);
   auto& stub = stubs_[address];
@@ -23,15 +12,15 @@ v1::WorkerService::Stub* GrpcWorkerClient::Stub(const std::string& address) {
   return stub.get();
 }
 
-absl::Status GrpcWorkerClient::StartTask(const std::string& address,
-                                         const v1::TaskAssignment& task,
+absl::Status GrpcWorkerClient::StartTask(const std::string& address, const v1::TaskAssignment& task,
                                          absl::Duration timeout) {
   grpc::ClientContext ctx;
   rpc::SetDeadline(&ctx, timeout);
   v1::StartTaskRequest request;
   *request.mutable_assignment() = task;
   v1::StartTaskResponse response;
-  return Annotated(Stub(address)->StartTask(&ctx, request, &response), "StartTask", address);
+  return rpc::CallError(Stub(address)->StartTask(&ctx, request, &response), "StartTask",
+                        absl::StrCat("worker at ", address));
 }
 
 absl::Status GrpcWorkerClient::StopTask(const std::string& address, const std::string& job_id,
@@ -42,16 +31,18 @@ absl::Status GrpcWorkerClient::StopTask(const std::string& address, const std::s
   request.set_job_id(job_id);
   request.set_reason(reason);
   v1::StopTaskResponse response;
-  return Annotated(Stub(address)->StopTask(&ctx, request, &response), "StopTask", address);
+  return rpc::CallError(Stub(address)->StopTask(&ctx, request, &response), "StopTask",
+                        absl::StrCat("worker at ", address));
 }
 
-absl::StatusOr<v1::GetWorkerStatusResponse> GrpcWorkerClient::GetStatus(
-    const std::string& address, absl::Duration timeout) {
+absl::StatusOr<v1::GetWorkerStatusResponse> GrpcWorkerClient::GetStatus(const std::string& address,
+                                                                        absl::Duration timeout) {
   grpc::ClientContext ctx;
   rpc::SetDeadline(&ctx, timeout);
   v1::GetWorkerStatusResponse response;
   grpc::Status status = Stub(address)->GetWorkerStatus(&ctx, {}, &response);
-  if (!status.ok()) return Annotated(status, "GetWorkerStatus", address);
+  if (!status.ok())
+    return rpc::CallError(status, "GetWorkerStatus", absl::StrCat("worker at ", address));
   return response;
 }
 

@@ -76,8 +76,8 @@ struct Job {
   std::string reason;
   std::vector<v1::JobTransition> history;
 
-  int attempt = 0;          // incremented each time the job is placed
-  bool starting = false;    // StartTask calls of the current attempt are in flight
+  int attempt = 0;              // incremented each time the job is placed
+  bool starting = false;        // StartTask calls of the current attempt are in flight
   std::vector<RankSlot> ranks;  // empty until placed
   std::map<int64_t, StepAggregate> partial_steps;
   int64_t steps_done = 0;

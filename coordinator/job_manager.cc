@@ -1,7 +1,5 @@
 #include "coordinator/job_manager.h"
 
-#include "common/util/logging.h"
-
 #include <algorithm>
 #include <numeric>
 
@@ -9,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "common/rpc/time_conversion.h"
 #include "common/spec/spec_parser.h"
+#include "common/util/logging.h"
 #include "common/util/status_macros.h"
 
 namespace stagecoach::coordinator {
@@ -82,9 +81,8 @@ absl::StatusOr<std::string> JobManager::SubmitJob(const std::string& spec_yaml,
   *event.mutable_state_change() = created;
   job.AddEvent(std::move(event), now);
   spdlog::info("{} submitted: {} stages on {} workers, {} x {} microbatches, {} steps", job.id,
-               job.plan.num_stages, job.plan.num_ranks,
-               schedule::ScheduleKindName(job.plan.kind), job.plan.num_microbatches,
-               job.spec.training.steps);
+               job.plan.num_stages, job.plan.num_ranks, schedule::ScheduleKindName(job.plan.kind),
+               job.plan.num_microbatches, job.spec.training.steps);
   const std::string id = job.id;
   ScheduleLocked();
   return id;
@@ -121,8 +119,7 @@ absl::StatusOr<v1::Job> JobManager::CancelJob(const std::string& job_id,
 }
 
 absl::StatusOr<JobEvents> JobManager::WaitForEvents(const std::string& job_id,
-                                                    int64_t from_sequence,
-                                                    absl::Duration timeout) {
+                                                    int64_t from_sequence, absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Job * job, FindJobOrError(job_id));
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -153,12 +150,11 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
   }
   if (req.device().empty()) return absl::InvalidArgumentError("device: required");
   absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(std::string id,
-                   registry_.Register(req.name(), req.address(), req.device(),
-                                      {req.transports().begin(), req.transports().end()},
-                                      deps_.clock->Now()));
-  spdlog::info("worker {} registered: {} at {} ({})", id, req.name(), req.address(),
-               req.device());
+  ASSIGN_OR_RETURN(
+      std::string id,
+      registry_.Register(req.name(), req.address(), req.device(),
+                         {req.transports().begin(), req.transports().end()}, deps_.clock->Now()));
+  spdlog::info("worker {} registered: {} at {} ({})", id, req.name(), req.address(), req.device());
   ScheduleLocked();
   v1::RegisterWorkerResponse out;
   out.set_worker_id(id);
@@ -187,8 +183,7 @@ absl::Status JobManager::ReportStep(const v1::ReportStepRequest& req) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Job * job, FindJobOrError(req.job_id()));
   if (IsFinal(job->state)) return absl::OkStatus();  // late report of a stopped job
-  ASSIGN_OR_RETURN(RankSlot * slot,
-                   ReportingSlot(job, req.worker_id(), req.attempt(), req.rank()));
+  ASSIGN_OR_RETURN(RankSlot * slot, ReportingSlot(job, req.worker_id(), req.attempt(), req.rank()));
   if (req.step() != slot->steps_done) {
     return absl::InvalidArgumentError(absl::StrCat("step: rank ", req.rank(), " reported step ",
                                                    req.step(), ", expected ", slot->steps_done));
@@ -236,8 +231,7 @@ absl::Status JobManager::ReportTaskEnd(const v1::ReportTaskEndRequest& req) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Job * job, FindJobOrError(req.job_id()));
   if (req.attempt() != job->attempt) return absl::OkStatus();  // an older attempt's task
-  ASSIGN_OR_RETURN(RankSlot * slot,
-                   ReportingSlot(job, req.worker_id(), req.attempt(), req.rank()));
+  ASSIGN_OR_RETURN(RankSlot * slot, ReportingSlot(job, req.worker_id(), req.attempt(), req.rank()));
   if (slot->task_ended) return absl::OkStatus();
   slot->task_ended = true;
   slot->outcome = req.outcome();
@@ -364,8 +358,8 @@ void JobManager::ScheduleLocked() {
     std::vector<const WorkerRecord*> idle = registry_.Idle(job.spec.placement.device);
     const std::string device = job.spec.placement.device;
     if (blocked) {
-      job.reason = absl::StrCat("queued behind ", blocker, "; needs ", needed, " ", device,
-                                " workers");
+      job.reason =
+          absl::StrCat("queued behind ", blocker, "; needs ", needed, " ", device, " workers");
       continue;
     }
     if (static_cast<int>(idle.size()) < needed) {
@@ -456,8 +450,8 @@ void JobManager::StartTasks(const std::string& job_id, int attempt,
       registry_.MarkLost(slot.worker_id, absl::StrCat("unreachable: ", failure.message()));
     }
     EndJobLocked(job, v1::JOB_STATE_FAILED,
-                 absl::StrCat("could not start rank ", failed_rank, " on worker ",
-                              slot.worker_id, ": ", failure.message()));
+                 absl::StrCat("could not start rank ", failed_rank, " on worker ", slot.worker_id,
+                              ": ", failure.message()));
     ScheduleLocked();
     return;
   }

@@ -12,8 +12,7 @@ absl::Status KvStore::Set(const std::string& key, std::string value) {
   }
   if (value.size() > kMaxValueBytes) {
     return absl::InvalidArgumentError(absl::StrCat("value of key '", key, "': must be at most ",
-                                                   kMaxValueBytes, " bytes, got ",
-                                                   value.size()));
+                                                   kMaxValueBytes, " bytes, got ", value.size()));
   }
   absl::MutexLock lock(&mu_);
   if (values_.size() >= kMaxKeys && values_.count(key) == 0) {
@@ -30,9 +29,8 @@ absl::StatusOr<std::string> KvStore::Get(const std::string& key, absl::Duration 
   mu_.AwaitWithTimeout(absl::Condition(&present), wait);
   auto it = values_.find(key);
   if (it == values_.end()) {
-    return absl::DeadlineExceededError(absl::StrCat("rendezvous key '", key,
-                                                    "' was not set within ",
-                                                    absl::FormatDuration(wait)));
+    return absl::DeadlineExceededError(
+        absl::StrCat("rendezvous key '", key, "' was not set within ", absl::FormatDuration(wait)));
   }
   return it->second;
 }

@@ -1,18 +1,14 @@
 // stagecoach-coordinator: the control plane. See DESIGN.md "Command-line contract".
-#include <grpcpp/server.h>
-#include <grpcpp/server_builder.h>
-#include <signal.h>
-#include "common/util/logging.h"
-
 #include <CLI/CLI.hpp>
 #include <iostream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc/address.h"
-#include "common/rpc/channel.h"
+#include "common/rpc/server.h"
 #include "common/util/config_file.h"
 #include "common/util/logging.h"
+#include "common/util/signals.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/grpc_worker_client.h"
 #include "coordinator/job_manager.h"
@@ -56,8 +52,8 @@ absl::StatusOr<absl::Duration> ParsePositiveDuration(const std::string& text,
 int main(int argc, char** argv) {
   CLI::App app{"Stagecoach coordinator: plans pipeline jobs and steers the workers that run them"};
   Flags flags;
-  auto* listen = app.add_option("--listen", flags.listen,
-                                "gRPC address HOST:PORT (port 0 picks a free port)");
+  auto* listen =
+      app.add_option("--listen", flags.listen, "gRPC address HOST:PORT (port 0 picks a free port)");
   app.add_option("--config", flags.config, "YAML file with any of these options as keys");
   auto* lease = app.add_option("--lease", flags.lease,
                                "declare a worker lost after this long without a heartbeat");
@@ -65,8 +61,8 @@ int main(int argc, char** argv) {
                                    "how often workers heartbeat");
   auto* comm = app.add_option("--comm-timeout", flags.comm_timeout,
                               "bound on every data-plane wait in a job's tasks");
-  auto* level = app.add_option("--log-level", flags.log_level,
-                               "trace, debug, info, warn, error or off");
+  auto* level =
+      app.add_option("--log-level", flags.log_level, "trace, debug, info, warn, error or off");
   app.add_flag("--check-config", flags.check_config,
                "validate the configuration and exit (0 when valid)");
   try {
@@ -76,18 +72,13 @@ int main(int argc, char** argv) {
   }
 
   if (!flags.config.empty()) {
-    auto file = stagecoach::LoadConfigFile(
-        flags.config, {"listen", "lease", "heartbeat-interval", "comm-timeout", "log-level"});
-    if (!file.ok()) return Fail(std::string(file.status().message()));
-    auto take = [&](CLI::Option* opt, const char* key, std::string* into) {
-      auto it = file->find(key);
-      if (it != file->end() && opt->count() == 0) *into = it->second;
-    };
-    take(listen, "listen", &flags.listen);
-    take(lease, "lease", &flags.lease);
-    take(heartbeat, "heartbeat-interval", &flags.heartbeat_interval);
-    take(comm, "comm-timeout", &flags.comm_timeout);
-    take(level, "log-level", &flags.log_level);
+    absl::Status applied = stagecoach::ApplyConfigFile(
+        flags.config, {{"listen", &flags.listen, listen->count() > 0},
+                       {"lease", &flags.lease, lease->count() > 0},
+                       {"heartbeat-interval", &flags.heartbeat_interval, heartbeat->count() > 0},
+                       {"comm-timeout", &flags.comm_timeout, comm->count() > 0},
+                       {"log-level", &flags.log_level, level->count() > 0}});
+    if (!applied.ok()) return Fail(std::string(applied.message()));
   }
 
   JobManagerOptions options;
@@ -113,38 +104,25 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  // Signals are handled by one thread with sigwait; block them before any thread starts.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  const sigset_t signals = stagecoach::BlockTerminationSignals();
 
   KvStore kv;
   GrpcWorkerClient worker_client;
   JobManager jobs(options, {stagecoach::Clock::Real(), &worker_client, &kv});
   CoordinatorServiceImpl service(&jobs, &kv);
 
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(listen_addr->ToString(), grpc::InsecureServerCredentials(), &port);
-  builder.SetMaxReceiveMessageSize(stagecoach::rpc::kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(stagecoach::rpc::kMaxMessageBytes);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
-    return Fail(absl::StrCat("cannot listen on ", flags.listen));
-  }
+  auto started = stagecoach::rpc::StartServer(*listen_addr, {&service});
+  if (!started.ok()) return Fail(std::string(started.status().message()));
+  grpc::Server* server = started->server.get();
   stagecoach::rpc::HostPort actual = *listen_addr;
-  actual.port = port;
+  actual.port = started->port;
   std::cout << "listening on " << actual.ToString() << std::endl;
   spdlog::info("coordinator listening on {} (lease {}, heartbeat {})", actual.ToString(),
                flags.lease, flags.heartbeat_interval);
   jobs.Start();
 
   std::thread signal_thread([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
+    const int sig = stagecoach::WaitForTerminationSignal(signals);
     spdlog::info("signal {}: shutting down", sig);
     server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   });

@@ -128,14 +128,15 @@ absl::StatusOr<Plan> PlanJob(const spec::JobSpec& spec) {
   if (plan.num_stages != plan.num_ranks * spr) {
     return FieldError("placement.workers",
                       absl::StrCat(schedule::ScheduleKindName(plan.kind), " runs ", spr,
-                                   " stage(s) per worker, so ", plan.num_stages,
-                                   " stages need ", plan.num_stages / spr + (plan.num_stages % spr != 0),
+                                   " stage(s) per worker, so ", plan.num_stages, " stages need ",
+                                   plan.num_stages / spr + (plan.num_stages % spr != 0),
                                    " workers, got ", plan.num_ranks));
   }
   if (plan.num_stages > layers) {
-    return FieldError("split.stages",
-                      absl::StrCat("must be <= ", layers, " (the model's layers; a stage needs at "
-                                   "least one), got ", plan.num_stages));
+    return FieldError("split.stages", absl::StrCat("must be <= ", layers,
+                                                   " (the model's layers; a stage needs at "
+                                                   "least one), got ",
+                                                   plan.num_stages));
   }
 
   // Partition layers into stages.
@@ -163,9 +164,8 @@ absl::StatusOr<Plan> PlanJob(const spec::JobSpec& spec) {
   config.num_microbatches = plan.num_microbatches;
   auto compute = schedule::GenerateSchedule(config);
   if (!compute.ok()) return FieldError("schedule", compute.status().message());
-  ASSIGN_OR_RETURN(plan.stage_to_rank,
-                   schedule::StageToRank(plan.num_stages, plan.num_ranks,
-                                         schedule::MappingStyle::kLoop));
+  ASSIGN_OR_RETURN(plan.stage_to_rank, schedule::StageToRank(plan.num_stages, plan.num_ranks,
+                                                             schedule::MappingStyle::kLoop));
   auto lowered = schedule::AddSendRecv(*compute, plan.stage_to_rank, plan.num_stages);
   if (!lowered.ok()) {
     return absl::InternalError(absl::StrCat("lowering the ", schedule::ScheduleKindName(plan.kind),
@@ -174,8 +174,7 @@ absl::StatusOr<Plan> PlanJob(const spec::JobSpec& spec) {
   auto valid = schedule::ValidateLoweredSchedule(*lowered, plan.stage_to_rank, plan.num_stages,
                                                  plan.num_microbatches);
   if (!valid.ok()) {
-    return absl::InternalError(absl::StrCat("the generated ",
-                                            schedule::ScheduleKindName(plan.kind),
+    return absl::InternalError(absl::StrCat("the generated ", schedule::ScheduleKindName(plan.kind),
                                             " schedule is invalid: ", valid.message()));
   }
   plan.lowered = *std::move(lowered);

@@ -28,9 +28,9 @@ struct Plan {
   int num_ranks = 0;
   int stages_per_rank = 1;
   int num_microbatches = 0;
-  std::vector<StagePlan> stages;        // indexed by stage
-  std::vector<int> stage_to_rank;       // indexed by stage
-  schedule::PipelineOrder lowered;      // indexed by rank; no idle slots
+  std::vector<StagePlan> stages;    // indexed by stage
+  std::vector<int> stage_to_rank;   // indexed by stage
+  schedule::PipelineOrder lowered;  // indexed by rank; no idle slots
 };
 
 // Plans `spec`. INVALID_ARGUMENT naming the spec field for what cannot be planned: an unknown

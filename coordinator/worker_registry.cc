@@ -36,8 +36,8 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const std::string& name,
       continue;
     }
     if (it->second.state != v1::WORKER_STATE_LOST) {
-      return absl::AlreadyExistsError(absl::StrCat("worker ", it->second.id,
-                                                   " is already registered at ", address));
+      return absl::AlreadyExistsError(
+          absl::StrCat("worker ", it->second.id, " is already registered at ", address));
     }
     it = workers_.erase(it);
   }
@@ -70,8 +70,10 @@ std::vector<std::string> WorkerRegistry::ExpireLeases(absl::Time now) {
     if (w.state == v1::WORKER_STATE_LOST) continue;
     if (now - w.last_heartbeat > lease_) {
       w.state = v1::WORKER_STATE_LOST;
-      w.reason = absl::StrCat("no heartbeat for ", absl::FormatDuration(now - w.last_heartbeat),
-                              " (lease ", absl::FormatDuration(lease_), ")");
+      w.reason = absl::StrCat(
+          "no heartbeat for ",
+          absl::FormatDuration(absl::Trunc(now - w.last_heartbeat, absl::Milliseconds(1))),
+          " (lease ", absl::FormatDuration(lease_), ")");
       expired.push_back(w.id);
     }
   }

@@ -52,8 +52,7 @@ class WorkerRegistry {
   // ALREADY_EXISTS error: two daemons cannot serve one address.
   absl::StatusOr<std::string> Register(const std::string& name, const std::string& address,
                                        const std::string& device,
-                                       const std::vector<std::string>& transports,
-                                       absl::Time now);
+                                       const std::vector<std::string>& transports, absl::Time now);
 
   // Renews the lease. NOT_FOUND for an unknown or LOST worker.
   absl::Status Heartbeat(const std::string& id, absl::Time now);

@@ -84,13 +84,14 @@ losses = job["losses"]
 every = max(1, len(losses) // 10)
 print(f"{job['"'"'id'"'"']} ({job['"'"'name'"'"']}): {job['"'"'schedule'"'"']}, {job['"'"'num_stages'"'"']} stages, "
       f"{job['"'"'microbatches'"'"']} microbatches, {job['"'"'state'"'"']}")
-for i in list(range(0, len(losses), every)) + [len(losses) - 1]:
+for i in sorted(set(range(0, len(losses), every)) | {len(losses) - 1}):
     print(f"  step {i + 1:4d}  loss {losses[i]:.4f}")
-head = sum(losses[:10]) / min(10, len(losses))
-tail = sum(losses[-10:]) / min(10, len(losses))
-print(f"  mean loss of the first 10 steps {head:.4f}, of the last 10 {tail:.4f}")
-if not tail < head:
-    sys.exit("the loss did not fall")
+if len(losses) >= 20:
+    head = sum(losses[:10]) / 10
+    tail = sum(losses[-10:]) / 10
+    print(f"  mean loss of the first 10 steps {head:.4f}, of the last 10 {tail:.4f}")
+    if not tail < head:
+        sys.exit("the loss did not fall")
 '
 done
 "$BIN/client/stagectl" list

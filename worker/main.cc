@@ -1,10 +1,5 @@
 // stagecoach-worker: runs pipeline stages for the coordinator. See DESIGN.md
 // "Command-line contract".
-#include <grpcpp/server.h>
-#include <grpcpp/server_builder.h>
-#include <signal.h>
-#include "common/util/logging.h"
-
 #include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <iostream>
@@ -12,9 +7,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc/address.h"
-#include "common/rpc/channel.h"
+#include "common/rpc/server.h"
 #include "common/util/config_file.h"
 #include "common/util/logging.h"
+#include "common/util/signals.h"
 #include "worker/service/coordinator_client.h"
 #include "worker/service/coordinator_session.h"
 #include "worker/service/task_manager.h"
@@ -59,8 +55,8 @@ int main(int argc, char** argv) {
   auto* name = app.add_option("--name", flags.name, "name shown by 'stagectl workers'");
   auto* device = app.add_option("--device", flags.device, "compute device: cpu");
   app.add_option("--config", flags.config, "YAML file with any of these options as keys");
-  auto* level = app.add_option("--log-level", flags.log_level,
-                               "trace, debug, info, warn, error or off");
+  auto* level =
+      app.add_option("--log-level", flags.log_level, "trace, debug, info, warn, error or off");
   app.add_flag("--check-config", flags.check_config,
                "validate the configuration and exit (0 when valid)");
   try {
@@ -69,19 +65,14 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   if (!flags.config.empty()) {
-    auto file = sc::LoadConfigFile(flags.config, {"coordinator", "listen", "advertise-host",
-                                                  "name", "device", "log-level"});
-    if (!file.ok()) return Fail(std::string(file.status().message()));
-    auto take = [&](CLI::Option* opt, const char* key, std::string* into) {
-      auto it = file->find(key);
-      if (it != file->end() && opt->count() == 0) *into = it->second;
-    };
-    take(coordinator, "coordinator", &flags.coordinator);
-    take(listen, "listen", &flags.listen);
-    take(advertise, "advertise-host", &flags.advertise_host);
-    take(name, "name", &flags.name);
-    take(device, "device", &flags.device);
-    take(level, "log-level", &flags.log_level);
+    absl::Status applied = sc::ApplyConfigFile(
+        flags.config, {{"coordinator", &flags.coordinator, coordinator->count() > 0},
+                       {"listen", &flags.listen, listen->count() > 0},
+                       {"advertise-host", &flags.advertise_host, advertise->count() > 0},
+                       {"name", &flags.name, name->count() > 0},
+                       {"device", &flags.device, device->count() > 0},
+                       {"log-level", &flags.log_level, level->count() > 0}});
+    if (!applied.ok()) return Fail(std::string(applied.message()));
   }
   if (flags.coordinator.empty()) {
     return Fail("--coordinator: required (or set STAGECOACH_COORDINATOR)");
@@ -96,8 +87,8 @@ int main(int argc, char** argv) {
                              "' is not supported by this worker version (supported: cpu)"));
   }
   if (flags.advertise_host.empty()) {
-    flags.advertise_host = sc::rpc::IsWildcardHost(listen_addr->host) ? sc::rpc::LocalHostName()
-                                                                       : listen_addr->host;
+    flags.advertise_host =
+        sc::rpc::IsWildcardHost(listen_addr->host) ? sc::rpc::LocalHostName() : listen_addr->host;
   }
   if (auto s = sc::InitLogging("worker", flags.log_level); !s.ok()) {
     return Fail(std::string(s.message()));
@@ -107,11 +98,7 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  const sigset_t signals = sc::BlockTerminationSignals();
 
   sc::worker::CoordinatorClient client(flags.coordinator);
   std::unique_ptr<sc::worker::CoordinatorSession> session;
@@ -134,15 +121,10 @@ int main(int argc, char** argv) {
   sc::worker::TaskManager tasks(task_deps);
   sc::worker::WorkerServiceImpl service(&tasks);
 
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(listen_addr->ToString(), grpc::InsecureServerCredentials(), &port);
-  builder.SetMaxReceiveMessageSize(sc::rpc::kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(sc::rpc::kMaxMessageBytes);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) return Fail(absl::StrCat("cannot listen on ", flags.listen));
-  sc::rpc::HostPort advertised{flags.advertise_host, port};
+  auto started = sc::rpc::StartServer(*listen_addr, {&service});
+  if (!started.ok()) return Fail(std::string(started.status().message()));
+  grpc::Server* server = started->server.get();
+  sc::rpc::HostPort advertised{flags.advertise_host, started->port};
   std::cout << "listening on " << advertised.ToString() << std::endl;
 
   sc::worker::SessionOptions session_options;
@@ -159,8 +141,7 @@ int main(int argc, char** argv) {
   spdlog::info("worker listening on {}, coordinator {}", advertised.ToString(), flags.coordinator);
 
   std::thread signal_thread([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
+    const int sig = sc::WaitForTerminationSignal(signals);
     spdlog::info("signal {}: shutting down", sig);
     tasks.StopAll("worker shutting down", absl::Seconds(10));
     server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

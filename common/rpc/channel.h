@@ -11,10 +11,16 @@
 
 namespace stagecoach::rpc {
 
+// Clients ping an idle connection this often (and give up after kKeepaliveTimeout more) so
+// that a long call, such as a WatchJob stream, notices a peer that vanished.
+inline constexpr absl::Duration kKeepaliveTime = absl::Seconds(20);
+inline constexpr absl::Duration kKeepaliveTimeout = absl::Seconds(10);
+
 // Largest gRPC message any of our services sends or accepts (specs, action lists, reports).
 inline constexpr int kMaxMessageBytes = 64 << 20;
 
-// A channel to `address` (host:port) with our message size limits. Connection is lazy.
+// A channel to `address` (host:port) with our message size limits and keepalive. Connection
+// is lazy.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
 
 // Sets `ctx`'s deadline to now + `timeout`. Every client call sets one.

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
+
 namespace stagecoach::rpc {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
@@ -12,6 +14,12 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 absl::Status FromGrpcStatus(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+absl::Status CallError(const grpc::Status& status, absl::string_view call, absl::string_view peer) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      absl::StrCat(call, " on ", peer, ": ", status.error_message()));
 }
 
 }  // namespace stagecoach::rpc

@@ -17,12 +17,18 @@ struct TypeName {
 
 // Longest names first so that prefix matching never picks "F" out of e.g. "RECV_F".
 constexpr TypeName kTypeNames[] = {
-    {ActionType::kReduceGrad, "REDUCE_GRAD"}, {ActionType::kOverlapFB, "OVERLAP_F_B"},
-    {ActionType::kUnshard, "UNSHARD"},        {ActionType::kReshard, "RESHARD"},
-    {ActionType::kSendF, "SEND_F"},           {ActionType::kRecvF, "RECV_F"},
-    {ActionType::kSendB, "SEND_B"},           {ActionType::kRecvB, "RECV_B"},
-    {ActionType::kForward, "F"},              {ActionType::kBackwardInput, "I"},
-    {ActionType::kBackwardWeight, "W"},       {ActionType::kFullBackward, "B"},
+    {ActionType::kReduceGrad, "REDUCE_GRAD"},
+    {ActionType::kOverlapFB, "OVERLAP_F_B"},
+    {ActionType::kUnshard, "UNSHARD"},
+    {ActionType::kReshard, "RESHARD"},
+    {ActionType::kSendF, "SEND_F"},
+    {ActionType::kRecvF, "RECV_F"},
+    {ActionType::kSendB, "SEND_B"},
+    {ActionType::kRecvB, "RECV_B"},
+    {ActionType::kForward, "F"},
+    {ActionType::kBackwardInput, "I"},
+    {ActionType::kBackwardWeight, "W"},
+    {ActionType::kFullBackward, "B"},
 };
 
 absl::Status Invalid(absl::string_view text, absl::string_view why) {
@@ -63,8 +69,8 @@ absl::StatusOr<Action> ParseSimple(absl::string_view text, absl::string_view who
         return Invalid(whole, absl::StrCat("action type ", tn.name, " needs a microbatch index"));
       }
       if (!ParseIndex(mb_text, &mb)) {
-        return Invalid(whole, absl::StrCat("\"", mb_text, "\" after ", tn.name,
-                                           " is not a microbatch index"));
+        return Invalid(
+            whole, absl::StrCat("\"", mb_text, "\" after ", tn.name, " is not a microbatch index"));
       }
       action.microbatch = mb;
     } else if (!mb_text.empty()) {
@@ -110,6 +116,20 @@ bool HasMicrobatch(ActionType type) {
   }
 }
 
+std::vector<const Action*> LeafActions(const Action& action) {
+  std::vector<const Action*> leaves;
+  if (action.sub_actions.empty()) {
+    leaves.push_back(&action);
+  } else {
+    for (const Action& sub : action.sub_actions) leaves.push_back(&sub);
+  }
+  return leaves;
+}
+
+bool IsBackwardInputOrFull(ActionType type) {
+  return type == ActionType::kBackwardInput || type == ActionType::kFullBackward;
+}
+
 std::string Action::ToString() const {
   if (!sub_actions.empty()) {
     std::string out = "(";
@@ -129,9 +149,7 @@ bool operator<(const Action& a, const Action& b) {
          std::tie(b.stage, b.type, b.microbatch, b.sub_actions);
 }
 
-std::ostream& operator<<(std::ostream& os, const Action& action) {
-  return os << action.ToString();
-}
+std::ostream& operator<<(std::ostream& os, const Action& action) { return os << action.ToString(); }
 
 absl::StatusOr<std::optional<Action>> ParseAction(absl::string_view raw) {
   absl::string_view text = absl::StripAsciiWhitespace(raw);
@@ -149,17 +167,15 @@ absl::StatusOr<std::optional<Action>> ParseAction(absl::string_view raw) {
   absl::string_view inner = text.substr(1, close - 1);
   absl::string_view container = text.substr(close + 1);
   if (container != ActionTypeName(ActionType::kOverlapFB)) {
-    return Invalid(text, absl::StrCat("\"", container,
-                                      "\" is not a container type; only OVERLAP_F_B is"));
+    return Invalid(
+        text, absl::StrCat("\"", container, "\" is not a container type; only OVERLAP_F_B is"));
   }
   Action overlap{-1, ActionType::kOverlapFB, std::nullopt, {}};
   size_t start = 0;
   while (true) {
     size_t semi = inner.find(';', start);
-    absl::string_view part =
-        absl::StripAsciiWhitespace(inner.substr(start, semi == absl::string_view::npos
-                                                           ? absl::string_view::npos
-                                                           : semi - start));
+    absl::string_view part = absl::StripAsciiWhitespace(inner.substr(
+        start, semi == absl::string_view::npos ? absl::string_view::npos : semi - start));
     auto sub = ParseSimple(part, text);
     if (!sub.ok()) return sub.status();
     overlap.sub_actions.push_back(*std::move(sub));

@@ -6,10 +6,10 @@
 #include <optional>
 #include <ostream>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace stagecoach::schedule {
 
@@ -72,6 +72,13 @@ absl::StatusOr<std::optional<Action>> ParseAction(absl::string_view text);
 
 // Like ParseAction, but an idle slot is an error too.
 absl::StatusOr<Action> ParseRequiredAction(absl::string_view text);
+
+// The actions an entry stands for: the sub-actions of an OVERLAP_F_B container, else the
+// action itself. Pointers into `action`, valid while it lives.
+std::vector<const Action*> LeafActions(const Action& action);
+
+// True for I and B: the actions that compute (and, across ranks, send) input gradients.
+bool IsBackwardInputOrFull(ActionType type);
 
 // One rank's program: actions in order; std::nullopt is an idle time slot (as PyTorch's None).
 using RankActions = std::vector<std::optional<Action>>;

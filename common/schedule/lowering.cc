@@ -15,21 +15,6 @@
 namespace stagecoach::schedule {
 namespace {
 
-// The leaves of an action: its sub-actions for a container, else the action itself.
-std::vector<const Action*> Leaves(const Action& action) {
-  std::vector<const Action*> leaves;
-  if (action.sub_actions.empty()) {
-    leaves.push_back(&action);
-  } else {
-    for (const Action& sub : action.sub_actions) leaves.push_back(&sub);
-  }
-  return leaves;
-}
-
-bool IsBackwardInputOrFull(ActionType type) {
-  return type == ActionType::kBackwardInput || type == ActionType::kFullBackward;
-}
-
 // (stage, type, microbatch or -1): what a rank has already placed in its list.
 using Key = std::tuple<int, ActionType, int>;
 
@@ -58,7 +43,7 @@ class SendRecvInserter {
         any_pending = true;
         const Action& head = *compute_[rank][next[rank]];
         bool ready = true;
-        for (const Action* leaf : Leaves(head)) {
+        for (const Action* leaf : LeafActions(head)) {
           if (MissingInput(*leaf, rank).has_value()) ready = false;
         }
         if (!ready) continue;
@@ -121,7 +106,7 @@ class SendRecvInserter {
 
   void Place(const Action& action, size_t rank) {
     out_[rank].push_back(action);
-    for (const Action* leaf : Leaves(action)) {
+    for (const Action* leaf : LeafActions(action)) {
       Record(rank, *leaf);
       if (!CrossesRanks(*leaf)) continue;
       const bool forward = leaf->type == ActionType::kForward;
@@ -147,7 +132,7 @@ class SendRecvInserter {
       }
       const Action& head = *compute_[rank][next[rank]];
       std::vector<std::string> missing;
-      for (const Action* leaf : Leaves(head)) {
+      for (const Action* leaf : LeafActions(head)) {
         if (auto why = MissingInput(*leaf, rank)) {
           missing.push_back(absl::StrCat(leaf->ToString(), " needs ", *why));
         }
@@ -188,7 +173,7 @@ absl::Status CheckInputs(const PipelineOrder& compute, const std::vector<int>& s
   for (size_t rank = 0; rank < compute.size(); ++rank) {
     for (size_t step = 0; step < compute[rank].size(); ++step) {
       if (!compute[rank][step].has_value()) continue;
-      for (const Action* leaf : Leaves(*compute[rank][step])) {
+      for (const Action* leaf : LeafActions(*compute[rank][step])) {
         if (leaf->stage < 0 || leaf->stage >= num_stages) {
           return absl::InvalidArgumentError(
               absl::StrCat("rank ", rank, ", step ", step, ": action ", leaf->ToString(),
@@ -213,7 +198,7 @@ RankActions AddReduceGrad(const RankActions& actions, int num_microbatches) {
   for (const std::optional<Action>& action : actions) {
     if (!action.has_value()) continue;
     out.push_back(action);
-    for (const Action* leaf : Leaves(*action)) {
+    for (const Action* leaf : LeafActions(*action)) {
       if (leaf->type != ActionType::kFullBackward && leaf->type != ActionType::kBackwardWeight) {
         continue;
       }

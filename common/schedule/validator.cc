@@ -32,20 +32,6 @@ bool IsLeafCompute(ActionType type) {
          type == ActionType::kBackwardWeight || type == ActionType::kFullBackward;
 }
 
-bool IsBackwardInputOrFull(ActionType type) {
-  return type == ActionType::kBackwardInput || type == ActionType::kFullBackward;
-}
-
-std::vector<const Action*> Leaves(const Action& action) {
-  std::vector<const Action*> leaves;
-  if (action.sub_actions.empty()) {
-    leaves.push_back(&action);
-  } else {
-    for (const Action& sub : action.sub_actions) leaves.push_back(&sub);
-  }
-  return leaves;
-}
-
 // "0F3" for a plain action, "0F3 (in (0F3;3B1)OVERLAP_F_B)" for a sub-action.
 std::string Describe(const Action& leaf, const Action& entry) {
   if (&leaf == &entry) return leaf.ToString();
@@ -92,7 +78,7 @@ class ComputeChecker {
       for (size_t step = 0; step < order_[rank].size(); ++step) {
         if (!order_[rank][step].has_value()) continue;
         const Action& entry = *order_[rank][step];
-        for (const Action* leaf : Leaves(entry)) {
+        for (const Action* leaf : LeafActions(entry)) {
           absl::Status status = Process(*leaf, entry, rank, step);
           if (!status.ok()) return status;
         }
@@ -277,12 +263,12 @@ class CommChecker {
       for (size_t step = 0; step < order_[rank].size(); ++step) {
         if (!order_[rank][step].has_value()) continue;
         const Action& entry = *order_[rank][step];
-        for (const Action* leaf : Leaves(entry)) {
+        for (const Action* leaf : LeafActions(entry)) {
           absl::Status status = CheckStep(*leaf, entry, rank, step, seen);
           if (!status.ok()) return status;
           if (IsComm(leaf->type)) occurrences_[KeyOf(*leaf)].push_back({rank, step});
         }
-        for (const Action* leaf : Leaves(entry)) seen.insert(KeyOf(*leaf));
+        for (const Action* leaf : LeafActions(entry)) seen.insert(KeyOf(*leaf));
       }
     }
     // Pairing, in rank/step order of the first occurrence.
@@ -431,7 +417,7 @@ class DeadlockChecker {
           const std::optional<Action>& entry = order_[rank][next_[rank]];
           if (entry.has_value()) {
             if (Blocker(rank, *entry).has_value()) break;
-            for (const Action* leaf : Leaves(*entry)) {
+            for (const Action* leaf : LeafActions(*entry)) {
               done_[rank].insert(KeyOf(*leaf));
               if (leaf->type == ActionType::kSendF || leaf->type == ActionType::kSendB) {
                 sent_.insert(KeyOf(*leaf));
@@ -453,7 +439,7 @@ class DeadlockChecker {
   // later sub-action may consume what an earlier one produced.
   std::optional<std::string> Blocker(size_t rank, const Action& entry) const {
     std::set<Key> local = done_[rank];
-    for (const Action* leaf : Leaves(entry)) {
+    for (const Action* leaf : LeafActions(entry)) {
       if (auto why = LeafBlocker(rank, *leaf, local)) return why;
       local.insert(KeyOf(*leaf));
     }

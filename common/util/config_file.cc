@@ -33,9 +33,8 @@ absl::StatusOr<std::map<std::string, std::string>> LoadConfigFile(
     std::string key = entry.first.as<std::string>();
     std::replace(key.begin(), key.end(), '_', '-');
     if (allowed.count(key) == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": ", key, ": unknown option (valid: ", absl::StrJoin(allowed, ", "),
-                       ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": ", key, ": unknown option (valid: ", absl::StrJoin(allowed, ", "), ")"));
     }
     if (!entry.second.IsScalar()) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": ", key, ": must be a scalar"));
@@ -43,6 +42,18 @@ absl::StatusOr<std::map<std::string, std::string>> LoadConfigFile(
     out[key] = entry.second.as<std::string>();
   }
   return out;
+}
+
+absl::Status ApplyConfigFile(const std::string& path, const std::vector<ConfigOption>& options) {
+  std::set<std::string> allowed;
+  for (const auto& o : options) allowed.insert(o.key);
+  auto file = LoadConfigFile(path, allowed);
+  if (!file.ok()) return file.status();
+  for (const auto& o : options) {
+    auto it = file->find(o.key);
+    if (it != file->end() && !o.set_on_command_line) *o.value = it->second;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace stagecoach

@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -16,5 +17,16 @@ namespace stagecoach {
 // Keys in the result use '-'.
 absl::StatusOr<std::map<std::string, std::string>> LoadConfigFile(
     const std::string& path, const std::set<std::string>& allowed);
+
+// One option a config file may set.
+struct ConfigOption {
+  std::string key;                   // long flag name without "--", e.g. "heartbeat-interval"
+  std::string* value;                // where the flag's value lives
+  bool set_on_command_line = false;  // then the file does not override it
+};
+
+// Loads `path` (as LoadConfigFile, allowing exactly the keys of `options`) and stores each
+// value the file gives into its option, unless that option was set on the command line.
+absl::Status ApplyConfigFile(const std::string& path, const std::vector<ConfigOption>& options);
 
 }  // namespace stagecoach

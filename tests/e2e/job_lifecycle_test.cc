@@ -20,13 +20,19 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string MlpSpec(const std::string& name, int stages, const std::string& schedule,
-                    int64_t steps, int microbatches = 4) {
+std::string MlpSpec(const std::string& name, int stages, const std::string& schedule, int64_t steps,
+                    int microbatches = 4) {
   return absl::StrCat("name: ", name, "\n",
                       "model:\n  builtin: {family: mlp, sizes: [8, 16, 16, 16, 16, 4], seed: 1}\n",
-                      "split: {stages: ", stages, "}\n",
-                      "schedule: {kind: ", schedule, ", microbatches: ", microbatches, "}\n",
+                      "split: {stages: ", stages, "}\n", "schedule: {kind: ", schedule,
+                      ", microbatches: ", microbatches, "}\n",
                       "training: {batch_size: 16, steps: ", steps, ", loss: mse}\n");
+}
+
+ClusterOptions Workers(int n) {
+  ClusterOptions options;
+  options.workers = n;
+  return options;
 }
 
 std::string LastLine(const std::string& text) {
@@ -40,7 +46,7 @@ bool IsFinal(const v1::Job& job) {
 }
 
 TEST(JobLifecycle, PendingJobShowsWhatItWaitsForAndStartsWhenWorkersJoin) {
-  auto cluster = LocalCluster::Start({.workers = 2});
+  auto cluster = LocalCluster::Start(Workers(2));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   LocalCluster& c = **cluster;
   const std::string spec = c.WriteFile("four.yaml", MlpSpec("four", 4, "1F1B", 5));
@@ -75,7 +81,7 @@ TEST(JobLifecycle, PendingJobShowsWhatItWaitsForAndStartsWhenWorkersJoin) {
 }
 
 TEST(JobLifecycle, BadSpecsAreRefusedAtSubmitWithTheFieldAndNothingIsQueued) {
-  auto cluster = LocalCluster::Start({.workers = 1});
+  auto cluster = LocalCluster::Start(Workers(1));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   LocalCluster& c = **cluster;
   struct Bad {
@@ -109,24 +115,41 @@ TEST(JobLifecycle, BadSpecsAreRefusedAtSubmitWithTheFieldAndNothingIsQueued) {
   EXPECT_THAT(missing.err, HasSubstr("cannot read spec file"));
 }
 
-TEST(JobLifecycle, KilledWorkerFailsTheJobNamingItAndTheOthersRunTheNextJob) {
+// A cluster whose lease is short (2s) and whose data-plane timeout is long (60s), so that a
+// lost worker must be found by the coordinator, not by a peer's receive timing out.
+absl::StatusOr<std::unique_ptr<LocalCluster>> FaultCluster(int workers) {
   ClusterOptions options;
-  options.workers = 3;
+  options.workers = workers;
   options.lease = "2s";
   options.heartbeat_interval = "400ms";
-  options.comm_timeout = "60s";  // the failure must be found without waiting for this
-  auto cluster = LocalCluster::Start(options);
+  options.comm_timeout = "60s";
+  return LocalCluster::Start(options);
+}
+
+// Submits a job of `stages` stages that runs (practically) forever; returns it once it has
+// done a few steps.
+absl::StatusOr<v1::Job> StartEndlessJob(LocalCluster& c, int stages, const std::string& schedule) {
+  const std::string spec =
+      c.WriteFile("endless.yaml", MlpSpec("endless", stages, schedule, 1000000));
+  CommandResult submit = c.Stagectl({"submit", spec});
+  if (submit.exit_code != 0) return absl::InternalError(submit.err);
+  auto job = c.WaitForJob(
+      LastLine(submit.out), [](const v1::Job& j) { return j.steps_done() >= 3 || IsFinal(j); },
+      absl::Seconds(60));
+  if (job.ok() && job->state() != v1::JOB_STATE_RUNNING) {
+    return absl::InternalError(
+        absl::StrCat("job is ", v1::JobState_Name(job->state()), ": ", job->reason()));
+  }
+  return job;
+}
+
+TEST(JobLifecycle, KilledWorkerFailsTheJobNamingItAndTheOthersRunTheNextJob) {
+  auto cluster = FaultCluster(3);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   LocalCluster& c = **cluster;
-  const std::string spec = c.WriteFile("long.yaml", MlpSpec("long", 3, "GPipe", 1000000));
-  CommandResult submit = c.Stagectl({"submit", spec});
-  ASSERT_EQ(submit.exit_code, 0) << submit.err;
-  const std::string job_id = LastLine(submit.out);
-  auto running = c.WaitForJob(
-      job_id, [](const v1::Job& j) { return j.steps_done() >= 3 || IsFinal(j); },
-      absl::Seconds(60));
+  auto running = StartEndlessJob(c, 3, "GPipe");
   ASSERT_TRUE(running.ok()) << running.status() << c.Logs();
-  ASSERT_EQ(running->state(), v1::JOB_STATE_RUNNING) << running->reason();
+  const std::string job_id = running->id();
 
   const v1::RankStatus& victim = running->ranks(1);
   const int index = c.WorkerIndex(victim.worker_id());
@@ -139,7 +162,8 @@ TEST(JobLifecycle, KilledWorkerFailsTheJobNamingItAndTheOthersRunTheNextJob) {
   std::cerr << "FAILED " << absl::FormatDuration(took) << " after the kill: " << failed->reason()
             << "\n";
   EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);
-  EXPECT_THAT(failed->reason(), HasSubstr(absl::StrCat("worker ", victim.worker_id(), " (rank 1)")));
+  EXPECT_THAT(failed->reason(),
+              HasSubstr(absl::StrCat("worker ", victim.worker_id(), " (rank 1)")));
   EXPECT_THAT(failed->reason(), HasSubstr("lost"));
   EXPECT_LT(took, absl::Seconds(2) + absl::Seconds(3)) << "lease 2s plus a 3s margin";
 
@@ -154,18 +178,44 @@ TEST(JobLifecycle, KilledWorkerFailsTheJobNamingItAndTheOthersRunTheNextJob) {
   EXPECT_EQ(again.exit_code, 0) << again.err << c.Logs();
 }
 
-TEST(JobLifecycle, CancelStopsARunningJobAndFreesItsWorkers) {
-  auto cluster = LocalCluster::Start({.workers = 2});
+TEST(JobLifecycle, AFrozenWorkerIsDeclaredLostByItsLeaseAndComesBackAfterwards) {
+  auto cluster = FaultCluster(2);  // its peer waits on the frozen worker; the lease must win
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   LocalCluster& c = **cluster;
-  const std::string spec = c.WriteFile("long.yaml", MlpSpec("long", 2, "1F1B", 1000000));
-  CommandResult submit = c.Stagectl({"submit", spec});
-  ASSERT_EQ(submit.exit_code, 0) << submit.err;
-  const std::string job_id = LastLine(submit.out);
-  ASSERT_TRUE(c.WaitForJob(job_id, [](const v1::Job& j) { return j.steps_done() >= 2; },
-                           absl::Seconds(60))
-                  .ok())
-      << c.Logs();
+  auto running = StartEndlessJob(c, 2, "1F1B");
+  ASSERT_TRUE(running.ok()) << running.status() << c.Logs();
+  const std::string job_id = running->id();
+  const v1::RankStatus& victim = running->ranks(0);
+  const int index = c.WorkerIndex(victim.worker_id());
+  ASSERT_GE(index, 0);
+  const absl::Time frozen = absl::Now();
+  c.worker(index).Signal(SIGSTOP);  // alive, connections open, silent
+  auto failed = c.WaitForJob(job_id, IsFinal, absl::Seconds(20));
+  ASSERT_TRUE(failed.ok()) << failed.status() << c.Logs();
+  const absl::Duration took = absl::Now() - frozen;
+  std::cerr << "FAILED " << absl::FormatDuration(took) << " after the freeze: " << failed->reason()
+            << "\n";
+  EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(failed->reason(), HasSubstr(absl::StrCat("worker ", victim.worker_id(),
+                                                       " (rank 0) lost: no heartbeat")));
+  EXPECT_LT(took, absl::Seconds(2) + absl::Seconds(3)) << "lease 2s plus a 3s margin";
+  ASSERT_TRUE(c.WaitForIdleWorkers(1, absl::Seconds(15)).ok()) << c.Logs();
+
+  // Thawed, it learns it was forgotten, drops its stale task and registers again.
+  c.worker(index).Signal(SIGCONT);
+  ASSERT_TRUE(c.WaitForIdleWorkers(2, absl::Seconds(20)).ok()) << c.Logs();
+  const std::string next = c.WriteFile("next.yaml", MlpSpec("next", 2, "GPipe", 3));
+  CommandResult again = c.Stagectl({"submit", next, "--wait"});
+  EXPECT_EQ(again.exit_code, 0) << again.err << c.Logs();
+}
+
+TEST(JobLifecycle, CancelStopsARunningJobAndFreesItsWorkers) {
+  auto cluster = LocalCluster::Start(Workers(2));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  auto running = StartEndlessJob(c, 2, "1F1B");
+  ASSERT_TRUE(running.ok()) << running.status() << c.Logs();
+  const std::string job_id = running->id();
   CommandResult cancel = c.Stagectl({"cancel", job_id});
   EXPECT_EQ(cancel.exit_code, 0) << cancel.err;
   EXPECT_THAT(cancel.out, HasSubstr("CANCELLED"));
@@ -186,7 +236,7 @@ TEST(JobLifecycle, CancelStopsARunningJobAndFreesItsWorkers) {
 }
 
 TEST(JobLifecycle, WatchShowsEveryStepWithItsLoss) {
-  auto cluster = LocalCluster::Start({.workers = 2});
+  auto cluster = LocalCluster::Start(Workers(2));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   LocalCluster& c = **cluster;
   const std::string spec = c.WriteFile("short.yaml", MlpSpec("short", 2, "GPipe", 6));
@@ -207,8 +257,8 @@ TEST(JobLifecycle, WatchShowsEveryStepWithItsLoss) {
 }
 
 TEST(Stagectl, UnreachableCoordinatorIsAClearError) {
-  CommandResult r = RunCommand({StagectlBinary(), "--coordinator", "127.0.0.1:1", "list"},
-                               absl::Seconds(30));
+  CommandResult r =
+      RunCommand({StagectlBinary(), "--coordinator", "127.0.0.1:1", "list"}, absl::Seconds(30));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("cannot reach the coordinator at 127.0.0.1:1"));
   EXPECT_THAT(r.err, HasSubstr("STAGECOACH_COORDINATOR"));
@@ -225,8 +275,8 @@ TEST(Stagectl, UsageErrorsExitTwo) {
   CommandResult format = RunCommand({StagectlBinary(), "list", "-o", "xml"}, absl::Seconds(10));
   EXPECT_EQ(format.exit_code, 2);
   EXPECT_THAT(format.err, HasSubstr("-o: must be table, json or yaml"));
-  CommandResult address = RunCommand({StagectlBinary(), "--coordinator", "nohostport", "list"},
-                                     absl::Seconds(10));
+  CommandResult address =
+      RunCommand({StagectlBinary(), "--coordinator", "nohostport", "list"}, absl::Seconds(10));
   EXPECT_EQ(address.exit_code, 2);
   EXPECT_THAT(address.err, HasSubstr("missing port"));
 }
@@ -234,14 +284,14 @@ TEST(Stagectl, UsageErrorsExitTwo) {
 TEST(Daemons, CheckConfigValidatesAndExits) {
   TempDir dir;
   EXPECT_EQ(RunCommand({CoordinatorBinary(), "--check-config"}, absl::Seconds(10)).exit_code, 0);
-  CommandResult bad = RunCommand({CoordinatorBinary(), "--check-config", "--lease", "soon"},
-                                 absl::Seconds(10));
+  CommandResult bad =
+      RunCommand({CoordinatorBinary(), "--check-config", "--lease", "soon"}, absl::Seconds(10));
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_THAT(bad.err, HasSubstr("--lease"));
   const std::string config = dir.path() + "/worker.yaml";
   std::ofstream(config) << "coordinator: 127.0.0.1:7070\nlisten: 127.0.0.1:0\nbogus: 1\n";
-  CommandResult worker = RunCommand({WorkerBinary(), "--config", config, "--check-config"},
-                                    absl::Seconds(10));
+  CommandResult worker =
+      RunCommand({WorkerBinary(), "--config", config, "--check-config"}, absl::Seconds(10));
   EXPECT_EQ(worker.exit_code, 2);
   EXPECT_THAT(worker.err, HasSubstr("bogus: unknown option"));
   EXPECT_EQ(RunCommand({WorkerBinary(), "--check-config"}, absl::Seconds(10), {}).exit_code, 2)

@@ -40,18 +40,18 @@ std::string SpecYaml(const Case& c, const std::string& ckpt_dir) {
   const ReferenceConfig& r = c.ref;
   std::string optimizer =
       r.optimizer == "sgd"
-          ? absl::StrFormat("{kind: sgd, lr: %g, momentum: %g, weight_decay: %g}", r.lr,
-                            r.momentum, r.weight_decay)
+          ? absl::StrFormat("{kind: sgd, lr: %g, momentum: %g, weight_decay: %g}", r.lr, r.momentum,
+                            r.weight_decay)
           : absl::StrFormat("{kind: adamw, lr: %g, weight_decay: %g}", r.lr, r.weight_decay);
-  return absl::StrCat("name: ", c.name, "\n",                                               //
+  return absl::StrCat("name: ", c.name, "\n",  //
                       "model:\n  builtin: {family: mlp, sizes: [", absl::StrJoin(r.sizes, ", "),
-                      "], seed: ", r.model_seed, "}\n",                                     //
-                      "split: {stages: ", c.stages, "}\n",                                  //
+                      "], seed: ", r.model_seed, "}\n",     //
+                      "split: {stages: ", c.stages, "}\n",  //
                       "schedule: {kind: ", c.schedule, ", microbatches: ", c.microbatches, "}\n",
-                      "placement: {workers: ", c.stages, "}\n",                             //
+                      "placement: {workers: ", c.stages, "}\n",  //
                       "training:\n  batch_size: ", r.batch_size, "\n  steps: ", r.steps,
                       "\n  loss: ", r.loss, "\n  optimizer: ", optimizer,
-                      "\n  checkpoint: {dir: ", ckpt_dir, "}\n",                            //
+                      "\n  checkpoint: {dir: ", ckpt_dir, "}\n",  //
                       "data: {kind: synthetic, seed: ", r.data_seed, "}\n");
 }
 

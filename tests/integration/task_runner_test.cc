@@ -112,9 +112,9 @@ std::vector<v1::TaskAssignment> Assignments(const std::string& spec_yaml,
 }
 
 // Runs every task on its own thread; `while_running` is called once all have started.
-void RunAll(const std::vector<v1::TaskAssignment>& tasks, RecordingReporter* reporter,
-            const std::function<void(std::vector<std::unique_ptr<TaskRunner>>&)>& while_running =
-                nullptr) {
+void RunAll(
+    const std::vector<v1::TaskAssignment>& tasks, RecordingReporter* reporter,
+    const std::function<void(std::vector<std::unique_ptr<TaskRunner>>&)>& while_running = nullptr) {
   transport::InMemoryStore store;
   std::vector<std::unique_ptr<TaskRunner>> runners;
   for (const auto& task : tasks) {
@@ -132,8 +132,7 @@ std::string Spec(int stages, const std::string& schedule, int microbatches, int6
   return absl::StrCat(
       "name: t\nmodel: {builtin: {family: mlp, sizes: [12, 20, 20, 20, 20, 20, 6], seed: 3}}\n",
       "split: {stages: ", stages, "}\nschedule: {kind: ", schedule,
-      ", microbatches: ", microbatches, "}\n",
-      "training: {batch_size: ", batch, ", steps: ", steps,
+      ", microbatches: ", microbatches, "}\n", "training: {batch_size: ", batch, ", steps: ", steps,
       ", loss: cross_entropy, optimizer: {kind: sgd, lr: 0.2, momentum: 0.5}", extra, "}\n",
       "data: {seed: 77}\n");
 }
@@ -175,12 +174,12 @@ TEST_P(TaskRunnerParity, EveryRankMatchesTheReference) {
   RecordingReporter reporter;
   RunAll(Assignments(spec, absl::Seconds(30)), &reporter);
   for (const auto& end : reporter.Ends()) {
-    EXPECT_EQ(end.outcome(), v1::TASK_OUTCOME_SUCCEEDED) << "rank " << end.rank() << ": "
-                                                          << end.error();
+    EXPECT_EQ(end.outcome(), v1::TASK_OUTCOME_SUCCEEDED)
+        << "rank " << end.rank() << ": " << end.error();
   }
   ASSERT_EQ(reporter.Ends().size(), static_cast<size_t>(s.stages));
-  const testing::ReferenceResult ref = testing::TrainReference(Reference(s.microbatches, s.batch,
-                                                                         kSteps));
+  const testing::ReferenceResult ref =
+      testing::TrainReference(Reference(s.microbatches, s.batch, kSteps));
   const auto last = reporter.Steps(s.stages - 1);
   ASSERT_EQ(last.size(), static_cast<size_t>(kSteps));
   for (int step = 0; step < kSteps; ++step) {
@@ -202,15 +201,16 @@ TEST_P(TaskRunnerParity, EveryRankMatchesTheReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Schedules, TaskRunnerParity,
-    ::testing::Values(Shape{"GPipe", 1, 3, 9}, Shape{"GPipe", 3, 5, 23}, Shape{"1F1B", 3, 3, 12},
-                      Shape{"1F1B", 6, 7, 29}, Shape{"GPipe", 6, 1, 4}, Shape{"1F1B", 2, 8, 8}),
-    [](const ::testing::TestParamInfo<Shape>& info) {
-      return absl::StrCat(info.param.schedule == "1F1B" ? "OneFOneB" : info.param.schedule, "_",
-                          info.param.stages, "stages_", info.param.microbatches, "mb_",
-                          info.param.batch, "rows");
-    });
+INSTANTIATE_TEST_SUITE_P(Schedules, TaskRunnerParity,
+                         ::testing::Values(Shape{"GPipe", 1, 3, 9}, Shape{"GPipe", 3, 5, 23},
+                                           Shape{"1F1B", 3, 3, 12}, Shape{"1F1B", 6, 7, 29},
+                                           Shape{"GPipe", 6, 1, 4}, Shape{"1F1B", 2, 8, 8}),
+                         [](const ::testing::TestParamInfo<Shape>& info) {
+                           return absl::StrCat(
+                               info.param.schedule == "1F1B" ? "OneFOneB" : info.param.schedule,
+                               "_", info.param.stages, "stages_", info.param.microbatches, "mb_",
+                               info.param.batch, "rows");
+                         });
 
 TEST(TaskRunnerFailures, StopEndsEveryRankPromptlyAsStopped) {
   RecordingReporter reporter;

@@ -18,8 +18,8 @@ constexpr absl::Duration kStartTimeout = absl::Seconds(30);
 absl::StatusOr<std::string> ListeningAddress(ChildProcess& p) {
   auto line = p.ReadLine(kStartTimeout);
   if (!line.ok()) {
-    return absl::Status(line.status().code(), absl::StrCat(line.status().message(), "\n",
-                                                           p.StderrTail()));
+    return absl::Status(line.status().code(),
+                        absl::StrCat(line.status().message(), "\n", p.StderrTail()));
   }
   absl::string_view rest = *line;
   if (!absl::ConsumePrefix(&rest, "listening on ")) {
@@ -36,11 +36,11 @@ std::string StagectlBinary() { return BinaryDir() + "/client/stagectl"; }
 
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterOptions& options) {
   std::unique_ptr<LocalCluster> c(new LocalCluster());
-  auto coordinator = ChildProcess::Start(
-      {CoordinatorBinary(), "--listen", "127.0.0.1:0", "--lease", options.lease,
-       "--heartbeat-interval", options.heartbeat_interval, "--comm-timeout", options.comm_timeout,
-       "--log-level", "debug"},
-      c->dir() + "/coordinator.log");
+  auto coordinator =
+      ChildProcess::Start({CoordinatorBinary(), "--listen", "127.0.0.1:0", "--lease", options.lease,
+                           "--heartbeat-interval", options.heartbeat_interval, "--comm-timeout",
+                           options.comm_timeout, "--log-level", "debug"},
+                          c->dir() + "/coordinator.log");
   if (!coordinator.ok()) return coordinator.status();
   c->coordinator_ = *std::move(coordinator);
   auto address = ListeningAddress(*c->coordinator_);
@@ -99,12 +99,11 @@ absl::Status LocalCluster::WaitForIdleWorkers(int n, absl::Duration timeout) {
     }
     absl::SleepFor(absl::Milliseconds(50));
   }
-  return absl::DeadlineExceededError(absl::StrCat("waited ", absl::FormatDuration(timeout),
-                                                  " for ", n, " idle workers, have ", idle));
+  return absl::DeadlineExceededError(absl::StrCat("waited ", absl::FormatDuration(timeout), " for ",
+                                                  n, " idle workers, have ", idle));
 }
 
-CommandResult LocalCluster::Stagectl(const std::vector<std::string>& args,
-                                     absl::Duration timeout) {
+CommandResult LocalCluster::Stagectl(const std::vector<std::string>& args, absl::Duration timeout) {
   std::vector<std::string> argv = {StagectlBinary(), "--coordinator", coordinator_address_};
   argv.insert(argv.end(), args.begin(), args.end());
   return RunCommand(argv, timeout);

@@ -107,8 +107,8 @@ absl::StatusOr<std::string> ChildProcess::ReadLine(absl::Duration timeout) {
     }
     const int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
     if (left <= 0) {
-      return absl::DeadlineExceededError(absl::StrCat("no line from pid ", pid_, " within ",
-                                                      absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("no line from pid ", pid_, " within ", absl::FormatDuration(timeout)));
     }
     pollfd p{stdout_fd_, POLLIN, 0};
     if (poll(&p, 1, static_cast<int>(left)) <= 0) continue;
@@ -138,8 +138,8 @@ absl::StatusOr<int> ChildProcess::Wait(absl::Duration timeout) {
       break;
     }
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("pid ", pid_, " still running after ",
-                                                      absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("pid ", pid_, " still running after ", absl::FormatDuration(timeout)));
     }
     absl::SleepFor(absl::Milliseconds(10));
   }

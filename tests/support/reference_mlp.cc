@@ -49,9 +49,8 @@ ReferenceResult TrainReference(const ReferenceConfig& c) {
         h = layers[i]->forward(h);
         if (i + 1 < layers.size()) h = torch::relu(h);
       }
-      losses.push_back(c.loss == "cross_entropy"
-                           ? torch::nn::functional::cross_entropy(h, ys[mb])
-                           : torch::nn::functional::mse_loss(h, ys[mb]));
+      losses.push_back(c.loss == "cross_entropy" ? torch::nn::functional::cross_entropy(h, ys[mb])
+                                                 : torch::nn::functional::mse_loss(h, ys[mb]));
     }
     torch::Tensor mean = torch::stack(losses).mean();
     mean.backward();

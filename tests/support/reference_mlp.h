@@ -6,12 +6,12 @@
 // mean over microbatches of each microbatch's loss; gradients of that mean.
 #pragma once
 
+#include <torch/types.h>
+
 #include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
-
-#include <torch/types.h>
 
 namespace stagecoach::testing {
 
@@ -25,13 +25,13 @@ struct ReferenceConfig {
   std::string loss = "mse";       // mse | cross_entropy
   std::string optimizer = "sgd";  // sgd | adamw
   double lr = 0.01;
-  double momentum = 0.0;          // sgd
+  double momentum = 0.0;  // sgd
   double weight_decay = 0.0;
 };
 
 struct ReferenceResult {
-  std::vector<double> losses;                    // one per step
-  std::map<std::string, torch::Tensor> params;  // "{layer}.weight" / "{layer}.bias", final
+  std::vector<double> losses;                           // one per step
+  std::map<std::string, torch::Tensor> params;          // "{layer}.weight" / "{layer}.bias", final
   std::map<std::string, torch::Tensor> initial_params;  // the same, before the first step
 };
 

@@ -20,8 +20,8 @@ class FakeWorkerClient : public WorkerClient {
     started_[address].push_back(task);
     return absl::OkStatus();
   }
-  absl::Status StopTask(const std::string& address, const std::string& job_id,
-                        const std::string&, absl::Duration) override {
+  absl::Status StopTask(const std::string& address, const std::string& job_id, const std::string&,
+                        absl::Duration) override {
     absl::MutexLock lock(&mu_);
     if (unreachable_.count(address)) return absl::UnavailableError("connection refused");
     stopped_[address].push_back(job_id);

@@ -186,11 +186,13 @@ TEST_F(JobManagerTest, ALostWorkerFailsItsJobNamingItAndTheOthersAreStopped) {
   auto id = manager_->SubmitJob(Spec(2), "spec.yaml");
   ASSERT_TRUE(Eventually([&] { return State(*id) == v1::JOB_STATE_RUNNING; }));
   clock_.Advance(absl::Seconds(4));
-  ASSERT_TRUE(manager_->Heartbeat([&] {
-    v1::HeartbeatRequest h;
-    h.set_worker_id(w1);
-    return h;
-  }()).ok());
+  ASSERT_TRUE(manager_
+                  ->Heartbeat([&] {
+                    v1::HeartbeatRequest h;
+                    h.set_worker_id(w1);
+                    return h;
+                  }())
+                  .ok());
   clock_.Advance(absl::Seconds(2));  // w2 is now 6s without a heartbeat; the lease is 5s
   manager_->Tick();
   v1::Job job = Job(*id);
@@ -210,7 +212,8 @@ TEST_F(JobManagerTest, ARankFailureNamesALostPeerAsTheRootCause) {
   auto id = manager_->SubmitJob(Spec(3), "spec.yaml");
   ASSERT_TRUE(Eventually([&] { return State(*id) == v1::JOB_STATE_RUNNING; }));
   workers_.SetUnreachable(Address(3));
-  ASSERT_TRUE(End(*id, w2, 1, v1::TASK_OUTCOME_FAILED, "receive from rank 2: connection reset").ok());
+  ASSERT_TRUE(
+      End(*id, w2, 1, v1::TASK_OUTCOME_FAILED, "receive from rank 2: connection reset").ok());
   ASSERT_TRUE(Eventually([&] { return State(*id) == v1::JOB_STATE_FAILED; }));
   const std::string reason = Job(*id).reason();
   EXPECT_THAT(reason, HasSubstr(absl::StrCat("worker ", w3, " (rank 2) lost: unreachable")));
@@ -267,8 +270,7 @@ TEST_F(JobManagerTest, InvalidSpecsAreRefusedAndNothingIsQueued) {
   EXPECT_TRUE(absl::IsInvalidArgument(bad.status()));
   auto too_many = manager_->SubmitJob(Spec(5), "many.yaml");
   ASSERT_TRUE(absl::IsInvalidArgument(too_many.status()));
-  EXPECT_THAT(std::string(too_many.status().message()),
-              HasSubstr("split.stages: must be <= 4"));
+  EXPECT_THAT(std::string(too_many.status().message()), HasSubstr("split.stages: must be <= 4"));
   EXPECT_TRUE(manager_->ListJobs().empty());
   EXPECT_TRUE(absl::IsNotFound(manager_->GetJob("job-9").status()));
 }

@@ -104,12 +104,14 @@ TEST(ActionGrammar, EveryPrintedActionParsesBack) {
   std::vector<Action> actions;
   for (const auto& [name, type] : PyTorchTypeNames()) {
     if (type == ActionType::kOverlapFB) continue;
-    actions.push_back(Action::Make(
-        7, type, HasMicrobatch(type) ? std::optional<int>(12) : std::nullopt));
+    actions.push_back(
+        Action::Make(7, type, HasMicrobatch(type) ? std::optional<int>(12) : std::nullopt));
   }
-  actions.push_back(Action{-1, ActionType::kOverlapFB, std::nullopt,
-                           {Action::Make(0, ActionType::kForward, 3),
-                            Action::Make(3, ActionType::kFullBackward, 1)}});
+  actions.push_back(Action{
+      -1,
+      ActionType::kOverlapFB,
+      std::nullopt,
+      {Action::Make(0, ActionType::kForward, 3), Action::Make(3, ActionType::kFullBackward, 1)}});
   for (const Action& action : actions) {
     auto parsed = ParseRequiredAction(action.ToString());
     ASSERT_TRUE(parsed.ok()) << action << ": " << parsed.status();

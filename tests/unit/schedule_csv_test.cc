@@ -1,33 +1,19 @@
 // Schedule CSV reader/writer against every golden CSV PyTorch wrote.
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "common/schedule/csv.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/golden.h"
 #include "tests/support/test_paths.h"
 
 namespace stagecoach::schedule {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(in.good()) << "cannot read " << path;
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
-
-std::string WithoutCR(std::string text) {
-  text.erase(std::remove(text.begin(), text.end(), '\r'), text.end());
-  return text;
-}
 
 std::vector<std::string> GoldenCsvFiles() {
   std::vector<std::string> files;
@@ -42,13 +28,13 @@ TEST(ScheduleCsv, RoundTripsEveryGoldenFile) {
   int checked = 0;
   for (const std::string& file : GoldenCsvFiles()) {
     SCOPED_TRACE(file);
-    const std::string text = ReadFile(testing::GoldenDir() + "/" + file);
+    const std::string text = testing::ReadGolden(file);
     auto order = ParseScheduleCsv(text);
     ASSERT_TRUE(order.ok()) << order.status();
     ASSERT_FALSE(order->empty());
     // Byte-identical to PyTorch's file once its CRLF is LF.
     const std::string written = FormatScheduleCsv(*order);
-    EXPECT_EQ(written, WithoutCR(text));
+    EXPECT_EQ(written, testing::WithoutCR(text));
     EXPECT_EQ(written.find('\r'), std::string::npos);
     auto again = ParseScheduleCsv(written);
     ASSERT_TRUE(again.ok()) << again.status();

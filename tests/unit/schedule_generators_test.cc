@@ -1,9 +1,5 @@
 // Generators and stage mappings against the schedules PyTorch produced (golden pytorch-schedules).
-#include <algorithm>
-#include <filesystem>
 #include <fstream>
-#include <regex>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -15,54 +11,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/support/golden.h"
 #include "tests/support/test_paths.h"
 
 namespace stagecoach::schedule {
 namespace {
 
 using ::testing::HasSubstr;
-
-struct Golden {
-  std::string file;
-  std::string schedule;
-  int ranks = 0;
-  int stages_per_rank = 0;
-  int microbatches = 0;
-};
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(in.good()) << "cannot read " << path;
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
-
-std::string WithoutCR(std::string text) {
-  text.erase(std::remove(text.begin(), text.end(), '\r'), text.end());
-  return text;
-}
-
-// Golden files named <Schedule>_r<R>_s<S>_m<M><suffix>, sorted by name.
-std::vector<Golden> GoldenFiles(const std::string& schedule, const std::string& suffix) {
-  static const std::regex kName(R"(([A-Za-z0-9]+)_r(\d+)_s(\d+)_m(\d+)(\..+))");
-  std::vector<Golden> out;
-  for (const auto& entry : std::filesystem::directory_iterator(testing::GoldenDir())) {
-    const std::string file = entry.path().filename().string();
-    std::smatch m;
-    if (!std::regex_match(file, m, kName) || m[1] != schedule || m[5] != suffix) continue;
-    out.push_back({file, m[1], std::stoi(m[2]), std::stoi(m[3]), std::stoi(m[4])});
-  }
-  std::sort(out.begin(), out.end(),
-            [](const Golden& a, const Golden& b) { return a.file < b.file; });
-  return out;
-}
-
-PipelineOrder LoadOrder(const std::string& file) {
-  auto order = ParseScheduleCsv(ReadFile(testing::GoldenDir() + "/" + file));
-  EXPECT_TRUE(order.ok()) << file << ": " << order.status();
-  return order.ok() ? *order : PipelineOrder{};
-}
 
 std::string Row(const RankActions& actions) {
   std::vector<std::string> cells;
@@ -82,14 +37,14 @@ TEST(ScheduleGenerators, GPipeEqualsEveryGoldenFile) {
   int checked = 0;
   for (const char* suffix : {".compute.csv", ".compute_raw.csv"}) {
     const bool raw = std::string(suffix) == ".compute_raw.csv";
-    for (const Golden& g : GoldenFiles("GPipe", suffix)) {
+    for (const testing::GoldenFile& g : testing::GoldenFiles(suffix, "GPipe")) {
       SCOPED_TRACE(g.file);
       ASSERT_EQ(g.stages_per_rank, 1);
       ScheduleConfig config = Config(ScheduleKind::kGPipe, g.ranks, g.microbatches);
       auto ours = raw ? GenerateTimeAligned(config) : GenerateSchedule(config);
       ASSERT_TRUE(ours.ok()) << ours.status();
-      EXPECT_EQ(FormatScheduleCsv(*ours), WithoutCR(ReadFile(testing::GoldenDir() + "/" + g.file)));
-      EXPECT_EQ(*ours, LoadOrder(g.file));
+      EXPECT_EQ(FormatScheduleCsv(*ours), testing::WithoutCR(testing::ReadGolden(g.file)));
+      EXPECT_EQ(*ours, testing::LoadGoldenOrder(g.file));
       ++checked;
     }
   }
@@ -101,12 +56,12 @@ TEST(ScheduleGenerators, OneFOneBEqualsGoldenExceptTheFixedLastRank) {
   int checked = 0;
   for (const char* suffix : {".compute.csv", ".compute_raw.csv"}) {
     const bool raw = std::string(suffix) == ".compute_raw.csv";
-    for (const Golden& g : GoldenFiles("1F1B", suffix)) {
+    for (const testing::GoldenFile& g : testing::GoldenFiles(suffix, "1F1B")) {
       SCOPED_TRACE(g.file);
       ScheduleConfig config = Config(ScheduleKind::k1F1B, g.ranks, g.microbatches);
       auto ours = raw ? GenerateTimeAligned(config) : GenerateSchedule(config);
       ASSERT_TRUE(ours.ok()) << ours.status();
-      PipelineOrder golden = LoadOrder(g.file);
+      PipelineOrder golden = testing::LoadGoldenOrder(g.file);
       ASSERT_EQ(ours->size(), golden.size());
       const int last = g.ranks - 1;
       for (int rank = 0; rank < last; ++rank) {

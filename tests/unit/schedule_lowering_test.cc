@@ -1,9 +1,4 @@
 // Lowering passes against PyTorch's own lowered lists (golden pytorch-schedules).
-#include <algorithm>
-#include <filesystem>
-#include <fstream>
-#include <regex>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -14,57 +9,12 @@
 #include "common/schedule/validator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/support/test_paths.h"
+#include "tests/support/golden.h"
 
 namespace stagecoach::schedule {
 namespace {
 
 using ::testing::HasSubstr;
-
-struct Golden {
-  std::string file;
-  std::string base;  // file name without the suffix
-  std::string schedule;
-  int ranks = 0;
-  int stages_per_rank = 0;
-  int microbatches = 0;
-  int num_stages() const { return ranks * stages_per_rank; }
-};
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(in.good()) << "cannot read " << path;
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
-
-std::string WithoutCR(std::string text) {
-  text.erase(std::remove(text.begin(), text.end(), '\r'), text.end());
-  return text;
-}
-
-// Golden files named <Schedule>_r<R>_s<S>_m<M><suffix>, sorted by name.
-std::vector<Golden> GoldenFiles(const std::string& suffix) {
-  static const std::regex kName(R"(([A-Za-z0-9]+)_r(\d+)_s(\d+)_m(\d+)(\..+))");
-  std::vector<Golden> out;
-  for (const auto& entry : std::filesystem::directory_iterator(testing::GoldenDir())) {
-    const std::string file = entry.path().filename().string();
-    std::smatch m;
-    if (!std::regex_match(file, m, kName) || m[5] != suffix) continue;
-    out.push_back({file, file.substr(0, file.size() - suffix.size()), m[1], std::stoi(m[2]),
-                   std::stoi(m[3]), std::stoi(m[4])});
-  }
-  std::sort(out.begin(), out.end(),
-            [](const Golden& a, const Golden& b) { return a.file < b.file; });
-  return out;
-}
-
-PipelineOrder LoadOrder(const std::string& file) {
-  auto order = ParseScheduleCsv(ReadFile(testing::GoldenDir() + "/" + file));
-  EXPECT_TRUE(order.ok()) << file << ": " << order.status();
-  return order.ok() ? *order : PipelineOrder{};
-}
 
 bool IsSendRecv(const Action& action) {
   return action.type == ActionType::kSendF || action.type == ActionType::kRecvF ||
@@ -91,10 +41,10 @@ RankActions Actions(std::initializer_list<const char*> texts) {
 
 TEST(AddReduceGrad, TurnsEveryRawGoldenListIntoItsComputeList) {
   int checked = 0;
-  for (const Golden& g : GoldenFiles(".compute_raw.csv")) {
+  for (const testing::GoldenFile& g : testing::GoldenFiles(".compute_raw.csv")) {
     SCOPED_TRACE(g.file);
-    PipelineOrder raw = LoadOrder(g.file);
-    PipelineOrder want = LoadOrder(g.base + ".compute.csv");
+    PipelineOrder raw = testing::LoadGoldenOrder(g.file);
+    PipelineOrder want = testing::LoadGoldenOrder(g.base + ".compute.csv");
     ASSERT_EQ(raw.size(), want.size());
     for (size_t rank = 0; rank < raw.size(); ++rank) {
       EXPECT_EQ(AddReduceGrad(raw[rank], g.microbatches), want[rank]) << "rank " << rank;
@@ -108,10 +58,10 @@ TEST(AddReduceGrad, TurnsEveryRawGoldenListIntoItsComputeList) {
 // list without SEND/RECV/UNSHARD/RESHARD is the reduce-grad pass applied to the compute list.
 TEST(AddReduceGrad, MatchesPyTorchRuntimeLoweringOfMultiStageSchedules) {
   int checked = 0;
-  for (const Golden& g : GoldenFiles(".comms.csv")) {
+  for (const testing::GoldenFile& g : testing::GoldenFiles(".comms.csv")) {
     SCOPED_TRACE(g.file);
-    PipelineOrder compute = LoadOrder(g.base + ".compute.csv");
-    PipelineOrder want = Filter(LoadOrder(g.file), [](const Action& a) {
+    PipelineOrder compute = testing::LoadGoldenOrder(g.base + ".compute.csv");
+    PipelineOrder want = Filter(testing::LoadGoldenOrder(g.file), [](const Action& a) {
       return !IsSendRecv(a) && a.type != ActionType::kUnshard && a.type != ActionType::kReshard;
     });
     ASSERT_EQ(compute.size(), want.size());
@@ -138,15 +88,14 @@ TEST(AddReduceGrad, CountsOverlappedSubActionsAndWeightGradients) {
 // The two sendrecv_only files are the compute list passed through the send/recv pass alone.
 TEST(AddSendRecv, MatchesSendRecvOnlyGolden) {
   int checked = 0;
-  for (const Golden& g : GoldenFiles(".sendrecv_only.csv")) {
+  for (const testing::GoldenFile& g : testing::GoldenFiles(".sendrecv_only.csv")) {
     SCOPED_TRACE(g.file);
-    PipelineOrder compute = LoadOrder(g.base + ".compute.csv");
+    PipelineOrder compute = testing::LoadGoldenOrder(g.base + ".compute.csv");
     auto mapping = ValidateComputeSchedule(compute, g.ranks, g.num_stages(), g.microbatches);
     ASSERT_TRUE(mapping.ok()) << mapping.status();
     auto lowered = AddSendRecv(compute, *mapping, g.num_stages());
     ASSERT_TRUE(lowered.ok()) << lowered.status();
-    EXPECT_EQ(FormatScheduleCsv(*lowered),
-              WithoutCR(ReadFile(testing::GoldenDir() + "/" + g.file)));
+    EXPECT_EQ(FormatScheduleCsv(*lowered), testing::WithoutCR(testing::ReadGolden(g.file)));
     ++checked;
   }
   EXPECT_EQ(checked, 2);
@@ -157,7 +106,7 @@ TEST(AddSendRecv, MatchesSendRecvOnlyGolden) {
 TEST(AddSendRecv, IdleSlotsAreIgnored) {
   for (const char* base : {"Interleaved1F1B_r4_s2_m8", "ZBVZeroBubble_r4_s2_m8"}) {
     SCOPED_TRACE(base);
-    PipelineOrder compute = LoadOrder(std::string(base) + ".compute.csv");
+    PipelineOrder compute = testing::LoadGoldenOrder(std::string(base) + ".compute.csv");
     auto mapping = ValidateComputeSchedule(compute, 4, 8, 8);
     ASSERT_TRUE(mapping.ok()) << mapping.status();
     PipelineOrder packed = Filter(compute, [](const Action&) { return true; });
@@ -178,17 +127,16 @@ TEST(AddSendRecv, IdleSlotsAreIgnored) {
 // This covers UNSHARD/RESHARD/REDUCE_GRAD pass-through, V placement and OVERLAP_F_B.
 TEST(AddSendRecv, ReproducesEveryGoldenCommsList) {
   int checked = 0;
-  for (const Golden& g : GoldenFiles(".comms.csv")) {
+  for (const testing::GoldenFile& g : testing::GoldenFiles(".comms.csv")) {
     SCOPED_TRACE(g.file);
-    PipelineOrder comms = LoadOrder(g.file);
-    auto mapping = ValidateComputeSchedule(LoadOrder(g.base + ".compute.csv"), g.ranks,
-                                           g.num_stages(), g.microbatches);
+    PipelineOrder comms = testing::LoadGoldenOrder(g.file);
+    auto mapping = ValidateComputeSchedule(testing::LoadGoldenOrder(g.base + ".compute.csv"),
+                                           g.ranks, g.num_stages(), g.microbatches);
     ASSERT_TRUE(mapping.ok()) << mapping.status();
     PipelineOrder input = Filter(comms, [](const Action& a) { return !IsSendRecv(a); });
     auto lowered = AddSendRecv(input, *mapping, g.num_stages());
     ASSERT_TRUE(lowered.ok()) << lowered.status();
-    EXPECT_EQ(FormatScheduleCsv(*lowered),
-              WithoutCR(ReadFile(testing::GoldenDir() + "/" + g.file)));
+    EXPECT_EQ(FormatScheduleCsv(*lowered), testing::WithoutCR(testing::ReadGolden(g.file)));
     ++checked;
   }
   EXPECT_EQ(checked, 23);

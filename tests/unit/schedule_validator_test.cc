@@ -2,9 +2,6 @@
 // one hand-broken schedule per rule.
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <regex>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -15,6 +12,7 @@
 #include "common/schedule/validator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/golden.h"
 #include "tests/support/test_paths.h"
 
 namespace stagecoach::schedule {
@@ -22,54 +20,6 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
-
-struct Golden {
-  std::string file;
-  std::string schedule;
-  int ranks = 0;
-  int stages_per_rank = 0;
-  int microbatches = 0;
-  int num_stages() const { return ranks * stages_per_rank; }
-};
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(in.good()) << "cannot read " << path;
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
-
-std::string ReadGolden(const std::string& file) {
-  return ReadFile(testing::GoldenDir() + "/" + file);
-}
-
-// Drops CRs and trailing newlines: golden text files differ from ours only there.
-std::string Normalized(std::string text) {
-  text.erase(std::remove(text.begin(), text.end(), '\r'), text.end());
-  while (!text.empty() && text.back() == '\n') text.pop_back();
-  return text;
-}
-
-std::vector<Golden> GoldenFiles(const std::string& suffix) {
-  static const std::regex kName(R"(([A-Za-z0-9]+)_r(\d+)_s(\d+)_m(\d+)(\..+))");
-  std::vector<Golden> out;
-  for (const auto& entry : std::filesystem::directory_iterator(testing::GoldenDir())) {
-    const std::string file = entry.path().filename().string();
-    std::smatch m;
-    if (!std::regex_match(file, m, kName) || m[5] != suffix) continue;
-    out.push_back({file, m[1], std::stoi(m[2]), std::stoi(m[3]), std::stoi(m[4])});
-  }
-  std::sort(out.begin(), out.end(),
-            [](const Golden& a, const Golden& b) { return a.file < b.file; });
-  return out;
-}
-
-PipelineOrder LoadOrder(const std::string& file) {
-  auto order = ParseScheduleCsv(ReadGolden(file));
-  EXPECT_TRUE(order.ok()) << file << ": " << order.status();
-  return order.ok() ? *order : PipelineOrder{};
-}
 
 RankActions Actions(std::initializer_list<const char*> texts) {
   RankActions out;
@@ -119,9 +69,9 @@ TEST(FormatGrid, MatchesEveryGoldenGrid) {
     } else {
       csv = base + ".compute.csv";
     }
-    std::string grid = FormatGrid(LoadOrder(csv));
+    std::string grid = FormatGrid(testing::LoadGoldenOrder(csv));
     EXPECT_EQ(grid.back(), '\n');
-    EXPECT_EQ(Normalized(grid), Normalized(ReadGolden(file)));
+    EXPECT_EQ(testing::Normalized(grid), testing::Normalized(testing::ReadGolden(file)));
     ++checked;
   }
   EXPECT_EQ(checked, 7);
@@ -146,24 +96,24 @@ TEST(FormatGrid, ColumnWidthIsLongestActionOrStepLabel) {
 }
 
 TEST(ValidateComputeSchedule, ReproducesPyTorchErrorOnItsRaw1F1BList) {
-  PipelineOrder raw = LoadOrder("1F1B_r4_s1_m8.compute_raw.csv");
+  PipelineOrder raw = testing::LoadGoldenOrder("1F1B_r4_s1_m8.compute_raw.csv");
   auto result = ValidateComputeSchedule(raw, 4, 4, 8);
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
-  const std::string want = ReadGolden("1F1B_r4_s1_m8.raw.validate_error.txt");
+  const std::string want = testing::ReadGolden("1F1B_r4_s1_m8.raw.validate_error.txt");
   EXPECT_EQ(FirstLine(result.status().message()),
             "Rank 3, step 4: Running Full Backward for stage 3, microbatch 0 without first "
             "running Forward");
-  EXPECT_EQ(Normalized(std::string(result.status().message())), Normalized(want));
+  EXPECT_EQ(testing::Normalized(std::string(result.status().message())), testing::Normalized(want));
 }
 
 TEST(ValidateComputeSchedule, EveryGoldenComputeListValidatesExceptPyTorch1F1B) {
   int valid = 0, defective = 0;
   for (const char* suffix : {".compute.csv", ".compute_raw.csv", ".merge_bw.csv"}) {
-    for (const Golden& g : GoldenFiles(suffix)) {
+    for (const testing::GoldenFile& g : testing::GoldenFiles(suffix)) {
       SCOPED_TRACE(g.file);
-      auto mapping =
-          ValidateComputeSchedule(LoadOrder(g.file), g.ranks, g.num_stages(), g.microbatches);
+      auto mapping = ValidateComputeSchedule(testing::LoadGoldenOrder(g.file), g.ranks,
+                                             g.num_stages(), g.microbatches);
       if (g.schedule == "1F1B") {
         // PyTorch's last rank runs F1..Fm: its B0 comes without an F0.
         ASSERT_FALSE(mapping.ok());
@@ -188,13 +138,13 @@ TEST(ValidateComputeSchedule, EveryGoldenComputeListValidatesExceptPyTorch1F1B) 
 TEST(ValidateLoweredSchedule, EveryGoldenLoweredListValidates) {
   int checked = 0;
   for (const char* suffix : {".comms.csv", ".sendrecv_only.csv", ".sim.csv"}) {
-    for (const Golden& g : GoldenFiles(suffix)) {
+    for (const testing::GoldenFile& g : testing::GoldenFiles(suffix)) {
       SCOPED_TRACE(g.file);
       const bool v = g.schedule == "ZBVZeroBubble" || g.schedule == "DualPipeV";
       std::vector<int> mapping =
           *StageToRank(g.num_stages(), g.ranks, v ? MappingStyle::kV : MappingStyle::kLoop);
-      absl::Status status =
-          ValidateLoweredSchedule(LoadOrder(g.file), mapping, g.num_stages(), g.microbatches);
+      absl::Status status = ValidateLoweredSchedule(testing::LoadGoldenOrder(g.file), mapping,
+                                                    g.num_stages(), g.microbatches);
       EXPECT_TRUE(status.ok()) << status;
       ++checked;
     }

@@ -3,8 +3,6 @@
 #include "common/spec/spec_parser.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -14,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/golden.h"
 #include "tests/support/test_paths.h"
 
 namespace stagecoach::spec {
@@ -101,14 +100,6 @@ JobSpec Parsed(absl::string_view yaml) {
   return *std::move(spec);
 }
 
-std::string ReadFile(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << path;
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 // ---------------------------------------------------------------------------------------------
 // Whole specs.
 
@@ -119,7 +110,7 @@ TEST(SpecParserTest, EveryExampleConfigParses) {
     ++count;
     SCOPED_TRACE(entry.path().string());
     absl::StatusOr<JobSpec> spec =
-        ParseJobSpec(ReadFile(entry.path()), entry.path().filename().string());
+        ParseJobSpec(testing::ReadFile(entry.path().string()), entry.path().filename().string());
     ASSERT_TRUE(spec.ok()) << spec.status().message();
     EXPECT_FALSE(spec->name.empty());
     EXPECT_TRUE(spec->model.torchscript.has_value() != spec->model.builtin.has_value());
@@ -128,7 +119,7 @@ TEST(SpecParserTest, EveryExampleConfigParses) {
 }
 
 TEST(SpecParserTest, ExampleConfigValues) {
-  JobSpec spec = Parsed(ReadFile(testing::ConfigsDir() + "/mlp-4stage-gpipe.yaml"));
+  JobSpec spec = Parsed(testing::ReadFile(testing::ConfigsDir() + "/mlp-4stage-gpipe.yaml"));
   EXPECT_EQ(spec.name, "mlp-4stage-gpipe");
   ASSERT_TRUE(spec.model.builtin.has_value());
   EXPECT_EQ(spec.model.builtin->family, "mlp");

@@ -1,8 +1,8 @@
 #include "worker/model/mlp.h"
 
-#include <torch/nn/modules/linear.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/utils.h>
 
 #include <mutex>
@@ -56,8 +56,7 @@ absl::StatusOr<std::unique_ptr<StageModel>> BuildMlpStage(const spec::BuiltinMod
   }
   if (first_layer < 0 || end_layer > layers || first_layer >= end_layer) {
     return absl::InvalidArgumentError(absl::StrCat("stage layers [", first_layer, ", ", end_layer,
-                                                   ") are outside the MLP's ", layers,
-                                                   " layers"));
+                                                   ") are outside the MLP's ", layers, " layers"));
   }
   std::vector<std::pair<int, torch::nn::Linear>> kept;
   {

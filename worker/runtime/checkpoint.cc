@@ -17,16 +17,17 @@ std::string StageParametersPath(const std::string& dir, int64_t steps, int stage
   return absl::StrFormat("%s/step-%06d/stage-%d.pt", dir, steps, stage);
 }
 
-absl::Status WriteStageParameters(const std::string& dir, int64_t steps, int stage,
-                                  const std::vector<std::pair<std::string, torch::Tensor>>& params) {
+absl::Status WriteStageParameters(
+    const std::string& dir, int64_t steps, int stage,
+    const std::vector<std::pair<std::string, torch::Tensor>>& params) {
   const std::string path = StageParametersPath(dir, steps, stage);
   const std::string tmp = absl::StrCat(path, ".tmp-", getpid());
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
   if (ec) {
-    return absl::PermissionDeniedError(absl::StrCat("training.checkpoint.dir: cannot create ",
-                                                    std::filesystem::path(path).parent_path().string(),
-                                                    ": ", ec.message()));
+    return absl::PermissionDeniedError(
+        absl::StrCat("training.checkpoint.dir: cannot create ",
+                     std::filesystem::path(path).parent_path().string(), ": ", ec.message()));
   }
   try {
     c10::Dict<std::string, torch::Tensor> dict;
@@ -37,8 +38,8 @@ absl::Status WriteStageParameters(const std::string& dir, int64_t steps, int sta
     out.close();
     if (!out) return absl::DataLossError(absl::StrCat("writing ", tmp, " failed"));
   } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("saving stage ", stage, " parameters: ",
-                                            e.what_without_backtrace()));
+    return absl::InternalError(
+        absl::StrCat("saving stage ", stage, " parameters: ", e.what_without_backtrace()));
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     std::remove(tmp.c_str());

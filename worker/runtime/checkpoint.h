@@ -5,12 +5,12 @@
 // name ("3.weight") to tensor, readable by torch::pickle_load here and torch.load in PyTorch.
 #pragma once
 
+#include <torch/types.h>
+
 #include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <torch/types.h>
 
 #include "absl/status/status.h"
 

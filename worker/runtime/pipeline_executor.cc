@@ -29,9 +29,7 @@ uint64_t Tag(Payload payload, int edge, int microbatch) {
 constexpr int kMaxDims = 8;
 constexpr int kMetaWords = 2 + kMaxDims;
 
-TensorMeta MetaOf(const torch::Tensor& t) {
-  return TensorMeta{t.sizes().vec(), t.scalar_type()};
-}
+TensorMeta MetaOf(const torch::Tensor& t) { return TensorMeta{t.sizes().vec(), t.scalar_type()}; }
 
 struct Key {
   int stage;
@@ -99,13 +97,13 @@ absl::Status PipelineExecutor::AgreeShapes(const std::vector<TensorMeta>& first_
   std::vector<std::vector<int64_t>> send_buffers;
   std::vector<std::pair<int, std::unique_ptr<transport::Work>>> sends;  // peer, work
   for (auto& [s, model] : stages_) {
-    const std::string where = absl::StrCat("rank ", options_.rank, ", agreeing shapes of stage ", s);
+    const std::string where =
+        absl::StrCat("rank ", options_.rank, ", agreeing shapes of stage ", s);
     std::vector<TensorMeta> in;
     if (s == 0) {
       if (static_cast<int>(first_stage_inputs.size()) != m) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ": expected ", m,
-                                                       " microbatch input shapes, got ",
-                                                       first_stage_inputs.size()));
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": expected ", m, " microbatch input shapes, got ", first_stage_inputs.size()));
       }
       in = first_stage_inputs;
     } else if (Local(s - 1)) {
@@ -117,9 +115,9 @@ absl::Status PipelineExecutor::AgreeShapes(const std::vector<TensorMeta>& first_
                                                    peer, Tag(Payload::kShapes, s - 1, 0)));
       absl::Status waited = work->Wait(options_.comm_timeout);
       if (!waited.ok()) {
-        return absl::Status(waited.code(), absl::StrCat(where, ": waiting for the shapes of stage ",
-                                                        s - 1, "'s output from rank ", peer, ": ",
-                                                        waited.message()));
+        return absl::Status(waited.code(),
+                            absl::StrCat(where, ": waiting for the shapes of stage ", s - 1,
+                                         "'s output from rank ", peer, ": ", waited.message()));
       }
       for (int mb = 0; mb < m; ++mb) {
         const int64_t* w = &words[static_cast<size_t>(mb) * kMetaWords];
@@ -157,8 +155,8 @@ absl::Status PipelineExecutor::AgreeShapes(const std::vector<TensorMeta>& first_
       std::vector<int64_t>& words = send_buffers.emplace_back(static_cast<size_t>(m) * kMetaWords);
       for (int mb = 0; mb < m; ++mb) {
         if (out[mb].shape.size() > kMaxDims) {
-          return absl::InvalidArgumentError(absl::StrCat(where, ": output has more than ",
-                                                         kMaxDims, " dimensions"));
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": output has more than ", kMaxDims, " dimensions"));
         }
         int64_t* w = &words[static_cast<size_t>(mb) * kMetaWords];
         w[0] = static_cast<int64_t>(out[mb].dtype);
@@ -174,9 +172,9 @@ absl::Status PipelineExecutor::AgreeShapes(const std::vector<TensorMeta>& first_
   for (auto& [peer, work] : sends) {
     absl::Status sent = work->Wait(options_.comm_timeout);
     if (!sent.ok()) {
-      return absl::Status(sent.code(), absl::StrCat("rank ", options_.rank,
-                                                    ": sending shapes to rank ", peer, ": ",
-                                                    sent.message()));
+      return absl::Status(
+          sent.code(), absl::StrCat("rank ", options_.rank, ": sending shapes to rank ", peer, ": ",
+                                    sent.message()));
     }
   }
   return absl::OkStatus();
@@ -199,8 +197,8 @@ absl::StatusOr<StepResult> PipelineExecutor::RunStep(const std::vector<Action>& 
                                                      " input microbatches, got ", inputs.size()));
   }
   if (status.ok() && owns_last && static_cast<int>(targets.size()) != m) {
-    status = absl::InvalidArgumentError(absl::StrCat(
-        "rank ", options_.rank, ": expected ", m, " target microbatches, got ", targets.size()));
+    status = absl::InvalidArgumentError(absl::StrCat("rank ", options_.rank, ": expected ", m,
+                                                     " target microbatches, got ", targets.size()));
   }
   for (size_t i = 0; status.ok() && i < actions.size(); ++i) {
     status = Execute(actions[i], state);
@@ -210,8 +208,8 @@ absl::StatusOr<StepResult> PipelineExecutor::RunStep(const std::vector<Action>& 
     if (!status.ok()) break;
     absl::Status sent = send.work->Wait(options_.comm_timeout);
     if (!sent.ok()) {
-      status = absl::Status(sent.code(), absl::StrCat("rank ", options_.rank, ": ", send.what,
-                                                      ": ", sent.message()));
+      status = absl::Status(
+          sent.code(), absl::StrCat("rank ", options_.rank, ": ", send.what, ": ", sent.message()));
     }
   }
   if (status.ok()) {
@@ -223,17 +221,17 @@ absl::StatusOr<StepResult> PipelineExecutor::RunStep(const std::vector<Action>& 
       unused.push_back(absl::StrCat("gradient of stage ", k.stage, " microbatch ", k.microbatch));
     }
     if (!unused.empty()) {
-      status = absl::FailedPreconditionError(
-          absl::StrCat("rank ", options_.rank, ": the step ended with receives no action used: ",
-                       absl::StrJoin(unused, ", ")));
+      status = absl::FailedPreconditionError(absl::StrCat(
+          "rank ", options_.rank,
+          ": the step ended with receives no action used: ", absl::StrJoin(unused, ", ")));
     }
   }
   if (status.ok() && owns_last) {
     for (int mb = 0; mb < m; ++mb) {
       if (std::isnan(state.result.microbatch_losses[mb])) {
         status = absl::FailedPreconditionError(absl::StrCat(
-            "rank ", options_.rank, ": the step ended without a forward of the last stage (",
-            last, ") on microbatch ", mb));
+            "rank ", options_.rank, ": the step ended without a forward of the last stage (", last,
+            ") on microbatch ", mb));
         break;
       }
     }
@@ -260,8 +258,8 @@ absl::Status PipelineExecutor::Execute(const Action& action, StepState& st) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": stage ", s, " is not on this rank"));
   }
   if (schedule::HasMicrobatch(action.type) && (mb < 0 || mb >= options_.num_microbatches)) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": microbatch ", mb, " is outside 0..",
-                                                   options_.num_microbatches - 1));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": microbatch ", mb, " is outside 0..", options_.num_microbatches - 1));
   }
   model::StageModel* model = stages_.at(s);
   const Key key{s, mb};
@@ -289,10 +287,10 @@ absl::Status PipelineExecutor::Execute(const Action& action, StepState& st) {
     }
     absl::Status waited = it->second.work->Wait(options_.comm_timeout);
     if (!waited.ok()) {
-      return absl::Status(waited.code(),
-                          absl::StrCat(where, ": waiting for the ", what, " of stage ", s,
-                                       " microbatch ", mb, " from rank ", it->second.peer, ": ",
-                                       waited.message()));
+      return absl::Status(
+          waited.code(),
+          absl::StrCat(where, ": waiting for the ", what, " of stage ", s, " microbatch ", mb,
+                       " from rank ", it->second.peer, ": ", waited.message()));
     }
     torch::Tensor t = std::move(it->second.buffer);
     recvs.erase(it);
@@ -301,10 +299,9 @@ absl::Status PipelineExecutor::Execute(const Action& action, StepState& st) {
   auto send = [&](const torch::Tensor& t, const TensorMeta& agreed, int peer, uint64_t tag,
                   std::string what) -> absl::Status {
     if (!(MetaOf(t) == agreed)) {
-      return absl::FailedPreconditionError(absl::StrCat(where, ": ", what, " is ",
-                                                        MetaOf(t).ToString(), " but ",
-                                                        agreed.ToString(),
-                                                        " was agreed at set-up"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(where, ": ", what, " is ", MetaOf(t).ToString(), " but ", agreed.ToString(),
+                       " was agreed at set-up"));
     }
     PendingSend pending;
     pending.buffer = t.detach().contiguous();
@@ -337,9 +334,9 @@ absl::Status PipelineExecutor::Execute(const Action& action, StepState& st) {
       if (s == 0) {
         x = (*st.inputs)[mb];
         if (!(MetaOf(x) == input_meta_[0][mb])) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              where, ": input microbatch is ", MetaOf(x).ToString(), " but ",
-              input_meta_[0][mb].ToString(), " was agreed at set-up"));
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": input microbatch is ", MetaOf(x).ToString(), " but ",
+                           input_meta_[0][mb].ToString(), " was agreed at set-up"));
         }
       } else if (Local(s - 1)) {
         auto it = st.handed_inputs.find(key);
@@ -378,19 +375,18 @@ absl::Status PipelineExecutor::Execute(const Action& action, StepState& st) {
       }
       auto it = st.stage_outputs.find(key);
       if (it == st.stage_outputs.end()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(where, ": no forward output of stage ", s, " microbatch ", mb, " to send"));
+        return absl::FailedPreconditionError(absl::StrCat(where, ": no forward output of stage ", s,
+                                                          " microbatch ", mb, " to send"));
       }
-      return send(it->second, output_meta_[s][mb], RankOf(s + 1),
-                  Tag(Payload::kActivation, s, mb),
+      return send(it->second, output_meta_[s][mb], RankOf(s + 1), Tag(Payload::kActivation, s, mb),
                   absl::StrCat("activation of stage ", s, " microbatch ", mb));
     }
 
     case ActionType::kFullBackward: {
       auto in = st.stage_inputs.find(key);
       if (in == st.stage_inputs.end()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            where, ": backward before forward of stage ", s, " microbatch ", mb));
+        return absl::FailedPreconditionError(
+            absl::StrCat(where, ": backward before forward of stage ", s, " microbatch ", mb));
       }
       torch::Tensor grad;
       if (s != last) {
@@ -436,8 +432,8 @@ absl::Status PipelineExecutor::Execute(const Action& action, StepState& st) {
       }
       auto it = st.input_grads.find(key);
       if (it == st.input_grads.end()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            where, ": no input gradient of stage ", s, " microbatch ", mb, " to send"));
+        return absl::FailedPreconditionError(absl::StrCat(where, ": no input gradient of stage ", s,
+                                                          " microbatch ", mb, " to send"));
       }
       absl::Status sent =
           send(it->second, input_meta_[s][mb], RankOf(s - 1), Tag(Payload::kGradient, s - 1, mb),
@@ -461,9 +457,9 @@ absl::Status PipelineExecutor::Execute(const Action& action, StepState& st) {
       return absl::OkStatus();  // stages are not sharded: their parameters are always whole
 
     default:
-      return absl::UnimplementedError(absl::StrCat(
-          where, ": action type ", schedule::ActionTypeName(action.type),
-          " is not supported by this worker yet"));
+      return absl::UnimplementedError(absl::StrCat(where, ": action type ",
+                                                   schedule::ActionTypeName(action.type),
+                                                   " is not supported by this worker yet"));
   }
 }
 

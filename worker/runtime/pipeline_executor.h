@@ -23,13 +23,13 @@
 // buffer has its exact shape and dtype; every message is checked against them.
 #pragma once
 
+#include <torch/types.h>
+
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <torch/types.h>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"

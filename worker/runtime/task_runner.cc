@@ -1,6 +1,5 @@
 #include "worker/runtime/task_runner.h"
 
-#include "common/util/logging.h"
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -10,6 +9,7 @@
 #include "common/rpc/time_conversion.h"
 #include "common/schedule/action.h"
 #include "common/spec/spec_parser.h"
+#include "common/util/logging.h"
 #include "common/util/status_macros.h"
 #include "worker/model/mlp.h"
 #include "worker/runtime/checkpoint.h"
@@ -38,8 +38,8 @@ class TaskRunner::CancellableStore : public transport::RendezvousStore {
     const absl::Time deadline = absl::Now() + timeout;
     while (true) {
       if (cancelled_.load()) return Cancelled();
-      const absl::Duration slice = std::min(kSlice, std::max(deadline - absl::Now(),
-                                                             absl::ZeroDuration()));
+      const absl::Duration slice =
+          std::min(kSlice, std::max(deadline - absl::Now(), absl::ZeroDuration()));
       auto value = inner_->Get(key, slice);
       if (value.ok() || !absl::IsDeadlineExceeded(value.status()) || absl::Now() >= deadline) {
         return value;
@@ -51,8 +51,8 @@ class TaskRunner::CancellableStore : public transport::RendezvousStore {
     const absl::Time deadline = absl::Now() + timeout;
     while (true) {
       if (cancelled_.load()) return Cancelled();
-      const absl::Duration slice = std::min(kSlice, std::max(deadline - absl::Now(),
-                                                             absl::ZeroDuration()));
+      const absl::Duration slice =
+          std::min(kSlice, std::max(deadline - absl::Now(), absl::ZeroDuration()));
       absl::Status waited = inner_->Wait(keys, slice);
       if (waited.ok() || !absl::IsDeadlineExceeded(waited) || absl::Now() >= deadline) {
         return waited;
@@ -117,7 +117,8 @@ void TaskRunner::Run() {
                  v1::TaskOutcome_Name(end.outcome()));
   }
   absl::Status reported = deps_.reporter->ReportTaskEnd(end);
-  if (!reported.ok()) spdlog::warn("reporting the end of {}: {}", task_.job_id(), reported.message());
+  if (!reported.ok())
+    spdlog::warn("reporting the end of {}: {}", task_.job_id(), reported.message());
 }
 
 absl::Status TaskRunner::RunSteps() {
@@ -143,8 +144,8 @@ absl::Status TaskRunner::RunSteps() {
       return absl::InvalidArgumentError(
           absl::StrCat("stages: stage ", st.stage(), " is not assigned to rank ", rank));
     }
-    ASSIGN_OR_RETURN(auto stage, model::BuildMlpStage(*spec.model.builtin, st.first_layer(),
-                                                      st.end_layer()));
+    ASSIGN_OR_RETURN(auto stage,
+                     model::BuildMlpStage(*spec.model.builtin, st.first_layer(), st.end_layer()));
     for (auto& p : stage->Parameters()) parameters.push_back(p);
     stages[st.stage()] = stage.get();
     owned.push_back(std::move(stage));
@@ -156,7 +157,8 @@ absl::Status TaskRunner::RunSteps() {
   for (int i = 0; i < task_.actions_size(); ++i) {
     auto action = schedule::ParseRequiredAction(task_.actions(i));
     if (!action.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("actions[", i, "]: ", action.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("actions[", i, "]: ", action.status().message()));
     }
     actions.push_back(*std::move(action));
   }

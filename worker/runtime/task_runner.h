@@ -39,9 +39,9 @@ using TransportFactory = std::function<absl::StatusOr<std::unique_ptr<transport:
 
 struct TaskRunnerDeps {
   std::string worker_id;
-  TaskReporter* reporter = nullptr;         // required
+  TaskReporter* reporter = nullptr;             // required
   transport::RendezvousStore* store = nullptr;  // required
-  TransportFactory make_transport;          // required
+  TransportFactory make_transport;              // required
 };
 
 class TaskRunner {

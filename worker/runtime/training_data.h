@@ -9,10 +9,10 @@
 // A fixed teacher makes the task learnable, so the loss falls as training goes on.
 #pragma once
 
+#include <torch/types.h>
+
 #include <cstdint>
 #include <vector>
-
-#include <torch/types.h>
 
 #include "absl/status/statusor.h"
 #include "common/spec/job_spec.h"

@@ -1,11 +1,11 @@
 // The loss and optimizer a job's spec asks for.
 #pragma once
 
-#include <memory>
-#include <vector>
-
 #include <torch/optim/optimizer.h>
 #include <torch/types.h>
+
+#include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/spec/job_spec.h"

@@ -6,20 +6,10 @@
 #include "common/rpc/time_conversion.h"
 
 namespace stagecoach::worker {
-namespace {
-
-absl::Status Annotated(const grpc::Status& status, absl::string_view call,
-                       const std::string& address) {
-  if (status.ok()) return absl::OkStatus();
-  absl::Status s = rpc::FromGrpcStatus(status);
-  return absl::Status(s.code(),
-                      absl::StrCat(call, " on coordinator ", address, ": ", s.message()));
-}
-
-}  // namespace
-
 CoordinatorClient::CoordinatorClient(const std::string& address)
-    : address_(address), stub_(v1::CoordinatorService::NewStub(rpc::MakeChannel(address))) {}
+    : address_(address),
+      peer_(absl::StrCat("coordinator ", address)),
+      stub_(v1::CoordinatorService::NewStub(rpc::MakeChannel(address))) {}
 
 absl::StatusOr<v1::RegisterWorkerResponse> CoordinatorClient::Register(
     const v1::RegisterWorkerRequest& req) {
@@ -27,33 +17,32 @@ absl::StatusOr<v1::RegisterWorkerResponse> CoordinatorClient::Register(
   rpc::SetDeadline(&ctx, kCallTimeout);
   v1::RegisterWorkerResponse resp;
   grpc::Status status = stub_->RegisterWorker(&ctx, req, &resp);
-  if (!status.ok()) return Annotated(status, "RegisterWorker", address_);
+  if (!status.ok()) return rpc::CallError(status, "RegisterWorker", peer_);
   return resp;
 }
 
-absl::Status CoordinatorClient::Heartbeat(const std::string& worker_id,
-                                          const std::string& job_id) {
+absl::Status CoordinatorClient::Heartbeat(const std::string& worker_id, const std::string& job_id) {
   grpc::ClientContext ctx;
   rpc::SetDeadline(&ctx, kCallTimeout);
   v1::HeartbeatRequest req;
   req.set_worker_id(worker_id);
   req.set_job_id(job_id);
   v1::HeartbeatResponse resp;
-  return Annotated(stub_->Heartbeat(&ctx, req, &resp), "Heartbeat", address_);
+  return rpc::CallError(stub_->Heartbeat(&ctx, req, &resp), "Heartbeat", peer_);
 }
 
 absl::Status CoordinatorClient::ReportStep(const v1::ReportStepRequest& report) {
   grpc::ClientContext ctx;
   rpc::SetDeadline(&ctx, kCallTimeout);
   v1::ReportStepResponse resp;
-  return Annotated(stub_->ReportStep(&ctx, report, &resp), "ReportStep", address_);
+  return rpc::CallError(stub_->ReportStep(&ctx, report, &resp), "ReportStep", peer_);
 }
 
 absl::Status CoordinatorClient::ReportTaskEnd(const v1::ReportTaskEndRequest& report) {
   grpc::ClientContext ctx;
   rpc::SetDeadline(&ctx, kCallTimeout);
   v1::ReportTaskEndResponse resp;
-  return Annotated(stub_->ReportTaskEnd(&ctx, report, &resp), "ReportTaskEnd", address_);
+  return rpc::CallError(stub_->ReportTaskEnd(&ctx, report, &resp), "ReportTaskEnd", peer_);
 }
 
 absl::Status CoordinatorClient::Set(const std::string& key, const std::string& value) {
@@ -63,11 +52,10 @@ absl::Status CoordinatorClient::Set(const std::string& key, const std::string& v
   req.set_key(key);
   req.set_value(value);
   v1::SetKeyResponse resp;
-  return Annotated(stub_->SetKey(&ctx, req, &resp), "SetKey", address_);
+  return rpc::CallError(stub_->SetKey(&ctx, req, &resp), "SetKey", peer_);
 }
 
-absl::StatusOr<std::string> CoordinatorClient::Get(const std::string& key,
-                                                   absl::Duration timeout) {
+absl::StatusOr<std::string> CoordinatorClient::Get(const std::string& key, absl::Duration timeout) {
   grpc::ClientContext ctx;
   rpc::SetDeadline(&ctx, timeout + kCallTimeout);
   v1::GetKeyRequest req;
@@ -78,12 +66,11 @@ absl::StatusOr<std::string> CoordinatorClient::Get(const std::string& key,
   if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
     return absl::DeadlineExceededError(status.error_message());  // the key is not there (yet)
   }
-  if (!status.ok()) return Annotated(status, "GetKey", address_);
+  if (!status.ok()) return rpc::CallError(status, "GetKey", peer_);
   return resp.value();
 }
 
-absl::Status CoordinatorClient::Wait(const std::vector<std::string>& keys,
-                                     absl::Duration timeout) {
+absl::Status CoordinatorClient::Wait(const std::vector<std::string>& keys, absl::Duration timeout) {
   grpc::ClientContext ctx;
   rpc::SetDeadline(&ctx, timeout + kCallTimeout);
   v1::WaitKeysRequest req;
@@ -94,7 +81,7 @@ absl::Status CoordinatorClient::Wait(const std::vector<std::string>& keys,
   if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
     return absl::DeadlineExceededError(status.error_message());
   }
-  return Annotated(status, "WaitKeys", address_);
+  return rpc::CallError(status, "WaitKeys", peer_);
 }
 
 }  // namespace stagecoach::worker

@@ -39,6 +39,7 @@ class CoordinatorClient : public runtime::TaskReporter, public transport::Rendez
 
  private:
   const std::string address_;
+  const std::string peer_;  // "coordinator HOST:PORT", for error messages
   std::unique_ptr<v1::CoordinatorService::Stub> stub_;
 };
 

@@ -1,10 +1,9 @@
 #include "worker/service/coordinator_session.h"
 
-#include "common/util/logging.h"
-
 #include <algorithm>
 
 #include "common/rpc/time_conversion.h"
+#include "common/util/logging.h"
 
 namespace stagecoach::worker {
 

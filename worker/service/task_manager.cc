@@ -1,8 +1,7 @@
 #include "worker/service/task_manager.h"
 
-#include "common/util/logging.h"
-
 #include "absl/strings/str_cat.h"
+#include "common/util/logging.h"
 
 namespace stagecoach::worker {
 
@@ -16,8 +15,8 @@ absl::Status ValidateAssignment(const v1::TaskAssignment& task) {
     return bad("world_size", absl::StrCat("must be >= 1, got ", task.world_size()));
   }
   if (task.rank() < 0 || task.rank() >= task.world_size()) {
-    return bad("rank", absl::StrCat("must be in 0..", task.world_size() - 1, ", got ",
-                                    task.rank()));
+    return bad("rank",
+               absl::StrCat("must be in 0..", task.world_size() - 1, ", got ", task.rank()));
   }
   if (task.num_stages() < 1) {
     return bad("num_stages", absl::StrCat("must be >= 1, got ", task.num_stages()));
@@ -36,7 +35,8 @@ absl::Status ValidateAssignment(const v1::TaskAssignment& task) {
   if (task.actions_size() == 0) return bad("actions", "required");
   if (task.spec_yaml().empty()) return bad("spec_yaml", "required");
   if (task.transport() != "gloo") {
-    return bad("transport", absl::StrCat("this worker supports gloo, got '", task.transport(), "'"));
+    return bad("transport",
+               absl::StrCat("this worker supports gloo, got '", task.transport(), "'"));
   }
   if (task.comm_timeout().seconds() <= 0 && task.comm_timeout().nanos() <= 0) {
     return bad("comm_timeout", "must be positive");
@@ -60,8 +60,8 @@ absl::Status TaskManager::Start(const v1::TaskAssignment& task) {
         current.rank() == task.rank()) {
       return absl::OkStatus();
     }
-    return absl::FailedPreconditionError(absl::StrCat(
-        "worker is busy with ", current.job_id(), " rank ", current.rank()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker is busy with ", current.job_id(), " rank ", current.rank()));
   }
   runtime::TaskRunnerDeps deps;
   deps.worker_id = deps_.worker_id();
@@ -92,8 +92,8 @@ absl::Status TaskManager::Stop(const std::string& job_id, const std::string& rea
   runner_->Stop(reason);
   auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !running_; };
   if (!mu_.AwaitWithTimeout(absl::Condition(&ended), timeout)) {
-    return absl::DeadlineExceededError(absl::StrCat("task of ", job_id, " did not stop within ",
-                                                    absl::FormatDuration(timeout)));
+    return absl::DeadlineExceededError(
+        absl::StrCat("task of ", job_id, " did not stop within ", absl::FormatDuration(timeout)));
   }
   ReapLocked();
   return absl::OkStatus();

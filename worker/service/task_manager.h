@@ -16,10 +16,10 @@
 namespace stagecoach::worker {
 
 struct TaskManagerDeps {
-  runtime::TaskReporter* reporter = nullptr;        // required
-  transport::RendezvousStore* store = nullptr;      // required
-  runtime::TransportFactory make_transport;         // required
-  std::function<std::string()> worker_id;           // required: the id of the registration
+  runtime::TaskReporter* reporter = nullptr;    // required
+  transport::RendezvousStore* store = nullptr;  // required
+  runtime::TransportFactory make_transport;     // required
+  std::function<std::string()> worker_id;       // required: the id of the registration
 };
 
 // Thread-safe.

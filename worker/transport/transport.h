@@ -11,10 +11,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace stagecoach::transport {

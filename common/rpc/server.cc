@@ -1,0 +1,30 @@
+#include "common/rpc/server.h"
+
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server_builder.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc/channel.h"
+
+namespace stagecoach::rpc {
+
+absl::StatusOr<StartedServer> StartServer(const HostPort& listen,
+                                          const std::vector<grpc::Service*>& services) {
+  grpc::ServerBuilder builder;
+  StartedServer out;
+  builder.AddListeningPort(listen.ToString(), grpc::InsecureServerCredentials(), &out.port);
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  // Accept the keepalive pings MakeChannel's clients send on idle streams.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             static_cast<int>(absl::ToInt64Milliseconds(kKeepaliveTime / 2)));
+  for (grpc::Service* service : services) builder.RegisterService(service);
+  out.server = builder.BuildAndStart();
+  if (out.server == nullptr || out.port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen.ToString()));
+  }
+  return out;
+}
+
+}  // namespace stagecoach::rpc

@@ -1,0 +1,23 @@
+#include "common/util/signals.h"
+
+#include <pthread.h>
+
+namespace stagecoach {
+
+sigset_t BlockTerminationSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return signals;
+}
+
+int WaitForTerminationSignal(const sigset_t& signals) {
+  int sig = 0;
+  while (sigwait(&signals, &sig) != 0) {
+  }
+  return sig;
+}
+
+}  // namespace stagecoach

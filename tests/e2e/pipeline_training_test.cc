@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <sstream>
 
@@ -96,7 +97,9 @@ TEST_P(PipelineTrainingTest, MatchesUnpipelinedReference) {
 
   // Every step's loss.
   ASSERT_EQ(job->losses_size(), kSteps);
+  double max_loss_diff = 0, max_param_diff = 0;
   for (int step = 0; step < kSteps; ++step) {
+    max_loss_diff = std::max(max_loss_diff, std::abs(job->losses(step) - ref.losses[step]));
     EXPECT_NEAR(job->losses(step), ref.losses[step], kAtol + kRtol * std::abs(ref.losses[step]))
         << "step " << step;
   }
@@ -119,11 +122,15 @@ TEST_P(PipelineTrainingTest, MatchesUnpipelinedReference) {
     const torch::Tensor& got = all[name];
     ASSERT_EQ(got.sizes(), want.sizes()) << name;
     const double max_diff = (got - want).abs().max().item<double>();
+    max_param_diff = std::max(max_param_diff, max_diff);
     EXPECT_TRUE(torch::allclose(got, want, kRtol, kAtol)) << name << " differs by " << max_diff;
     // Training moved every parameter far beyond the tolerance, so the comparison means something.
     const double moved = (want - ref.initial_params.at(name)).abs().max().item<double>();
     EXPECT_GT(moved, 100 * kAtol) << name << " barely changed in training";
   }
+
+  std::cerr << c.name << ": largest |loss - reference| " << max_loss_diff
+            << ", largest |parameter - reference| " << max_param_diff << "\n";
 
   // The data plane moved exactly the activations and gradients of each rank's boundaries, and
   // each rank ran exactly its assigned actions.

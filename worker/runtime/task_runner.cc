@@ -86,7 +86,7 @@ void TaskRunner::Stop(const std::string& reason) {
   if (transport_ != nullptr) transport_->Abort();
 }
 
-void TaskRunner::Run() {
+v1::ReportTaskEndRequest TaskRunner::Run() {
   absl::Status status;
   try {
     status = RunSteps();
@@ -116,9 +116,7 @@ void TaskRunner::Run() {
     spdlog::info("{} rank {} ended: {}", task_.job_id(), task_.rank(),
                  v1::TaskOutcome_Name(end.outcome()));
   }
-  absl::Status reported = deps_.reporter->ReportTaskEnd(end);
-  if (!reported.ok())
-    spdlog::warn("reporting the end of {}: {}", task_.job_id(), reported.message());
+  return end;
 }
 
 absl::Status TaskRunner::RunSteps() {

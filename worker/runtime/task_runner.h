@@ -27,7 +27,7 @@ class TaskReporter {
   virtual ~TaskReporter() = default;
   // A step finished on this rank. Errors are logged by the caller, not fatal.
   virtual absl::Status ReportStep(const v1::ReportStepRequest& report) = 0;
-  // The task ended; called exactly once per task.
+  // The task ended (TaskRunner::Run's result); sent once per task by the runner's owner.
   virtual absl::Status ReportTaskEnd(const v1::ReportTaskEndRequest& report) = 0;
 };
 
@@ -49,9 +49,11 @@ class TaskRunner {
   TaskRunner(v1::TaskAssignment task, TaskRunnerDeps deps);
   ~TaskRunner();
 
-  // Runs the task to its end and reports the end (SUCCEEDED, FAILED with the error, or
-  // STOPPED after Stop). Blocking; call once.
-  void Run();
+  // Runs the task to its end (reporting each step) and returns how it ended: SUCCEEDED,
+  // FAILED with the error, or STOPPED after Stop. The caller sends that report, after it has
+  // made the worker free for a next task, so that the coordinator never learns of a free
+  // worker that would still refuse one. Blocking; call once.
+  v1::ReportTaskEndRequest Run();
 
   // Asks Run to stop soon: pending rendezvous and data-plane waits return at once. Thread-safe.
   void Stop(const std::string& reason);

@@ -74,9 +74,15 @@ absl::Status TaskManager::Start(const v1::TaskAssignment& task) {
   spdlog::info("starting {} attempt {} rank {}/{}", task.job_id(), task.attempt(), task.rank(),
                task.world_size());
   thread_ = std::thread([this, runner] {
-    runner->Run();
-    absl::MutexLock lock(&mu_);
-    running_ = false;
+    const v1::ReportTaskEndRequest end = runner->Run();
+    {
+      absl::MutexLock lock(&mu_);
+      running_ = false;  // free for a next task before the coordinator hears this one ended
+    }
+    absl::Status reported = deps_.reporter->ReportTaskEnd(end);
+    if (!reported.ok()) {
+      spdlog::warn("reporting the end of {}: {}", end.job_id(), reported.message());
+    }
   });
   return absl::OkStatus();
 }

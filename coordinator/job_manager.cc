@@ -99,7 +99,16 @@ absl::StatusOr<v1::Job> JobManager::GetJob(const std::string& job_id) {
 std::vector<v1::Job> JobManager::ListJobs() {
   absl::MutexLock lock(&mu_);
   std::vector<v1::Job> out;
-  for (const Job& job : jobs_) job.ToProto(&out.emplace_back());
+  for (const Job& job : jobs_) {
+    v1::Job& summary = out.emplace_back();
+    job.ToProto(&summary);
+    // A summary: action lists and the spec grow with the job and are in GetJob.
+    summary.clear_spec_yaml();
+    for (v1::RankStatus& rank : *summary.mutable_ranks()) {
+      rank.clear_assigned_actions();
+      rank.clear_executed_actions();
+    }
+  }
   return out;
 }
 

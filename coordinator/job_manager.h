@@ -75,6 +75,7 @@ class JobManager {
   // field path) when the spec is invalid or cannot be planned; nothing is queued then.
   absl::StatusOr<std::string> SubmitJob(const std::string& spec_yaml, const std::string& origin);
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
+  // Every job, oldest first, without its spec and per-rank action lists (GetJob has them).
   std::vector<v1::Job> ListJobs();
   // FAILED_PRECONDITION when the job has already ended.
   absl::StatusOr<v1::Job> CancelJob(const std::string& job_id, const std::string& reason);

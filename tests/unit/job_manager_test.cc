@@ -146,6 +146,13 @@ TEST_F(JobManagerTest, StepsCompleteWhenEveryRankReportedAndTheJobSucceeds) {
   ASSERT_TRUE(Step(*id, w2, 1, 1, {0.5, 0.5, 0.5, 0.5}).ok());
   EXPECT_THAT(Job(*id).losses(), ElementsAre(3.0, 0.5));
   EXPECT_EQ(Job(*id).ranks(0).bytes_sent(), 200);
+  // Listing gives summaries: no spec, no action lists; GetJob has them.
+  const v1::Job listed = manager_->ListJobs().at(0);
+  EXPECT_EQ(listed.ranks(0).bytes_sent(), 200);
+  EXPECT_EQ(listed.ranks(0).assigned_actions_size(), 0);
+  EXPECT_TRUE(listed.spec_yaml().empty());
+  EXPECT_GT(Job(*id).ranks(0).assigned_actions_size(), 0);
+  EXPECT_FALSE(Job(*id).spec_yaml().empty());
 
   ASSERT_TRUE(End(*id, w1, 0, v1::TASK_OUTCOME_SUCCEEDED).ok());
   EXPECT_EQ(State(*id), v1::JOB_STATE_RUNNING);

@@ -72,7 +72,7 @@ void Job::ToProto(v1::Job* out) const {
   out->set_state(state);
   out->set_reason(reason);
   for (const auto& t : history) *out->add_history() = t;
-  out->set_steps_done(steps_done);
+  out->set_steps_done(steps_done());
   out->set_steps_total(spec.training.steps);
   for (double loss : losses) out->add_losses(loss);
   out->set_num_stages(plan.num_stages);

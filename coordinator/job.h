@@ -80,8 +80,9 @@ struct Job {
   bool starting = false;        // StartTask calls of the current attempt are in flight
   std::vector<RankSlot> ranks;  // empty until placed
   std::map<int64_t, StepAggregate> partial_steps;
-  int64_t steps_done = 0;
-  std::vector<double> losses;
+  std::vector<double> losses;  // one per step every rank has finished
+
+  int64_t steps_done() const { return static_cast<int64_t>(losses.size()); }
 
   std::vector<v1::JobEvent> events;
 

@@ -222,7 +222,6 @@ absl::Status JobManager::ReportStep(const v1::ReportStepRequest& req) {
       std::accumulate(agg.microbatch_losses.begin(), agg.microbatch_losses.end(), 0.0) /
       static_cast<double>(agg.microbatch_losses.size());
   job->losses.push_back(loss);
-  job->steps_done = req.step() + 1;
   v1::JobEvent event;
   v1::StepCompleted* step = event.mutable_step_completed();
   step->set_step(req.step());
@@ -257,7 +256,7 @@ absl::Status JobManager::ReportTaskEnd(const v1::ReportTaskEndRequest& req) {
       });
       if (all) {
         EndJobLocked(job, v1::JOB_STATE_SUCCEEDED,
-                     absl::StrCat("all ", job->steps_done, " steps done"));
+                     absl::StrCat("all ", job->steps_done(), " steps done"));
       }
       break;
     }

@@ -133,10 +133,5 @@ std::vector<const WorkerRecord*> WorkerRegistry::All() const {
   return out;
 }
 
-int WorkerRegistry::CountInState(v1::WorkerState state) const {
-  int count = 0;
-  for (const auto& [n, w] : workers_) count += w.state == state;
-  return count;
-}
 
 }  // namespace stagecoach::coordinator

@@ -78,7 +78,6 @@ class WorkerRegistry {
   // Every worker, in registration order.
   std::vector<const WorkerRecord*> All() const;
 
-  int CountInState(v1::WorkerState state) const;
 
  private:
   WorkerRecord* Mutable(const std::string& id);

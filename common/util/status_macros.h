@@ -24,10 +24,3 @@
   if (!tmp.ok()) return std::move(tmp).status(); \
   lhs = std::move(tmp).value()
 
-// Returns `status` with `prefix: ` prepended to its message, same code. OK stays OK.
-namespace stagecoach {
-inline absl::Status Annotate(const absl::Status& status, absl::string_view prefix) {
-  if (status.ok()) return status;
-  return absl::Status(status.code(), std::string(prefix) + ": " + std::string(status.message()));
-}
-}  // namespace stagecoach

@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/schedule/generators/kinds.h"
 #include "common/schedule/lowering.h"
 #include "common/util/status_macros.h"
 
@@ -28,63 +29,6 @@ absl::Status CheckConfig(const ScheduleConfig& config) {
   return absl::OkStatus();
 }
 
-absl::Status CheckSingleStage(const ScheduleConfig& config) {
-  if (config.stages_per_rank != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        ScheduleKindName(config.kind), " runs exactly one stage per rank, but stages_per_rank is ",
-        config.stages_per_rank));
-  }
-  return absl::OkStatus();
-}
-
-void AppendIdle(RankActions& actions, int count) {
-  for (int i = 0; i < count; ++i) actions.push_back(std::nullopt);
-}
-
-// Rank r: r idle slots, F0..F(m-1), 3*(pp-1-r) idle slots, B0..B(m-1).
-PipelineOrder GPipeTimeAligned(int num_ranks, int num_microbatches) {
-  PipelineOrder order(num_ranks);
-  for (int rank = 0; rank < num_ranks; ++rank) {
-    RankActions& actions = order[rank];
-    AppendIdle(actions, rank);
-    for (int mb = 0; mb < num_microbatches; ++mb) {
-      actions.push_back(Action::Make(rank, ActionType::kForward, mb));
-    }
-    AppendIdle(actions, 3 * (num_ranks - 1 - rank));
-    for (int mb = 0; mb < num_microbatches; ++mb) {
-      actions.push_back(Action::Make(rank, ActionType::kFullBackward, mb));
-    }
-  }
-  return order;
-}
-
-// Rank r: r idle slots; w = pp-1-r warm-up forwards; 2w idle slots; m-w (F, B) pairs; then
-// (idle, B) for the w backwards left. Forwards and backwards each count microbatches from 0 on
-// every rank (PyTorch's last rank starts its forwards at 1; see ScheduleKind::k1F1B).
-PipelineOrder OneFOneBTimeAligned(int num_ranks, int num_microbatches) {
-  PipelineOrder order(num_ranks);
-  for (int rank = 0; rank < num_ranks; ++rank) {
-    RankActions& actions = order[rank];
-    const int warmup = num_ranks - 1 - rank;
-    int next_forward = 0;
-    int next_backward = 0;
-    AppendIdle(actions, rank);
-    for (; next_forward < warmup; ++next_forward) {
-      actions.push_back(Action::Make(rank, ActionType::kForward, next_forward));
-    }
-    AppendIdle(actions, 2 * warmup);
-    while (next_forward < num_microbatches) {
-      actions.push_back(Action::Make(rank, ActionType::kForward, next_forward++));
-      actions.push_back(Action::Make(rank, ActionType::kFullBackward, next_backward++));
-    }
-    while (next_backward < num_microbatches) {
-      actions.push_back(std::nullopt);
-      actions.push_back(Action::Make(rank, ActionType::kFullBackward, next_backward++));
-    }
-  }
-  return order;
-}
-
 absl::Status InvalidStyleInputs(int num_stages, int num_ranks) {
   if (num_stages < 1) {
     return absl::InvalidArgumentError(
@@ -105,8 +49,17 @@ absl::StatusOr<ScheduleKind> ParseScheduleKind(absl::string_view name) {
     if (absl::EqualsIgnoreCase(name, ScheduleKindName(kind))) return kind;
     names.push_back(ScheduleKindName(kind));
   }
+  const std::string valid = absl::StrJoin(names, ", ");
+  for (absl::string_view base : {"PipelineScheduleSingle", "PipelineScheduleMulti"}) {
+    if (absl::EqualsIgnoreCase(name, base)) {
+      return absl::InvalidArgumentError(absl::StrCat("'", name,
+                                                     "' is a PyTorch base class, not a schedule; "
+                                                     "valid schedules: ",
+                                                     valid));
+    }
+  }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown schedule '", name, "'; valid schedules: ", absl::StrJoin(names, ", ")));
+      absl::StrCat("unknown schedule '", name, "'; valid schedules: ", valid));
 }
 
 absl::string_view ScheduleKindName(ScheduleKind kind) {
@@ -115,13 +68,33 @@ absl::string_view ScheduleKindName(ScheduleKind kind) {
       return "GPipe";
     case ScheduleKind::k1F1B:
       return "1F1B";
+    case ScheduleKind::kInterleaved1F1B:
+      return "Interleaved1F1B";
+    case ScheduleKind::kLoopedBFS:
+      return "LoopedBFS";
+    case ScheduleKind::kInterleavedZeroBubble:
+      return "InterleavedZeroBubble";
+    case ScheduleKind::kZBVZeroBubble:
+      return "ZBVZeroBubble";
+    case ScheduleKind::kDualPipeV:
+      return "DualPipeV";
+    case ScheduleKind::kForwardOnly:
+      return "ForwardOnly";
   }
   return "?";
 }
 
+bool HasBackward(ScheduleKind kind) { return kind != ScheduleKind::kForwardOnly; }
+
 const std::vector<ScheduleKind>& AllScheduleKinds() {
-  static const auto* kinds =
-      new std::vector<ScheduleKind>{ScheduleKind::kGPipe, ScheduleKind::k1F1B};
+  static const auto* kinds = new std::vector<ScheduleKind>{ScheduleKind::kGPipe,
+                                                           ScheduleKind::k1F1B,
+                                                           ScheduleKind::kInterleaved1F1B,
+                                                           ScheduleKind::kLoopedBFS,
+                                                           ScheduleKind::kInterleavedZeroBubble,
+                                                           ScheduleKind::kZBVZeroBubble,
+                                                           ScheduleKind::kDualPipeV,
+                                                           ScheduleKind::kForwardOnly};
   return *kinds;
 }
 
@@ -131,18 +104,21 @@ absl::StatusOr<PipelineOrder> GenerateTimeAligned(const ScheduleConfig& config) 
   RETURN_IF_ERROR(CheckConfig(config));
   switch (config.kind) {
     case ScheduleKind::kGPipe:
-      RETURN_IF_ERROR(CheckSingleStage(config));
-      return GPipeTimeAligned(config.num_ranks, config.num_microbatches);
-    case ScheduleKind::k1F1B: {
-      RETURN_IF_ERROR(CheckSingleStage(config));
-      const int num_stages = NumStages(config);
-      if (config.num_microbatches < num_stages) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "Number of microbatches (", config.num_microbatches,
-            ") must be greater than or equal to the number of stages (", num_stages, ")."));
-      }
-      return OneFOneBTimeAligned(config.num_ranks, config.num_microbatches);
-    }
+      return internal::GenerateGPipe(config);
+    case ScheduleKind::k1F1B:
+      return internal::Generate1F1B(config);
+    case ScheduleKind::kInterleaved1F1B:
+      return internal::GenerateInterleaved1F1B(config);
+    case ScheduleKind::kLoopedBFS:
+      return internal::GenerateLoopedBFS(config);
+    case ScheduleKind::kInterleavedZeroBubble:
+      return internal::GenerateInterleavedZeroBubble(config);
+    case ScheduleKind::kZBVZeroBubble:
+      return internal::GenerateZBVZeroBubble(config);
+    case ScheduleKind::kDualPipeV:
+      return internal::GenerateDualPipeV(config);
+    case ScheduleKind::kForwardOnly:
+      return internal::GenerateForwardOnly(config);
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown schedule kind ", static_cast<int>(config.kind)));
@@ -150,15 +126,19 @@ absl::StatusOr<PipelineOrder> GenerateTimeAligned(const ScheduleConfig& config) 
 
 absl::StatusOr<PipelineOrder> GenerateSchedule(const ScheduleConfig& config) {
   ASSIGN_OR_RETURN(PipelineOrder order, GenerateTimeAligned(config));
-  switch (config.kind) {
-    case ScheduleKind::kGPipe:
-    case ScheduleKind::k1F1B:
-      for (RankActions& actions : order) {
-        actions = AddReduceGrad(actions, config.num_microbatches);
-      }
-      break;
+  // PyTorch runs its single-stage schedules' lists through _add_reduce_grad at construction.
+  if (config.kind == ScheduleKind::kGPipe || config.kind == ScheduleKind::k1F1B) {
+    for (RankActions& actions : order) {
+      actions = AddReduceGrad(actions, config.num_microbatches);
+    }
   }
   return order;
+}
+
+MappingStyle DefaultMappingStyle(ScheduleKind kind) {
+  return kind == ScheduleKind::kZBVZeroBubble || kind == ScheduleKind::kDualPipeV
+             ? MappingStyle::kV
+             : MappingStyle::kLoop;
 }
 
 absl::StatusOr<MappingStyle> ParseMappingStyle(absl::string_view name) {

@@ -15,7 +15,7 @@
 
 namespace stagecoach::schedule {
 
-// The schedules this library can generate.
+// The schedules this library can generate, under PyTorch's names.
 enum class ScheduleKind {
   // Fill-drain: every rank runs all forwards, then all backwards. One stage per rank.
   kGPipe,
@@ -26,15 +26,35 @@ enum class ScheduleKind {
   // (skipping F0 and running one past the end) and fails PyTorch's own validator. Ours runs
   // F0,B0,F1,B1,... with the same idle-slot alignment; every other rank is identical.
   k1F1B,
+  // Depth-first 1F1B over several loop-placed stages per rank (Megatron's interleaved schedule).
+  // num_microbatches must be a multiple of the rounds, max(1, num_microbatches / num_ranks).
+  kInterleaved1F1B,
+  // Breadth-first: each local stage runs all microbatches before the next local stage.
+  kLoopedBFS,
+  // Interleaved 1F1B with the backward split into I and W, W filling the bubbles (ZB1P).
+  // Same microbatch rule as kInterleaved1F1B.
+  kInterleavedZeroBubble,
+  // Zero-bubble "V": exactly two stages per rank in "v" placement, backward split into I and W.
+  kZBVZeroBubble,
+  // DeepSeek's DualPipe in "V" placement: two stages per rank, overlapped F/B pairs
+  // (OVERLAP_F_B); needs num_microbatches >= number of stages.
+  kDualPipeV,
+  // Inference: forwards only, no backward (PyTorch's unregistered _ScheduleForwardOnly). Any
+  // number of loop-placed stages per rank.
+  kForwardOnly,
 };
 
-// Looks up a schedule by PyTorch's name, case-insensitively ("gpipe", "1F1B").
-// INVALID_ARGUMENT naming the valid schedules for anything else, e.g.
-// "unknown schedule 'ZeroBubble'; valid schedules: GPipe, 1F1B".
+// Looks up a schedule by PyTorch's name, case-insensitively ("gpipe", "1F1B", "zbvzerobubble").
+// INVALID_ARGUMENT naming the valid schedules for anything else, e.g. "unknown schedule
+// 'ZeroBubble'; valid schedules: GPipe, 1F1B, ...". PyTorch's base classes
+// PipelineScheduleSingle and PipelineScheduleMulti get an error saying they are not schedules.
 absl::StatusOr<ScheduleKind> ParseScheduleKind(absl::string_view name);
 
 // PyTorch's spelling of `kind` ("GPipe", "1F1B"); ParseScheduleKind accepts it.
 absl::string_view ScheduleKindName(ScheduleKind kind);
+
+// True for the kinds with a backward pass (all but kForwardOnly).
+bool HasBackward(ScheduleKind kind);
 
 // All kinds, in the order error messages list them.
 const std::vector<ScheduleKind>& AllScheduleKinds();
@@ -45,7 +65,7 @@ struct ScheduleConfig {
   // Pipeline ranks (PyTorch's pp_group_size); >= 1.
   int num_ranks = 1;
   // Stages hosted by each rank; the pipeline has num_ranks * stages_per_rank stages.
-  // GPipe and 1F1B require exactly 1 (stage index == rank).
+  // GPipe and 1F1B require exactly 1 (stage index == rank); ZBVZeroBubble and DualPipeV exactly 2.
   int stages_per_rank = 1;
   // Microbatches per training step; >= 1.
   int num_microbatches = 1;
@@ -65,7 +85,8 @@ absl::StatusOr<PipelineOrder> GenerateTimeAligned(const ScheduleConfig& config);
 
 // The schedule as PyTorch's `pipeline_order`: for GPipe and 1F1B the time-aligned list with idle
 // slots dropped and "{stage}REDUCE_GRAD" appended after each stage's last backward (the golden
-// `.compute.csv` form). Errors as GenerateTimeAligned.
+// `.compute.csv` form); for the other kinds the time-aligned list itself. Errors as
+// GenerateTimeAligned.
 absl::StatusOr<PipelineOrder> GenerateSchedule(const ScheduleConfig& config);
 
 // How stages are placed on ranks.
@@ -76,6 +97,9 @@ enum class MappingStyle {
   // 2*num_ranks-1-r, ... (PyTorch's "v"; ZBVZeroBubble, DualPipeV).
   kV,
 };
+
+// The placement `kind` assumes: kV for kZBVZeroBubble and kDualPipeV, else kLoop.
+MappingStyle DefaultMappingStyle(ScheduleKind kind);
 
 // "loop" or "v" (case-insensitive). INVALID_ARGUMENT naming the valid styles otherwise.
 absl::StatusOr<MappingStyle> ParseMappingStyle(absl::string_view name);

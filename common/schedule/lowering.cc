@@ -217,4 +217,32 @@ absl::StatusOr<PipelineOrder> AddSendRecv(const PipelineOrder& compute,
   return SendRecvInserter(compute, stage_to_rank, num_stages).Run();
 }
 
+RankActions AddUnshardReshard(const RankActions& actions, int max_active_stages) {
+  (void)max_active_stages;
+  return actions;  // TODO(lowering): implement
+}
+
+RankActions MergeBackward(const RankActions& actions) {
+  return actions;  // TODO(lowering): implement
+}
+
+absl::StatusOr<PipelineOrder> LowerSchedule(const PipelineOrder& compute,
+                                            const std::vector<int>& stage_to_rank, int num_stages,
+                                            int num_microbatches,
+                                            const LoweringOptions& options) {
+  PipelineOrder per_rank(compute.size());
+  for (size_t rank = 0; rank < compute.size(); ++rank) {
+    RankActions actions;
+    for (const auto& action : compute[rank]) {
+      if (action.has_value() && action->type == ActionType::kReduceGrad) continue;
+      actions.push_back(action);
+    }
+    if (options.max_active_stages > 0) {
+      actions = AddUnshardReshard(actions, options.max_active_stages);
+    }
+    per_rank[rank] = AddReduceGrad(actions, num_microbatches);
+  }
+  return AddSendRecv(per_rank, stage_to_rank, num_stages);
+}
+
 }  // namespace stagecoach::schedule

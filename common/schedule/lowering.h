@@ -14,6 +14,18 @@ namespace stagecoach::schedule {
 // one), appends "{stage}REDUCE_GRAD". Everything else is kept in order.
 RankActions AddReduceGrad(const RankActions& actions, int num_microbatches);
 
+// PyTorch's _add_unshard_reshard for one rank: drops idle slots; before each action, RESHARDs the
+// active stages that are not among the next `max_active_stages` distinct stages of the remaining
+// actions (from this one on; OVERLAP_F_B contributes its sub-actions' stages), then UNSHARDs those
+// of them not yet active, in the order they come up; at the end RESHARDs every stage still
+// active. PyTorch applies it with max_active_stages = 3 whether or not stages are sharded.
+// Existing UNSHARD/RESHARD actions are kept as they are and not counted. max_active_stages >= 1.
+RankActions AddUnshardReshard(const RankActions& actions, int max_active_stages);
+
+// PyTorch's _merge_bw for one rank: drops idle slots and merges an I directly followed by the W
+// of the same stage and microbatch into one B.
+RankActions MergeBackward(const RankActions& actions);
+
 // PyTorch's _add_send_recv: turns per-rank lists without communication into lists with SEND_F /
 // RECV_F / SEND_B / RECV_B, one row per rank of `compute`.
 //
@@ -36,5 +48,21 @@ RankActions AddReduceGrad(const RankActions& actions, int num_microbatches);
 // action and the action it waits for.
 absl::StatusOr<PipelineOrder> AddSendRecv(const PipelineOrder& compute,
                                           const std::vector<int>& stage_to_rank, int num_stages);
+
+// How LowerSchedule lowers.
+struct LoweringOptions {
+  // Window of AddUnshardReshard; 0 leaves the pass out. 3 is PyTorch's runtime.
+  int max_active_stages = 3;
+};
+
+// PyTorch's runtime lowering of a compute-only schedule (_prepare_schedule_with_comms): per rank
+// AddUnshardReshard (unless disabled) and AddReduceGrad, then AddSendRecv across ranks. REDUCE_GRAD
+// actions already in `compute` (GPipe's and 1F1B's pipeline_order carry them) are dropped first
+// and re-inserted, so lowering either form of a schedule gives the same list. The compute
+// schedule must be valid; errors as AddSendRecv.
+absl::StatusOr<PipelineOrder> LowerSchedule(const PipelineOrder& compute,
+                                            const std::vector<int>& stage_to_rank, int num_stages,
+                                            int num_microbatches,
+                                            const LoweringOptions& options = {});
 
 }  // namespace stagecoach::schedule

@@ -1,0 +1,1 @@
+#include "common/schedule/chrome_trace.h"

@@ -1,0 +1,2 @@
+// Placeholder: filled in by the schedule-library work.
+#include "gtest/gtest.h"

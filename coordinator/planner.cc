@@ -111,6 +111,14 @@ absl::StatusOr<Plan> PlanJob(const spec::JobSpec& spec) {
   Plan plan;
   auto kind = schedule::ParseScheduleKind(spec.schedule.kind);
   if (!kind.ok()) return FieldError("schedule.kind", kind.status().message());
+  if (*kind != schedule::ScheduleKind::kGPipe && *kind != schedule::ScheduleKind::k1F1B) {
+    // The schedule library generates every kind; the worker runtime executes one stage per
+    // worker with full backwards so far.
+    return FieldError("schedule.kind",
+                      absl::StrCat(schedule::ScheduleKindName(*kind),
+                                   " is not supported by the worker runtime yet; supported: GPipe, "
+                                   "1F1B (stagectl schedule shows any schedule)"));
+  }
   plan.kind = *kind;
   plan.stages_per_rank = 1;  // GPipe and 1F1B run one stage per rank
   plan.num_microbatches = spec.schedule.microbatches;

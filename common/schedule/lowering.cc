@@ -1,24 +1,33 @@
 #include "common/schedule/lowering.h"
 
+#include <algorithm>
 #include <map>
 #include <optional>
-#include <set>
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/schedule/action_table.h"
 
 namespace stagecoach::schedule {
 namespace {
 
-// (stage, type, microbatch or -1): what a rank has already placed in its list.
-using Key = std::tuple<int, ActionType, int>;
-
-Key KeyOf(int stage, ActionType type, int mb) { return Key{stage, type, mb}; }
+// One more than the largest microbatch index in `order` (0 if there is none).
+int MicrobatchBound(const PipelineOrder& order) {
+  int bound = 0;
+  for (const RankActions& actions : order) {
+    for (const std::optional<Action>& action : actions) {
+      if (!action.has_value()) continue;
+      for (const Action* leaf : LeafActions(*action)) {
+        if (leaf->microbatch.has_value()) bound = std::max(bound, *leaf->microbatch + 1);
+      }
+    }
+  }
+  return bound;
+}
 
 class SendRecvInserter {
  public:
@@ -28,7 +37,7 @@ class SendRecvInserter {
         stage_to_rank_(stage_to_rank),
         num_stages_(num_stages),
         out_(compute.size()),
-        placed_(compute.size()) {}
+        placed_(num_stages, MicrobatchBound(compute), 0) {}
 
   absl::StatusOr<PipelineOrder> Run() {
     std::vector<size_t> next(compute_.size(), 0);
@@ -58,8 +67,11 @@ class SendRecvInserter {
   }
 
  private:
+  // Whether `rank`'s output already holds (stage, type, mb). Every action of a stage sits on that
+  // stage's rank (CheckInputs), so one table serves all ranks.
   bool Has(size_t rank, int stage, ActionType type, int mb) const {
-    return placed_[rank].count(KeyOf(stage, type, mb)) > 0;
+    return stage_to_rank_[stage] == static_cast<int>(rank) && placed_.InRange(stage, mb) &&
+           placed_(type, stage, mb) != 0;
   }
 
   // True if `leaf` produces a tensor for a stage on another rank (PyTorch's _has_comms).
@@ -100,14 +112,14 @@ class SendRecvInserter {
     return std::nullopt;
   }
 
-  void Record(size_t rank, const Action& action) {
-    placed_[rank].insert(KeyOf(action.stage, action.type, action.microbatch.value_or(-1)));
+  void Record(const Action& action) {
+    if (action.microbatch.has_value()) placed_[action] = 1;
   }
 
   void Place(const Action& action, size_t rank) {
     out_[rank].push_back(action);
     for (const Action* leaf : LeafActions(action)) {
-      Record(rank, *leaf);
+      Record(*leaf);
       if (!CrossesRanks(*leaf)) continue;
       const bool forward = leaf->type == ActionType::kForward;
       Action send = Action::Make(leaf->stage, forward ? ActionType::kSendF : ActionType::kSendB,
@@ -117,9 +129,9 @@ class SendRecvInserter {
                        forward ? ActionType::kRecvF : ActionType::kRecvB, leaf->microbatch);
       const size_t peer = static_cast<size_t>(stage_to_rank_[recv.stage]);
       out_[rank].push_back(send);
-      Record(rank, send);
+      Record(send);
       out_[peer].push_back(recv);
-      Record(peer, recv);
+      Record(recv);
     }
   }
 
@@ -149,7 +161,7 @@ class SendRecvInserter {
   const std::vector<int>& stage_to_rank_;
   const int num_stages_;
   PipelineOrder out_;
-  std::vector<std::set<Key>> placed_;
+  internal::ActionTable<uint8_t> placed_;
 };
 
 absl::Status CheckInputs(const PipelineOrder& compute, const std::vector<int>& stage_to_rank,
@@ -190,6 +202,49 @@ absl::Status CheckInputs(const PipelineOrder& compute, const std::vector<int>& s
   return absl::OkStatus();
 }
 
+// For each entry of one rank's list, PyTorch's next_stage_indices(count, entries[i:]): the first
+// `count` distinct stages from entry i on in order of first appearance, where an entry's leaves
+// are taken together (an OVERLAP_F_B that crosses `count` adds all its new stages).
+//
+// Computed from the back in one pass: `upcoming` holds the distinct stages from entry i on, in
+// order of first appearance, each tagged with the entry it first appears at. Entry i's stages move
+// to the front; stages of one entry stay adjacent, so the window is a prefix cut at an entry
+// boundary.
+std::vector<std::vector<int>> StageWindows(const std::vector<const Action*>& entries, int count) {
+  struct Upcoming {
+    int stage;
+    size_t entry;
+  };
+  std::vector<Upcoming> upcoming;
+  std::vector<std::vector<int>> windows(entries.size());
+  for (size_t i = entries.size(); i-- > 0;) {
+    std::vector<int> stages;
+    for (const Action* leaf : LeafActions(*entries[i])) {
+      if (std::find(stages.begin(), stages.end(), leaf->stage) == stages.end()) {
+        stages.push_back(leaf->stage);
+      }
+    }
+    upcoming.erase(std::remove_if(upcoming.begin(), upcoming.end(),
+                                  [&](const Upcoming& u) {
+                                    return std::find(stages.begin(), stages.end(), u.stage) !=
+                                           stages.end();
+                                  }),
+                   upcoming.end());
+    std::vector<Upcoming> front;
+    for (int stage : stages) front.push_back({stage, i});
+    upcoming.insert(upcoming.begin(), front.begin(), front.end());
+
+    std::vector<int>& window = windows[i];
+    for (size_t k = 0; k < upcoming.size(); ++k) {
+      if (static_cast<int>(window.size()) >= count && upcoming[k].entry != upcoming[k - 1].entry) {
+        break;
+      }
+      window.push_back(upcoming[k].stage);
+    }
+  }
+  return windows;
+}
+
 }  // namespace
 
 RankActions AddReduceGrad(const RankActions& actions, int num_microbatches) {
@@ -218,18 +273,64 @@ absl::StatusOr<PipelineOrder> AddSendRecv(const PipelineOrder& compute,
 }
 
 RankActions AddUnshardReshard(const RankActions& actions, int max_active_stages) {
-  (void)max_active_stages;
-  return actions;  // TODO(lowering): implement
+  std::vector<const Action*> entries;
+  for (const std::optional<Action>& action : actions) {
+    if (action.has_value()) entries.push_back(&*action);
+  }
+  const std::vector<std::vector<int>> windows = StageWindows(entries, max_active_stages);
+
+  RankActions out;
+  std::vector<int> active;  // kept in increasing order
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const std::vector<int>& window = windows[i];
+    auto in_window = [&](int stage) {
+      return std::find(window.begin(), window.end(), stage) != window.end();
+    };
+    std::vector<int> still_active;
+    for (int stage : active) {
+      if (in_window(stage)) {
+        still_active.push_back(stage);
+      } else {
+        out.push_back(Action::Make(stage, ActionType::kReshard));
+      }
+    }
+    active = std::move(still_active);
+    for (int stage : window) {
+      auto at = std::lower_bound(active.begin(), active.end(), stage);
+      if (at != active.end() && *at == stage) continue;
+      active.insert(at, stage);
+      out.push_back(Action::Make(stage, ActionType::kUnshard));
+    }
+    out.push_back(*entries[i]);
+  }
+  for (int stage : active) out.push_back(Action::Make(stage, ActionType::kReshard));
+  return out;
 }
 
 RankActions MergeBackward(const RankActions& actions) {
-  return actions;  // TODO(lowering): implement
+  std::vector<const Action*> entries;
+  for (const std::optional<Action>& action : actions) {
+    if (action.has_value()) entries.push_back(&*action);
+  }
+  RankActions out;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const Action& action = *entries[i];
+    const Action* next = i + 1 < entries.size() ? entries[i + 1] : nullptr;
+    if (action.type == ActionType::kBackwardInput && next != nullptr &&
+        next->type == ActionType::kBackwardWeight && next->stage == action.stage &&
+        next->microbatch == action.microbatch) {
+      out.push_back(Action::Make(action.stage, ActionType::kFullBackward, action.microbatch));
+      ++i;
+      continue;
+    }
+    out.push_back(action);
+  }
+  return out;
 }
 
 absl::StatusOr<PipelineOrder> LowerSchedule(const PipelineOrder& compute,
                                             const std::vector<int>& stage_to_rank, int num_stages,
-                                            int num_microbatches,
-                                            const LoweringOptions& options) {
+                                            int num_microbatches, const LoweringOptions& options) {
   PipelineOrder per_rank(compute.size());
   for (size_t rank = 0; rank < compute.size(); ++rank) {
     RankActions actions;

@@ -14,12 +14,17 @@ namespace stagecoach::schedule {
 // one), appends "{stage}REDUCE_GRAD". Everything else is kept in order.
 RankActions AddReduceGrad(const RankActions& actions, int num_microbatches);
 
-// PyTorch's _add_unshard_reshard for one rank: drops idle slots; before each action, RESHARDs the
-// active stages that are not among the next `max_active_stages` distinct stages of the remaining
-// actions (from this one on; OVERLAP_F_B contributes its sub-actions' stages), then UNSHARDs those
-// of them not yet active, in the order they come up; at the end RESHARDs every stage still
-// active. PyTorch applies it with max_active_stages = 3 whether or not stages are sharded.
-// Existing UNSHARD/RESHARD actions are kept as they are and not counted. max_active_stages >= 1.
+// PyTorch's _add_unshard_reshard for one rank: drops idle slots and, before each action, computes
+// the window of the next `max_active_stages` distinct stages the remaining actions (from this one
+// on) touch, in order of first appearance (OVERLAP_F_B contributes all its sub-actions' stages, so
+// its window may hold one more); RESHARDs the active stages outside the window, in increasing
+// stage order, then UNSHARDs the window's stages not yet active, in window order. At the end it
+// RESHARDs every stage still active, in increasing order. PyTorch runs it with
+// max_active_stages = 3 whether or not stages are sharded; it iterates a Python set for the
+// RESHARD order, which is increasing order whenever the active stages differ modulo the set's
+// table size (always below 8 stages per rank, and in every golden file). Linear in the number of
+// actions times the stages per rank (PyTorch rescans the rest of the list for every action).
+// max_active_stages >= 1.
 RankActions AddUnshardReshard(const RankActions& actions, int max_active_stages);
 
 // PyTorch's _merge_bw for one rank: drops idle slots and merges an I directly followed by the W

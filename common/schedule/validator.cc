@@ -1,22 +1,15 @@
 #include "common/schedule/validator.h"
 
 #include <algorithm>
-#include <map>
-#include <set>
-#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/schedule/action_table.h"
+#include "common/util/status_macros.h"
 
 namespace stagecoach::schedule {
 namespace {
-
-// (stage, type, microbatch or -1).
-using Key = std::tuple<int, ActionType, int>;
-
-Key KeyOf(const Action& leaf) { return Key{leaf.stage, leaf.type, leaf.microbatch.value_or(-1)}; }
-Key KeyOf(int stage, ActionType type, int mb) { return Key{stage, type, mb}; }
 
 std::string Name(int stage, ActionType type, int mb) {
   return Action::Make(stage, type, mb).ToString();
@@ -64,13 +57,15 @@ class Reporter {
 class ComputeChecker {
  public:
   ComputeChecker(const PipelineOrder& order, int num_stages, int num_microbatches,
-                 const std::vector<int>* expected_stage_to_rank)
+                 const std::vector<int>* expected_stage_to_rank, bool has_backward)
       : order_(order),
         report_(order),
         num_stages_(num_stages),
         num_microbatches_(num_microbatches),
         expected_(expected_stage_to_rank),
+        has_backward_(has_backward),
         stages_(num_stages),
+        done_(num_stages, num_microbatches, 0),
         stage_to_rank_(num_stages, -1) {}
 
   absl::StatusOr<std::vector<int>> Run() {
@@ -86,8 +81,8 @@ class ComputeChecker {
     }
     for (int s = 0; s < num_stages_; ++s) {
       const StageState& st = stages_[s];
-      const size_t f = st.f.size(), b = st.b.size(), i = st.i.size(), w = st.w.size();
-      if (static_cast<int>(f) != num_microbatches_) {
+      const int f = st.f, b = st.b, i = st.i, w = st.w;
+      if (f != num_microbatches_) {
         return report_.Whole(absl::StrCat("Got ", f, " F microbatches for stage ", s, ", expected ",
                                           num_microbatches_));
       }
@@ -96,7 +91,8 @@ class ComputeChecker {
                                           ": I and W must have equal counts, but got I=", i,
                                           ", W=", w));
       }
-      if (static_cast<int>(b + (i + w) / 2) != num_microbatches_) {
+      if (!has_backward_) continue;  // backward actions were refused in Process
+      if (b + (i + w) / 2 != num_microbatches_) {
         return report_.Whole(absl::StrCat("Invalid backward microbatches for stage ", s,
                                           ": expected ", num_microbatches_,
                                           " total backwards, but got B=", b, ", I=", i, ", W=", w));
@@ -106,11 +102,14 @@ class ComputeChecker {
   }
 
  private:
+  // Counts of distinct microbatches per type; which microbatches ran is in done_.
   struct StageState {
-    std::set<int> f, b, i, w;
+    int f = 0, b = 0, i = 0, w = 0;
     int backwards_done = 0;  // B and W so far
     bool reduced = false;
   };
+
+  bool Done(ActionType type, int stage, int mb) const { return done_(type, stage, mb) != 0; }
 
   absl::Status Process(const Action& leaf, const Action& entry, size_t rank, size_t step) {
     const std::string name = Describe(leaf, entry);
@@ -143,50 +142,61 @@ class ComputeChecker {
                             absl::StrCat(what, " for stage ", s, ", microbatch ", mb, " (", name,
                                          ") runs a second time"));
     };
+    const bool backward =
+        leaf.type == ActionType::kFullBackward || leaf.type == ActionType::kBackwardInput ||
+        leaf.type == ActionType::kBackwardWeight || leaf.type == ActionType::kReduceGrad;
+    if (backward && !has_backward_) {
+      return report_.AtStep(
+          rank, step, absl::StrCat(name, " in a forward-only schedule, which has no backward"));
+    }
     switch (leaf.type) {
       case ActionType::kForward:
-        if (st.f.count(mb)) return twice("Forward");
-        st.f.insert(mb);
+        if (Done(ActionType::kForward, s, mb)) return twice("Forward");
+        done_(ActionType::kForward, s, mb) = 1;
+        ++st.f;
         break;
       case ActionType::kFullBackward:
-        if (!st.f.count(mb)) {
+        if (!Done(ActionType::kForward, s, mb)) {
           return report_.AtStep(rank, step,
                                 absl::StrCat("Running Full Backward for stage ", s, ", microbatch ",
                                              mb, " without first running Forward"));
         }
-        if (st.b.count(mb)) return twice("Full Backward");
-        if (st.i.count(mb)) {
+        if (Done(ActionType::kFullBackward, s, mb)) return twice("Full Backward");
+        if (Done(ActionType::kBackwardInput, s, mb)) {
           return report_.AtStep(rank, step,
                                 absl::StrCat("Full Backward for stage ", s, ", microbatch ", mb,
                                              " (", name, ") after its Backward Input already ran"));
         }
-        st.b.insert(mb);
+        done_(ActionType::kFullBackward, s, mb) = 1;
+        ++st.b;
         ++st.backwards_done;
         break;
       case ActionType::kBackwardInput:
-        if (!st.f.count(mb)) {
+        if (!Done(ActionType::kForward, s, mb)) {
           return report_.AtStep(
               rank, step,
               absl::StrCat("Running Backward Input for stage ", s, ", microbatch ", mb,
                            " without first running Forward"));
         }
-        if (st.i.count(mb)) return twice("Backward Input");
-        if (st.b.count(mb)) {
+        if (Done(ActionType::kBackwardInput, s, mb)) return twice("Backward Input");
+        if (Done(ActionType::kFullBackward, s, mb)) {
           return report_.AtStep(rank, step,
                                 absl::StrCat("Backward Input for stage ", s, ", microbatch ", mb,
                                              " (", name, ") after its Full Backward already ran"));
         }
-        st.i.insert(mb);
+        done_(ActionType::kBackwardInput, s, mb) = 1;
+        ++st.i;
         break;
       case ActionType::kBackwardWeight:
-        if (!st.i.count(mb)) {
+        if (!Done(ActionType::kBackwardInput, s, mb)) {
           return report_.AtStep(
               rank, step,
               absl::StrCat("Running Backward Weight for stage ", s, ", microbatch ", mb,
                            " without first running Backward Input"));
         }
-        if (st.w.count(mb)) return twice("Backward Weight");
-        st.w.insert(mb);
+        if (Done(ActionType::kBackwardWeight, s, mb)) return twice("Backward Weight");
+        done_(ActionType::kBackwardWeight, s, mb) = 1;
+        ++st.w;
         ++st.backwards_done;
         break;
       case ActionType::kReduceGrad:
@@ -227,7 +237,9 @@ class ComputeChecker {
   const int num_stages_;
   const int num_microbatches_;
   const std::vector<int>* expected_;
+  const bool has_backward_;
   std::vector<StageState> stages_;
+  internal::ActionTable<uint8_t> done_;
   std::vector<int> stage_to_rank_;
 };
 
@@ -247,48 +259,58 @@ absl::Status CheckCounts(int num_ranks, int num_stages, int num_microbatches) {
   return absl::OkStatus();
 }
 
-// Send/recv rules of a lowered schedule, given that the compute rules and stage placement hold.
+// Send/recv rules of a lowered schedule, given that the compute rules and stage placement hold
+// (so every action of stage s is on rank stage_to_rank[s], and stage and microbatch indices are in
+// range).
 class CommChecker {
  public:
-  CommChecker(const PipelineOrder& order, const std::vector<int>& stage_to_rank)
+  CommChecker(const PipelineOrder& order, const std::vector<int>& stage_to_rank,
+              int num_microbatches)
       : order_(order),
         report_(order),
         stage_to_rank_(stage_to_rank),
-        num_stages_(static_cast<int>(stage_to_rank.size())) {}
+        num_stages_(static_cast<int>(stage_to_rank.size())),
+        seen_(num_stages_, num_microbatches, 0),
+        count_(num_stages_, num_microbatches, 0) {}
 
   absl::Status Run() {
-    // Per step: placement of comms, SEND after its producer, consumer after its RECV.
+    // Per step: placement of comms, SEND after its producer, consumer after its RECV. A stage's
+    // actions all sit on one rank, so "seen" is "came earlier on this rank".
     for (size_t rank = 0; rank < order_.size(); ++rank) {
-      std::set<Key> seen;  // leaves that came earlier on this rank
       for (size_t step = 0; step < order_[rank].size(); ++step) {
         if (!order_[rank][step].has_value()) continue;
         const Action& entry = *order_[rank][step];
         for (const Action* leaf : LeafActions(entry)) {
-          absl::Status status = CheckStep(*leaf, entry, rank, step, seen);
-          if (!status.ok()) return status;
-          if (IsComm(leaf->type)) occurrences_[KeyOf(*leaf)].push_back({rank, step});
+          RETURN_IF_ERROR(CheckStep(*leaf, entry, rank, step));
+          if (IsComm(leaf->type) && ++count_[*leaf] == 2) {
+            return report_.AtStep(rank, step,
+                                  absl::StrCat(leaf->ToString(),
+                                               " appears twice; each send and receive must "
+                                               "appear once"));
+          }
         }
-        for (const Action* leaf : LeafActions(entry)) seen.insert(KeyOf(*leaf));
+        for (const Action* leaf : LeafActions(entry)) {
+          if (leaf->microbatch.has_value()) seen_[*leaf] = 1;
+        }
       }
     }
-    // Pairing, in rank/step order of the first occurrence.
-    std::vector<std::pair<Where, Key>> firsts;
-    for (const auto& [key, where] : occurrences_) firsts.push_back({where.front(), key});
-    std::sort(firsts.begin(), firsts.end());
-    for (const auto& [where, key] : firsts) {
-      absl::Status status = CheckPair(key, where);
-      if (!status.ok()) return status;
+    // Pairing, in rank/step order.
+    for (size_t rank = 0; rank < order_.size(); ++rank) {
+      for (size_t step = 0; step < order_[rank].size(); ++step) {
+        if (!order_[rank][step].has_value()) continue;
+        const Action& entry = *order_[rank][step];
+        if (!IsComm(entry.type)) continue;
+        RETURN_IF_ERROR(CheckPair(entry, rank, step));
+      }
     }
     return absl::OkStatus();
   }
 
  private:
-  using Where = std::pair<size_t, size_t>;  // (rank, step)
-
   bool SameRank(int a, int b) const { return stage_to_rank_[a] == stage_to_rank_[b]; }
+  bool Seen(int stage, ActionType type, int mb) const { return seen_(type, stage, mb) != 0; }
 
-  absl::Status CheckStep(const Action& leaf, const Action& entry, size_t rank, size_t step,
-                         const std::set<Key>& seen) const {
+  absl::Status CheckStep(const Action& leaf, const Action& entry, size_t rank, size_t step) const {
     const int s = leaf.stage;
     const int mb = leaf.microbatch.value_or(-1);
     const int last = num_stages_ - 1;
@@ -301,7 +323,7 @@ class CommChecker {
           return fail(name, ": stages ", s, " and ", s + 1, " are both on rank ", rank,
                       ", which exchange tensors without send/recv");
         }
-        if (!seen.count(KeyOf(s, ActionType::kForward, mb))) {
+        if (!Seen(s, ActionType::kForward, mb)) {
           return fail(name, " comes before ", Name(s, ActionType::kForward, mb),
                       ", which produces what it sends");
         }
@@ -312,8 +334,7 @@ class CommChecker {
           return fail(name, ": stages ", s - 1, " and ", s, " are both on rank ", rank,
                       ", which exchange tensors without send/recv");
         }
-        if (!seen.count(KeyOf(s, ActionType::kBackwardInput, mb)) &&
-            !seen.count(KeyOf(s, ActionType::kFullBackward, mb))) {
+        if (!Seen(s, ActionType::kBackwardInput, mb) && !Seen(s, ActionType::kFullBackward, mb)) {
           return fail(name, " comes before ", Name(s, ActionType::kBackwardInput, mb), " or ",
                       Name(s, ActionType::kFullBackward, mb), ", which produces what it sends");
         }
@@ -333,7 +354,7 @@ class CommChecker {
         }
         break;
       case ActionType::kForward:
-        if (s > 0 && !SameRank(s - 1, s) && !seen.count(KeyOf(s, ActionType::kRecvF, mb))) {
+        if (s > 0 && !SameRank(s - 1, s) && !Seen(s, ActionType::kRecvF, mb)) {
           return fail(name, " consumes the output of stage ", s - 1, " on rank ",
                       stage_to_rank_[s - 1], " but does not come after its ",
                       Name(s, ActionType::kRecvF, mb), " on this rank");
@@ -341,7 +362,7 @@ class CommChecker {
         break;
       case ActionType::kBackwardInput:
       case ActionType::kFullBackward:
-        if (s < last && !SameRank(s + 1, s) && !seen.count(KeyOf(s, ActionType::kRecvB, mb))) {
+        if (s < last && !SameRank(s + 1, s) && !Seen(s, ActionType::kRecvB, mb)) {
           return fail(name, " consumes the input gradient of stage ", s + 1, " on rank ",
                       stage_to_rank_[s + 1], " but does not come after its ",
                       Name(s, ActionType::kRecvB, mb), " on this rank");
@@ -353,18 +374,13 @@ class CommChecker {
     return absl::OkStatus();
   }
 
-  absl::Status CheckPair(const Key& key, const Where& where) const {
-    const auto [s, type, mb] = key;
-    const std::vector<Where>& mine = occurrences_.at(key);
-    const std::string name = Name(s, type, mb);
-    if (mine.size() > 1) {
-      return report_.AtStep(mine[1].first, mine[1].second,
-                            absl::StrCat(name, " appears ", mine.size(),
-                                         " times; each send and receive must appear once"));
-    }
+  // The checks above guarantee the peer stage exists and lives on another rank.
+  absl::Status CheckPair(const Action& comm, size_t rank, size_t step) const {
+    const int s = comm.stage;
+    const int mb = *comm.microbatch;
     int peer_stage = 0;
-    ActionType peer_type = type;
-    switch (type) {
+    ActionType peer_type = comm.type;
+    switch (comm.type) {
       case ActionType::kSendF:
         peer_stage = s + 1, peer_type = ActionType::kRecvF;
         break;
@@ -380,11 +396,11 @@ class CommChecker {
       default:
         return absl::OkStatus();
     }
-    auto it = occurrences_.find(KeyOf(peer_stage, peer_type, mb));
-    if (it == occurrences_.end()) {
-      return report_.AtStep(where.first, where.second,
-                            absl::StrCat(name, " has no matching ", Name(peer_stage, peer_type, mb),
-                                         " on rank ", stage_to_rank_[peer_stage]));
+    if (count_(peer_type, peer_stage, mb) == 0) {
+      return report_.AtStep(
+          rank, step,
+          absl::StrCat(comm.ToString(), " has no matching ", Name(peer_stage, peer_type, mb),
+                       " on rank ", stage_to_rank_[peer_stage]));
     }
     return absl::OkStatus();
   }
@@ -393,19 +409,22 @@ class CommChecker {
   const Reporter report_;
   const std::vector<int>& stage_to_rank_;
   const int num_stages_;
-  std::map<Key, std::vector<Where>> occurrences_;
+  internal::ActionTable<uint8_t> seen_;   // leaves processed so far
+  internal::ActionTable<uint8_t> count_;  // occurrences of each SEND/RECV (capped at 2)
 };
 
 // Executes a lowered schedule symbolically: SEND and RECV never block; a compute action that
 // consumes a tensor waits for the peer's SEND (remote producer) or for its producer to have run on
-// this rank (local producer).
+// this rank (local producer). Each round lets every rank run as far as it can, so the work is
+// linear in the actions plus the ranks times the rounds.
 class DeadlockChecker {
  public:
-  DeadlockChecker(const PipelineOrder& order, const std::vector<int>& stage_to_rank)
+  DeadlockChecker(const PipelineOrder& order, const std::vector<int>& stage_to_rank,
+                  int num_microbatches)
       : order_(order),
         stage_to_rank_(stage_to_rank),
         num_stages_(static_cast<int>(stage_to_rank.size())),
-        done_(order.size()),
+        done_(num_stages_, num_microbatches, 0),
         next_(order.size(), 0) {}
 
   absl::Status Run() {
@@ -418,10 +437,7 @@ class DeadlockChecker {
           if (entry.has_value()) {
             if (Blocker(rank, *entry).has_value()) break;
             for (const Action* leaf : LeafActions(*entry)) {
-              done_[rank].insert(KeyOf(*leaf));
-              if (leaf->type == ActionType::kSendF || leaf->type == ActionType::kSendB) {
-                sent_.insert(KeyOf(*leaf));
-              }
+              if (leaf->microbatch.has_value()) done_[*leaf] = 1;
             }
           }
           ++next_[rank];
@@ -435,41 +451,53 @@ class DeadlockChecker {
   }
 
  private:
+  bool Done(int stage, ActionType type, int mb) const { return done_(type, stage, mb) != 0; }
+
   // What `entry` on `rank` waits for, or nullopt if it can run now. Sub-actions run in order, so a
   // later sub-action may consume what an earlier one produced.
   std::optional<std::string> Blocker(size_t rank, const Action& entry) const {
-    std::set<Key> local = done_[rank];
+    std::vector<const Action*> earlier;
     for (const Action* leaf : LeafActions(entry)) {
-      if (auto why = LeafBlocker(rank, *leaf, local)) return why;
-      local.insert(KeyOf(*leaf));
+      if (auto why = LeafBlocker(rank, *leaf, earlier)) return why;
+      earlier.push_back(leaf);
     }
     return std::nullopt;
   }
 
+  // True if `stage` has run `type` for `mb`, or one of `earlier` (sub-actions of the same entry)
+  // is that action.
+  bool Ran(int stage, ActionType type, int mb, const std::vector<const Action*>& earlier) const {
+    if (Done(stage, type, mb)) return true;
+    for (const Action* a : earlier) {
+      if (a->stage == stage && a->type == type && a->microbatch == mb) return true;
+    }
+    return false;
+  }
+
   std::optional<std::string> LeafBlocker(size_t rank, const Action& leaf,
-                                         const std::set<Key>& local) const {
+                                         const std::vector<const Action*>& earlier) const {
     const int s = leaf.stage;
     const int mb = leaf.microbatch.value_or(-1);
     const int r = static_cast<int>(rank);
     if (leaf.type == ActionType::kForward && s > 0) {
       if (stage_to_rank_[s - 1] == r) {
-        if (local.count(KeyOf(s - 1, ActionType::kForward, mb))) return std::nullopt;
+        if (Ran(s - 1, ActionType::kForward, mb, earlier)) return std::nullopt;
         return absl::StrCat(Name(s - 1, ActionType::kForward, mb), " on this rank");
       }
-      if (sent_.count(KeyOf(s - 1, ActionType::kSendF, mb))) return std::nullopt;
+      if (Done(s - 1, ActionType::kSendF, mb)) return std::nullopt;
       return absl::StrCat(Name(s - 1, ActionType::kSendF, mb), " from rank ",
                           stage_to_rank_[s - 1]);
     }
     if (IsBackwardInputOrFull(leaf.type) && s < num_stages_ - 1) {
       if (stage_to_rank_[s + 1] == r) {
-        if (local.count(KeyOf(s + 1, ActionType::kBackwardInput, mb)) ||
-            local.count(KeyOf(s + 1, ActionType::kFullBackward, mb))) {
+        if (Ran(s + 1, ActionType::kBackwardInput, mb, earlier) ||
+            Ran(s + 1, ActionType::kFullBackward, mb, earlier)) {
           return std::nullopt;
         }
         return absl::StrCat(Name(s + 1, ActionType::kBackwardInput, mb), " or ",
                             Name(s + 1, ActionType::kFullBackward, mb), " on this rank");
       }
-      if (sent_.count(KeyOf(s + 1, ActionType::kSendB, mb))) return std::nullopt;
+      if (Done(s + 1, ActionType::kSendB, mb)) return std::nullopt;
       return absl::StrCat(Name(s + 1, ActionType::kSendB, mb), " from rank ",
                           stage_to_rank_[s + 1]);
     }
@@ -496,27 +524,27 @@ class DeadlockChecker {
   const PipelineOrder& order_;
   const std::vector<int>& stage_to_rank_;
   const int num_stages_;
-  std::vector<std::set<Key>> done_;
-  std::set<Key> sent_;
+  internal::ActionTable<uint8_t> done_;  // leaves executed so far, on any rank
   std::vector<size_t> next_;
 };
 
 }  // namespace
 
 absl::StatusOr<std::vector<int>> ValidateComputeSchedule(const PipelineOrder& order, int num_ranks,
-                                                         int num_stages, int num_microbatches) {
+                                                         int num_stages, int num_microbatches,
+                                                         const ValidationOptions& options) {
   absl::Status status = CheckCounts(num_ranks, num_stages, num_microbatches);
   if (!status.ok()) return status;
   if (static_cast<int>(order.size()) != num_ranks) {
     return Reporter(order).Whole(absl::StrCat("Schedule has incorrect number of ranks - expected ",
                                               num_ranks, ", actual ", order.size()));
   }
-  return ComputeChecker(order, num_stages, num_microbatches, nullptr).Run();
+  return ComputeChecker(order, num_stages, num_microbatches, nullptr, options.has_backward).Run();
 }
 
 absl::Status ValidateLoweredSchedule(const PipelineOrder& lowered,
                                      const std::vector<int>& stage_to_rank, int num_stages,
-                                     int num_microbatches) {
+                                     int num_microbatches, const ValidationOptions& options) {
   const int num_ranks = static_cast<int>(lowered.size());
   absl::Status status = CheckCounts(num_ranks, num_stages, num_microbatches);
   if (!status.ok()) return status;
@@ -532,11 +560,13 @@ absl::Status ValidateLoweredSchedule(const PipelineOrder& lowered,
                                                      num_ranks, " ranks"));
     }
   }
-  auto inferred = ComputeChecker(lowered, num_stages, num_microbatches, &stage_to_rank).Run();
+  auto inferred =
+      ComputeChecker(lowered, num_stages, num_microbatches, &stage_to_rank, options.has_backward)
+          .Run();
   if (!inferred.ok()) return inferred.status();
-  status = CommChecker(lowered, stage_to_rank).Run();
+  status = CommChecker(lowered, stage_to_rank, num_microbatches).Run();
   if (!status.ok()) return status;
-  return DeadlockChecker(lowered, stage_to_rank).Run();
+  return DeadlockChecker(lowered, stage_to_rank, num_microbatches).Run();
 }
 
 std::string FormatGrid(const PipelineOrder& order, std::optional<int> error_step) {

@@ -13,6 +13,13 @@
 
 namespace stagecoach::schedule {
 
+// What a schedule is checked against.
+struct ValidationOptions {
+  // False for forward-only (inference) schedules: every stage runs F for each microbatch, and
+  // B, I, W and REDUCE_GRAD are errors.
+  bool has_backward = true;
+};
+
 // Checks a compute schedule (F, I, B, W, OVERLAP_F_B, idle slots, and the per-stage UNSHARD,
 // RESHARD and REDUCE_GRAD) and returns the stage-to-rank map it implies (element s = rank of
 // stage s). Actions are processed rank by rank, step by step (PyTorch's order); the rules:
@@ -22,15 +29,17 @@ namespace stagecoach::schedule {
 //    one by one (only F, I, B and W may be overlapped);
 //  - each stage appears on exactly one rank;
 //  - per stage the distinct F microbatches number num_microbatches, count(I) == count(W), and
-//    B + (I + W) / 2 == num_microbatches.
+//    B + (I + W) / 2 == num_microbatches (without backward: no B, I, W or REDUCE_GRAD at all).
 // Stricter than PyTorch: an action running twice for the same (stage, mb), B and I for the same
 // (stage, mb), REDUCE_GRAD before the stage's last backward or twice, and SEND/RECV actions (use
 // ValidateLoweredSchedule) are errors.
+// Linear in the number of actions (state is kept in dense per-(stage, microbatch) tables).
 // Errors are INVALID_ARGUMENT. Where a step is at fault the message starts
 // "Rank R, step T: ..." naming the action (PyTorch's wording for PyTorch's rules), then
 // "\n\nFull pipeline schedule:\n" and FormatGrid() with the step marked.
 absl::StatusOr<std::vector<int>> ValidateComputeSchedule(const PipelineOrder& order, int num_ranks,
-                                                         int num_stages, int num_microbatches);
+                                                         int num_stages, int num_microbatches,
+                                                         const ValidationOptions& options = {});
 
 // Checks a lowered schedule (compute and comms; idle slots are allowed and ignored) against
 // `stage_to_rank` (one entry per stage). On top of the compute rules (on the compute actions,
@@ -48,7 +57,7 @@ absl::StatusOr<std::vector<int>> ValidateComputeSchedule(const PipelineOrder& or
 // Errors are INVALID_ARGUMENT, formatted as for ValidateComputeSchedule.
 absl::Status ValidateLoweredSchedule(const PipelineOrder& lowered,
                                      const std::vector<int>& stage_to_rank, int num_stages,
-                                     int num_microbatches);
+                                     int num_microbatches, const ValidationOptions& options = {});
 
 // PyTorch's _format_pipeline_order: a header row of "Rank i" labels, then one row per step
 // ("Step 07: " with the step number zero-padded to the width of the last one) and one

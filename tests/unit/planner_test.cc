@@ -99,7 +99,12 @@ TEST(PlanJob, RefusesWhatCannotRunNamingTheField) {
   spec::JobSpec unknown = Parse("");
   unknown.schedule.kind = "Chimera";
   EXPECT_THAT(std::string(PlanJob(unknown).status().message()),
-              HasSubstr("schedule.kind: unknown schedule 'Chimera'; valid schedules: GPipe, 1F1B"));
+              HasSubstr("schedule.kind: unknown schedule 'Chimera'; valid schedules: GPipe, 1F1B, "
+                        "Interleaved1F1B,"));
+  spec::JobSpec zbv = Parse("");
+  zbv.schedule.kind = "zbvzerobubble";
+  EXPECT_THAT(std::string(PlanJob(zbv).status().message()),
+              HasSubstr("schedule.kind: ZBVZeroBubble is not supported by the worker runtime yet"));
 }
 
 }  // namespace

@@ -367,13 +367,13 @@ TEST(ValidateLoweredSchedule, SendsAndRecvsPairOneToOne) {
   lowered = Lowered();
   lowered[1].insert(lowered[1].begin() + 1, *ParseAction("1RECV_F0"));  // twice
   ExpectStepError(ValidateLoweredSchedule(lowered, {0, 1}, 2, 2),
-                  "Rank 1, step 1: 1RECV_F0 appears 2 times; each send and receive must appear "
+                  "Rank 1, step 1: 1RECV_F0 appears twice; each send and receive must appear "
                   "once",
                   1);
   lowered = Lowered();
   lowered[0].push_back(*ParseAction("0SEND_F1"));  // a second send for one receive
   ExpectStepError(ValidateLoweredSchedule(lowered, {0, 1}, 2, 2),
-                  "Rank 0, step 9: 0SEND_F1 appears 2 times; each send and receive must appear "
+                  "Rank 0, step 9: 0SEND_F1 appears twice; each send and receive must appear "
                   "once",
                   9);
 }

@@ -1,36 +1,51 @@
 #include "common/schedule/csv.h"
 
+#include <algorithm>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/schedule/lowering.h"
+#include "common/schedule/validator.h"
+#include "common/util/status_macros.h"
 
 namespace stagecoach::schedule {
 namespace {
 
-absl::Status FieldError(size_t line, size_t column, absl::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat("schedule CSV line ", line + 1, " (rank ", line,
-                                                 "), column ", column + 1, " (step ", column,
-                                                 "): ", why));
+constexpr absl::string_view kDefaultSource = "schedule CSV";
+
+// "<source> line 2 (rank 1), column 5 (step 4)", or without the column part.
+std::string Place(absl::string_view source, size_t line, std::optional<size_t> column) {
+  std::string place = absl::StrCat(source, " line ", line + 1, " (rank ", line, ")");
+  if (column.has_value())
+    absl::StrAppend(&place, ", column ", *column + 1, " (step ", *column, ")");
+  return place;
+}
+
+absl::Status FieldError(absl::string_view source, size_t line, size_t column,
+                        absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat(Place(source, line, column), ": ", why));
 }
 
 // Removes the double quotes around a field; nothing else may be quoted.
-absl::StatusOr<absl::string_view> Unquote(absl::string_view field, size_t line, size_t column) {
+absl::StatusOr<absl::string_view> Unquote(absl::string_view source, absl::string_view field,
+                                          size_t line, size_t column) {
   const size_t quote = field.find('"');
   if (quote == absl::string_view::npos) return field;
   if (field.size() >= 2 && field.front() == '"' && field.back() == '"' &&
       field.substr(1, field.size() - 2).find('"') == absl::string_view::npos) {
     return field.substr(1, field.size() - 2);
   }
-  return FieldError(line, column,
+  return FieldError(source, line, column,
                     absl::StrCat("stray double quote in field \"", field,
                                  "\" (a field may only be wrapped in quotes as a whole)"));
 }
 
-}  // namespace
-
-absl::StatusOr<PipelineOrder> ParseScheduleCsv(absl::string_view text) {
+absl::StatusOr<PipelineOrder> ParseRows(absl::string_view text, absl::string_view source) {
   std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
   if (!lines.empty() && lines.back().empty()) lines.pop_back();  // final terminator
   PipelineOrder order;
@@ -42,16 +57,172 @@ absl::StatusOr<PipelineOrder> ParseScheduleCsv(absl::string_view text) {
     if (!row.empty()) {
       std::vector<absl::string_view> fields = absl::StrSplit(row, ',');
       for (size_t column = 0; column < fields.size(); ++column) {
-        auto field = Unquote(fields[column], line, column);
+        auto field = Unquote(source, fields[column], line, column);
         if (!field.ok()) return field.status();
         auto action = ParseAction(*field);
-        if (!action.ok()) return FieldError(line, column, action.status().message());
+        if (!action.ok()) return FieldError(source, line, column, action.status().message());
         actions.push_back(*std::move(action));
       }
     }
     order.push_back(std::move(actions));
   }
   return order;
+}
+
+bool AdmittedBy(CsvFormat format, ActionType type) {
+  if (format == CsvFormat::kComputeComms) return true;
+  return IsCompute(type) || type == ActionType::kReduceGrad;
+}
+
+// The first action `format` does not admit, as an error.
+absl::Status CheckFormat(const PipelineOrder& order, CsvFormat format, absl::string_view source) {
+  for (size_t rank = 0; rank < order.size(); ++rank) {
+    for (size_t step = 0; step < order[rank].size(); ++step) {
+      const std::optional<Action>& action = order[rank][step];
+      if (!action.has_value() || AdmittedBy(format, action->type)) continue;
+      return FieldError(source, rank, step,
+                        absl::StrCat(action->ToString(), " is a ", ActionTypeName(action->type),
+                                     " action, which a compute_only schedule cannot hold (it "
+                                     "admits F, I, B, W, OVERLAP_F_B and REDUCE_GRAD; lowered "
+                                     "schedules are read with format compute_comms)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// One more than the largest stage and microbatch index in `order`.
+std::pair<int, int> IndexBounds(const PipelineOrder& order) {
+  int stages = 0, microbatches = 0;
+  for (const RankActions& actions : order) {
+    for (const std::optional<Action>& action : actions) {
+      if (!action.has_value()) continue;
+      for (const Action* leaf : LeafActions(*action)) {
+        stages = std::max(stages, leaf->stage + 1);
+        if (leaf->microbatch.has_value()) {
+          microbatches = std::max(microbatches, *leaf->microbatch + 1);
+        }
+      }
+    }
+  }
+  return {stages, microbatches};
+}
+
+// The stage-to-rank map a lowered file implies: each stage on the row where it first appears.
+absl::StatusOr<std::vector<int>> InferStageToRank(const PipelineOrder& order, int num_stages,
+                                                  absl::string_view source) {
+  std::vector<int> stage_to_rank(num_stages, -1);
+  std::vector<size_t> first_step(num_stages, 0);
+  for (size_t rank = 0; rank < order.size(); ++rank) {
+    for (size_t step = 0; step < order[rank].size(); ++step) {
+      if (!order[rank][step].has_value()) continue;
+      for (const Action* leaf : LeafActions(*order[rank][step])) {
+        const int s = leaf->stage;
+        if (s < 0 || s >= num_stages) {
+          return FieldError(source, rank, step,
+                            absl::StrCat(leaf->ToString(), " names stage ", s, ", outside [0, ",
+                                         num_stages, ")"));
+        }
+        if (stage_to_rank[s] == -1) {
+          stage_to_rank[s] = static_cast<int>(rank);
+          first_step[s] = step;
+        } else if (stage_to_rank[s] != static_cast<int>(rank)) {
+          return FieldError(
+              source, rank, step,
+              absl::StrCat(leaf->ToString(), " runs stage ", s, ", which already runs on rank ",
+                           stage_to_rank[s], " (", Place(source, stage_to_rank[s], first_step[s]),
+                           "); a stage runs on exactly one rank"));
+        }
+      }
+    }
+  }
+  for (int s = 0; s < num_stages; ++s) {
+    if (stage_to_rank[s] == -1) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": stage ", s,
+                                                     " has no actions on any rank (stages 0..",
+                                                     num_stages - 1, " must all appear)"));
+    }
+  }
+  return stage_to_rank;
+}
+
+// A validator error, prefixed with the line and column it points at. The validator's own
+// "Rank R, step T: " prefix is dropped as the place says the same.
+absl::Status Located(const absl::Status& status, absl::string_view source) {
+  std::optional<ScheduleErrorLocation> where = ErrorLocation(status);
+  if (!where.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", status.message()));
+  }
+  absl::string_view message = status.message();
+  if (where->step.has_value()) {
+    absl::ConsumePrefix(&message,
+                        absl::StrCat("Rank ", where->rank, ", step ", *where->step, ": "));
+  }
+  std::optional<size_t> column;
+  if (where->step.has_value()) column = static_cast<size_t>(*where->step);
+  return absl::InvalidArgumentError(
+      absl::StrCat(Place(source, where->rank, column), ": ", message));
+}
+
+}  // namespace
+
+absl::StatusOr<PipelineOrder> ParseScheduleCsv(absl::string_view text) {
+  return ParseRows(text, kDefaultSource);
+}
+
+absl::StatusOr<CsvFormat> ParseCsvFormat(absl::string_view name) {
+  for (CsvFormat format : {CsvFormat::kComputeOnly, CsvFormat::kComputeComms}) {
+    if (name == CsvFormatName(format)) return format;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown schedule CSV format '", name,
+                                                 "'; valid formats: compute_only, compute_comms"));
+}
+
+absl::string_view CsvFormatName(CsvFormat format) {
+  return format == CsvFormat::kComputeOnly ? "compute_only" : "compute_comms";
+}
+
+absl::StatusOr<LoadedSchedule> LoadScheduleCsv(absl::string_view text, CsvFormat format,
+                                               const CsvLoadOptions& options) {
+  const absl::string_view source = options.source;
+  LoadedSchedule loaded;
+  loaded.format = format;
+  ASSIGN_OR_RETURN(loaded.order, ParseRows(text, source));
+  RETURN_IF_ERROR(CheckFormat(loaded.order, format, source));
+  loaded.num_ranks = static_cast<int>(loaded.order.size());
+  const auto [stages, microbatches] = IndexBounds(loaded.order);
+  if (loaded.num_ranks == 0 || stages == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(source, " holds no actions"));
+  }
+  loaded.num_stages = options.num_stages.value_or(stages);
+  loaded.num_microbatches = options.num_microbatches.value_or(std::max(microbatches, 1));
+  ValidationOptions validation;
+  validation.has_backward = options.has_backward;
+
+  if (format == CsvFormat::kComputeOnly) {
+    auto mapping = ValidateComputeSchedule(loaded.order, loaded.num_ranks, loaded.num_stages,
+                                           loaded.num_microbatches, validation);
+    if (!mapping.ok()) return Located(mapping.status(), source);
+    loaded.stage_to_rank = *std::move(mapping);
+    LoweringOptions lowering;
+    lowering.max_active_stages = options.max_active_stages;
+    auto lowered = LowerSchedule(loaded.order, loaded.stage_to_rank, loaded.num_stages,
+                                 loaded.num_microbatches, lowering);
+    if (!lowered.ok()) return Located(lowered.status(), source);
+    loaded.lowered = *std::move(lowered);
+  } else {
+    ASSIGN_OR_RETURN(loaded.stage_to_rank,
+                     InferStageToRank(loaded.order, loaded.num_stages, source));
+    loaded.lowered = loaded.order;
+  }
+  absl::Status valid = ValidateLoweredSchedule(
+      loaded.lowered, loaded.stage_to_rank, loaded.num_stages, loaded.num_microbatches, validation);
+  if (!valid.ok()) {
+    if (format == CsvFormat::kComputeComms) return Located(valid, source);
+    // Steps here count in the lowered list, not in the file.
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": the lowered schedule is invalid: ", valid.message()));
+  }
+  return loaded;
 }
 
 std::string FormatScheduleCsv(const PipelineOrder& order) {

@@ -4,7 +4,9 @@
 // actions a format admits is for the caller to check.
 #pragma once
 
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -22,5 +24,54 @@ absl::StatusOr<PipelineOrder> ParseScheduleCsv(absl::string_view text);
 // Writes `order` as CSV with LF line endings, one line per rank, idle slots as empty fields
 // (a rank that is a single idle slot as `""`). ParseScheduleCsv reads it back unchanged.
 std::string FormatScheduleCsv(const PipelineOrder& order);
+
+// PyTorch's two CSV formats (its _load_csv / _dump_csv `format` argument).
+enum class CsvFormat {
+  // "compute_only": F, I, B, W and OVERLAP_F_B (and idle slots); the runtime lowers it. Ours also
+  // reads REDUCE_GRAD, which PyTorch's GPipe and 1F1B lists carry.
+  kComputeOnly,
+  // "compute_comms": a lowered list, executed as written: compute plus SEND_F, RECV_F, SEND_B,
+  // RECV_B, UNSHARD, RESHARD and REDUCE_GRAD.
+  kComputeComms,
+};
+
+// "compute_only" or "compute_comms". INVALID_ARGUMENT naming the valid formats otherwise.
+absl::StatusOr<CsvFormat> ParseCsvFormat(absl::string_view name);
+absl::string_view CsvFormatName(CsvFormat format);
+
+// How LoadScheduleCsv reads a schedule.
+struct CsvLoadOptions {
+  // Pipeline stages and microbatches; when unset, one more than the largest index in the file.
+  std::optional<int> num_stages;
+  std::optional<int> num_microbatches;
+  // False for forward-only schedules (see ValidationOptions).
+  bool has_backward = true;
+  // Lowering of a compute_only file (LowerSchedule).
+  int max_active_stages = 3;
+  // Names the file in errors, e.g. "my_schedule.csv".
+  std::string source = "schedule CSV";
+};
+
+// A schedule read from CSV, checked, and ready to execute.
+struct LoadedSchedule {
+  CsvFormat format = CsvFormat::kComputeOnly;
+  // The rows as read (row r = rank r).
+  PipelineOrder order;
+  int num_ranks = 0;
+  int num_stages = 0;
+  int num_microbatches = 0;
+  // Element s: the rank (row) whose actions run stage s.
+  std::vector<int> stage_to_rank;
+  // What the ranks execute: `order` lowered (compute_only) or `order` itself (compute_comms).
+  PipelineOrder lowered;
+};
+
+// Reads a schedule a user wrote or PyTorch dumped, in `format`, and checks it: actions the format
+// does not admit, every compute rule (ValidateComputeSchedule) and, for compute_comms, the comms
+// rules and deadlock freedom (ValidateLoweredSchedule). Every error is INVALID_ARGUMENT and names
+// the place: "<source> line L (rank r), column C (step c): ..." for one action, "<source> line L
+// (rank r): ..." for a stage held by that rank, followed by the explanation and PyTorch's grid.
+absl::StatusOr<LoadedSchedule> LoadScheduleCsv(absl::string_view text, CsvFormat format,
+                                               const CsvLoadOptions& options = {});
 
 }  // namespace stagecoach::schedule

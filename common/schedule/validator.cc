@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/schedule/action_table.h"
 #include "common/util/status_macros.h"
 
@@ -31,20 +34,34 @@ std::string Describe(const Action& leaf, const Action& entry) {
   return absl::StrCat(leaf.ToString(), " (in ", entry.ToString(), ")");
 }
 
+constexpr absl::string_view kLocationPayload = "type.stagecoach.dev/schedule-error-location";
+
+// Attaches "rank" or "rank,step" to `status` (read back by ErrorLocation).
+absl::Status WithLocation(absl::Status status, size_t rank, std::optional<size_t> step) {
+  status.SetPayload(kLocationPayload, absl::Cord(step.has_value() ? absl::StrCat(rank, ",", *step)
+                                                                  : absl::StrCat(rank)));
+  return status;
+}
+
 // Builds INVALID_ARGUMENT errors that end with the schedule's grid, as PyTorch's do.
 class Reporter {
  public:
   explicit Reporter(const PipelineOrder& order) : order_(order) {}
 
   absl::Status AtStep(size_t rank, size_t step, absl::string_view what) const {
-    return absl::InvalidArgumentError(absl::StrCat("Rank ", rank, ", step ", step, ": ", what,
-                                                   "\n\nFull pipeline schedule:\n",
-                                                   FormatGrid(order_, static_cast<int>(step))));
+    return WithLocation(
+        absl::InvalidArgumentError(absl::StrCat("Rank ", rank, ", step ", step, ": ", what,
+                                                "\n\nFull pipeline schedule:\n",
+                                                FormatGrid(order_, static_cast<int>(step)))),
+        rank, step);
   }
 
-  absl::Status Whole(absl::string_view what) const {
-    return absl::InvalidArgumentError(
+  // An error about the whole schedule, or (with `rank`) about a stage that rank holds.
+  absl::Status Whole(absl::string_view what, int rank = -1) const {
+    absl::Status status = absl::InvalidArgumentError(
         absl::StrCat(what, "\n\nFull pipeline schedule:\n", FormatGrid(order_)));
+    if (rank >= 0) status = WithLocation(std::move(status), rank, std::nullopt);
+    return status;
   }
 
  private:
@@ -84,18 +101,21 @@ class ComputeChecker {
       const int f = st.f, b = st.b, i = st.i, w = st.w;
       if (f != num_microbatches_) {
         return report_.Whole(absl::StrCat("Got ", f, " F microbatches for stage ", s, ", expected ",
-                                          num_microbatches_));
+                                          num_microbatches_),
+                             stage_to_rank_[s]);
       }
       if (i != w) {
-        return report_.Whole(absl::StrCat("Invalid backward microbatches for stage ", s,
-                                          ": I and W must have equal counts, but got I=", i,
-                                          ", W=", w));
+        return report_.Whole(
+            absl::StrCat("Invalid backward microbatches for stage ", s,
+                         ": I and W must have equal counts, but got I=", i, ", W=", w),
+            stage_to_rank_[s]);
       }
       if (!has_backward_) continue;  // backward actions were refused in Process
       if (b + (i + w) / 2 != num_microbatches_) {
         return report_.Whole(absl::StrCat("Invalid backward microbatches for stage ", s,
                                           ": expected ", num_microbatches_,
-                                          " total backwards, but got B=", b, ", I=", i, ", W=", w));
+                                          " total backwards, but got B=", b, ", I=", i, ", W=", w),
+                             stage_to_rank_[s]);
       }
     }
     return stage_to_rank_;
@@ -506,19 +526,22 @@ class DeadlockChecker {
 
   absl::Status Deadlock() const {
     std::vector<std::string> lines;
+    std::optional<size_t> first_blocked;
     for (size_t rank = 0; rank < order_.size(); ++rank) {
       if (next_[rank] >= order_[rank].size()) {
         lines.push_back(absl::StrCat("rank ", rank, " has finished"));
         continue;
       }
+      if (!first_blocked.has_value()) first_blocked = rank;
       const Action& entry = *order_[rank][next_[rank]];
       lines.push_back(absl::StrCat("rank ", rank, " is blocked at step ", next_[rank], " on ",
                                    entry.ToString(), ", waiting for ",
                                    Blocker(rank, entry).value_or("?")));
     }
-    return absl::InvalidArgumentError(
+    absl::Status status = absl::InvalidArgumentError(
         absl::StrCat("deadlock: no rank can progress; ", absl::StrJoin(lines, "; "),
                      "\n\nFull pipeline schedule:\n", FormatGrid(order_)));
+    return WithLocation(std::move(status), *first_blocked, next_[*first_blocked]);
   }
 
   const PipelineOrder& order_;
@@ -567,6 +590,17 @@ absl::Status ValidateLoweredSchedule(const PipelineOrder& lowered,
   status = CommChecker(lowered, stage_to_rank, num_microbatches).Run();
   if (!status.ok()) return status;
   return DeadlockChecker(lowered, stage_to_rank, num_microbatches).Run();
+}
+
+std::optional<ScheduleErrorLocation> ErrorLocation(const absl::Status& status) {
+  auto payload = status.GetPayload(kLocationPayload);
+  if (!payload.has_value()) return std::nullopt;
+  std::vector<std::string> parts = absl::StrSplit(std::string(*payload), ',');
+  ScheduleErrorLocation location;
+  if (parts.empty() || !absl::SimpleAtoi(parts[0], &location.rank)) return std::nullopt;
+  int step = 0;
+  if (parts.size() > 1 && absl::SimpleAtoi(parts[1], &step)) location.step = step;
+  return location;
 }
 
 std::string FormatGrid(const PipelineOrder& order, std::optional<int> error_step) {

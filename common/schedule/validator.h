@@ -59,6 +59,19 @@ absl::Status ValidateLoweredSchedule(const PipelineOrder& lowered,
                                      const std::vector<int>& stage_to_rank, int num_stages,
                                      int num_microbatches, const ValidationOptions& options = {});
 
+// The place in a schedule a validation error points at: a rank (row) and, when one action is at
+// fault, its step (index in the rank's list, idle slots included). Errors about a whole stage
+// point at the stage's rank only; errors about the schedule as a whole carry no location.
+struct ScheduleErrorLocation {
+  int rank = 0;
+  std::optional<int> step;
+};
+
+// The location attached to an error returned by ValidateComputeSchedule or
+// ValidateLoweredSchedule (a deadlock points at the first blocked rank's blocked action), or
+// nullopt.
+std::optional<ScheduleErrorLocation> ErrorLocation(const absl::Status& status);
+
 // PyTorch's _format_pipeline_order: a header row of "Rank i" labels, then one row per step
 // ("Step 07: " with the step number zero-padded to the width of the last one) and one
 // left-aligned column per rank; idle slots and missing entries print as blanks; columns are

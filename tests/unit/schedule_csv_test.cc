@@ -100,5 +100,147 @@ TEST(ScheduleCsv, ErrorsNameLineColumnAndField) {
   EXPECT_FALSE(ParseScheduleCsv("\"0F0\n").ok());
 }
 
+// Every PyTorch compute list loads as compute_only (the two PyTorch 1F1B lists excepted: PyTorch's
+// own validator rejects them), every comms list as compute_comms, and lowering a compute file
+// gives PyTorch's comms file.
+TEST(LoadScheduleCsv, ReadsEveryGoldenScheduleInItsFormat) {
+  int compute = 0, comms = 0;
+  for (const testing::GoldenFile& g : testing::GoldenFiles(".compute.csv")) {
+    SCOPED_TRACE(g.file);
+    CsvLoadOptions options;
+    options.source = g.file;
+    options.num_microbatches = g.microbatches;
+    auto loaded = LoadScheduleCsv(testing::ReadGolden(g.file), CsvFormat::kComputeOnly, options);
+    if (g.schedule == "1F1B") {
+      ASSERT_FALSE(loaded.ok());
+      EXPECT_THAT(std::string(loaded.status().message()),
+                  HasSubstr("Running Full Backward for stage " + std::to_string(g.ranks - 1) +
+                            ", microbatch 0 without first running Forward"));
+      continue;
+    }
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    EXPECT_EQ(loaded->num_ranks, g.ranks);
+    EXPECT_EQ(loaded->num_stages, g.num_stages());
+    EXPECT_EQ(loaded->num_microbatches, g.microbatches);
+    const std::string comms_file = g.base + ".comms.csv";
+    if (std::filesystem::exists(testing::GoldenDir() + "/" + comms_file)) {
+      EXPECT_EQ(FormatScheduleCsv(loaded->lowered),
+                testing::WithoutCR(testing::ReadGolden(comms_file)));
+    }
+    ++compute;
+  }
+  for (const testing::GoldenFile& g : testing::GoldenFiles(".comms.csv")) {
+    SCOPED_TRACE(g.file);
+    auto loaded = LoadScheduleCsv(testing::ReadGolden(g.file), CsvFormat::kComputeComms);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    EXPECT_EQ(loaded->lowered, loaded->order);
+    EXPECT_EQ(loaded->num_stages, g.num_stages());
+    ++comms;
+  }
+  EXPECT_EQ(compute, 33 - 5);
+  EXPECT_EQ(comms, 23);
+}
+
+TEST(LoadScheduleCsv, Formats) {
+  EXPECT_EQ(*ParseCsvFormat("compute_only"), CsvFormat::kComputeOnly);
+  EXPECT_EQ(*ParseCsvFormat("compute_comms"), CsvFormat::kComputeComms);
+  EXPECT_EQ(ParseCsvFormat("comms").status().message(),
+            "unknown schedule CSV format 'comms'; valid formats: compute_only, compute_comms");
+  // A lowered list is not a compute_only schedule.
+  auto lowered = LoadScheduleCsv("0F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n",
+                                 CsvFormat::kComputeOnly);
+  ASSERT_FALSE(lowered.ok());
+  EXPECT_THAT(std::string(lowered.status().message()),
+              HasSubstr("schedule CSV line 1 (rank 0), column 2 (step 1): 0SEND_F0 is a SEND_F "
+                        "action, which a compute_only schedule cannot hold"));
+  auto as_comms = LoadScheduleCsv("0F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n",
+                                  CsvFormat::kComputeComms);
+  ASSERT_TRUE(as_comms.ok()) << as_comms.status();
+  EXPECT_EQ(as_comms->stage_to_rank, (std::vector<int>{0, 1}));
+}
+
+struct Malformed {
+  const char* name;
+  CsvFormat format;
+  const char* text;
+  const char* expected;  // a substring of the error
+};
+
+// What users get wrong, each with an error that names the line and column (or the line of the
+// rank holding the stage at fault), and never a crash.
+TEST(LoadScheduleCsv, MalformedFilesGiveClearErrors) {
+  const std::vector<Malformed> cases = {
+      {"trailing junk", CsvFormat::kComputeOnly, "0F0,0B0\n1F0,1B0x\n",
+       "mine.csv line 2 (rank 1), column 2 (step 1): invalid action \"1B0x\""},
+      {"unknown type", CsvFormat::kComputeOnly, "0F0,0X0\n",
+       "mine.csv line 1 (rank 0), column 2 (step 1): invalid action \"0X0\""},
+      {"other container", CsvFormat::kComputeOnly, "(0F0;0B0)B\n",
+       "mine.csv line 1 (rank 0), column 1 (step 0)"},
+      {"stage on two ranks", CsvFormat::kComputeOnly, "0F0,1F0,1B0,0B0\n,1F1,1B1\n",
+       "mine.csv line 2 (rank 1), column 2 (step 1): Stage 1 is assigned to both rank 1 and rank 0"},
+      {"stage on two ranks, lowered", CsvFormat::kComputeComms, "0F0,0B0\n0F1,0B1\n",
+       "mine.csv line 2 (rank 1), column 1 (step 0): 0F1 runs stage 0, which already runs on rank "
+       "0 (mine.csv line 1 (rank 0), column 1 (step 0)); a stage runs on exactly one rank"},
+      {"missing backward", CsvFormat::kComputeOnly, "0F0,0F1,0B0\n,1F0,1B0,1F1,1B1\n",
+       "mine.csv line 1 (rank 0): Invalid backward microbatches for stage 0: expected 2 total "
+       "backwards, but got B=1, I=0, W=0"},
+      {"backward before forward", CsvFormat::kComputeOnly, "0B0,0F0\n",
+       "mine.csv line 1 (rank 0), column 1 (step 0): Running Full Backward for stage 0, "
+       "microbatch 0 without first running Forward"},
+      {"W before I", CsvFormat::kComputeOnly, "0F0,0W0,0I0\n",
+       "mine.csv line 1 (rank 0), column 2 (step 1): Running Backward Weight"},
+      {"deadlock", CsvFormat::kComputeComms,
+       // Each rank waits for the other's gradient before sending its own activation.
+       "0F0,0RECV_B0,0B0,0SEND_F0\n1RECV_F0,1F0,1B0,1SEND_B0\n",
+       "mine.csv line 1 (rank 0), column 3 (step 2): deadlock: no rank can progress; rank 0 is "
+       "blocked at step 2 on 0B0, waiting for 1SEND_B0 from rank 1; rank 1 is blocked at step 1 "
+       "on 1F0, waiting for 0SEND_F0 from rank 0"},
+      {"missing recv", CsvFormat::kComputeComms,
+       "0F0,0SEND_F0,0RECV_B0,0B0\n1F0,1B0,1SEND_B0\n",
+       "mine.csv line 2 (rank 1), column 1 (step 0): 1F0 consumes the output of stage 0"},
+      {"missing stage", CsvFormat::kComputeComms, "0F0,0B0\n2F0,2B0\n",
+       "mine.csv: stage 1 has no actions on any rank"},
+      {"empty", CsvFormat::kComputeOnly, "\n\n", "mine.csv holds no actions"},
+  };
+  for (const Malformed& c : cases) {
+    SCOPED_TRACE(c.name);
+    CsvLoadOptions options;
+    options.source = "mine.csv";
+    auto loaded = LoadScheduleCsv(c.text, c.format, options);
+    ASSERT_FALSE(loaded.ok());
+    EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(loaded.status().message()), HasSubstr(c.expected));
+  }
+}
+
+// A compute_only file that validates but whose cross-rank order cannot be lowered.
+TEST(LoadScheduleCsv, UnlowerableComputeOrder) {
+  // Rank 0 runs stage 2's forward first, which needs stage 1's output, which needs stage 0's.
+  auto loaded = LoadScheduleCsv("2F0,0F0,2B0,0B0\n1F0,1B0\n", CsvFormat::kComputeOnly);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_THAT(std::string(loaded.status().message()),
+              HasSubstr("schedule CSV: malformed compute schedule, can't schedule sends/recvs"));
+}
+
+TEST(LoadScheduleCsv, ExplicitCountsAndForwardOnly) {
+  CsvLoadOptions options;
+  options.num_microbatches = 3;
+  auto short_file = LoadScheduleCsv("0F0,0F1,0B0,0B1\n", CsvFormat::kComputeOnly, options);
+  ASSERT_FALSE(short_file.ok());
+  EXPECT_THAT(std::string(short_file.status().message()),
+              HasSubstr("line 1 (rank 0): Got 2 F microbatches for stage 0, expected 3"));
+  CsvLoadOptions inference;
+  inference.has_backward = false;
+  auto forward = LoadScheduleCsv("0F0,0F1\n,1F0,1F1\n", CsvFormat::kComputeOnly, inference);
+  ASSERT_TRUE(forward.ok()) << forward.status();
+  EXPECT_EQ(FormatScheduleCsv(forward->lowered),
+            "0UNSHARD,0F0,0SEND_F0,0F1,0SEND_F1,0RESHARD\n1UNSHARD,1RECV_F0,1F0,1RECV_F1,1F1,"
+            "1RESHARD\n");
+  auto with_backward = LoadScheduleCsv("0F0,0B0\n", CsvFormat::kComputeOnly, inference);
+  ASSERT_FALSE(with_backward.ok());
+  EXPECT_THAT(std::string(with_backward.status().message()),
+              HasSubstr("column 2 (step 1): 0B0 in a forward-only schedule"));
+}
+
 }  // namespace
 }  // namespace stagecoach::schedule

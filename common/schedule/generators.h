@@ -35,9 +35,14 @@ enum class ScheduleKind {
   // Same microbatch rule as kInterleaved1F1B.
   kInterleavedZeroBubble,
   // Zero-bubble "V": exactly two stages per rank in "v" placement, backward split into I and W.
+  // Any number of microbatches: below 2*num_ranks-1 the list is laid out for 2*num_ranks-1 and
+  // the extra microbatches' actions are idle slots. Identical to PyTorch (valid and deadlock-free
+  // for every config checked, up to 16 ranks and 64 microbatches).
   kZBVZeroBubble,
   // DeepSeek's DualPipe in "V" placement: two stages per rank, overlapped F/B pairs
-  // (OVERLAP_F_B); needs num_microbatches >= number of stages.
+  // (OVERLAP_F_B); needs num_microbatches >= number of stages. No idle slots. Identical to
+  // PyTorch (valid and deadlock-free for every config checked, up to 16 ranks and 64
+  // microbatches).
   kDualPipeV,
   // Inference: forwards only, no backward (PyTorch's unregistered _ScheduleForwardOnly). Any
   // number of loop-placed stages per rank.

@@ -34,6 +34,11 @@ enum class ScheduleKind {
   // Interleaved 1F1B with the backward split into I and W, W filling the bubbles (ZB1P).
   // Same microbatch rule as kInterleaved1F1B.
   kInterleavedZeroBubble,
+  // These three are identical to PyTorch, slots included. PyTorch's slots are not always a
+  // timing: with fewer microbatches than ranks (and for Interleaved1F1B with a count that is not
+  // a multiple of the ranks) an action can share a slot with the one whose output it needs, e.g.
+  // Interleaved1F1B r2 s2 m1 puts 2F0 in the slot of 1F0. Each rank's order is valid and lowers
+  // without deadlock; the lowering, validator and simulator use only that order.
   // Zero-bubble "V": exactly two stages per rank in "v" placement, backward split into I and W.
   // Any number of microbatches: below 2*num_ranks-1 the list is laid out for 2*num_ranks-1 and
   // the extra microbatches' actions are idle slots. Identical to PyTorch (valid and deadlock-free

@@ -1,1 +1,47 @@
+// Chrome trace (Trace Event Format) output for per-rank action timelines, as Perfetto
+// (ui.perfetto.dev) and chrome://tracing open them. The timeline may come from Simulate or from
+// timings measured at runtime. Pure functions; thread-safe.
 #pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/schedule/simulator.h"
+
+namespace stagecoach::schedule {
+
+struct ChromeTraceOptions {
+  // Trace microseconds per timeline time unit (> 0). The default shows one simulator unit as
+  // 1 ms; use 1e6 for timelines measured in seconds.
+  double microseconds_per_unit = 1000;
+  // Stored as otherData.title; left out when empty.
+  std::string title;
+};
+
+// The trace as JSON text:
+//   {"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}}
+// with ts and dur in microseconds (timeline time * microseconds_per_unit). Rank r is process r
+// ("process_name" "Rank r", "process_sort_index" r) with these threads:
+//  - tid 0 "compute": one complete event (ph "X") per action of timeline[r] other than SEND and
+//    RECV, from its start to its end; cat "compute" for F, I, B, W and OVERLAP_F_B, "memory" for
+//    UNSHARD and RESHARD, "gradient" for REDUCE_GRAD.
+//  - tid 1 "communication": an instant event (ph "i", at its start) per SEND and RECV of
+//    timeline[r], and for each message sent or received by rank r a complete event from the
+//    transfer's start to its arrival, named after the rank's own end (its SEND or RECV). Transfers
+//    that overlap in time are spread over further threads "communication 2", "communication 3",
+//    ... (tids 2, 3, ...), since complete events on one thread must nest.
+//  - a flow (ph "s" on the sender, ph "f" with "bp": "e" on the receiver, both at the transfer's
+//    midpoint, same id: the message's index in `messages`, named "0SEND_F0 -> 1RECV_F0") from
+//    each transfer's sender event to its receiver event, which Perfetto draws as an arrow.
+// Every other event's name is its action's string ("2F0", "1SEND_F0", "(0F3;3B1)OVERLAP_F_B") and
+// its args hold "type" (e.g. "SEND_F") and, where the action has them, "stage" and "microbatch"
+// (OVERLAP_F_B: "sub_actions"); posts add "event": "post", transfers "event": "transfer",
+// "peer_rank" and "bytes". Output is compact (no whitespace); ~150 bytes per event.
+// otherData holds "title" (if set), "microseconds_per_unit", "num_ranks" and "end" (the latest end
+// in the timeline and the messages, in timeline units). Ranks are the rows of `timeline`; a
+// message naming a rank beyond them adds no events for that rank.
+std::string FormatChromeTrace(const std::vector<std::vector<TimedAction>>& timeline,
+                              const std::vector<Message>& messages,
+                              const ChromeTraceOptions& options = {});
+
+}  // namespace stagecoach::schedule

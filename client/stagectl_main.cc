@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "client/commands.h"
+#include "client/schedule_command.h"
 #include "common/rpc/address.h"
 
 namespace sc = stagecoach;
@@ -36,11 +37,57 @@ int main(int argc, char** argv) {
   cancel->add_option("JOB", job_id, "job id")->required();
   auto* workers = app.add_subcommand("workers", "list workers");
 
+  sc::client::ScheduleCommandOptions sched;
+  auto* schedule = app.add_subcommand(
+      "schedule",
+      "generate, lower, validate and simulate a pipeline schedule, or check a schedule CSV "
+      "(works without a cluster)");
+  auto* kind_opt = schedule->add_option(
+      "--kind", sched.kind,
+      "schedule to generate: GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, "
+      "ZBVZeroBubble, DualPipeV or ForwardOnly (any case)");
+  auto* csv_opt = schedule->add_option("--csv", sched.csv_path,
+                                       "read this schedule CSV instead (PyTorch's "
+                                       "_dump_csv layout: one row per rank)");
+  kind_opt->excludes(csv_opt);
+  schedule->add_option("--ranks", sched.ranks, "pipeline ranks (with --kind)");
+  schedule->add_option("--microbatches", sched.microbatches,
+                       "microbatches per step (with --kind; with --csv, overrides the count "
+                       "read from the file)");
+  schedule->add_option("--stages-per-rank", sched.stages_per_rank,
+                       "stages per rank (default 2 for the multi-stage schedules, else 1)");
+  schedule->add_flag("--time-aligned", sched.time_aligned,
+                     "GPipe/1F1B: keep idle slots and leave out REDUCE_GRAD (PyTorch's raw list)");
+  schedule->add_option("--format", sched.format,
+                       "with --kind: output grid|csv|json|chrome (default grid); with --csv: the "
+                       "file's format compute_only|compute_comms (default compute_only)");
+  schedule->add_option("--emit", sched.emit,
+                       "with --csv: output grid|csv|json|chrome (default grid)");
+  schedule->add_flag("--lowered", sched.lowered,
+                     "show the lowered list (SEND/RECV, UNSHARD/RESHARD, REDUCE_GRAD)");
+  schedule->add_option("--max-active-stages", sched.max_active_stages,
+                       "lowering: stages kept unsharded at once (default 3, PyTorch's); 0 leaves "
+                       "UNSHARD/RESHARD out");
+  schedule->add_flag("--validate", sched.validate,
+                     "with --csv: only check the file and print a one-line verdict");
+  schedule->add_flag("--simulate", sched.simulate,
+                     "simulate the lowered list under the cost model and report makespan, "
+                     "bubbles and peak activations");
+  schedule->add_option("--costs", sched.costs,
+                       "simulated durations F,B,I,W of every stage (default 1,2,1,1)");
+  schedule->add_option("--latency", sched.latency, "simulated latency of every message");
+  schedule->add_option("--bandwidth", sched.bandwidth,
+                       "simulated bytes per time unit of every link (default 0: infinite)");
+  schedule->add_option("--message-bytes", sched.message_bytes,
+                       "simulated size of every activation and gradient message");
+  schedule->add_option("--out", sched.out_path, "write the output to this file");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  if (schedule->parsed()) return sc::client::RunSchedule(sched, std::cout, std::cerr);
   auto parsed_format = sc::client::ParseOutputFormat(format);
   if (!parsed_format.ok()) {
     std::cerr << "stagectl: " << parsed_format.status().message() << "\n";

@@ -146,6 +146,35 @@ TEST(ScheduleGenerators, ConstraintErrors) {
   }
 }
 
+// Forward-only: each stage runs its microbatches in order as soon as its input exists; a rank
+// with several stages runs the deepest ready one first.
+TEST(ScheduleGenerators, ForwardOnlyPipelinesForwards) {
+  auto one = GenerateSchedule(Config(ScheduleKind::kForwardOnly, 3, 2));
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(Row((*one)[0]), "0F0,0F1");
+  EXPECT_EQ(Row((*one)[1]), ",1F0,1F1");
+  EXPECT_EQ(Row((*one)[2]), ",,2F0,2F1");
+
+  ScheduleConfig two_stages = Config(ScheduleKind::kForwardOnly, 2, 3);
+  two_stages.stages_per_rank = 2;
+  auto two = GenerateSchedule(two_stages);
+  ASSERT_TRUE(two.ok()) << two.status();
+  // Stage 2 (rank 0) can start at slot 2, after 1F0; it then goes before stage 0's last forward.
+  EXPECT_EQ(Row((*two)[0]), "0F0,0F1,2F0,2F1,0F2,,2F2");
+  EXPECT_EQ(Row((*two)[1]), ",1F0,1F1,3F0,3F1,1F2,,3F2");
+
+  ValidationOptions inference;
+  inference.has_backward = false;
+  auto mapping = ValidateComputeSchedule(*two, 2, 4, 3, inference);
+  ASSERT_TRUE(mapping.ok()) << mapping.status();
+  EXPECT_EQ(*mapping, (std::vector<int>{0, 1, 0, 1}));
+  // With backward expected, the missing backwards are an error.
+  EXPECT_THAT(std::string(ValidateComputeSchedule(*two, 2, 4, 3).status().message()),
+              HasSubstr("Invalid backward microbatches for stage 0: expected 3 total backwards"));
+  EXPECT_FALSE(HasBackward(ScheduleKind::kForwardOnly));
+  EXPECT_TRUE(HasBackward(ScheduleKind::kDualPipeV));
+}
+
 TEST(ScheduleGenerators, NamesMatchGetScheduleClass) {
   std::ifstream in(testing::GoldenDir() + "/get_schedule_class.json");
   ASSERT_TRUE(in.good());

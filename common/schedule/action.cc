@@ -130,6 +130,21 @@ bool IsBackwardInputOrFull(ActionType type) {
   return type == ActionType::kBackwardInput || type == ActionType::kFullBackward;
 }
 
+bool IsLeafCompute(ActionType type) {
+  return type == ActionType::kForward || type == ActionType::kBackwardInput ||
+         type == ActionType::kBackwardWeight || type == ActionType::kFullBackward;
+}
+
+bool IsSendOrRecv(ActionType type) {
+  return type == ActionType::kSendF || type == ActionType::kRecvF || type == ActionType::kSendB ||
+         type == ActionType::kRecvB;
+}
+
+std::string DescribeLeaf(const Action& leaf, const Action& entry) {
+  if (&leaf == &entry) return leaf.ToString();
+  return absl::StrCat(leaf.ToString(), " (in ", entry.ToString(), ")");
+}
+
 std::string Action::ToString() const {
   if (!sub_actions.empty()) {
     std::string out = "(";

@@ -80,6 +80,16 @@ std::vector<const Action*> LeafActions(const Action& action);
 // True for I and B: the actions that compute (and, across ranks, send) input gradients.
 bool IsBackwardInputOrFull(ActionType type);
 
+// True for F, I, W and B: the compute actions that are not containers.
+bool IsLeafCompute(ActionType type);
+
+// True for SEND_F, RECV_F, SEND_B and RECV_B.
+bool IsSendOrRecv(ActionType type);
+
+// Names a leaf in error messages: "0F3", or "0F3 (in (0F3;3B1)OVERLAP_F_B)" when `leaf` is a
+// sub-action of the entry `entry`.
+std::string DescribeLeaf(const Action& leaf, const Action& entry);
+
 // One rank's program: actions in order; std::nullopt is an idle time slot (as PyTorch's None).
 using RankActions = std::vector<std::optional<Action>>;
 

@@ -16,10 +16,6 @@ using nlohmann::json;
 constexpr int kComputeTid = 0;
 constexpr int kFirstCommTid = 1;
 
-bool IsSendOrRecv(ActionType type) {
-  return type == ActionType::kSendF || type == ActionType::kRecvF || type == ActionType::kSendB ||
-         type == ActionType::kRecvB;
-}
 
 const char* Category(ActionType type) {
   switch (type) {

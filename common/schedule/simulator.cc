@@ -88,16 +88,7 @@ absl::Status CheckShape(const PipelineOrder& lowered, const std::vector<int>& st
   return absl::OkStatus();
 }
 
-bool IsLeafCompute(ActionType type) {
-  return type == ActionType::kForward || type == ActionType::kBackwardInput ||
-         type == ActionType::kBackwardWeight || type == ActionType::kFullBackward;
-}
 
-// "0F3" for a plain action, "0F3 (in (0F3;3B1)OVERLAP_F_B)" for a sub-action.
-std::string Describe(const Action& leaf, const Action& entry) {
-  if (&leaf == &entry) return leaf.ToString();
-  return absl::StrCat(leaf.ToString(), " (in ", entry.ToString(), ")");
-}
 
 absl::Status AtStep(size_t rank, size_t step, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("rank ", rank, ", step ", step, ": ", what));
@@ -108,7 +99,7 @@ absl::Status AtStep(size_t rank, size_t step, absl::string_view what) {
 absl::Status CheckLeaf(const Action& leaf, const Action& entry, size_t rank, size_t step,
                        const std::vector<int>& stage_to_rank, int num_microbatches) {
   const int num_stages = static_cast<int>(stage_to_rank.size());
-  const std::string name = Describe(leaf, entry);
+  const std::string name = DescribeLeaf(leaf, entry);
   if (&leaf != &entry && !IsLeafCompute(leaf.type)) {
     return AtStep(rank, step,
                   absl::StrCat(entry.ToString(), " overlaps ", leaf.ToString(),
@@ -328,7 +319,7 @@ class Simulator {
       }
       if (slots_[*slot].posted_recv == kNotYet) {
         return AtStep(rank, ranks_[rank].next,
-                      absl::StrCat(Describe(leaf, entry), " consumes a tensor from rank ",
+                      absl::StrCat(DescribeLeaf(leaf, entry), " consumes a tensor from rank ",
                                    stage_to_rank_[SlotStage(*slot)], " but its ",
                                    RecvOf(*slot).ToString(), " was not posted before it"));
       }
@@ -442,7 +433,7 @@ class Simulator {
     uint8_t& done = Done(s, mb);
     const uint8_t bit = BitOf(leaf.type);
     auto fail = [&](auto&&... parts) {
-      return AtStep(rank, ranks_[rank].next, absl::StrCat(Describe(leaf, entry), parts...));
+      return AtStep(rank, ranks_[rank].next, absl::StrCat(DescribeLeaf(leaf, entry), parts...));
     };
     if (done & bit) return fail(" runs a second time");
     if ((leaf.type == ActionType::kBackwardInput || leaf.type == ActionType::kFullBackward) &&
@@ -532,7 +523,7 @@ class Simulator {
       }
       const Action& entry = *lowered_[rank][state.next];
       lines.push_back(absl::StrCat("rank ", rank, " is blocked at step ", state.next, " on ",
-                                   Describe(*state.wait->leaf, entry), ", waiting for ",
+                                   DescribeLeaf(*state.wait->leaf, entry), ", waiting for ",
                                    WaitingFor(*state.wait)));
     }
     return absl::InvalidArgumentError(

@@ -18,21 +18,8 @@ std::string Name(int stage, ActionType type, int mb) {
   return Action::Make(stage, type, mb).ToString();
 }
 
-bool IsComm(ActionType type) {
-  return type == ActionType::kSendF || type == ActionType::kRecvF || type == ActionType::kSendB ||
-         type == ActionType::kRecvB;
-}
 
-bool IsLeafCompute(ActionType type) {
-  return type == ActionType::kForward || type == ActionType::kBackwardInput ||
-         type == ActionType::kBackwardWeight || type == ActionType::kFullBackward;
-}
 
-// "0F3" for a plain action, "0F3 (in (0F3;3B1)OVERLAP_F_B)" for a sub-action.
-std::string Describe(const Action& leaf, const Action& entry) {
-  if (&leaf == &entry) return leaf.ToString();
-  return absl::StrCat(leaf.ToString(), " (in ", entry.ToString(), ")");
-}
 
 constexpr absl::string_view kLocationPayload = "type.stagecoach.dev/schedule-error-location";
 
@@ -132,13 +119,13 @@ class ComputeChecker {
   bool Done(ActionType type, int stage, int mb) const { return done_(type, stage, mb) != 0; }
 
   absl::Status Process(const Action& leaf, const Action& entry, size_t rank, size_t step) {
-    const std::string name = Describe(leaf, entry);
+    const std::string name = DescribeLeaf(leaf, entry);
     if (&leaf != &entry && !IsLeafCompute(leaf.type)) {
       return report_.AtStep(rank, step,
                             absl::StrCat(entry.ToString(), " overlaps ", leaf.ToString(),
                                          "; OVERLAP_F_B may only contain F, I, B and W"));
     }
-    if (expected_ == nullptr && IsComm(leaf.type)) {
+    if (expected_ == nullptr && IsSendOrRecv(leaf.type)) {
       return report_.AtStep(rank, step,
                             absl::StrCat("communication action ", name,
                                          " in a compute schedule (validate lowered schedules "
@@ -302,7 +289,7 @@ class CommChecker {
         const Action& entry = *order_[rank][step];
         for (const Action* leaf : LeafActions(entry)) {
           RETURN_IF_ERROR(CheckStep(*leaf, entry, rank, step));
-          if (IsComm(leaf->type) && ++count_[*leaf] == 2) {
+          if (IsSendOrRecv(leaf->type) && ++count_[*leaf] == 2) {
             return report_.AtStep(rank, step,
                                   absl::StrCat(leaf->ToString(),
                                                " appears twice; each send and receive must "
@@ -319,7 +306,7 @@ class CommChecker {
       for (size_t step = 0; step < order_[rank].size(); ++step) {
         if (!order_[rank][step].has_value()) continue;
         const Action& entry = *order_[rank][step];
-        if (!IsComm(entry.type)) continue;
+        if (!IsSendOrRecv(entry.type)) continue;
         RETURN_IF_ERROR(CheckPair(entry, rank, step));
       }
     }
@@ -334,7 +321,7 @@ class CommChecker {
     const int s = leaf.stage;
     const int mb = leaf.microbatch.value_or(-1);
     const int last = num_stages_ - 1;
-    const std::string name = Describe(leaf, entry);
+    const std::string name = DescribeLeaf(leaf, entry);
     auto fail = [&](auto&&... parts) { return report_.AtStep(rank, step, absl::StrCat(parts...)); };
     switch (leaf.type) {
       case ActionType::kSendF:

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_join.h"
 #include "common/schedule/csv.h"
 #include "gtest/gtest.h"
 #include "tests/support/test_paths.h"
@@ -59,6 +60,22 @@ schedule::PipelineOrder LoadGoldenOrder(const std::string& file) {
     return {};
   }
   return *std::move(order);
+}
+
+schedule::RankActions ParseActions(std::initializer_list<const char*> texts) {
+  schedule::RankActions out;
+  for (const char* text : texts) {
+    auto action = schedule::ParseAction(text);
+    EXPECT_TRUE(action.ok()) << text << ": " << action.status();
+    out.push_back(action.ok() ? *action : std::nullopt);
+  }
+  return out;
+}
+
+std::string JoinActions(const schedule::RankActions& actions) {
+  std::vector<std::string> cells;
+  for (const auto& action : actions) cells.push_back(action ? action->ToString() : "");
+  return absl::StrJoin(cells, ",");
 }
 
 }  // namespace stagecoach::testing

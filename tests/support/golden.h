@@ -3,6 +3,7 @@
 // may only be called from inside a test.
 #pragma once
 
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,13 @@ struct GoldenFile {
 // "X.compute.csv", not "X.raw.compute.csv"), and, unless `schedule` is empty, whose schedule is
 // exactly `schedule`. Sorted by file name; files not named as GoldenFile describes are skipped.
 std::vector<GoldenFile> GoldenFiles(absl::string_view suffix, absl::string_view schedule = "");
+
+// Parses each string with schedule::ParseAction ("" is an idle slot); an invalid one adds a
+// failure naming it and becomes an idle slot.
+schedule::RankActions ParseActions(std::initializer_list<const char*> texts);
+
+// One rank's actions as a CSV row: "0F0,,0B0" (idle slots empty).
+std::string JoinActions(const schedule::RankActions& actions);
 
 // The golden schedule CSV `file` (a name inside GoldenDir()), parsed with ParseScheduleCsv. If it
 // cannot be read or parsed, adds a failure naming the file and the error and returns an empty

@@ -177,7 +177,8 @@ TEST(LoadScheduleCsv, MalformedFilesGiveClearErrors) {
       {"other container", CsvFormat::kComputeOnly, "(0F0;0B0)B\n",
        "mine.csv line 1 (rank 0), column 1 (step 0)"},
       {"stage on two ranks", CsvFormat::kComputeOnly, "0F0,1F0,1B0,0B0\n,1F1,1B1\n",
-       "mine.csv line 2 (rank 1), column 2 (step 1): Stage 1 is assigned to both rank 1 and rank 0"},
+       "mine.csv line 2 (rank 1), column 2 (step 1): Stage 1 is assigned to both rank 1 and rank "
+       "0"},
       {"stage on two ranks, lowered", CsvFormat::kComputeComms, "0F0,0B0\n0F1,0B1\n",
        "mine.csv line 2 (rank 1), column 1 (step 0): 0F1 runs stage 0, which already runs on rank "
        "0 (mine.csv line 1 (rank 0), column 1 (step 0)); a stage runs on exactly one rank"},
@@ -195,8 +196,7 @@ TEST(LoadScheduleCsv, MalformedFilesGiveClearErrors) {
        "mine.csv line 1 (rank 0), column 3 (step 2): deadlock: no rank can progress; rank 0 is "
        "blocked at step 2 on 0B0, waiting for 1SEND_B0 from rank 1; rank 1 is blocked at step 1 "
        "on 1F0, waiting for 0SEND_F0 from rank 0"},
-      {"missing recv", CsvFormat::kComputeComms,
-       "0F0,0SEND_F0,0RECV_B0,0B0\n1F0,1B0,1SEND_B0\n",
+      {"missing recv", CsvFormat::kComputeComms, "0F0,0SEND_F0,0RECV_B0,0B0\n1F0,1B0,1SEND_B0\n",
        "mine.csv line 2 (rank 1), column 1 (step 0): 1F0 consumes the output of stage 0"},
       {"missing stage", CsvFormat::kComputeComms, "0F0,0B0\n2F0,2B0\n",
        "mine.csv: stage 1 has no actions on any rank"},

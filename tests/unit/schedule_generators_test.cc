@@ -19,11 +19,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string Row(const RankActions& actions) {
-  std::vector<std::string> cells;
-  for (const auto& action : actions) cells.push_back(action ? action->ToString() : "");
-  return absl::StrJoin(cells, ",");
-}
+using testing::JoinActions;
 
 ScheduleConfig Config(ScheduleKind kind, int ranks, int microbatches) {
   ScheduleConfig config;
@@ -65,7 +61,7 @@ TEST(ScheduleGenerators, OneFOneBEqualsGoldenExceptTheFixedLastRank) {
       ASSERT_EQ(ours->size(), golden.size());
       const int last = g.ranks - 1;
       for (int rank = 0; rank < last; ++rank) {
-        EXPECT_EQ(Row((*ours)[rank]), Row(golden[rank])) << "rank " << rank;
+        EXPECT_EQ(JoinActions((*ours)[rank]), JoinActions(golden[rank])) << "rank " << rank;
       }
       // Same slots, forwards shifted down by one microbatch.
       RankActions fixed = golden[last];
@@ -73,8 +69,8 @@ TEST(ScheduleGenerators, OneFOneBEqualsGoldenExceptTheFixedLastRank) {
         if (action && action->type == ActionType::kForward)
           action->microbatch = *action->microbatch - 1;
       }
-      EXPECT_EQ(Row((*ours)[last]), Row(fixed));
-      EXPECT_NE(Row((*ours)[last]), Row(golden[last]));
+      EXPECT_EQ(JoinActions((*ours)[last]), JoinActions(fixed));
+      EXPECT_NE(JoinActions((*ours)[last]), JoinActions(golden[last]));
       // Ours is valid; PyTorch's is not.
       EXPECT_TRUE(ValidateComputeSchedule(*ours, g.ranks, g.ranks, g.microbatches).ok());
       EXPECT_FALSE(ValidateComputeSchedule(golden, g.ranks, g.ranks, g.microbatches).ok());
@@ -87,11 +83,11 @@ TEST(ScheduleGenerators, OneFOneBEqualsGoldenExceptTheFixedLastRank) {
 TEST(ScheduleGenerators, OneFOneBLastRankIsForwardBackwardPairs) {
   auto order = GenerateTimeAligned(Config(ScheduleKind::k1F1B, 2, 3));
   ASSERT_TRUE(order.ok()) << order.status();
-  EXPECT_EQ(Row((*order)[0]), "0F0,,,0F1,0B0,0F2,0B1,,0B2");
-  EXPECT_EQ(Row((*order)[1]), ",1F0,1B0,1F1,1B1,1F2,1B2");
+  EXPECT_EQ(JoinActions((*order)[0]), "0F0,,,0F1,0B0,0F2,0B1,,0B2");
+  EXPECT_EQ(JoinActions((*order)[1]), ",1F0,1B0,1F1,1B1,1F2,1B2");
   auto lowered = GenerateSchedule(Config(ScheduleKind::k1F1B, 2, 3));
   ASSERT_TRUE(lowered.ok()) << lowered.status();
-  EXPECT_EQ(Row((*lowered)[1]), "1F0,1B0,1F1,1B1,1F2,1B2,1REDUCE_GRAD");
+  EXPECT_EQ(JoinActions((*lowered)[1]), "1F0,1B0,1F1,1B1,1F2,1B2,1REDUCE_GRAD");
 }
 
 TEST(ScheduleGenerators, SweepIsValidWithLoopPlacement) {
@@ -151,17 +147,17 @@ TEST(ScheduleGenerators, ConstraintErrors) {
 TEST(ScheduleGenerators, ForwardOnlyPipelinesForwards) {
   auto one = GenerateSchedule(Config(ScheduleKind::kForwardOnly, 3, 2));
   ASSERT_TRUE(one.ok()) << one.status();
-  EXPECT_EQ(Row((*one)[0]), "0F0,0F1");
-  EXPECT_EQ(Row((*one)[1]), ",1F0,1F1");
-  EXPECT_EQ(Row((*one)[2]), ",,2F0,2F1");
+  EXPECT_EQ(JoinActions((*one)[0]), "0F0,0F1");
+  EXPECT_EQ(JoinActions((*one)[1]), ",1F0,1F1");
+  EXPECT_EQ(JoinActions((*one)[2]), ",,2F0,2F1");
 
   ScheduleConfig two_stages = Config(ScheduleKind::kForwardOnly, 2, 3);
   two_stages.stages_per_rank = 2;
   auto two = GenerateSchedule(two_stages);
   ASSERT_TRUE(two.ok()) << two.status();
   // Stage 2 (rank 0) can start at slot 2, after 1F0; it then goes before stage 0's last forward.
-  EXPECT_EQ(Row((*two)[0]), "0F0,0F1,2F0,2F1,0F2,,2F2");
-  EXPECT_EQ(Row((*two)[1]), ",1F0,1F1,3F0,3F1,1F2,,3F2");
+  EXPECT_EQ(JoinActions((*two)[0]), "0F0,0F1,2F0,2F1,0F2,,2F2");
+  EXPECT_EQ(JoinActions((*two)[1]), ",1F0,1F1,3F0,3F1,1F2,,3F2");
 
   ValidationOptions inference;
   inference.has_backward = false;

@@ -17,11 +17,7 @@
 namespace stagecoach::schedule {
 namespace {
 
-std::string Row(const RankActions& actions) {
-  std::vector<std::string> cells;
-  for (const auto& action : actions) cells.push_back(action ? action->ToString() : "");
-  return absl::StrJoin(cells, ",");
-}
+using testing::JoinActions;
 
 ScheduleConfig ConfigOf(const testing::GoldenFile& g) {
   ScheduleConfig config;
@@ -65,7 +61,7 @@ TEST(ScheduleGolden, ComputeOrders) {
       continue;
     }
     for (size_t rank = 0; rank < golden.size(); ++rank) {
-      EXPECT_EQ(Row((*ours)[rank]), Row(golden[rank])) << "rank " << rank;
+      EXPECT_EQ(JoinActions((*ours)[rank]), JoinActions(golden[rank])) << "rank " << rank;
     }
     if (config.kind != ScheduleKind::k1F1B) {
       EXPECT_EQ(FormatScheduleCsv(*ours), testing::WithoutCR(testing::ReadGolden(g.file)));
@@ -121,7 +117,7 @@ TEST(ScheduleGolden, LoweredOrders) {
       continue;
     }
     for (size_t rank = 0; rank < golden.size(); ++rank) {
-      EXPECT_EQ(Row((*lowered)[rank]), Row(golden[rank])) << "rank " << rank;
+      EXPECT_EQ(JoinActions((*lowered)[rank]), JoinActions(golden[rank])) << "rank " << rank;
     }
     EXPECT_EQ(FormatScheduleCsv(*lowered), testing::WithoutCR(testing::ReadGolden(g.file)));
     absl::Status valid = ValidateLoweredSchedule(*lowered, mapping, g.num_stages(), g.microbatches);

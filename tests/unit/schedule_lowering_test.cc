@@ -16,11 +16,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-bool IsSendRecv(const Action& action) {
-  return action.type == ActionType::kSendF || action.type == ActionType::kRecvF ||
-         action.type == ActionType::kSendB || action.type == ActionType::kRecvB;
-}
-
 // Keeps the actions for which keep(action) holds.
 template <typename Pred>
 PipelineOrder Filter(const PipelineOrder& order, Pred keep) {
@@ -33,11 +28,7 @@ PipelineOrder Filter(const PipelineOrder& order, Pred keep) {
   return out;
 }
 
-RankActions Actions(std::initializer_list<const char*> texts) {
-  RankActions out;
-  for (const char* text : texts) out.push_back(*ParseAction(text));
-  return out;
-}
+using testing::ParseActions;
 
 TEST(AddReduceGrad, TurnsEveryRawGoldenListIntoItsComputeList) {
   int checked = 0;
@@ -62,7 +53,8 @@ TEST(AddReduceGrad, MatchesPyTorchRuntimeLoweringOfMultiStageSchedules) {
     SCOPED_TRACE(g.file);
     PipelineOrder compute = testing::LoadGoldenOrder(g.base + ".compute.csv");
     PipelineOrder want = Filter(testing::LoadGoldenOrder(g.file), [](const Action& a) {
-      return !IsSendRecv(a) && a.type != ActionType::kUnshard && a.type != ActionType::kReshard;
+      return !IsSendOrRecv(a.type) && a.type != ActionType::kUnshard &&
+             a.type != ActionType::kReshard;
     });
     ASSERT_EQ(compute.size(), want.size());
     for (size_t rank = 0; rank < compute.size(); ++rank) {
@@ -75,11 +67,11 @@ TEST(AddReduceGrad, MatchesPyTorchRuntimeLoweringOfMultiStageSchedules) {
 
 TEST(AddReduceGrad, CountsOverlappedSubActionsAndWeightGradients) {
   // Stage 0 completes with W1; stage 3 with the B1 inside the overlap.
-  RankActions actions =
-      Actions({"0F0", "", "3F0", "0F1", "3B0", "0I0", "(0F2;3B1)OVERLAP_F_B", "0W0", "0I1", "0W1"});
+  RankActions actions = ParseActions(
+      {"0F0", "", "3F0", "0F1", "3B0", "0I0", "(0F2;3B1)OVERLAP_F_B", "0W0", "0I1", "0W1"});
   RankActions got = AddReduceGrad(actions, 2);
-  RankActions want = Actions({"0F0", "3F0", "0F1", "3B0", "0I0", "(0F2;3B1)OVERLAP_F_B",
-                              "3REDUCE_GRAD", "0W0", "0I1", "0W1", "0REDUCE_GRAD"});
+  RankActions want = ParseActions({"0F0", "3F0", "0F1", "3B0", "0I0", "(0F2;3B1)OVERLAP_F_B",
+                                   "3REDUCE_GRAD", "0W0", "0I1", "0W1", "0REDUCE_GRAD"});
   EXPECT_EQ(got, want);
   // I does not count; with 3 microbatches nothing completes.
   EXPECT_EQ(AddReduceGrad(actions, 3).size(), actions.size() - 1);
@@ -93,7 +85,7 @@ TEST(AddUnshardReshard, MatchesEveryGoldenCommsList) {
     SCOPED_TRACE(g.file);
     PipelineOrder compute = testing::LoadGoldenOrder(g.base + ".compute.csv");
     PipelineOrder want = Filter(testing::LoadGoldenOrder(g.file), [](const Action& a) {
-      return !IsSendRecv(a) && a.type != ActionType::kReduceGrad;
+      return !IsSendOrRecv(a.type) && a.type != ActionType::kReduceGrad;
     });
     ASSERT_EQ(compute.size(), want.size());
     for (size_t rank = 0; rank < compute.size(); ++rank) {
@@ -105,48 +97,48 @@ TEST(AddUnshardReshard, MatchesEveryGoldenCommsList) {
 }
 
 TEST(AddUnshardReshard, WindowSizes) {
-  const RankActions actions = Actions({"0F0", "", "2F0", "4F0", "0B0", "2B0", "4B0"});
+  const RankActions actions = ParseActions({"0F0", "", "2F0", "4F0", "0B0", "2B0", "4B0"});
   // Window 1: every change of stage swaps the one active stage.
   EXPECT_EQ(AddUnshardReshard(actions, 1),
-            Actions({"0UNSHARD", "0F0", "0RESHARD", "2UNSHARD", "2F0", "2RESHARD", "4UNSHARD",
-                     "4F0", "4RESHARD", "0UNSHARD", "0B0", "0RESHARD", "2UNSHARD", "2B0",
-                     "2RESHARD", "4UNSHARD", "4B0", "4RESHARD"}));
+            ParseActions({"0UNSHARD", "0F0", "0RESHARD", "2UNSHARD", "2F0", "2RESHARD", "4UNSHARD",
+                          "4F0", "4RESHARD", "0UNSHARD", "0B0", "0RESHARD", "2UNSHARD", "2B0",
+                          "2RESHARD", "4UNSHARD", "4B0", "4RESHARD"}));
   // Window 2: the next two distinct stages are kept resident.
   EXPECT_EQ(AddUnshardReshard(actions, 2),
-            Actions({"0UNSHARD", "2UNSHARD", "0F0", "0RESHARD", "4UNSHARD", "2F0", "2RESHARD",
-                     "0UNSHARD", "4F0", "4RESHARD", "2UNSHARD", "0B0", "0RESHARD", "4UNSHARD",
-                     "2B0", "2RESHARD", "4B0", "4RESHARD"}));
+            ParseActions({"0UNSHARD", "2UNSHARD", "0F0", "0RESHARD", "4UNSHARD", "2F0", "2RESHARD",
+                          "0UNSHARD", "4F0", "4RESHARD", "2UNSHARD", "0B0", "0RESHARD", "4UNSHARD",
+                          "2B0", "2RESHARD", "4B0", "4RESHARD"}));
   // Window 3 holds all three stages from the start; a stage is resharded once no later action
   // needs it.
   EXPECT_EQ(AddUnshardReshard(actions, 3),
-            Actions({"0UNSHARD", "2UNSHARD", "4UNSHARD", "0F0", "2F0", "4F0", "0B0", "0RESHARD",
-                     "2B0", "2RESHARD", "4B0", "4RESHARD"}));
+            ParseActions({"0UNSHARD", "2UNSHARD", "4UNSHARD", "0F0", "2F0", "4F0", "0B0",
+                          "0RESHARD", "2B0", "2RESHARD", "4B0", "4RESHARD"}));
   // What is still active at the end is resharded in increasing stage order.
-  EXPECT_EQ(AddUnshardReshard(Actions({"4F0", "2F0", "0F0"}), 3),
-            Actions({"4UNSHARD", "2UNSHARD", "0UNSHARD", "4F0", "4RESHARD", "2F0", "2RESHARD",
-                     "0F0", "0RESHARD"}));
-  EXPECT_EQ(AddUnshardReshard(Actions({"4F0", "(2F0;0B0)OVERLAP_F_B"}), 3),
-            Actions({"4UNSHARD", "2UNSHARD", "0UNSHARD", "4F0", "4RESHARD",
-                     "(2F0;0B0)OVERLAP_F_B", "0RESHARD", "2RESHARD"}));
+  EXPECT_EQ(AddUnshardReshard(ParseActions({"4F0", "2F0", "0F0"}), 3),
+            ParseActions({"4UNSHARD", "2UNSHARD", "0UNSHARD", "4F0", "4RESHARD", "2F0", "2RESHARD",
+                          "0F0", "0RESHARD"}));
+  EXPECT_EQ(AddUnshardReshard(ParseActions({"4F0", "(2F0;0B0)OVERLAP_F_B"}), 3),
+            ParseActions({"4UNSHARD", "2UNSHARD", "0UNSHARD", "4F0", "4RESHARD",
+                          "(2F0;0B0)OVERLAP_F_B", "0RESHARD", "2RESHARD"}));
   EXPECT_TRUE(AddUnshardReshard({}, 3).empty());
 }
 
 // An OVERLAP_F_B contributes both stages at once, so it may widen the window by one (PyTorch).
 TEST(AddUnshardReshard, OverlapAddsAllItsStages) {
-  const RankActions actions = Actions({"0F0", "(3F0;0B0)OVERLAP_F_B", "5F0"});
+  const RankActions actions = ParseActions({"0F0", "(3F0;0B0)OVERLAP_F_B", "5F0"});
   EXPECT_EQ(AddUnshardReshard(actions, 1),
-            Actions({"0UNSHARD", "0F0", "3UNSHARD", "(3F0;0B0)OVERLAP_F_B", "0RESHARD",
-                     "3RESHARD", "5UNSHARD", "5F0", "5RESHARD"}));
+            ParseActions({"0UNSHARD", "0F0", "3UNSHARD", "(3F0;0B0)OVERLAP_F_B", "0RESHARD",
+                          "3RESHARD", "5UNSHARD", "5F0", "5RESHARD"}));
   EXPECT_EQ(AddUnshardReshard(actions, 2),
-            Actions({"0UNSHARD", "3UNSHARD", "0F0", "(3F0;0B0)OVERLAP_F_B", "0RESHARD",
-                     "3RESHARD", "5UNSHARD", "5F0", "5RESHARD"}));
+            ParseActions({"0UNSHARD", "3UNSHARD", "0F0", "(3F0;0B0)OVERLAP_F_B", "0RESHARD",
+                          "3RESHARD", "5UNSHARD", "5F0", "5RESHARD"}));
 }
 
 TEST(MergeBackward, MergesOnlyAnIDirectlyFollowedByItsW) {
-  const RankActions actions =
-      Actions({"1F0", "1I0", "", "1W0", "1I1", "0W1", "1W1", "1I2", "1W3", "1I3", "1W3", "1I4"});
+  const RankActions actions = ParseActions(
+      {"1F0", "1I0", "", "1W0", "1I1", "0W1", "1W1", "1I2", "1W3", "1I3", "1W3", "1I4"});
   EXPECT_EQ(MergeBackward(actions),
-            Actions({"1F0", "1B0", "1I1", "0W1", "1W1", "1I2", "1W3", "1B3", "1I4"}));
+            ParseActions({"1F0", "1B0", "1I1", "0W1", "1W1", "1I2", "1W3", "1B3", "1I4"}));
 }
 
 // The whole runtime lowering of each golden compute list gives its golden comms list, and lowering
@@ -218,7 +210,8 @@ TEST(AddSendRecv, IdleSlotsAreIgnored) {
     ASSERT_TRUE(from_aligned.ok()) << from_aligned.status();
     EXPECT_EQ(*from_packed, *from_aligned);
   }
-  PipelineOrder spaced = {Actions({"", "", "0F0", "", "0B0"}), Actions({"1F0", "", "1B0", ""})};
+  PipelineOrder spaced = {ParseActions({"", "", "0F0", "", "0B0"}),
+                          ParseActions({"1F0", "", "1B0", ""})};
   auto lowered = AddSendRecv(spaced, {0, 1}, 2);
   ASSERT_TRUE(lowered.ok()) << lowered.status();
   EXPECT_EQ(FormatScheduleCsv(*lowered), "0F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n");
@@ -234,7 +227,7 @@ TEST(AddSendRecv, ReproducesEveryGoldenCommsList) {
     auto mapping = ValidateComputeSchedule(testing::LoadGoldenOrder(g.base + ".compute.csv"),
                                            g.ranks, g.num_stages(), g.microbatches);
     ASSERT_TRUE(mapping.ok()) << mapping.status();
-    PipelineOrder input = Filter(comms, [](const Action& a) { return !IsSendRecv(a); });
+    PipelineOrder input = Filter(comms, [](const Action& a) { return !IsSendOrRecv(a.type); });
     auto lowered = AddSendRecv(input, *mapping, g.num_stages());
     ASSERT_TRUE(lowered.ok()) << lowered.status();
     EXPECT_EQ(FormatScheduleCsv(*lowered), testing::WithoutCR(testing::ReadGolden(g.file)));
@@ -279,8 +272,8 @@ TEST(AddSendRecv, GPipeAndOneFOneBLowerToValidSchedules) {
 }
 
 TEST(AddSendRecv, HandMadeTwoRankList) {
-  PipelineOrder compute = {Actions({"0F0", "0F1", "0B0", "0B1"}),
-                           Actions({"1F0", "1B0", "1F1", "1B1"})};
+  PipelineOrder compute = {ParseActions({"0F0", "0F1", "0B0", "0B1"}),
+                           ParseActions({"1F0", "1B0", "1F1", "1B1"})};
   auto lowered = AddSendRecv(compute, {0, 1}, 2);
   ASSERT_TRUE(lowered.ok()) << lowered.status();
   EXPECT_EQ(FormatScheduleCsv(*lowered),
@@ -290,14 +283,14 @@ TEST(AddSendRecv, HandMadeTwoRankList) {
 
 TEST(AddSendRecv, SameRankStagesExchangeNothing) {
   // One rank holding both stages: no comms at all, local readiness suffices.
-  PipelineOrder compute = {Actions({"0F0", "1F0", "1B0", "0B0"})};
+  PipelineOrder compute = {ParseActions({"0F0", "1F0", "1B0", "0B0"})};
   auto lowered = AddSendRecv(compute, {0, 0}, 2);
   ASSERT_TRUE(lowered.ok()) << lowered.status();
   EXPECT_EQ(*lowered, compute);
 }
 
 TEST(AddSendRecv, NoProgressNamesEachStuckHead) {
-  PipelineOrder compute = {Actions({"0B0", "0F0"}), Actions({"1F0", "1B0"}), {}};
+  PipelineOrder compute = {ParseActions({"0B0", "0F0"}), ParseActions({"1F0", "1B0"}), {}};
   auto lowered = AddSendRecv(compute, {0, 1}, 2);
   ASSERT_FALSE(lowered.ok());
   EXPECT_EQ(lowered.status().code(), absl::StatusCode::kInvalidArgument);
@@ -309,7 +302,7 @@ TEST(AddSendRecv, NoProgressNamesEachStuckHead) {
 }
 
 TEST(AddSendRecv, RejectsInconsistentInputs) {
-  PipelineOrder compute = {Actions({"0F0", "0B0"}), Actions({"1F0", "1B0"})};
+  PipelineOrder compute = {ParseActions({"0F0", "0B0"}), ParseActions({"1F0", "1B0"})};
   EXPECT_THAT(std::string(AddSendRecv(compute, {0}, 2).status().message()),
               HasSubstr("stage_to_rank has 1 entries"));
   EXPECT_THAT(std::string(AddSendRecv(compute, {0, 2}, 2).status().message()),
@@ -317,7 +310,7 @@ TEST(AddSendRecv, RejectsInconsistentInputs) {
   EXPECT_THAT(
       std::string(AddSendRecv(compute, {1, 0}, 2).status().message()),
       HasSubstr("rank 0, step 0: action 0F0 is on rank 0, but stage 0 is mapped to rank 1"));
-  PipelineOrder out_of_range = {Actions({"0F0", "5B0"}), Actions({"1F0", "1B0"})};
+  PipelineOrder out_of_range = {ParseActions({"0F0", "5B0"}), ParseActions({"1F0", "1B0"})};
   EXPECT_THAT(std::string(AddSendRecv(out_of_range, {0, 1}, 2).status().message()),
               HasSubstr("rank 0, step 1: action 5B0 names stage 5"));
 }

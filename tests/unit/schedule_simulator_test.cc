@@ -27,20 +27,12 @@ using ::nlohmann::json;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-RankActions Actions(std::initializer_list<const char*> texts) {
-  RankActions out;
-  for (const char* text : texts) {
-    auto action = ParseAction(text);
-    EXPECT_TRUE(action.ok()) << text;
-    out.push_back(action.ok() ? *action : std::nullopt);
-  }
-  return out;
-}
+using testing::ParseActions;
 
 // Lowered GPipe, 2 ranks, 2 stages, 1 microbatch.
 PipelineOrder GPipeTwoRanks() {
-  return {Actions({"0F0", "0SEND_F0", "0RECV_B0", "0B0"}),
-          Actions({"1RECV_F0", "1F0", "1B0", "1SEND_B0"})};
+  return {ParseActions({"0F0", "0SEND_F0", "0RECV_B0", "0B0"}),
+          ParseActions({"1RECV_F0", "1F0", "1B0", "1SEND_B0"})};
 }
 
 // (action, start, end) of each entry of a rank's timeline.
@@ -187,8 +179,8 @@ TEST(Simulate, LateReceiveDelaysTheTransferStart) {
   CostModel costs;
   costs.latency = 0.5;
   costs.unshard = 3;
-  PipelineOrder lowered = {Actions({"0F0", "0SEND_F0", "0RECV_B0", "0B0"}),
-                           Actions({"1UNSHARD", "1RECV_F0", "1F0", "1B0", "1SEND_B0"})};
+  PipelineOrder lowered = {ParseActions({"0F0", "0SEND_F0", "0RECV_B0", "0B0"}),
+                           ParseActions({"1UNSHARD", "1RECV_F0", "1F0", "1B0", "1SEND_B0"})};
   Simulation sim = MustSimulate(lowered, {0, 1}, 2, 1, costs);
   EXPECT_EQ(sim.makespan, 9);
   ASSERT_EQ(sim.messages.size(), 2u);
@@ -203,8 +195,9 @@ TEST(Simulate, LateReceiveDelaysTheTransferStart) {
 }
 
 PipelineOrder GPipeTwoRanksWithMemoryActions() {
-  return {Actions({"0UNSHARD", "0F0", "0SEND_F0", "0RECV_B0", "0B0", "0REDUCE_GRAD", "0RESHARD"}),
-          Actions({"1UNSHARD", "1RECV_F0", "1F0", "1B0", "1SEND_B0", "1REDUCE_GRAD", "1RESHARD"})};
+  return {
+      ParseActions({"0UNSHARD", "0F0", "0SEND_F0", "0RECV_B0", "0B0", "0REDUCE_GRAD", "0RESHARD"}),
+      ParseActions({"1UNSHARD", "1RECV_F0", "1F0", "1B0", "1SEND_B0", "1REDUCE_GRAD", "1RESHARD"})};
 }
 
 TEST(Simulate, UnshardReshardAndReduceGradCostNothingByDefault) {
@@ -258,8 +251,8 @@ TEST(Simulate, RunsLowerScheduleOutput) {
 // Makespan 9, each rank busy 6.
 TEST(Simulate, OverlapRunsItsSubActionsBackToBack) {
   PipelineOrder lowered = {
-      Actions({"0F0", "0SEND_F0", "0F1", "0SEND_F1", "0RECV_B0", "0B0", "0RECV_B1", "0B1"}),
-      Actions(
+      ParseActions({"0F0", "0SEND_F0", "0F1", "0SEND_F1", "0RECV_B0", "0B0", "0RECV_B1", "0B1"}),
+      ParseActions(
           {"1RECV_F0", "1F0", "1RECV_F1", "(1F1;1B0)OVERLAP_F_B", "1SEND_B0", "1B1", "1SEND_B1"})};
   Simulation sim = MustSimulate(lowered, {0, 1}, 2, 2);
   EXPECT_EQ(sim.makespan, 9);
@@ -278,8 +271,8 @@ TEST(Simulate, OverlapRunsItsSubActionsBackToBack) {
 // B1 11-13. The overlap spans 4 units for 3 units of work.
 TEST(Simulate, OverlapSubActionWaitsForItsOwnInput) {
   PipelineOrder lowered = {
-      Actions({"0F0", "0SEND_F0", "0F1", "0SEND_F1", "0RECV_B0", "0B0", "0RECV_B1", "0B1"}),
-      Actions(
+      ParseActions({"0F0", "0SEND_F0", "0F1", "0SEND_F1", "0RECV_B0", "0B0", "0RECV_B1", "0B1"}),
+      ParseActions(
           {"1RECV_F0", "1F0", "1RECV_F1", "(1B0;1F1)OVERLAP_F_B", "1SEND_B0", "1B1", "1SEND_B1"})};
   CostModel costs;
   costs.per_stage = {StageCosts{4, 2, 1, 1}};
@@ -292,8 +285,8 @@ TEST(Simulate, OverlapSubActionWaitsForItsOwnInput) {
 // Split backward: I sends the input gradient before W runs. F=1, I=1, W=1: rank 0 F 0-1;
 // rank 1 F 1-2, I 2-3 (gradient sent at 3), W 3-4; rank 0 I 3-4, W 4-5. Makespan 5.
 TEST(Simulate, SplitBackwardSendsTheGradientAfterI) {
-  PipelineOrder lowered = {Actions({"0F0", "0SEND_F0", "0RECV_B0", "0I0", "0W0"}),
-                           Actions({"1RECV_F0", "1F0", "1I0", "1SEND_B0", "1W0"})};
+  PipelineOrder lowered = {ParseActions({"0F0", "0SEND_F0", "0RECV_B0", "0I0", "0W0"}),
+                           ParseActions({"1RECV_F0", "1F0", "1I0", "1SEND_B0", "1W0"})};
   Simulation sim = MustSimulate(lowered, {0, 1}, 2, 1);
   EXPECT_EQ(sim.makespan, 5);
   EXPECT_THAT(Spans(sim.timeline[0]).back(), Span("0W0", 4, 5));
@@ -304,21 +297,21 @@ TEST(Simulate, SplitBackwardHoldsActivationsUntilW) {
   costs.defaults.backward_input = 0.25;
   costs.defaults.backward_weight = 0.5;
   Simulation held =
-      MustSimulate({Actions({"0F0", "0F1", "0I0", "0I1", "0W0", "0W1"})}, {0}, 1, 2, costs);
+      MustSimulate({ParseActions({"0F0", "0F1", "0I0", "0I1", "0W0", "0W1"})}, {0}, 1, 2, costs);
   EXPECT_EQ(held.makespan, 3.5);
   EXPECT_THAT(held.peak_activations, ElementsAre(2));
   Simulation released =
-      MustSimulate({Actions({"0F0", "0I0", "0W0", "0F1", "0I1", "0W1"})}, {0}, 1, 2, costs);
+      MustSimulate({ParseActions({"0F0", "0I0", "0W0", "0F1", "0I1", "0W1"})}, {0}, 1, 2, costs);
   EXPECT_THAT(released.peak_activations, ElementsAre(1));
   // I alone releases nothing.
   Simulation after_i =
-      MustSimulate({Actions({"0F0", "0I0", "0F1", "0I1", "0W0", "0W1"})}, {0}, 1, 2, costs);
+      MustSimulate({ParseActions({"0F0", "0I0", "0F1", "0I1", "0W0", "0W1"})}, {0}, 1, 2, costs);
   EXPECT_THAT(after_i.peak_activations, ElementsAre(2));
 }
 
 // Stages 0 and 1 on one rank exchange nothing: F1 only needs F0 earlier on the rank.
 TEST(Simulate, LocalProducerNeedsNoMessage) {
-  Simulation sim = MustSimulate({Actions({"0F0", "1F0", "1B0", "0B0"})}, {0, 0}, 2, 1);
+  Simulation sim = MustSimulate({ParseActions({"0F0", "1F0", "1B0", "0B0"})}, {0, 0}, 2, 1);
   EXPECT_EQ(sim.makespan, 6);
   EXPECT_TRUE(sim.messages.empty());
   EXPECT_THAT(sim.bubble_ratio, ElementsAre(0));
@@ -479,8 +472,8 @@ TEST(Simulate, RunsEveryGeneratedKind) {
 
 TEST(Simulate, DeadlockNamesEveryBlockedRank) {
   // Rank 0 waits for the gradient before sending the activation rank 1 waits for.
-  PipelineOrder lowered = {Actions({"0F0", "0RECV_B0", "0B0", "0SEND_F0"}),
-                           Actions({"1RECV_F0", "1F0", "1B0", "1SEND_B0"})};
+  PipelineOrder lowered = {ParseActions({"0F0", "0RECV_B0", "0B0", "0SEND_F0"}),
+                           ParseActions({"1RECV_F0", "1F0", "1B0", "1SEND_B0"})};
   auto sim = Simulate(lowered, {0, 1}, 2, 1);
   ASSERT_FALSE(sim.ok());
   EXPECT_EQ(sim.status().code(), absl::StatusCode::kInvalidArgument);
@@ -491,7 +484,7 @@ TEST(Simulate, DeadlockNamesEveryBlockedRank) {
 }
 
 TEST(Simulate, DeadlockOnALocalProducerThatComesLater) {
-  PipelineOrder lowered = {Actions({"1F0", "0F0"}), RankActions{}};
+  PipelineOrder lowered = {ParseActions({"1F0", "0F0"}), RankActions{}};
   auto sim = Simulate(lowered, {0, 0}, 2, 1);
   ASSERT_FALSE(sim.ok());
   EXPECT_EQ(sim.status().message(),
@@ -500,8 +493,8 @@ TEST(Simulate, DeadlockOnALocalProducerThatComesLater) {
 }
 
 TEST(Simulate, DeadlockNamesTheWaitingSubAction) {
-  PipelineOrder lowered = {Actions({"0F0", "(0F1;0B0)OVERLAP_F_B", "0SEND_F0", "0SEND_F1"}),
-                           Actions({"1RECV_F0", "1F0", "1B0", "1SEND_B0"})};
+  PipelineOrder lowered = {ParseActions({"0F0", "(0F1;0B0)OVERLAP_F_B", "0SEND_F0", "0SEND_F1"}),
+                           ParseActions({"1RECV_F0", "1F0", "1B0", "1SEND_B0"})};
   lowered[0].insert(lowered[0].begin() + 1, *ParseAction("0RECV_B0"));
   auto sim = Simulate(lowered, {0, 1}, 2, 2);
   ASSERT_FALSE(sim.ok());
@@ -545,30 +538,31 @@ TEST(Simulate, RejectsListsItCannotRun) {
     std::string error;
   };
   const std::vector<Case> cases = {
-      {{Actions({"0F0", "0SEND_F0", "0RECV_B0", "0B0"}), Actions({"1F0", "1B0", "1SEND_B0"})},
+      {{ParseActions({"0F0", "0SEND_F0", "0RECV_B0", "0B0"}),
+        ParseActions({"1F0", "1B0", "1SEND_B0"})},
        "rank 1, step 0: 1F0 consumes a tensor from rank 0 but its 1RECV_F0 was not posted before "
        "it"},
-      {{Actions({"0SEND_F0", "0F0", "0RECV_B0", "0B0"}), GPipeTwoRanks()[1]},
+      {{ParseActions({"0SEND_F0", "0F0", "0RECV_B0", "0B0"}), GPipeTwoRanks()[1]},
        "rank 0, step 0: 0SEND_F0 comes before 0F0, which produces what it sends"},
-      {{Actions({"0F0", "0SEND_F0", "0SEND_F0"}), Actions({"1RECV_F0", "1F0"})},
+      {{ParseActions({"0F0", "0SEND_F0", "0SEND_F0"}), ParseActions({"1RECV_F0", "1F0"})},
        "rank 0, step 2: 0SEND_F0 is posted twice"},
-      {{Actions({"0F0", "0SEND_F0"}), RankActions{}},
+      {{ParseActions({"0F0", "0SEND_F0"}), RankActions{}},
        "0SEND_F0 on rank 0 has no matching 1RECV_F0 on rank 1"},
-      {{RankActions{}, Actions({"1RECV_F0"})},
+      {{RankActions{}, ParseActions({"1RECV_F0"})},
        "1RECV_F0 on rank 1 has no matching 0SEND_F0 on rank 0"},
-      {{Actions({"0F0", "0F0"}), RankActions{}}, "rank 0, step 1: 0F0 runs a second time"},
-      {{RankActions{}, Actions({"1B0"})}, "rank 1, step 0: 1B0 runs before 1F0"},
-      {{Actions({"0F0", "0W0"}), RankActions{}}, "rank 0, step 1: 0W0 runs before 0I0"},
-      {{Actions({"1F0"}), RankActions{}},
+      {{ParseActions({"0F0", "0F0"}), RankActions{}}, "rank 0, step 1: 0F0 runs a second time"},
+      {{RankActions{}, ParseActions({"1B0"})}, "rank 1, step 0: 1B0 runs before 1F0"},
+      {{ParseActions({"0F0", "0W0"}), RankActions{}}, "rank 0, step 1: 0W0 runs before 0I0"},
+      {{ParseActions({"1F0"}), RankActions{}},
        "rank 0, step 0: action 1F0 of stage 1 is on rank 0, but stage_to_rank maps stage 1 to "
        "rank 1"},
-      {{Actions({"0F5"}), RankActions{}},
+      {{ParseActions({"0F5"}), RankActions{}},
        "rank 0, step 0: action 0F5 names microbatch 5, outside [0, 1)"},
-      {{Actions({"2F0"}), RankActions{}},
+      {{ParseActions({"2F0"}), RankActions{}},
        "rank 0, step 0: action 2F0 names stage 2, outside [0, 2)"},
-      {{Actions({"0RECV_F0"}), RankActions{}},
+      {{ParseActions({"0RECV_F0"}), RankActions{}},
        "rank 0, step 0: 0RECV_F0 exchanges a tensor with stage -1, which does not exist"},
-      {{Actions({"(0F0;0UNSHARD)OVERLAP_F_B"}), RankActions{}},
+      {{ParseActions({"(0F0;0UNSHARD)OVERLAP_F_B"}), RankActions{}},
        "rank 0, step 0: (0F0;0UNSHARD)OVERLAP_F_B overlaps 0UNSHARD; OVERLAP_F_B may only contain "
        "F, I, B and W"},
   };
@@ -579,7 +573,7 @@ TEST(Simulate, RejectsListsItCannotRun) {
     EXPECT_EQ(sim.status().message(), c.error);
   }
   // Stages on the same rank exchange nothing.
-  auto same_rank = Simulate({Actions({"0F0", "0SEND_F0"})}, {0, 0}, 2, 1);
+  auto same_rank = Simulate({ParseActions({"0F0", "0SEND_F0"})}, {0, 0}, 2, 1);
   ASSERT_FALSE(same_rank.ok());
   EXPECT_THAT(same_rank.status().message(), HasSubstr("are both on rank 0"));
 }
@@ -757,8 +751,8 @@ TEST(FormatChromeTrace, CategoriesAndOptions) {
 
 TEST(FormatChromeTrace, NamesOverlapsAfterTheContainer) {
   PipelineOrder lowered = {
-      Actions({"0F0", "0SEND_F0", "0F1", "0SEND_F1", "0RECV_B0", "0B0", "0RECV_B1", "0B1"}),
-      Actions(
+      ParseActions({"0F0", "0SEND_F0", "0F1", "0SEND_F1", "0RECV_B0", "0B0", "0RECV_B1", "0B1"}),
+      ParseActions(
           {"1RECV_F0", "1F0", "1RECV_F1", "(1F1;1B0)OVERLAP_F_B", "1SEND_B0", "1B1", "1SEND_B1"})};
   json trace = ParseTrace(MustSimulate(lowered, {0, 1}, 2, 2));
   int found = 0;

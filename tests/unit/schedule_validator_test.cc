@@ -21,15 +21,7 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-RankActions Actions(std::initializer_list<const char*> texts) {
-  RankActions out;
-  for (const char* text : texts) {
-    auto action = ParseAction(text);
-    EXPECT_TRUE(action.ok()) << text;
-    out.push_back(action.ok() ? *action : std::nullopt);
-  }
-  return out;
-}
+using testing::ParseActions;
 
 std::string FirstLine(absl::string_view text) {
   return std::string(text.substr(0, text.find('\n')));
@@ -79,7 +71,8 @@ TEST(FormatGrid, MatchesEveryGoldenGrid) {
 
 TEST(FormatGrid, ColumnWidthIsLongestActionOrStepLabel) {
   // Rank 0's column is as wide as its overlap (22); rank 1's as "Step 0" (6), not "Rank 1".
-  PipelineOrder order = {Actions({"0F0", "", "(0F10;3B11)OVERLAP_F_B"}), Actions({"", "1F0"})};
+  PipelineOrder order = {ParseActions({"0F0", "", "(0F10;3B11)OVERLAP_F_B"}),
+                         ParseActions({"", "1F0"})};
   const std::string header = std::string(8, ' ') + "Rank 0" + std::string(17, ' ') + "Rank 1\n";
   const std::string row0 = "Step 0: 0F0" + std::string(19 + 1 + 6, ' ');
   const std::string row1 = "Step 1: " + std::string(22 + 1, ' ') + "1F0   ";
@@ -157,7 +150,8 @@ TEST(ValidateLoweredSchedule, EveryGoldenLoweredListValidates) {
 
 // A valid 2-rank, 2-stage, 2-microbatch schedule; tests break one thing at a time.
 PipelineOrder Good() {
-  return {Actions({"0F0", "0F1", "", "", "0B0", "0B1"}), Actions({"", "1F0", "1B0", "1F1", "1B1"})};
+  return {ParseActions({"0F0", "0F1", "", "", "0B0", "0B1"}),
+          ParseActions({"", "1F0", "1B0", "1F1", "1B1"})};
 }
 
 TEST(ValidateComputeSchedule, AcceptsAndInfersMapping) {
@@ -178,7 +172,7 @@ TEST(ValidateComputeSchedule, RankCount) {
 
 TEST(ValidateComputeSchedule, BackwardBeforeForward) {
   PipelineOrder order = Good();
-  order[1] = Actions({"", "1B0", "1F0", "1F1", "1B1"});
+  order[1] = ParseActions({"", "1B0", "1F0", "1F1", "1B1"});
   ExpectStepError(ValidateComputeSchedule(order, 2, 2, 2).status(),
                   "Rank 1, step 1: Running Full Backward for stage 1, microbatch 0 without first "
                   "running Forward",
@@ -186,12 +180,12 @@ TEST(ValidateComputeSchedule, BackwardBeforeForward) {
 }
 
 TEST(ValidateComputeSchedule, InputBackwardBeforeForwardAndWeightBeforeInput) {
-  PipelineOrder order = {Actions({"0F0", "0I0", "0W0"}), Actions({"1I0", "1F0", "1W0"})};
+  PipelineOrder order = {ParseActions({"0F0", "0I0", "0W0"}), ParseActions({"1I0", "1F0", "1W0"})};
   ExpectStepError(ValidateComputeSchedule(order, 2, 2, 1).status(),
                   "Rank 1, step 0: Running Backward Input for stage 1, microbatch 0 without first "
                   "running Forward",
                   0);
-  order = {Actions({"0F0", "0W0", "0I0"}), Actions({"1F0", "1I0", "1W0"})};
+  order = {ParseActions({"0F0", "0W0", "0I0"}), ParseActions({"1F0", "1I0", "1W0"})};
   ExpectStepError(ValidateComputeSchedule(order, 2, 2, 1).status(),
                   "Rank 0, step 1: Running Backward Weight for stage 0, microbatch 0 without first "
                   "running Backward Input",
@@ -201,12 +195,12 @@ TEST(ValidateComputeSchedule, InputBackwardBeforeForwardAndWeightBeforeInput) {
 TEST(ValidateComputeSchedule, OverlapSubActionsAreCheckedOneByOne) {
   // The B1 inside the overlap has no F1 before it; the F0 beside it is fine.
   PipelineOrder order = {
-      Actions({"0F0", "(1F0;1B1)OVERLAP_F_B", "1F1", "1B0", "0B0", "0F1", "0B1"})};
+      ParseActions({"0F0", "(1F0;1B1)OVERLAP_F_B", "1F1", "1B0", "0B0", "0F1", "0B1"})};
   ExpectStepError(ValidateComputeSchedule(order, 1, 2, 2).status(),
                   "Rank 0, step 1: Running Full Backward for stage 1, microbatch 1 without first "
                   "running Forward",
                   1);
-  order = {Actions({"0F0", "(0F1;0SEND_F0)OVERLAP_F_B", "0B0", "0B1"})};
+  order = {ParseActions({"0F0", "(0F1;0SEND_F0)OVERLAP_F_B", "0B0", "0B1"})};
   ExpectStepError(ValidateComputeSchedule(order, 1, 1, 2).status(),
                   "Rank 0, step 1: (0F1;0SEND_F0)OVERLAP_F_B overlaps 0SEND_F0; OVERLAP_F_B may "
                   "only contain F, I, B and W",
@@ -214,7 +208,7 @@ TEST(ValidateComputeSchedule, OverlapSubActionsAreCheckedOneByOne) {
 }
 
 TEST(ValidateComputeSchedule, StageOnTwoRanks) {
-  PipelineOrder order = {Actions({"0F0", "1F0"}), Actions({"1B0", "0B0"})};
+  PipelineOrder order = {ParseActions({"0F0", "1F0"}), ParseActions({"1B0", "0B0"})};
   ExpectStepError(ValidateComputeSchedule(order, 2, 2, 1).status(),
                   "Rank 1, step 0: Stage 1 is assigned to both rank 1 and rank 0 (1B0)", 0);
 }
@@ -231,7 +225,7 @@ TEST(ValidateComputeSchedule, IndicesInRange) {
 }
 
 TEST(ValidateComputeSchedule, ForwardCount) {
-  PipelineOrder order = {Actions({"0F0", "0B0"}), Actions({"1F0", "1B0"})};
+  PipelineOrder order = {ParseActions({"0F0", "0B0"}), ParseActions({"1F0", "1B0"})};
   auto result = ValidateComputeSchedule(order, 2, 2, 2);
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(FirstLine(result.status().message()), "Got 1 F microbatches for stage 0, expected 2");
@@ -239,13 +233,13 @@ TEST(ValidateComputeSchedule, ForwardCount) {
 }
 
 TEST(ValidateComputeSchedule, BackwardCounts) {
-  PipelineOrder order = {Actions({"0F0", "0F1", "0I0", "0I1", "0W0"})};
+  PipelineOrder order = {ParseActions({"0F0", "0F1", "0I0", "0I1", "0W0"})};
   auto result = ValidateComputeSchedule(order, 1, 1, 2);
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(FirstLine(result.status().message()),
             "Invalid backward microbatches for stage 0: I and W must have equal counts, but got "
             "I=2, W=1");
-  order = {Actions({"0F0", "0F1", "0B0"})};
+  order = {ParseActions({"0F0", "0F1", "0B0"})};
   result = ValidateComputeSchedule(order, 1, 1, 2);
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(FirstLine(result.status().message()),
@@ -254,29 +248,29 @@ TEST(ValidateComputeSchedule, BackwardCounts) {
 }
 
 TEST(ValidateComputeSchedule, StricterThanPyTorch) {
-  PipelineOrder order = {Actions({"0F0", "0F0", "0B0"})};
+  PipelineOrder order = {ParseActions({"0F0", "0F0", "0B0"})};
   ExpectStepError(ValidateComputeSchedule(order, 1, 1, 1).status(),
                   "Rank 0, step 1: Forward for stage 0, microbatch 0 (0F0) runs a second time", 1);
-  order = {Actions({"0F0", "0F1", "0I0", "0B0", "0W0", "0B1"})};
+  order = {ParseActions({"0F0", "0F1", "0I0", "0B0", "0W0", "0B1"})};
   ExpectStepError(ValidateComputeSchedule(order, 1, 1, 2).status(),
                   "Rank 0, step 3: Full Backward for stage 0, microbatch 0 (0B0) after its "
                   "Backward Input already ran",
                   3);
-  order = {Actions({"0F0", "0F1", "0B0", "0REDUCE_GRAD", "0B1"})};
+  order = {ParseActions({"0F0", "0F1", "0B0", "0REDUCE_GRAD", "0B1"})};
   ExpectStepError(ValidateComputeSchedule(order, 1, 1, 2).status(),
                   "Rank 0, step 3: 0REDUCE_GRAD runs before the last backward of stage 0 (1 of "
                   "2 B/W done)",
                   3);
-  order = {Actions({"0F0", "0B0", "0REDUCE_GRAD", "0REDUCE_GRAD"})};
+  order = {ParseActions({"0F0", "0B0", "0REDUCE_GRAD", "0REDUCE_GRAD"})};
   ExpectStepError(ValidateComputeSchedule(order, 1, 1, 1).status(),
                   "Rank 0, step 3: 0REDUCE_GRAD runs a second time for stage 0", 3);
-  order = {Actions({"0F0", "0SEND_F0", "0B0"})};
+  order = {ParseActions({"0F0", "0SEND_F0", "0B0"})};
   ExpectStepError(ValidateComputeSchedule(order, 1, 1, 1).status(),
                   "Rank 0, step 1: communication action 0SEND_F0 in a compute schedule (validate "
                   "lowered schedules with ValidateLoweredSchedule)",
                   1);
   // UNSHARD/RESHARD/REDUCE_GRAD in their places are fine.
-  order = {Actions({"0UNSHARD", "0F0", "0B0", "0REDUCE_GRAD", "0RESHARD"})};
+  order = {ParseActions({"0UNSHARD", "0F0", "0B0", "0REDUCE_GRAD", "0RESHARD"})};
   EXPECT_TRUE(ValidateComputeSchedule(order, 1, 1, 1).ok());
 }
 
@@ -379,14 +373,14 @@ TEST(ValidateLoweredSchedule, SendsAndRecvsPairOneToOne) {
 }
 
 TEST(ValidateLoweredSchedule, NoCommsBetweenStagesOnOneRank) {
-  PipelineOrder lowered = {Actions({"0F0", "0SEND_F0", "1RECV_F0", "1F0", "1B0", "0B0"})};
+  PipelineOrder lowered = {ParseActions({"0F0", "0SEND_F0", "1RECV_F0", "1F0", "1B0", "0B0"})};
   ExpectStepError(ValidateLoweredSchedule(lowered, {0, 0}, 2, 1),
                   "Rank 0, step 1: 0SEND_F0: stages 0 and 1 are both on rank 0, which exchange "
                   "tensors without send/recv",
                   1);
-  lowered = {Actions({"0F0", "1F0", "1B0", "0B0"})};
+  lowered = {ParseActions({"0F0", "1F0", "1B0", "0B0"})};
   EXPECT_TRUE(ValidateLoweredSchedule(lowered, {0, 0}, 2, 1).ok());
-  lowered = {Actions({"0F0", "0SEND_F0", "0B0"}), Actions({})};
+  lowered = {ParseActions({"0F0", "0SEND_F0", "0B0"}), ParseActions({})};
   ExpectStepError(ValidateLoweredSchedule(lowered, {0}, 1, 1),
                   "Rank 0, step 1: 0SEND_F0 sends a forward output from the last stage", 1);
 }
@@ -394,8 +388,8 @@ TEST(ValidateLoweredSchedule, NoCommsBetweenStagesOnOneRank) {
 TEST(ValidateLoweredSchedule, DetectsCyclicWait) {
   // Rank 0 sends its activation only after its backward, which needs rank 1's gradient, which
   // needs that activation.
-  PipelineOrder lowered = {Actions({"0F0", "0RECV_B0", "0B0", "0SEND_F0"}),
-                           Actions({"1RECV_F0", "1F0", "1B0", "1SEND_B0"}), Actions({})};
+  PipelineOrder lowered = {ParseActions({"0F0", "0RECV_B0", "0B0", "0SEND_F0"}),
+                           ParseActions({"1RECV_F0", "1F0", "1B0", "1SEND_B0"}), ParseActions({})};
   absl::Status status = ValidateLoweredSchedule(lowered, {0, 1}, 2, 1);
   ASSERT_FALSE(status.ok());
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
@@ -411,7 +405,7 @@ TEST(ValidateLoweredSchedule, DetectsCyclicWait) {
 }
 
 TEST(ValidateLoweredSchedule, DetectsLocalProducerComingLater) {
-  PipelineOrder lowered = {Actions({"1F0", "0F0", "1B0", "0B0"})};
+  PipelineOrder lowered = {ParseActions({"1F0", "0F0", "1B0", "0B0"})};
   absl::Status status = ValidateLoweredSchedule(lowered, {0, 0}, 2, 1);
   ASSERT_FALSE(status.ok());
   EXPECT_EQ(FirstLine(status.message()),

@@ -4,6 +4,7 @@
 // 64 ranks and 1024 microbatches. Prints one table per sweep and the growth exponent k of each
 // phase (time ~ n^k between the smallest and largest size of the sweep), then checks the goal:
 // ZBVZeroBubble at 64 ranks x 1024 microbatches generated, lowered and validated in under 1 s.
+// Every figure is the median of --repeat runs.
 //
 //   build/bench/schedule_bench [--repeat N] [--kinds GPipe,ZBVZeroBubble]
 #include <CLI/CLI.hpp>
@@ -25,7 +26,7 @@ namespace sched = stagecoach::schedule;
 namespace {
 
 struct PhaseTimes {
-  double generate = 0, lower = 0, validate = 0, simulate = 0;  // seconds, best of the repeats
+  double generate = 0, lower = 0, validate = 0, simulate = 0;  // seconds
   size_t actions = 0;                                          // in the lowered lists
   double total_without_simulate() const { return generate + lower + validate; }
 };
@@ -89,16 +90,28 @@ PhaseTimes RunOnce(sched::ScheduleKind kind, int ranks, int microbatches) {
   return t;
 }
 
-PhaseTimes Best(sched::ScheduleKind kind, int ranks, int microbatches, int repeat) {
-  PhaseTimes best = RunOnce(kind, ranks, microbatches);
-  for (int i = 1; i < repeat; ++i) {
-    PhaseTimes t = RunOnce(kind, ranks, microbatches);
-    best.generate = std::min(best.generate, t.generate);
-    best.lower = std::min(best.lower, t.lower);
-    best.validate = std::min(best.validate, t.validate);
-    best.simulate = std::min(best.simulate, t.simulate);
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+// The median of each phase over `repeat` runs.
+PhaseTimes Median(sched::ScheduleKind kind, int ranks, int microbatches, int repeat) {
+  std::vector<double> generate, lower, validate, simulate;
+  PhaseTimes t;
+  for (int i = 0; i < repeat; ++i) {
+    t = RunOnce(kind, ranks, microbatches);
+    generate.push_back(t.generate);
+    lower.push_back(t.lower);
+    validate.push_back(t.validate);
+    simulate.push_back(t.simulate);
   }
-  return best;
+  t.generate = Median(generate);
+  t.lower = Median(lower);
+  t.validate = Median(validate);
+  t.simulate = Median(simulate);
+  return t;
 }
 
 double Exponent(double t0, double t1, double n0, double n1) {
@@ -129,9 +142,9 @@ void PrintHeader(const char* what) {
 
 int main(int argc, char** argv) {
   CLI::App app{"schedule library benchmark"};
-  int repeat = 3;
+  int repeat = 5;
   std::string kinds_flag;
-  app.add_option("--repeat", repeat, "runs per point; the best is reported (default 3)");
+  app.add_option("--repeat", repeat, "runs per point; the median is reported (default 5)");
   app.add_option("--kinds", kinds_flag, "comma-separated schedule names (default: all)");
   CLI11_PARSE(app, argc, argv);
 
@@ -156,14 +169,14 @@ int main(int argc, char** argv) {
     PrintHeader("64 ranks, m =");
     std::vector<PhaseTimes> by_m;
     for (int m : microbatch_sweep) {
-      by_m.push_back(Best(kind, 64, m, repeat));
+      by_m.push_back(Median(kind, 64, m, repeat));
       PrintRow("", m, by_m.back());
     }
     PrintGrowth(by_m.front(), by_m.back(), microbatch_sweep.front(), microbatch_sweep.back());
     PrintHeader("m 1024, r =");
     std::vector<PhaseTimes> by_r;
     for (int r : rank_sweep) {
-      by_r.push_back(r == 64 ? by_m.back() : Best(kind, r, 1024, repeat));
+      by_r.push_back(r == 64 ? by_m.back() : Median(kind, r, 1024, repeat));
       PrintRow("", r, by_r.back());
     }
     PrintGrowth(by_r.front(), by_r.back(), rank_sweep.front(), rank_sweep.back());

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/schedule/csv.h"
 #include "gtest/gtest.h"
@@ -76,6 +77,21 @@ std::string JoinActions(const schedule::RankActions& actions) {
   std::vector<std::string> cells;
   for (const auto& action : actions) cells.push_back(action ? action->ToString() : "");
   return absl::StrJoin(cells, ",");
+}
+
+schedule::ScheduleConfig ScheduleConfigFor(schedule::ScheduleKind kind, int ranks,
+                                           int stages_per_rank, int microbatches) {
+  schedule::ScheduleConfig config;
+  config.kind = kind;
+  config.num_ranks = ranks;
+  config.stages_per_rank = stages_per_rank;
+  config.num_microbatches = microbatches;
+  return config;
+}
+
+std::string DescribeConfig(const schedule::ScheduleConfig& config) {
+  return absl::StrCat(schedule::ScheduleKindName(config.kind), " r", config.num_ranks, " s",
+                      config.stages_per_rank, " m", config.num_microbatches);
 }
 
 }  // namespace stagecoach::testing

@@ -9,6 +9,7 @@
 
 #include "absl/strings/string_view.h"
 #include "common/schedule/action.h"
+#include "common/schedule/generators.h"
 
 namespace stagecoach::testing {
 
@@ -43,6 +44,14 @@ struct GoldenFile {
 // "X.compute.csv", not "X.raw.compute.csv"), and, unless `schedule` is empty, whose schedule is
 // exactly `schedule`. Sorted by file name; files not named as GoldenFile describes are skipped.
 std::vector<GoldenFile> GoldenFiles(absl::string_view suffix, absl::string_view schedule = "");
+
+// A generator config: `kind` on `ranks` ranks with `stages_per_rank` stages each, `microbatches`
+// microbatches.
+schedule::ScheduleConfig ScheduleConfigFor(schedule::ScheduleKind kind, int ranks,
+                                           int stages_per_rank, int microbatches);
+
+// "ZBVZeroBubble r4 s2 m8", for failure messages.
+std::string DescribeConfig(const schedule::ScheduleConfig& config);
 
 // Parses each string with schedule::ParseAction ("" is an idle slot); an invalid one adds a
 // failure naming it and becomes an idle slot.

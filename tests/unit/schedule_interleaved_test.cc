@@ -14,23 +14,13 @@
 #include "common/schedule/lowering.h"
 #include "common/schedule/validator.h"
 #include "gtest/gtest.h"
+#include "tests/support/golden.h"
 
 namespace stagecoach::schedule {
 namespace {
 
-ScheduleConfig Config(ScheduleKind kind, int ranks, int stages_per_rank, int microbatches) {
-  ScheduleConfig config;
-  config.kind = kind;
-  config.num_ranks = ranks;
-  config.stages_per_rank = stages_per_rank;
-  config.num_microbatches = microbatches;
-  return config;
-}
-
-std::string Describe(const ScheduleConfig& config) {
-  return absl::StrCat(ScheduleKindName(config.kind), " r", config.num_ranks, " s",
-                      config.stages_per_rank, " m", config.num_microbatches);
-}
+using testing::DescribeConfig;
+using testing::ScheduleConfigFor;
 
 // One CSV-like row per rank, idle slots empty.
 std::vector<std::string> Rows(const PipelineOrder& order) {
@@ -45,7 +35,7 @@ std::vector<std::string> Rows(const PipelineOrder& order) {
 
 std::vector<std::string> Generated(const ScheduleConfig& config) {
   absl::StatusOr<PipelineOrder> order = GenerateSchedule(config);
-  EXPECT_TRUE(order.ok()) << Describe(config) << ": " << order.status();
+  EXPECT_TRUE(order.ok()) << DescribeConfig(config) << ": " << order.status();
   return order.ok() ? Rows(*order) : std::vector<std::string>{};
 }
 
@@ -104,7 +94,7 @@ Misaligned CountMisaligned(const PipelineOrder& order, int num_stages, int num_m
 TEST(LoopedBFS, TwoRanksTwoStagesTwoMicrobatches) {
   // Each local stage runs all microbatches forward; rank 0 then idles two slots while the first
   // gradient comes back from rank 1; backwards go last stage first, microbatches in reverse.
-  EXPECT_EQ(Generated(Config(ScheduleKind::kLoopedBFS, 2, 2, 2)),
+  EXPECT_EQ(Generated(ScheduleConfigFor(ScheduleKind::kLoopedBFS, 2, 2, 2)),
             (std::vector<std::string>{
                 "0F0,0F1,2F0,2F1,,,2B1,2B0,0B1,0B0",
                 ",1F0,1F1,3F0,3F1,3B1,3B0,1B1,1B0",
@@ -112,18 +102,19 @@ TEST(LoopedBFS, TwoRanksTwoStagesTwoMicrobatches) {
 }
 
 TEST(LoopedBFS, OneStagePerRankIsFillDrainWithReversedBackwards) {
-  EXPECT_EQ(Generated(Config(ScheduleKind::kLoopedBFS, 3, 1, 2)), (std::vector<std::string>{
-                                                                      "0F0,0F1,,,,,0B1,0B0",
-                                                                      ",1F0,1F1,,,1B1,1B0",
-                                                                      ",,2F0,2F1,2B1,2B0",
-                                                                  }));
+  EXPECT_EQ(Generated(ScheduleConfigFor(ScheduleKind::kLoopedBFS, 3, 1, 2)),
+            (std::vector<std::string>{
+                "0F0,0F1,,,,,0B1,0B0",
+                ",1F0,1F1,,,1B1,1B0",
+                ",,2F0,2F1,2B1,2B0",
+            }));
 }
 
 TEST(Interleaved1F1B, TwoRanksOneStageThreeMicrobatches) {
   // rounds = max(1, 3 / 2) = 1, so one round of 3. Rank 0 warms up with 2 forwards (two per hop
   // to the last rank) and idles until its first backward at slot 1 * 2 + 2 = 4; in the cool-down
   // an idle slot precedes each backward. Rank 1 has no warm-up and no post-warm-up idle slot.
-  EXPECT_EQ(Generated(Config(ScheduleKind::kInterleaved1F1B, 2, 1, 3)),
+  EXPECT_EQ(Generated(ScheduleConfigFor(ScheduleKind::kInterleaved1F1B, 2, 1, 3)),
             (std::vector<std::string>{
                 "0F0,0F1,,,0F2,0B0,,0B1,,0B2",
                 ",1F0,1B0,1F1,1B1,1F2,1B2",
@@ -135,7 +126,7 @@ TEST(Interleaved1F1B, ThreeLocalStagesInChunksOfOneRound) {
   // 0) and backwards mirror them (4,4,2,2,0,0). Rank 0's warm-up, 2 * 2 + 2 * 1 = 6, is every
   // forward; it idles until slot 3 * 2 + 2 = 8 and then runs the cool-down. Rank 1 warms up with
   // 4, idles one slot to reach slot 6, runs the last chunk as F/B pairs, then the cool-down.
-  EXPECT_EQ(Generated(Config(ScheduleKind::kInterleaved1F1B, 2, 3, 2)),
+  EXPECT_EQ(Generated(ScheduleConfigFor(ScheduleKind::kInterleaved1F1B, 2, 3, 2)),
             (std::vector<std::string>{
                 "0F0,0F1,2F0,2F1,4F0,4F1,,,,4B0,,4B1,,2B0,,2B1,,0B0,,0B1",
                 ",1F0,1F1,3F0,3F1,,5F0,5B0,5F1,5B1,,3B0,,3B1,,1B0,,1B1",
@@ -146,7 +137,7 @@ TEST(Interleaved1F1B, FewerMicrobatchesThanRanksKeepsPyTorchsSlots) {
   // r2 s2 m1: one round of one microbatch. PyTorch's slots assume a round of num_ranks
   // microbatches, so with fewer they are not time: 2F0 shares slot 1 with the 1F0 it consumes
   // and 1B0 shares slot 7 with 2B0. As an order it is valid, and we keep it as PyTorch has it.
-  const ScheduleConfig config = Config(ScheduleKind::kInterleaved1F1B, 2, 2, 1);
+  const ScheduleConfig config = ScheduleConfigFor(ScheduleKind::kInterleaved1F1B, 2, 2, 1);
   EXPECT_EQ(Generated(config), (std::vector<std::string>{
                                    "0F0,2F0,,,,,,2B0,,0B0",
                                    ",1F0,,,3F0,3B0,,1B0",
@@ -163,7 +154,7 @@ TEST(InterleavedZeroBubble, BubblesDelayForwardsButNeverBackwards) {
   // ,1F0,3F0,3I0,1I0,3W0,1W0. 2F0 must wait for 1F0 (slot 1) and 3F0 for 2F0 (slot 2), so each
   // gets one idle slot before it. I is never delayed (as in PyTorch), so 2I0 shares slot 4 with
   // the 3I0 it depends on; the order still lowers.
-  EXPECT_EQ(Generated(Config(ScheduleKind::kInterleavedZeroBubble, 2, 2, 1)),
+  EXPECT_EQ(Generated(ScheduleConfigFor(ScheduleKind::kInterleavedZeroBubble, 2, 2, 1)),
             (std::vector<std::string>{
                 "0F0,,2F0,,2I0,2W0,0I0,0W0",
                 ",1F0,,3F0,3I0,1I0,3W0,1W0",
@@ -173,7 +164,7 @@ TEST(InterleavedZeroBubble, BubblesDelayForwardsButNeverBackwards) {
 TEST(InterleavedZeroBubble, WeightsFollowInputGradientsAfterRankWarmup) {
   // r2 s1 m2: rank 0 issues a W after every I; rank 1 holds back its first W (num_1f1b = rank)
   // and issues it after its second I, then the last W closes the list.
-  EXPECT_EQ(Generated(Config(ScheduleKind::kInterleavedZeroBubble, 2, 1, 2)),
+  EXPECT_EQ(Generated(ScheduleConfigFor(ScheduleKind::kInterleavedZeroBubble, 2, 1, 2)),
             (std::vector<std::string>{
                 "0F0,,0F1,0I0,0W0,0I1,0W1",
                 ",1F0,1I0,1F1,1I1,1W0,1W1",
@@ -184,31 +175,32 @@ TEST(RoundsRule, NineMicrobatchesOnFourRanksIsRefused) {
   // rounds = max(1, 9 / 4) = 2 and 9 is odd.
   for (int spr : {1, 2, 3}) {
     absl::StatusOr<PipelineOrder> interleaved =
-        GenerateSchedule(Config(ScheduleKind::kInterleaved1F1B, 4, spr, 9));
+        GenerateSchedule(ScheduleConfigFor(ScheduleKind::kInterleaved1F1B, 4, spr, 9));
     EXPECT_EQ(interleaved.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(interleaved.status().message(),
               "Interleaved 1F1B requires the number of microbatches to be a multiple of the "
               "number of rounds (2), but got 9.");
     absl::StatusOr<PipelineOrder> zero_bubble =
-        GenerateSchedule(Config(ScheduleKind::kInterleavedZeroBubble, 4, spr, 9));
+        GenerateSchedule(ScheduleConfigFor(ScheduleKind::kInterleavedZeroBubble, 4, spr, 9));
     EXPECT_EQ(zero_bubble.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(zero_bubble.status().message(),
               "Zero bubble requires the number of microbatches to be a multiple of the number of "
               "rounds (2), but got 9.");
-    EXPECT_TRUE(GenerateSchedule(Config(ScheduleKind::kLoopedBFS, 4, spr, 9)).ok());
+    EXPECT_TRUE(GenerateSchedule(ScheduleConfigFor(ScheduleKind::kLoopedBFS, 4, spr, 9)).ok());
   }
 }
 
 TEST(RoundsRule, FewerMicrobatchesThanRanksIsOneRound) {
   // rounds = max(1, 3 / 4) = 1, which divides 3.
   for (ScheduleKind kind : {ScheduleKind::kInterleaved1F1B, ScheduleKind::kInterleavedZeroBubble}) {
-    absl::StatusOr<PipelineOrder> order = GenerateSchedule(Config(kind, 4, 2, 3));
+    absl::StatusOr<PipelineOrder> order = GenerateSchedule(ScheduleConfigFor(kind, 4, 2, 3));
     EXPECT_TRUE(order.ok()) << ScheduleKindName(kind) << ": " << order.status();
   }
   // rounds = 15 / 4 = 3 divides 15; rounds = 14 / 4 = 3 does not divide 14.
-  EXPECT_TRUE(GenerateSchedule(Config(ScheduleKind::kInterleaved1F1B, 4, 2, 15)).ok());
-  EXPECT_EQ(GenerateSchedule(Config(ScheduleKind::kInterleaved1F1B, 4, 2, 14)).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(GenerateSchedule(ScheduleConfigFor(ScheduleKind::kInterleaved1F1B, 4, 2, 15)).ok());
+  EXPECT_EQ(
+      GenerateSchedule(ScheduleConfigFor(ScheduleKind::kInterleaved1F1B, 4, 2, 14)).status().code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 // Checks one accepted config: the compute validator passes, the inferred placement is the loop
@@ -219,18 +211,18 @@ bool CheckAccepted(const ScheduleConfig& config, const PipelineOrder& order) {
   absl::StatusOr<std::vector<int>> mapping =
       ValidateComputeSchedule(order, config.num_ranks, num_stages, config.num_microbatches);
   if (!mapping.ok()) {
-    ADD_FAILURE() << Describe(config) << ": " << mapping.status();
+    ADD_FAILURE() << DescribeConfig(config) << ": " << mapping.status();
     return false;
   }
   absl::StatusOr<std::vector<int>> loop =
       StageToRank(num_stages, config.num_ranks, MappingStyle::kLoop);
   if (!loop.ok() || *mapping != *loop) {
-    ADD_FAILURE() << Describe(config) << ": inferred placement is not the loop placement";
+    ADD_FAILURE() << DescribeConfig(config) << ": inferred placement is not the loop placement";
     return false;
   }
   absl::StatusOr<PipelineOrder> lowered = AddSendRecv(order, *mapping, num_stages);
   if (!lowered.ok()) {
-    ADD_FAILURE() << Describe(config) << ": " << lowered.status();
+    ADD_FAILURE() << DescribeConfig(config) << ": " << lowered.status();
     return false;
   }
   // Where PyTorch's slots are consistent with the dependencies, ours must be too: always for
@@ -252,7 +244,7 @@ bool CheckAccepted(const ScheduleConfig& config, const PipelineOrder& order) {
       break;
   }
   if (!aligned) {
-    ADD_FAILURE() << Describe(config) << ": slots contradict " << misaligned.forwards
+    ADD_FAILURE() << DescribeConfig(config) << ": slots contradict " << misaligned.forwards
                   << " forward and " << misaligned.backwards << " backward dependencies";
     return false;
   }
@@ -266,22 +258,22 @@ void Sweep(ScheduleKind kind) {
   for (int ranks = 1; ranks <= 16; ++ranks) {
     for (int spr = 1; spr <= 4; ++spr) {
       for (int mbs = 1; mbs <= 64 && failures < 5; ++mbs) {
-        const ScheduleConfig config = Config(kind, ranks, spr, mbs);
+        const ScheduleConfig config = ScheduleConfigFor(kind, ranks, spr, mbs);
         const std::string expected_error = PyTorchRoundsError(config);
         absl::StatusOr<PipelineOrder> order = GenerateSchedule(config);
         if (!expected_error.empty()) {
           ++refused;
           if (order.ok() || order.status().code() != absl::StatusCode::kInvalidArgument ||
               order.status().message() != expected_error) {
-            ADD_FAILURE() << Describe(config) << ": expected \"" << expected_error << "\", got "
-                          << (order.ok() ? "a schedule" : order.status().ToString());
+            ADD_FAILURE() << DescribeConfig(config) << ": expected \"" << expected_error
+                          << "\", got " << (order.ok() ? "a schedule" : order.status().ToString());
             ++failures;
           }
           continue;
         }
         ++accepted;
         if (!order.ok()) {
-          ADD_FAILURE() << Describe(config) << ": " << order.status();
+          ADD_FAILURE() << DescribeConfig(config) << ": " << order.status();
           ++failures;
         } else if (!CheckAccepted(config, *order)) {
           ++failures;

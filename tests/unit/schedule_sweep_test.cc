@@ -13,18 +13,12 @@
 #include "common/schedule/validator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/golden.h"
 
 namespace stagecoach::schedule {
 namespace {
 
-ScheduleConfig Config(ScheduleKind kind, int ranks, int spr, int microbatches) {
-  ScheduleConfig config;
-  config.kind = kind;
-  config.num_ranks = ranks;
-  config.stages_per_rank = spr;
-  config.num_microbatches = microbatches;
-  return config;
-}
+using testing::ScheduleConfigFor;
 
 // The error PyTorch raises for `c` (ours for its one-stage classes given several stages), or ""
 // when it builds the schedule.
@@ -88,7 +82,7 @@ TEST_P(Sweep, ConstraintErrorOrValidLowerableSimulatableList) {
   for (int ranks = 1; ranks <= 16; ++ranks) {
     for (int spr = 1; spr <= 4; ++spr) {
       for (int m = 1; m <= 64; ++m) {
-        const ScheduleConfig config = Config(kind, ranks, spr, m);
+        const ScheduleConfig config = ScheduleConfigFor(kind, ranks, spr, m);
         const std::string expected = ExpectedError(config);
         auto order = GenerateSchedule(config);
         if (!expected.empty()) {
@@ -149,7 +143,7 @@ TEST(SweepBubbles, GPipeAndOneFOneBMatchTheClosedForm) {
   for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B}) {
     for (int p = 1; p <= 16; ++p) {
       for (int m = p; m <= 64; ++m) {
-        auto sim = SimulateGenerated(Config(kind, p, 1, m), EqualForwardBackward());
+        auto sim = SimulateGenerated(ScheduleConfigFor(kind, p, 1, m), EqualForwardBackward());
         ASSERT_TRUE(sim.ok()) << sim.status();
         const double expected = static_cast<double>(p - 1) / (m + p - 1);
         for (int r = 0; r < p; ++r) {
@@ -168,8 +162,8 @@ TEST(SweepBubbles, ZeroBubbleVBeatsOneFOneB) {
   costs.defaults = {1, 2, 1, 1};
   for (int p = 2; p <= 16; ++p) {
     for (int m = p; m <= 64; ++m) {
-      auto zbv = SimulateGenerated(Config(ScheduleKind::kZBVZeroBubble, p, 2, m), costs);
-      auto one_f_one_b = SimulateGenerated(Config(ScheduleKind::k1F1B, p, 1, m), costs);
+      auto zbv = SimulateGenerated(ScheduleConfigFor(ScheduleKind::kZBVZeroBubble, p, 2, m), costs);
+      auto one_f_one_b = SimulateGenerated(ScheduleConfigFor(ScheduleKind::k1F1B, p, 1, m), costs);
       ASSERT_TRUE(zbv.ok() && one_f_one_b.ok());
       auto worst = [](const Simulation& s) {
         return *std::max_element(s.bubble_ratio.begin(), s.bubble_ratio.end());

@@ -13,22 +13,16 @@
 #include "common/schedule/lowering.h"
 #include "common/schedule/validator.h"
 #include "gtest/gtest.h"
+#include "tests/support/golden.h"
 
 namespace stagecoach::schedule {
 namespace {
 
-ScheduleConfig Config(ScheduleKind kind, int ranks, int microbatches, int stages_per_rank = 2) {
-  ScheduleConfig config;
-  config.kind = kind;
-  config.num_ranks = ranks;
-  config.stages_per_rank = stages_per_rank;
-  config.num_microbatches = microbatches;
-  return config;
-}
+using testing::DescribeConfig;
 
-std::string Describe(const ScheduleConfig& config) {
-  return absl::StrCat(ScheduleKindName(config.kind), " r", config.num_ranks, " s",
-                      config.stages_per_rank, " m", config.num_microbatches);
+// Both V schedules run two stages per rank.
+ScheduleConfig Config(ScheduleKind kind, int ranks, int microbatches, int stages_per_rank = 2) {
+  return testing::ScheduleConfigFor(kind, ranks, stages_per_rank, microbatches);
 }
 
 // PyTorch's error for `config`, or nullopt where PyTorch builds the schedule. Written from
@@ -61,7 +55,7 @@ std::vector<int> VMapping(int ranks) {
 // lowering it (send/recv insertion alone, and PyTorch's whole runtime lowering, then the lowered
 // validator with its deadlock check) succeeds. Failures name the config.
 void ExpectValidAndLowerable(const ScheduleConfig& config, const PipelineOrder& order) {
-  SCOPED_TRACE(Describe(config));
+  SCOPED_TRACE(DescribeConfig(config));
   const int ranks = config.num_ranks;
   const int stages = 2 * ranks;
   const int microbatches = config.num_microbatches;
@@ -88,12 +82,13 @@ TEST_P(VScheduleSweep, ValidAndDeadlockFreeWhereverPyTorchAccepts) {
       const ScheduleConfig config = Config(GetParam(), ranks, microbatches);
       auto order = GenerateSchedule(config);
       if (std::optional<std::string> error = PyTorchError(config)) {
-        EXPECT_EQ(order.status().code(), absl::StatusCode::kInvalidArgument) << Describe(config);
-        EXPECT_EQ(order.status().message(), *error) << Describe(config);
+        EXPECT_EQ(order.status().code(), absl::StatusCode::kInvalidArgument)
+            << DescribeConfig(config);
+        EXPECT_EQ(order.status().message(), *error) << DescribeConfig(config);
         ++refused;
         continue;
       }
-      ASSERT_TRUE(order.ok()) << Describe(config) << ": " << order.status();
+      ASSERT_TRUE(order.ok()) << DescribeConfig(config) << ": " << order.status();
       ExpectValidAndLowerable(config, *order);
       if (::testing::Test::HasFailure()) return;  // one broken config is enough to report
       ++accepted;
@@ -111,7 +106,7 @@ TEST_P(VScheduleSweep, RefusesOtherStageCountsWithPyTorchsMessage) {
     for (int ranks : {1, 2, 4}) {
       for (int microbatches : {1, 8, 64}) {
         const ScheduleConfig config = Config(GetParam(), ranks, microbatches, stages_per_rank);
-        SCOPED_TRACE(Describe(config));
+        SCOPED_TRACE(DescribeConfig(config));
         for (bool aligned : {false, true}) {
           auto order = aligned ? GenerateTimeAligned(config) : GenerateSchedule(config);
           EXPECT_EQ(order.status().code(), absl::StatusCode::kInvalidArgument);
@@ -132,7 +127,7 @@ TEST_P(VScheduleSweep, TimeAlignedFormIsTheSchedule) {
     auto aligned = GenerateTimeAligned(config);
     ASSERT_TRUE(order.ok()) << order.status();
     ASSERT_TRUE(aligned.ok()) << aligned.status();
-    EXPECT_EQ(*order, *aligned) << Describe(config);
+    EXPECT_EQ(*order, *aligned) << DescribeConfig(config);
   }
 }
 
@@ -185,7 +180,7 @@ TEST(ZBVZeroBubble, FewMicrobatchesAreThePaddedScheduleWithTheExtraOnesIdle) {
     ASSERT_TRUE(full.ok()) << full.status();
     for (int microbatches = 1; microbatches < padded; ++microbatches) {
       const ScheduleConfig config = Config(ScheduleKind::kZBVZeroBubble, ranks, microbatches);
-      SCOPED_TRACE(Describe(config));
+      SCOPED_TRACE(DescribeConfig(config));
       auto order = GenerateSchedule(config);
       ASSERT_TRUE(order.ok()) << order.status();
       PipelineOrder expected = *full;

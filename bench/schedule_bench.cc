@@ -35,23 +35,12 @@ double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
 }
 
-int StagesPerRank(sched::ScheduleKind kind) {
-  switch (kind) {
-    case sched::ScheduleKind::kGPipe:
-    case sched::ScheduleKind::k1F1B:
-    case sched::ScheduleKind::kForwardOnly:
-      return 1;
-    default:
-      return 2;
-  }
-}
-
 // Runs every phase once; exits on any error (a benchmark of a failing run means nothing).
 PhaseTimes RunOnce(sched::ScheduleKind kind, int ranks, int microbatches) {
   sched::ScheduleConfig config;
   config.kind = kind;
   config.num_ranks = ranks;
-  config.stages_per_rank = StagesPerRank(kind);
+  config.stages_per_rank = sched::DefaultStagesPerRank(kind);
   config.num_microbatches = microbatches;
   const int stages = sched::NumStages(config);
   sched::ValidationOptions validation;
@@ -165,7 +154,8 @@ int main(int argc, char** argv) {
   double zbv_goal = -1;
   for (sched::ScheduleKind kind : kinds) {
     std::printf("%s (%d stage%s per rank)\n", std::string(sched::ScheduleKindName(kind)).c_str(),
-                StagesPerRank(kind), StagesPerRank(kind) == 1 ? "" : "s");
+                sched::DefaultStagesPerRank(kind),
+                sched::DefaultStagesPerRank(kind) == 1 ? "" : "s");
     PrintHeader("64 ranks, m =");
     std::vector<PhaseTimes> by_m;
     for (int m : microbatch_sweep) {

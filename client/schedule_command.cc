@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/schedule/build.h"
 #include "common/schedule/chrome_trace.h"
 #include "common/schedule/csv.h"
 #include "common/schedule/generators.h"
@@ -59,19 +60,6 @@ struct Prepared {
   bool has_backward = true;
 };
 
-int DefaultStagesPerRank(sched::ScheduleKind kind) {
-  switch (kind) {
-    case sched::ScheduleKind::kInterleaved1F1B:
-    case sched::ScheduleKind::kLoopedBFS:
-    case sched::ScheduleKind::kInterleavedZeroBubble:
-    case sched::ScheduleKind::kZBVZeroBubble:
-    case sched::ScheduleKind::kDualPipeV:
-      return 2;
-    default:
-      return 1;
-  }
-}
-
 absl::StatusOr<Prepared> Generate(const ScheduleCommandOptions& o, Failure& failure) {
   auto kind = sched::ParseScheduleKind(o.kind);
   if (!kind.ok()) {
@@ -86,7 +74,7 @@ absl::StatusOr<Prepared> Generate(const ScheduleCommandOptions& o, Failure& fail
   config.kind = *kind;
   config.num_ranks = o.ranks;
   config.num_microbatches = o.microbatches;
-  config.stages_per_rank = o.stages_per_rank.value_or(DefaultStagesPerRank(*kind));
+  config.stages_per_rank = o.stages_per_rank.value_or(sched::DefaultStagesPerRank(*kind));
   if (config.stages_per_rank < 1) {
     failure = {kUsage, "--stages-per-rank must be >= 1"};
     return absl::InvalidArgumentError(failure.message);
@@ -105,41 +93,24 @@ absl::StatusOr<Prepared> Generate(const ScheduleCommandOptions& o, Failure& fail
                    {"stages", p.num_stages},
                    {"microbatches", config.num_microbatches}};
 
-  auto compute =
-      o.time_aligned ? sched::GenerateTimeAligned(config) : sched::GenerateSchedule(config);
-  if (!compute.ok()) {
-    failure = {kInvalid, std::string(compute.status().message())};
-    return compute.status();
+  sched::LoweringOptions lowering;
+  lowering.max_active_stages = o.max_active_stages;
+  auto built = sched::BuildSchedule(config, lowering);
+  if (!built.ok()) {
+    failure = {kInvalid, std::string(built.status().message())};
+    return built.status();
   }
-  p.compute = *std::move(compute);
-  auto mapping =
-      sched::StageToRank(p.num_stages, config.num_ranks, sched::DefaultMappingStyle(*kind));
-  sched::ValidationOptions validation;
-  validation.has_backward = p.has_backward;
-  absl::Status status = mapping.status();
-  if (status.ok()) {
-    p.stage_to_rank = *mapping;
-    status = sched::ValidateComputeSchedule(p.compute, config.num_ranks, p.num_stages,
-                                            p.num_microbatches, validation)
-                 .status();
-  }
-  if (status.ok()) {
-    sched::LoweringOptions lowering;
-    lowering.max_active_stages = o.max_active_stages;
-    auto lowered = sched::LowerSchedule(p.compute, p.stage_to_rank, p.num_stages,
-                                        p.num_microbatches, lowering);
-    status = lowered.status();
-    if (lowered.ok()) {
-      p.lowered = *std::move(lowered);
-      status = sched::ValidateLoweredSchedule(p.lowered, p.stage_to_rank, p.num_stages,
-                                              p.num_microbatches, validation);
+  p.compute = std::move(built->compute);
+  p.stage_to_rank = std::move(built->stage_to_rank);
+  p.lowered = std::move(built->lowered);
+  if (o.time_aligned) {
+    // Shown instead of pipeline_order; the lowered list is the same either way.
+    auto aligned = sched::GenerateTimeAligned(config);
+    if (!aligned.ok()) {
+      failure = {kInvalid, std::string(aligned.status().message())};
+      return aligned.status();
     }
-  }
-  if (!status.ok()) {
-    // A generator bug, not the user's: say so.
-    failure = {kInvalid,
-               absl::StrCat("the generated ", name, " schedule is invalid: ", status.message())};
-    return status;
+    p.compute = *std::move(aligned);
   }
   return p;
 }

@@ -4,8 +4,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "common/schedule/lowering.h"
-#include "common/schedule/validator.h"
+#include "common/schedule/build.h"
 #include "common/spec/spec_parser.h"
 #include "common/util/status_macros.h"
 
@@ -164,29 +163,23 @@ absl::StatusOr<Plan> PlanJob(const spec::JobSpec& spec) {
     plan.stages.push_back(st);
   }
 
-  // Generate, lower and validate the schedule.
+  // Generate, lower and validate the schedule. Unsharded stages: no UNSHARD/RESHARD.
   schedule::ScheduleConfig config;
   config.kind = plan.kind;
   config.num_ranks = plan.num_ranks;
   config.stages_per_rank = spr;
   config.num_microbatches = plan.num_microbatches;
-  auto compute = schedule::GenerateSchedule(config);
-  if (!compute.ok()) return FieldError("schedule", compute.status().message());
-  ASSIGN_OR_RETURN(plan.stage_to_rank, schedule::StageToRank(plan.num_stages, plan.num_ranks,
-                                                             schedule::MappingStyle::kLoop));
-  auto lowered = schedule::AddSendRecv(*compute, plan.stage_to_rank, plan.num_stages);
-  if (!lowered.ok()) {
-    return absl::InternalError(absl::StrCat("lowering the ", schedule::ScheduleKindName(plan.kind),
-                                            " schedule failed: ", lowered.status().message()));
+  schedule::LoweringOptions lowering;
+  lowering.max_active_stages = 0;
+  auto built = schedule::BuildSchedule(config, lowering);
+  if (!built.ok()) {
+    if (built.status().code() == absl::StatusCode::kInvalidArgument) {
+      return FieldError("schedule", built.status().message());
+    }
+    return built.status();
   }
-  auto valid = schedule::ValidateLoweredSchedule(*lowered, plan.stage_to_rank, plan.num_stages,
-                                                 plan.num_microbatches);
-  if (!valid.ok()) {
-    return absl::InternalError(absl::StrCat("the generated ", schedule::ScheduleKindName(plan.kind),
-                                            " schedule is invalid: ", valid.message()));
-  }
-  plan.lowered = *std::move(lowered);
+  plan.stage_to_rank = std::move(built->stage_to_rank);
+  plan.lowered = std::move(built->lowered);
   return plan;
 }
-
 }  // namespace stagecoach::coordinator

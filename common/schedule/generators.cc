@@ -86,6 +86,17 @@ absl::string_view ScheduleKindName(ScheduleKind kind) {
 
 bool HasBackward(ScheduleKind kind) { return kind != ScheduleKind::kForwardOnly; }
 
+int DefaultStagesPerRank(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::kGPipe:
+    case ScheduleKind::k1F1B:
+    case ScheduleKind::kForwardOnly:
+      return 1;
+    default:
+      return 2;
+  }
+}
+
 const std::vector<ScheduleKind>& AllScheduleKinds() {
   static const auto* kinds = new std::vector<ScheduleKind>{ScheduleKind::kGPipe,
                                                            ScheduleKind::k1F1B,

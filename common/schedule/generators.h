@@ -66,6 +66,11 @@ absl::string_view ScheduleKindName(ScheduleKind kind);
 // True for the kinds with a backward pass (all but kForwardOnly).
 bool HasBackward(ScheduleKind kind);
 
+// The stages per rank to use when none is given: 1 for GPipe, 1F1B and ForwardOnly, 2 for the
+// others (ZBVZeroBubble and DualPipeV need exactly 2; 2 is PyTorch's visualiser default for the
+// interleaved kinds).
+int DefaultStagesPerRank(ScheduleKind kind);
+
 // All kinds, in the order error messages list them.
 const std::vector<ScheduleKind>& AllScheduleKinds();
 

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/schedule/build.h"
 #include "common/schedule/csv.h"
 #include "common/schedule/generators.h"
 #include "common/schedule/lowering.h"
@@ -181,18 +182,12 @@ TEST(ScheduleGolden, Grids) {
   }
   for (const testing::GoldenFile& g : testing::GoldenFiles(".comms.grid.txt")) {
     SCOPED_TRACE(g.file);
-    const ScheduleConfig config = ConfigOf(g);
-    auto compute = GenerateSchedule(config);
-    if (!compute.ok()) {
-      ADD_FAILURE() << compute.status();
+    auto built = BuildSchedule(ConfigOf(g));
+    if (!built.ok()) {
+      ADD_FAILURE() << built.status();
       continue;
     }
-    auto lowered = LowerSchedule(*compute, MappingOf(config), g.num_stages(), g.microbatches);
-    if (!lowered.ok()) {
-      ADD_FAILURE() << lowered.status();
-      continue;
-    }
-    EXPECT_EQ(testing::Normalized(FormatGrid(*lowered)),
+    EXPECT_EQ(testing::Normalized(FormatGrid(built->lowered)),
               testing::Normalized(testing::ReadGolden(g.file)));
     ++checked;
   }

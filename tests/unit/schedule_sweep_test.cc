@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/schedule/build.h"
 #include "common/schedule/generators.h"
 #include "common/schedule/lowering.h"
 #include "common/schedule/simulator.h"
@@ -128,14 +129,10 @@ CostModel EqualForwardBackward() {
 }
 
 absl::StatusOr<Simulation> SimulateGenerated(const ScheduleConfig& config, const CostModel& costs) {
-  auto order = GenerateSchedule(config);
-  if (!order.ok()) return order.status();
-  const int stages = NumStages(config);
-  auto mapping = StageToRank(stages, config.num_ranks, DefaultMappingStyle(config.kind));
-  if (!mapping.ok()) return mapping.status();
-  auto lowered = LowerSchedule(*order, *mapping, stages, config.num_microbatches);
-  if (!lowered.ok()) return lowered.status();
-  return Simulate(*lowered, *mapping, stages, config.num_microbatches, costs);
+  auto built = BuildSchedule(config);
+  if (!built.ok()) return built.status();
+  return Simulate(built->lowered, built->stage_to_rank, NumStages(config), config.num_microbatches,
+                  costs);
 }
 
 // With F = B, GPipe and 1F1B both idle (p-1)/(m+p-1) of the step on every rank.

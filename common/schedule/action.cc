@@ -116,14 +116,9 @@ bool HasMicrobatch(ActionType type) {
   }
 }
 
-std::vector<const Action*> LeafActions(const Action& action) {
-  std::vector<const Action*> leaves;
-  if (action.sub_actions.empty()) {
-    leaves.push_back(&action);
-  } else {
-    for (const Action& sub : action.sub_actions) leaves.push_back(&sub);
-  }
-  return leaves;
+LeafRange LeafActions(const Action& action) {
+  if (action.sub_actions.empty()) return LeafRange(&action, 1);
+  return LeafRange(action.sub_actions.data(), action.sub_actions.size());
 }
 
 bool IsBackwardInputOrFull(ActionType type) {

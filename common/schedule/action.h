@@ -73,9 +73,39 @@ absl::StatusOr<std::optional<Action>> ParseAction(absl::string_view text);
 // Like ParseAction, but an idle slot is an error too.
 absl::StatusOr<Action> ParseRequiredAction(absl::string_view text);
 
+// A contiguous run of actions seen as pointers (`for (const Action* leaf : range)`), without
+// allocating: what LeafActions returns. Valid while the actions it points into live.
+class LeafRange {
+ public:
+  class Iterator {
+   public:
+    explicit Iterator(const Action* at) : at_(at) {}
+    const Action* operator*() const { return at_; }
+    Iterator& operator++() {
+      ++at_;
+      return *this;
+    }
+    bool operator!=(const Iterator& other) const { return at_ != other.at_; }
+
+   private:
+    const Action* at_;
+  };
+
+  LeafRange(const Action* first, size_t size) : first_(first), size_(size) {}
+  Iterator begin() const { return Iterator(first_); }
+  Iterator end() const { return Iterator(first_ + size_); }
+  size_t size() const { return size_; }
+  const Action* operator[](size_t i) const { return first_ + i; }
+
+ private:
+  const Action* first_;
+  size_t size_;
+};
+
 // The actions an entry stands for: the sub-actions of an OVERLAP_F_B container, else the
-// action itself. Pointers into `action`, valid while it lives.
-std::vector<const Action*> LeafActions(const Action& action);
+// action itself. Points into `action`, valid while it lives; allocates nothing (it is called for
+// every action by the passes, the validator and the simulator).
+LeafRange LeafActions(const Action& action);
 
 // True for I and B: the actions that compute (and, across ranks, send) input gradients.
 bool IsBackwardInputOrFull(ActionType type);

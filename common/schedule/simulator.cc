@@ -286,7 +286,7 @@ class Simulator {
   // The first leaf of `entry` whose input is not known yet, or nullopt if it can run. A leaf may
   // consume what an earlier leaf of the same entry produces.
   absl::StatusOr<std::optional<Wait>> FindWait(size_t rank, const Action& entry) {
-    const std::vector<const Action*> leaves = LeafActions(entry);
+    const LeafRange leaves = LeafActions(entry);
     for (size_t i = 0; i < leaves.size(); ++i) {
       const Action& leaf = *leaves[i];
       const int s = leaf.stage;

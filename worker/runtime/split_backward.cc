@@ -1,0 +1,152 @@
+#include "worker/runtime/split_backward.h"
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/torch.h>
+
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+namespace stagecoach::runtime {
+namespace {
+
+using torch::autograd::Edge;
+using torch::autograd::edge_list;
+using torch::autograd::Node;
+
+// Which nodes of the graph under `roots` lie on a path to `target` (the input's node).
+// Iterative depth-first search: stage graphs can be deep.
+std::unordered_map<Node*, bool> NodesReaching(const edge_list& roots, Node* target) {
+  std::unordered_map<Node*, bool> reaches;
+  std::unordered_set<Node*> open;
+  std::vector<std::pair<Node*, size_t>> stack;  // node, next edge to look at
+  for (const Edge& root : roots) {
+    Node* start = root.function.get();
+    if (start == nullptr || reaches.count(start) > 0) continue;
+    open.insert(start);
+    stack.emplace_back(start, 0);
+    while (!stack.empty()) {
+      Node* node = stack.back().first;
+      const size_t next = stack.back().second;
+      if (node != target && next < node->num_outputs()) {
+        ++stack.back().second;
+        Node* child = node->next_edge(next).function.get();
+        if (child != nullptr && reaches.count(child) == 0 && open.count(child) == 0) {
+          open.insert(child);
+          stack.emplace_back(child, 0);
+        }
+        continue;
+      }
+      bool on_path = node == target;
+      for (const Edge& edge : node->next_edges()) {
+        if (edge.function == nullptr) continue;
+        auto it = reaches.find(edge.function.get());
+        if (it != reaches.end() && it->second) on_path = true;
+      }
+      reaches[node] = on_path;
+      open.erase(node);
+      stack.pop_back();
+    }
+  }
+  return reaches;
+}
+
+}  // namespace
+
+torch::Tensor SplitBackward::BackwardInput(const std::vector<torch::Tensor>& outputs,
+                                           const std::vector<torch::Tensor>& output_grads,
+                                           const torch::Tensor& input,
+                                           PendingWeightGrad* pending) {
+  TORCH_CHECK(outputs.size() == output_grads.size(), "split backward: ", outputs.size(),
+              " outputs but ", output_grads.size(), " gradients");
+  edge_list roots;
+  std::vector<torch::Tensor> grads;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (!outputs[i].requires_grad()) continue;
+    roots.push_back(torch::autograd::impl::gradient_edge(outputs[i]));
+    grads.push_back(output_grads[i].defined() ? output_grads[i] : torch::ones_like(outputs[i]));
+  }
+  *pending = PendingWeightGrad();
+  if (!input.defined() || !input.requires_grad()) {
+    // No input path: W runs the whole backward.
+    pending->roots_ = std::move(roots);
+    pending->grads_ = std::move(grads);
+    return torch::Tensor();
+  }
+  if (roots.empty()) return torch::zeros_like(input);
+
+  const Edge input_edge = torch::autograd::impl::gradient_edge(input);
+  const std::unordered_map<Node*, bool> on_path =
+      NodesReaching(roots, input_edge.function.get());
+  auto is_on_path = [&](Node* node) {
+    auto it = on_path.find(node);
+    return it != on_path.end() && it->second;
+  };
+
+  // Split nodes: on the input path and feeding something off it (parameters).
+  edge_list captures{input_edge};
+  for (const auto& [node, reaches] : on_path) {
+    if (!reaches || node == input_edge.function.get()) continue;
+    std::vector<size_t> input_path_edges;
+    bool feeds_off_path = false;
+    for (size_t i = 0; i < node->num_outputs(); ++i) {
+      Node* child = node->next_edge(i).function.get();
+      if (child == nullptr) continue;
+      if (is_on_path(child)) {
+        input_path_edges.push_back(i);
+      } else {
+        feeds_off_path = true;
+      }
+    }
+    if (!feeds_off_path) continue;
+    // `node` is in the graph, so it is owned by a shared_ptr; keep it for W.
+    std::shared_ptr<Node> shared = node->shared_from_this();
+    for (uint32_t i = 0; i < node->num_inputs(); ++i) captures.emplace_back(shared, i);
+    pending->split_nodes_.push_back(std::move(shared));
+    pending->input_path_edges_.push_back(std::move(input_path_edges));
+  }
+
+  torch::autograd::variable_list captured = torch::autograd::Engine::get_default_engine().execute(
+      roots, grads, /*keep_graph=*/true, /*create_graph=*/false, /*accumulate_grad=*/false,
+      captures);
+
+  // A split node that is itself a root receives the root's gradient, not a captured one.
+  for (size_t c = 1; c < captures.size(); ++c) {
+    if (captured[c].defined()) continue;
+    for (size_t r = 0; r < roots.size(); ++r) {
+      if (roots[r].function == captures[c].function && roots[r].input_nr == captures[c].input_nr) {
+        captured[c] = grads[r];
+      }
+    }
+  }
+  for (size_t c = 1; c < captures.size(); ++c) {
+    if (!captured[c].defined()) continue;
+    pending->roots_.push_back(captures[c]);
+    pending->grads_.push_back(std::move(captured[c]));
+  }
+  // Nodes on the input path that W will not run: their saved tensors can go now.
+  std::unordered_set<Node*> split(pending->split_nodes_.size());
+  for (const auto& node : pending->split_nodes_) split.insert(node.get());
+  for (const auto& [node, reaches] : on_path) {
+    if (reaches && split.count(node) == 0 && node != input_edge.function.get()) {
+      node->release_variables();
+    }
+  }
+  return captured[0].defined() ? captured[0] : torch::zeros_like(input);
+}
+
+void SplitBackward::BackwardWeight(PendingWeightGrad pending) {
+  // Cut the split nodes' edges towards the input, or W would walk back to it and add the
+  // input-path contributions again.
+  for (size_t i = 0; i < pending.split_nodes_.size(); ++i) {
+    for (size_t e : pending.input_path_edges_[i]) pending.split_nodes_[i]->next_edges()[e] = Edge();
+  }
+  if (pending.roots_.empty()) return;
+  torch::autograd::Engine::get_default_engine().execute(pending.roots_, pending.grads_,
+                                                        /*keep_graph=*/false,
+                                                        /*create_graph=*/false,
+                                                        /*accumulate_grad=*/true, {});
+}
+
+}  // namespace stagecoach::runtime

@@ -5,10 +5,12 @@
 
 #include <cmath>
 #include <limits>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/util/status_macros.h"
+#include "worker/runtime/split_backward.h"
 
 namespace stagecoach::runtime {
 namespace {
@@ -51,6 +53,21 @@ struct PendingSend {
   std::string what;
 };
 
+// Actions a forward-only step cannot have.
+bool IsBackwardAction(ActionType type) {
+  switch (type) {
+    case ActionType::kFullBackward:
+    case ActionType::kBackwardInput:
+    case ActionType::kBackwardWeight:
+    case ActionType::kSendB:
+    case ActionType::kRecvB:
+    case ActionType::kReduceGrad:
+      return true;
+    default:
+      return false;
+  }
+}
+
 // Runs `fn`, turning LibTorch exceptions into a Status prefixed with `where`.
 template <typename Fn>
 absl::Status GuardTorch(const std::string& where, Fn&& fn) {
@@ -80,7 +97,11 @@ struct PipelineExecutor::StepState {
   std::map<Key, torch::Tensor> handed_inputs;   // from a local stage s-1, for stage s
   std::map<Key, torch::Tensor> handed_grads;    // from a local stage s+1, for stage s
   std::map<Key, torch::Tensor> input_grads;     // gradient of stage s's input, to send
+  std::map<Key, PendingWeightGrad> pending_weights;  // I ran, W has not
+  std::set<Key> early_sends;  // F outputs already sent by an OVERLAP_F_B
   std::vector<PendingSend> sends;
+  absl::Time step_start;
+  absl::Duration action_wait;  // time the current action spent blocked on receives
   StepResult result;
 };
 
@@ -186,23 +207,36 @@ absl::StatusOr<StepResult> PipelineExecutor::RunStep(const std::vector<Action>& 
   StepState state;
   state.inputs = &inputs;
   state.targets = &targets;
+  state.step_start = absl::Now();
+  state.result.start = state.step_start;
+  state.result.executed.reserve(actions.size());
+  state.result.timings.reserve(actions.size());
   const int m = options_.num_microbatches;
   const int last = options_.num_stages - 1;
   const bool owns_last = Local(last);
-  if (owns_last) state.result.microbatch_losses.assign(m, std::numeric_limits<double>::quiet_NaN());
+  const bool wants_losses = owns_last && !options_.forward_only;
+  if (wants_losses) state.result.microbatch_losses.assign(m, std::numeric_limits<double>::quiet_NaN());
+  if (owns_last && options_.forward_only) state.result.outputs.resize(m);
 
   absl::Status status = absl::OkStatus();
   if (Local(0) && static_cast<int>(inputs.size()) != m) {
     status = absl::InvalidArgumentError(absl::StrCat("rank ", options_.rank, ": expected ", m,
                                                      " input microbatches, got ", inputs.size()));
   }
-  if (status.ok() && owns_last && static_cast<int>(targets.size()) != m) {
+  if (status.ok() && wants_losses && static_cast<int>(targets.size()) != m) {
     status = absl::InvalidArgumentError(absl::StrCat("rank ", options_.rank, ": expected ", m,
                                                      " target microbatches, got ", targets.size()));
   }
+  absl::Duration busy;
   for (size_t i = 0; status.ok() && i < actions.size(); ++i) {
+    state.action_wait = absl::ZeroDuration();
+    const absl::Duration start = absl::Now() - state.step_start;
     status = Execute(actions[i], state);
-    if (status.ok()) state.result.executed.push_back(actions[i].ToString());
+    if (!status.ok()) break;
+    ActionTiming timing{start, absl::Now() - state.step_start, state.action_wait};
+    if (schedule::IsCompute(actions[i].type)) busy += timing.end - timing.start - timing.wait;
+    state.result.executed.push_back(actions[i].ToString());
+    state.result.timings.push_back(timing);
   }
   for (PendingSend& send : state.sends) {
     if (!status.ok()) break;
@@ -226,14 +260,19 @@ absl::StatusOr<StepResult> PipelineExecutor::RunStep(const std::vector<Action>& 
           ": the step ended with receives no action used: ", absl::StrJoin(unused, ", ")));
     }
   }
-  if (status.ok() && owns_last) {
-    for (int mb = 0; mb < m; ++mb) {
-      if (std::isnan(state.result.microbatch_losses[mb])) {
-        status = absl::FailedPreconditionError(absl::StrCat(
-            "rank ", options_.rank, ": the step ended without a forward of the last stage (", last,
-            ") on microbatch ", mb));
-        break;
-      }
+  if (status.ok() && !state.pending_weights.empty()) {
+    const Key& k = state.pending_weights.begin()->first;
+    status = absl::FailedPreconditionError(
+        absl::StrCat("rank ", options_.rank, ": the step ended without the W of stage ", k.stage,
+                     " microbatch ", k.microbatch, " after its I"));
+  }
+  for (int mb = 0; status.ok() && owns_last && mb < m; ++mb) {
+    const bool missing = wants_losses ? std::isnan(state.result.microbatch_losses[mb])
+                                      : !state.result.outputs[mb].defined();
+    if (missing) {
+      status = absl::FailedPreconditionError(absl::StrCat(
+          "rank ", options_.rank, ": the step ended without a forward of the last stage (", last,
+          ") on microbatch ", mb));
     }
   }
   if (!status.ok()) {
@@ -242,13 +281,100 @@ absl::StatusOr<StepResult> PipelineExecutor::RunStep(const std::vector<Action>& 
     transport_->Abort();
     return status;
   }
+  state.result.duration = absl::Now() - state.step_start;
+  state.result.bubble_ratio =
+      state.result.duration > absl::ZeroDuration()
+          ? std::max(0.0, 1.0 - absl::FDivDuration(busy, state.result.duration))
+          : 0.0;
   return std::move(state.result);
+}
+
+bool PipelineExecutor::TransportTakesDeviceMemory() const {
+  return transport_->backend() == "nccl";
+}
+
+absl::Status PipelineExecutor::PostRecv(bool gradient, int stage, int microbatch,
+                                        const TensorMeta& meta, int peer, uint64_t tag,
+                                        const std::string& where, StepState& st) {
+  std::map<Key, PendingRecv>& recvs = gradient ? st.gradient_recvs : st.activation_recvs;
+  const Key key{stage, microbatch};
+  if (recvs.count(key) > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(where, ": posted twice in one step"));
+  }
+  PendingRecv recv;
+  recv.peer = peer;
+  const torch::Device device = TransportTakesDeviceMemory() ? options_.device : torch::kCPU;
+  recv.buffer = torch::empty(meta.shape, torch::TensorOptions(meta.dtype).device(device));
+  ASSIGN_OR_RETURN(recv.work,
+                   transport_->Recv(recv.buffer.data_ptr(), recv.buffer.nbytes(), peer, tag));
+  recvs.emplace(key, std::move(recv));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<torch::Tensor> PipelineExecutor::WaitRecv(bool gradient, int stage, int microbatch,
+                                                         const std::string& where,
+                                                         StepState& st) {
+  std::map<Key, PendingRecv>& recvs = gradient ? st.gradient_recvs : st.activation_recvs;
+  const char* what = gradient ? "output gradient" : "activation";
+  auto it = recvs.find(Key{stage, microbatch});
+  if (it == recvs.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(where, ": needs the ", what, " of stage ",
+                                                      stage, " microbatch ", microbatch,
+                                                      ", but no receive for it was posted"));
+  }
+  const absl::Time before = absl::Now();
+  absl::Status waited = it->second.work->Wait(options_.comm_timeout);
+  st.action_wait += absl::Now() - before;
+  if (!waited.ok()) {
+    return absl::Status(waited.code(),
+                        absl::StrCat(where, ": waiting for the ", what, " of stage ", stage,
+                                     " microbatch ", microbatch, " from rank ", it->second.peer,
+                                     ": ", waited.message()));
+  }
+  torch::Tensor t = std::move(it->second.buffer);
+  recvs.erase(it);
+  if (t.device() != options_.device) t = t.to(options_.device);
+  return t;
+}
+
+absl::Status PipelineExecutor::PostSend(const torch::Tensor& t, const TensorMeta& meta, int peer,
+                                        uint64_t tag, const std::string& what,
+                                        const std::string& where, StepState& st) {
+  if (!(MetaOf(t) == meta)) {
+    return absl::FailedPreconditionError(absl::StrCat(where, ": ", what, " is ",
+                                                      MetaOf(t).ToString(), " but ",
+                                                      meta.ToString(), " was agreed at set-up"));
+  }
+  PendingSend pending;
+  pending.buffer = t.detach();
+  if (!TransportTakesDeviceMemory() && !pending.buffer.is_cpu()) {
+    pending.buffer = pending.buffer.to(torch::kCPU);
+  }
+  pending.buffer = pending.buffer.contiguous();
+  pending.what = absl::StrCat(where, ": sending the ", what, " to rank ", peer);
+  ASSIGN_OR_RETURN(pending.work, transport_->Send(pending.buffer.data_ptr(),
+                                                  pending.buffer.nbytes(), peer, tag));
+  st.sends.push_back(std::move(pending));
+  return absl::OkStatus();
 }
 
 absl::Status PipelineExecutor::Execute(const Action& action, StepState& st) {
   const std::string where = absl::StrCat("rank ", options_.rank, ", action ", action.ToString());
   if (action.type == ActionType::kOverlapFB) {
-    for (const Action& sub : action.sub_actions) RETURN_IF_ERROR(Execute(sub, st));
+    for (const Action& sub : action.sub_actions) {
+      const std::string sub_where = absl::StrCat(where, " (", sub.ToString(), ")");
+      if (sub.sub_actions.empty() && !Local(sub.stage)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(sub_where, ": stage ", sub.stage, " is not on this rank"));
+      }
+      RETURN_IF_ERROR(Execute(sub, st));
+      // Start the forward output's transfer now, so that it overlaps the backward that follows.
+      const int s = sub.stage;
+      if (sub.type == ActionType::kForward && s + 1 < options_.num_stages && !Local(s + 1)) {
+        RETURN_IF_ERROR(SendActivation(s, sub.microbatch.value_or(-1), sub_where, st));
+        st.early_sends.insert(Key{s, sub.microbatch.value_or(-1)});
+      }
+    }
     return absl::OkStatus();
   }
   const int s = action.stage;
@@ -261,56 +387,10 @@ absl::Status PipelineExecutor::Execute(const Action& action, StepState& st) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": microbatch ", mb, " is outside 0..", options_.num_microbatches - 1));
   }
-  model::StageModel* model = stages_.at(s);
-  const Key key{s, mb};
-
-  auto post_recv = [&](std::map<Key, PendingRecv>& recvs, const TensorMeta& meta, int peer,
-                       uint64_t tag) -> absl::Status {
-    if (recvs.count(key) > 0) {
-      return absl::FailedPreconditionError(absl::StrCat(where, ": posted twice in one step"));
-    }
-    PendingRecv recv;
-    recv.peer = peer;
-    recv.buffer = torch::empty(meta.shape, torch::TensorOptions(meta.dtype));
-    ASSIGN_OR_RETURN(recv.work,
-                     transport_->Recv(recv.buffer.data_ptr(), recv.buffer.nbytes(), peer, tag));
-    recvs.emplace(key, std::move(recv));
-    return absl::OkStatus();
-  };
-  auto wait_recv = [&](std::map<Key, PendingRecv>& recvs,
-                       const char* what) -> absl::StatusOr<torch::Tensor> {
-    auto it = recvs.find(key);
-    if (it == recvs.end()) {
-      return absl::FailedPreconditionError(absl::StrCat(where, ": needs the ", what, " of stage ",
-                                                        s, " microbatch ", mb,
-                                                        ", but no receive for it was posted"));
-    }
-    absl::Status waited = it->second.work->Wait(options_.comm_timeout);
-    if (!waited.ok()) {
-      return absl::Status(
-          waited.code(),
-          absl::StrCat(where, ": waiting for the ", what, " of stage ", s, " microbatch ", mb,
-                       " from rank ", it->second.peer, ": ", waited.message()));
-    }
-    torch::Tensor t = std::move(it->second.buffer);
-    recvs.erase(it);
-    return t;
-  };
-  auto send = [&](const torch::Tensor& t, const TensorMeta& agreed, int peer, uint64_t tag,
-                  std::string what) -> absl::Status {
-    if (!(MetaOf(t) == agreed)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(where, ": ", what, " is ", MetaOf(t).ToString(), " but ", agreed.ToString(),
-                       " was agreed at set-up"));
-    }
-    PendingSend pending;
-    pending.buffer = t.detach().contiguous();
-    pending.what = absl::StrCat(action.ToString(), ": sending the ", what, " to rank ", peer);
-    ASSIGN_OR_RETURN(pending.work, transport_->Send(pending.buffer.data_ptr(),
-                                                    pending.buffer.nbytes(), peer, tag));
-    st.sends.push_back(std::move(pending));
-    return absl::OkStatus();
-  };
+  if (options_.forward_only && IsBackwardAction(action.type)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": a forward-only step has no backward actions"));
+  }
 
   switch (action.type) {
     case ActionType::kRecvF:
@@ -318,135 +398,60 @@ absl::Status PipelineExecutor::Execute(const Action& action, StepState& st) {
         return absl::InvalidArgumentError(
             absl::StrCat(where, ": stage ", s, " receives no activation from another rank"));
       }
-      return post_recv(st.activation_recvs, input_meta_[s][mb], RankOf(s - 1),
-                       Tag(Payload::kActivation, s - 1, mb));
+      return PostRecv(false, s, mb, input_meta_[s][mb], RankOf(s - 1),
+                      Tag(Payload::kActivation, s - 1, mb), where, st);
 
     case ActionType::kRecvB:
       if (s == last || Local(s + 1)) {
         return absl::InvalidArgumentError(
             absl::StrCat(where, ": stage ", s, " receives no gradient from another rank"));
       }
-      return post_recv(st.gradient_recvs, output_meta_[s][mb], RankOf(s + 1),
-                       Tag(Payload::kGradient, s, mb));
+      return PostRecv(true, s, mb, output_meta_[s][mb], RankOf(s + 1),
+                      Tag(Payload::kGradient, s, mb), where, st);
 
-    case ActionType::kForward: {
-      torch::Tensor x;
-      if (s == 0) {
-        x = (*st.inputs)[mb];
-        if (!(MetaOf(x) == input_meta_[0][mb])) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(where, ": input microbatch is ", MetaOf(x).ToString(), " but ",
-                           input_meta_[0][mb].ToString(), " was agreed at set-up"));
-        }
-      } else if (Local(s - 1)) {
-        auto it = st.handed_inputs.find(key);
-        if (it == st.handed_inputs.end()) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              where, ": stage ", s - 1, " has not run forward on microbatch ", mb, " yet"));
-        }
-        x = std::move(it->second);
-        st.handed_inputs.erase(it);
-      } else {
-        ASSIGN_OR_RETURN(x, wait_recv(st.activation_recvs, "activation"));
-      }
-      if (st.stage_inputs.count(key) > 0) {
-        return absl::FailedPreconditionError(absl::StrCat(where, ": forward ran twice"));
-      }
-      return GuardTorch(where, [&]() -> absl::Status {
-        if (s > 0) x.requires_grad_(true);
-        torch::Tensor y = model->Forward(x);
-        st.stage_inputs[key] = x;
-        if (s == last) {
-          torch::Tensor loss = ComputeLoss(options_.loss, y, (*st.targets)[mb]);
-          st.result.microbatch_losses[mb] = loss.item<double>();
-          st.losses[key] = loss;
-        } else {
-          st.stage_outputs[key] = y;
-          if (Local(s + 1)) st.handed_inputs[Key{s + 1, mb}] = y.detach();
-        }
-        return absl::OkStatus();
-      });
-    }
+    case ActionType::kForward:
+      return Forward(s, mb, where, st);
 
-    case ActionType::kSendF: {
+    case ActionType::kSendF:
       if (s == last || Local(s + 1)) {
         return absl::InvalidArgumentError(
             absl::StrCat(where, ": stage ", s + 1, " is not on another rank"));
       }
-      auto it = st.stage_outputs.find(key);
-      if (it == st.stage_outputs.end()) {
-        return absl::FailedPreconditionError(absl::StrCat(where, ": no forward output of stage ", s,
-                                                          " microbatch ", mb, " to send"));
-      }
-      return send(it->second, output_meta_[s][mb], RankOf(s + 1), Tag(Payload::kActivation, s, mb),
-                  absl::StrCat("activation of stage ", s, " microbatch ", mb));
-    }
+      if (st.early_sends.erase(Key{s, mb}) > 0) return absl::OkStatus();  // sent at the overlap
+      return SendActivation(s, mb, where, st);
 
-    case ActionType::kFullBackward: {
-      auto in = st.stage_inputs.find(key);
-      if (in == st.stage_inputs.end()) {
+    case ActionType::kFullBackward:
+      return Backward(s, mb, /*split=*/false, where, st);
+
+    case ActionType::kBackwardInput:
+      return Backward(s, mb, /*split=*/true, where, st);
+
+    case ActionType::kBackwardWeight: {
+      auto it = st.pending_weights.find(Key{s, mb});
+      if (it == st.pending_weights.end()) {
         return absl::FailedPreconditionError(
-            absl::StrCat(where, ": backward before forward of stage ", s, " microbatch ", mb));
+            absl::StrCat(where, ": W before the I of stage ", s, " microbatch ", mb));
       }
-      torch::Tensor grad;
-      if (s != last) {
-        if (Local(s + 1)) {
-          auto it = st.handed_grads.find(key);
-          if (it == st.handed_grads.end()) {
-            return absl::FailedPreconditionError(absl::StrCat(
-                where, ": stage ", s + 1, " has not run backward on microbatch ", mb, " yet"));
-          }
-          grad = std::move(it->second);
-          st.handed_grads.erase(it);
-        } else {
-          ASSIGN_OR_RETURN(grad, wait_recv(st.gradient_recvs, "output gradient"));
-        }
-      }
-      RETURN_IF_ERROR(GuardTorch(where, [&]() -> absl::Status {
-        if (s == last) {
-          st.losses.at(key).backward();
-        } else {
-          torch::autograd::backward({st.stage_outputs.at(key)}, {grad});
-        }
+      PendingWeightGrad pending = std::move(it->second);
+      st.pending_weights.erase(it);
+      return GuardTorch(where, [&]() -> absl::Status {
+        SplitBackward::BackwardWeight(std::move(pending));
         return absl::OkStatus();
-      }));
-      if (s > 0) {
-        torch::Tensor input_grad = in->second.grad();
-        if (!input_grad.defined()) input_grad = torch::zeros_like(in->second);
-        if (Local(s - 1)) {
-          st.handed_grads[Key{s - 1, mb}] = input_grad;
-        } else {
-          st.input_grads[key] = input_grad;
-        }
-      }
-      st.stage_inputs.erase(in);
-      st.stage_outputs.erase(key);
-      st.losses.erase(key);
-      return absl::OkStatus();
+      });
     }
 
-    case ActionType::kSendB: {
+    case ActionType::kSendB:
       if (s == 0 || Local(s - 1)) {
         return absl::InvalidArgumentError(
             absl::StrCat(where, ": stage ", s - 1, " is not on another rank"));
       }
-      auto it = st.input_grads.find(key);
-      if (it == st.input_grads.end()) {
-        return absl::FailedPreconditionError(absl::StrCat(where, ": no input gradient of stage ", s,
-                                                          " microbatch ", mb, " to send"));
-      }
-      absl::Status sent =
-          send(it->second, input_meta_[s][mb], RankOf(s - 1), Tag(Payload::kGradient, s - 1, mb),
-               absl::StrCat("input gradient of stage ", s, " microbatch ", mb));
-      st.input_grads.erase(it);
-      return sent;
-    }
+      return SendGradient(s, mb, where, st);
 
     case ActionType::kReduceGrad:
       if (!options_.scale_grads || options_.num_microbatches == 1) return absl::OkStatus();
       return GuardTorch(where, [&]() -> absl::Status {
         torch::NoGradGuard no_grad;
-        for (torch::Tensor& p : model->Parameters()) {
+        for (torch::Tensor& p : stages_.at(s)->Parameters()) {
           if (p.grad().defined()) p.mutable_grad().div_(options_.num_microbatches);
         }
         return absl::OkStatus();
@@ -459,8 +464,157 @@ absl::Status PipelineExecutor::Execute(const Action& action, StepState& st) {
     default:
       return absl::UnimplementedError(absl::StrCat(where, ": action type ",
                                                    schedule::ActionTypeName(action.type),
-                                                   " is not supported by this worker yet"));
+                                                   " is not supported by this worker"));
   }
+}
+
+absl::Status PipelineExecutor::Forward(int s, int mb, const std::string& where, StepState& st) {
+  const Key key{s, mb};
+  const int last = options_.num_stages - 1;
+  torch::Tensor x;
+  if (s == 0) {
+    x = (*st.inputs)[mb];
+    if (!(MetaOf(x) == input_meta_[0][mb])) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": input microbatch is ",
+                                                     MetaOf(x).ToString(), " but ",
+                                                     input_meta_[0][mb].ToString(),
+                                                     " was agreed at set-up"));
+    }
+    if (x.device() != options_.device) x = x.to(options_.device);
+  } else if (Local(s - 1)) {
+    auto it = st.handed_inputs.find(key);
+    if (it == st.handed_inputs.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          where, ": stage ", s - 1, " has not run forward on microbatch ", mb, " yet"));
+    }
+    x = std::move(it->second);
+    st.handed_inputs.erase(it);
+  } else {
+    ASSIGN_OR_RETURN(x, WaitRecv(false, s, mb, where, st));
+  }
+  if (st.stage_inputs.count(key) > 0 || st.stage_outputs.count(key) > 0 ||
+      st.losses.count(key) > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(where, ": forward ran twice"));
+  }
+  return GuardTorch(where, [&]() -> absl::Status {
+    model::StageModel* model = stages_.at(s);
+    if (options_.forward_only) {
+      torch::NoGradGuard no_grad;
+      torch::Tensor y = model->Forward(x);
+      if (s == last) {
+        st.result.outputs[mb] = y.to(torch::kCPU);
+      } else {
+        st.stage_outputs[key] = y;
+        if (Local(s + 1)) st.handed_inputs[Key{s + 1, mb}] = y;
+      }
+      return absl::OkStatus();
+    }
+    if (s > 0) x.requires_grad_(true);
+    torch::Tensor y = model->Forward(x);
+    st.stage_inputs[key] = x;
+    if (s == last) {
+      torch::Tensor loss = ComputeLoss(options_.loss, y, (*st.targets)[mb].to(options_.device));
+      st.result.microbatch_losses[mb] = loss.item<double>();
+      st.losses[key] = loss;
+    } else {
+      st.stage_outputs[key] = y;
+      if (Local(s + 1)) st.handed_inputs[Key{s + 1, mb}] = y.detach();
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status PipelineExecutor::SendActivation(int s, int mb, const std::string& where,
+                                              StepState& st) {
+  const Key key{s, mb};
+  auto it = st.stage_outputs.find(key);
+  if (it == st.stage_outputs.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(where, ": no forward output of stage ", s, " microbatch ", mb, " to send"));
+  }
+  absl::Status sent = PostSend(it->second, output_meta_[s][mb], RankOf(s + 1),
+                               Tag(Payload::kActivation, s, mb),
+                               absl::StrCat("activation of stage ", s, " microbatch ", mb), where,
+                               st);
+  // Forward-only steps keep no graph; training steps keep the output for the backward.
+  if (options_.forward_only) st.stage_outputs.erase(it);
+  return sent;
+}
+
+absl::Status PipelineExecutor::Backward(int s, int mb, bool split, const std::string& where,
+                                        StepState& st) {
+  const Key key{s, mb};
+  const int last = options_.num_stages - 1;
+  auto in = st.stage_inputs.find(key);
+  if (in == st.stage_inputs.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(where, ": backward before forward of stage ", s, " microbatch ", mb));
+  }
+  // The gradient of the stage's output: the loss's own on the last stage.
+  torch::Tensor output;
+  torch::Tensor grad;
+  if (s == last) {
+    output = st.losses.at(key);
+  } else {
+    output = st.stage_outputs.at(key);
+    if (Local(s + 1)) {
+      auto it = st.handed_grads.find(key);
+      if (it == st.handed_grads.end()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            where, ": stage ", s + 1, " has not run backward on microbatch ", mb, " yet"));
+      }
+      grad = std::move(it->second);
+      st.handed_grads.erase(it);
+    } else {
+      ASSIGN_OR_RETURN(grad, WaitRecv(true, s, mb, where, st));
+    }
+  }
+  torch::Tensor input_grad;
+  RETURN_IF_ERROR(GuardTorch(where, [&]() -> absl::Status {
+    if (split) {
+      PendingWeightGrad pending;
+      input_grad = SplitBackward::BackwardInput({output}, {grad}, in->second, &pending);
+      st.pending_weights.emplace(key, std::move(pending));
+      return absl::OkStatus();
+    }
+    if (grad.defined()) {
+      torch::autograd::backward({output}, {grad});
+    } else {
+      torch::autograd::backward({output});
+    }
+    if (s > 0) {
+      input_grad = in->second.grad();
+      if (!input_grad.defined()) input_grad = torch::zeros_like(in->second);
+    }
+    return absl::OkStatus();
+  }));
+  if (s > 0) {
+    if (Local(s - 1)) {
+      st.handed_grads[Key{s - 1, mb}] = input_grad;
+    } else {
+      st.input_grads[key] = input_grad;
+    }
+  }
+  // After B the graph is gone; after I it lives on in the pending W only.
+  st.stage_inputs.erase(in);
+  st.stage_outputs.erase(key);
+  st.losses.erase(key);
+  return absl::OkStatus();
+}
+
+absl::Status PipelineExecutor::SendGradient(int s, int mb, const std::string& where,
+                                            StepState& st) {
+  auto it = st.input_grads.find(Key{s, mb});
+  if (it == st.input_grads.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(where, ": no input gradient of stage ", s, " microbatch ", mb, " to send"));
+  }
+  absl::Status sent = PostSend(it->second, input_meta_[s][mb], RankOf(s - 1),
+                               Tag(Payload::kGradient, s - 1, mb),
+                               absl::StrCat("input gradient of stage ", s, " microbatch ", mb),
+                               where, st);
+  st.input_grads.erase(it);
+  return sent;
 }
 
 }  // namespace stagecoach::runtime

@@ -11,10 +11,15 @@
 //   RECV_B s,m  posts the receive of the gradient of stage s's output (from the rank of s+1)
 //   B s,m       backward of stage s for microbatch m (from the loss on the last stage,
 //               otherwise from the received or handed-over output gradient)
+//   I s,m       the input-gradient part of B only (split_backward.h); keeps what W needs
+//   W s,m       the weight-gradient part of B, from what I kept, then frees the graph
+//   (F;B)OVERLAP_F_B  its sub-actions in order; the F's output is sent as soon as it exists,
+//               so that transfer overlaps the B (its SEND_F action then finds it posted)
 //   SEND_B s,m  sends the gradient of stage s's input to the rank of s-1
 //   REDUCE_GRAD s  the stage's gradients are complete: divides them by the number of
 //               microbatches (the step loss is the mean of the microbatch losses), unless
 //               scale_grads is off
+//   UNSHARD s, RESHARD s  nothing: stages are not sharded
 // Sends are waited for at the end of the step. Every wait is bounded by comm_timeout and its
 // error names the rank, action, peer, stage and microbatch.
 //
@@ -51,6 +56,12 @@ struct ExecutorOptions {
   // Divide gradients by num_microbatches at REDUCE_GRAD (PyTorch's scale_grads).
   bool scale_grads = true;
   LossKind loss = LossKind::kMse;
+  // Forward-only (inference): F runs without recording autograd graphs, the last stage keeps
+  // its outputs (StepResult::outputs) instead of computing a loss, and no targets are needed.
+  bool forward_only = false;
+  // Where the stages' parameters live. CUDA activations cross a host-memory transport (Gloo)
+  // through host copies, and a device-memory transport (NCCL) directly.
+  torch::Device device = torch::kCPU;
 };
 
 // Shape and dtype of one tensor crossing a stage boundary.
@@ -64,11 +75,33 @@ struct TensorMeta {
   }
 };
 
+// When one executed action ran, relative to the start of its step.
+struct ActionTiming {
+  absl::Duration start;
+  absl::Duration end;
+  // Time inside [start, end) spent blocked on data from another rank (a posted receive the
+  // action consumes); end - start - wait is the action's own work.
+  absl::Duration wait;
+};
+
 struct StepResult {
-  // Loss of each microbatch, in microbatch order; only when this rank owns the last stage.
+  // Loss of each microbatch, in microbatch order; only when this rank owns the last stage of
+  // a training step.
   std::vector<double> microbatch_losses;
+  // Forward-only steps on the rank owning the last stage: its output of each microbatch, in
+  // microbatch order.
+  std::vector<torch::Tensor> outputs;
   // Actions executed, in order, in PyTorch's syntax.
   std::vector<std::string> executed;
+  // timings[i] is when executed[i] ran.
+  std::vector<ActionTiming> timings;
+  // Wall-clock time the step started, for aligning ranks on one time base.
+  absl::Time start;
+  // From the start of the step to the completion of its last send.
+  absl::Duration duration;
+  // Share of `duration` this rank did no compute work (F, I, W, B, OVERLAP_F_B, minus their
+  // waits): 1 - busy / duration.
+  double bubble_ratio = 0.0;
 };
 
 // Not thread-safe: one step at a time. The transport and the stage models must outlive it.
@@ -94,6 +127,25 @@ class PipelineExecutor {
   struct StepState;
 
   absl::Status Execute(const schedule::Action& action, StepState& state);
+  absl::Status Forward(int stage, int microbatch, const std::string& where, StepState& state);
+  // B (split = false) or I (split = true).
+  absl::Status Backward(int stage, int microbatch, bool split, const std::string& where,
+                        StepState& state);
+  absl::Status SendActivation(int stage, int microbatch, const std::string& where,
+                              StepState& state);
+  absl::Status SendGradient(int stage, int microbatch, const std::string& where,
+                            StepState& state);
+  // Checks `t` against the agreed `meta` and posts its send to `peer`.
+  absl::Status PostSend(const torch::Tensor& t, const TensorMeta& meta, int peer, uint64_t tag,
+                        const std::string& what, const std::string& where, StepState& state);
+  // Posts a receive of `meta` from `peer` for (stage, microbatch) into `kind`'s pending table.
+  absl::Status PostRecv(bool gradient, int stage, int microbatch, const TensorMeta& meta,
+                        int peer, uint64_t tag, const std::string& where, StepState& state);
+  // Waits for the posted receive of (stage, microbatch); counts the time blocked.
+  absl::StatusOr<torch::Tensor> WaitRecv(bool gradient, int stage, int microbatch,
+                                         const std::string& where, StepState& state);
+  // Whether the transport moves device memory itself (NCCL) rather than host memory.
+  bool TransportTakesDeviceMemory() const;
   bool Local(int stage) const;
   int RankOf(int stage) const { return options_.stage_to_rank[stage]; }
 

@@ -251,7 +251,7 @@ TEST(TaskRunnerFailures, AMissingPeerIsARendezvousTimeoutNamingTheKeys) {
   EXPECT_THAT(reporter.Ends()[0].error(), HasSubstr("jobs/job-test/attempt-1/"));
 }
 
-TEST(TaskRunnerFailures, MismatchedStagesFailAtShapeAgreementNamingTheStage) {
+TEST(TaskRunnerFailures, MismatchedStagesFailAtShapeAgreementNamingStageAndMicrobatch) {
   RecordingReporter reporter;
   // Rank 1 claims layers [3, 6) of a model whose layer 2 ends rank 0's stage: widths differ.
   auto tasks = Assignments(
@@ -265,7 +265,10 @@ TEST(TaskRunnerFailures, MismatchedStagesFailAtShapeAgreementNamingTheStage) {
   for (const auto& end : reporter.Ends()) {
     EXPECT_EQ(end.outcome(), v1::TASK_OUTCOME_FAILED);
     if (end.rank() == 1) {
-      EXPECT_THAT(end.error(), HasSubstr("rank 1, agreeing shapes of stage 1"));
+      EXPECT_THAT(end.error(),
+                  HasSubstr("rank 1, agreeing shapes of stage 1, microbatch 0 (input "
+                            "Float[2, 8] from stage 0's output): mat1 and mat2 shapes cannot "
+                            "be multiplied"));
       named = true;
     }
   }

@@ -153,23 +153,29 @@ absl::Status PipelineExecutor::AgreeShapes(const std::vector<TensorMeta>& first_
       }
     }
     std::vector<TensorMeta> out;
-    RETURN_IF_ERROR(GuardTorch(where, [&]() -> absl::Status {
-      torch::NoGradGuard no_grad;
-      for (int mb = 0; mb < m; ++mb) {
-        // Microbatches of one shape have one output shape: infer each distinct shape once.
-        int same = -1;
-        for (int j = 0; j < mb; ++j) {
-          if (in[j] == in[mb]) same = j;
-        }
-        if (same >= 0) {
-          out.push_back(out[same]);
-          continue;
-        }
-        torch::Tensor probe = torch::zeros(in[mb].shape, torch::TensorOptions(in[mb].dtype));
-        out.push_back(MetaOf(model->Forward(probe)));
+    for (int mb = 0; mb < m; ++mb) {
+      // Microbatches of one shape have one output shape: infer each distinct shape once.
+      int same = -1;
+      for (int j = 0; j < mb; ++j) {
+        if (in[j] == in[mb]) same = j;
       }
-      return absl::OkStatus();
-    }));
+      if (same >= 0) {
+        out.push_back(out[same]);
+        continue;
+      }
+      const std::string from = s == 0 ? std::string("the batch")
+                                      : absl::StrCat("stage ", s - 1, "'s output");
+      RETURN_IF_ERROR(GuardTorch(
+          absl::StrCat(where, ", microbatch ", mb, " (input ", in[mb].ToString(), " from ", from,
+                       ")"),
+          [&]() -> absl::Status {
+            torch::NoGradGuard no_grad;
+            torch::Tensor probe = torch::zeros(
+                in[mb].shape, torch::TensorOptions(in[mb].dtype).device(options_.device));
+            out.push_back(MetaOf(model->Forward(probe)));
+            return absl::OkStatus();
+          }));
+    }
     input_meta_[s] = in;
     output_meta_[s] = out;
     if (s + 1 < options_.num_stages && !Local(s + 1)) {

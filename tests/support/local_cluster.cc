@@ -47,6 +47,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
   if (!address.ok()) return address.status();
   c->coordinator_address_ = *address;
   c->stub_ = v1::CoordinatorService::NewStub(rpc::MakeChannel(c->coordinator_address_));
+  c->worker_args_ = options.worker_args;
   for (int i = 0; i < options.workers; ++i) {
     auto added = c->AddWorker();
     if (!added.ok()) return added.status();
@@ -63,10 +64,11 @@ LocalCluster::~LocalCluster() {
 
 absl::StatusOr<int> LocalCluster::AddWorker() {
   const int index = static_cast<int>(workers_.size());
-  auto worker = ChildProcess::Start(
-      {WorkerBinary(), "--coordinator", coordinator_address_, "--listen", "127.0.0.1:0", "--name",
-       absl::StrCat("worker-", index), "--log-level", "debug"},
-      absl::StrCat(dir(), "/worker-", index, ".log"));
+  std::vector<std::string> args = {WorkerBinary(), "--coordinator", coordinator_address_,
+                                   "--listen",     "127.0.0.1:0", "--name",
+                                   absl::StrCat("worker-", index), "--log-level", "debug"};
+  args.insert(args.end(), worker_args_.begin(), worker_args_.end());
+  auto worker = ChildProcess::Start(args, absl::StrCat(dir(), "/worker-", index, ".log"));
   if (!worker.ok()) return worker.status();
   auto address = ListeningAddress(**worker);
   if (!address.ok()) return address.status();

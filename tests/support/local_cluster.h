@@ -19,6 +19,8 @@ struct ClusterOptions {
   std::string lease = "3s";
   std::string heartbeat_interval = "500ms";
   std::string comm_timeout = "30s";
+  // Extra flags for every worker, e.g. {"--device", "cuda:0"}.
+  std::vector<std::string> worker_args;
 };
 
 class LocalCluster {
@@ -66,6 +68,7 @@ class LocalCluster {
   std::vector<std::unique_ptr<ChildProcess>> workers_;
   std::vector<std::string> worker_addresses_;
   std::unique_ptr<v1::CoordinatorService::Stub> stub_;
+  std::vector<std::string> worker_args_;
 };
 
 // Paths of the binaries under test.

@@ -41,6 +41,10 @@ class MlpStage : public StageModel {
     return out;
   }
 
+  void To(const torch::Device& device) override {
+    for (auto& [index, linear] : layers_) linear->to(device);
+  }
+
  private:
   std::vector<std::pair<int, torch::nn::Linear>> layers_;
   int last_layer_;

@@ -23,6 +23,9 @@ class StageModel {
   // stable order.
   virtual std::vector<std::pair<std::string, torch::Tensor>> NamedParameters() = 0;
 
+  // Moves the stage's parameters to `device`; call before handing them to an optimizer.
+  virtual void To(const torch::Device& device) = 0;
+
   std::vector<torch::Tensor> Parameters() {
     std::vector<torch::Tensor> out;
     for (auto& [name, p] : NamedParameters()) out.push_back(p);

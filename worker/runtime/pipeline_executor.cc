@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/util/status_macros.h"
+#include "worker/runtime/message_tags.h"
 #include "worker/runtime/split_backward.h"
 
 namespace stagecoach::runtime {
@@ -17,15 +18,6 @@ namespace {
 
 using schedule::Action;
 using schedule::ActionType;
-
-// What a message carries; part of its tag. Messages over the boundary between stage e and
-// e+1 ("edge e") are tagged with e, so the two sides name the same tag.
-enum class Payload : uint64_t { kActivation = 1, kGradient = 2, kShapes = 3 };
-
-uint64_t Tag(Payload payload, int edge, int microbatch) {
-  return (static_cast<uint64_t>(payload) << 56) | (static_cast<uint64_t>(edge) << 28) |
-         static_cast<uint64_t>(microbatch);
-}
 
 // A TensorMeta on the wire: [dtype, ndim, d0 .. d(kMaxDims-1)].
 constexpr int kMaxDims = 8;
@@ -98,7 +90,7 @@ struct PipelineExecutor::StepState {
   std::map<Key, torch::Tensor> handed_grads;    // from a local stage s+1, for stage s
   std::map<Key, torch::Tensor> input_grads;     // gradient of stage s's input, to send
   std::map<Key, PendingWeightGrad> pending_weights;  // I ran, W has not
-  std::set<Key> early_sends;  // F outputs already sent by an OVERLAP_F_B
+  std::set<Key> early_sends;                         // F outputs already sent by an OVERLAP_F_B
   std::vector<PendingSend> sends;
   absl::Time step_start;
   absl::Duration action_wait;  // time the current action spent blocked on receives
@@ -115,7 +107,11 @@ bool PipelineExecutor::Local(int stage) const { return stages_.count(stage) > 0;
 
 absl::Status PipelineExecutor::AgreeShapes(const std::vector<TensorMeta>& first_stage_inputs) {
   const int m = options_.num_microbatches;
-  std::vector<std::vector<int64_t>> send_buffers;
+  // Shape messages are int64 words in memory the transport moves (device memory for NCCL).
+  const torch::TensorOptions wire =
+      torch::TensorOptions(torch::kInt64)
+          .device(TransportTakesDeviceMemory() ? options_.device : torch::Device(torch::kCPU));
+  std::vector<torch::Tensor> send_buffers;
   std::vector<std::pair<int, std::unique_ptr<transport::Work>>> sends;  // peer, work
   for (auto& [s, model] : stages_) {
     const std::string where =
@@ -131,17 +127,18 @@ absl::Status PipelineExecutor::AgreeShapes(const std::vector<TensorMeta>& first_
       in = output_meta_[s - 1];
     } else {
       const int peer = RankOf(s - 1);
-      std::vector<int64_t> words(static_cast<size_t>(m) * kMetaWords);
-      ASSIGN_OR_RETURN(auto work, transport_->Recv(words.data(), words.size() * sizeof(int64_t),
-                                                   peer, Tag(Payload::kShapes, s - 1, 0)));
+      torch::Tensor received = torch::empty({m * kMetaWords}, wire);
+      ASSIGN_OR_RETURN(auto work, transport_->Recv(received.data_ptr(), received.nbytes(), peer,
+                                                   MessageTag(Payload::kShapes, s - 1, 0)));
       absl::Status waited = work->Wait(options_.comm_timeout);
       if (!waited.ok()) {
         return absl::Status(waited.code(),
                             absl::StrCat(where, ": waiting for the shapes of stage ", s - 1,
                                          "'s output from rank ", peer, ": ", waited.message()));
       }
+      const torch::Tensor words = received.to(torch::kCPU);
       for (int mb = 0; mb < m; ++mb) {
-        const int64_t* w = &words[static_cast<size_t>(mb) * kMetaWords];
+        const int64_t* w = words.data_ptr<int64_t>() + static_cast<size_t>(mb) * kMetaWords;
         const int64_t ndim = w[1];
         if (w[0] < 0 || w[0] >= static_cast<int64_t>(torch::ScalarType::NumOptions) || ndim < 0 ||
             ndim > kMaxDims) {
@@ -163,36 +160,37 @@ absl::Status PipelineExecutor::AgreeShapes(const std::vector<TensorMeta>& first_
         out.push_back(out[same]);
         continue;
       }
-      const std::string from = s == 0 ? std::string("the batch")
-                                      : absl::StrCat("stage ", s - 1, "'s output");
-      RETURN_IF_ERROR(GuardTorch(
-          absl::StrCat(where, ", microbatch ", mb, " (input ", in[mb].ToString(), " from ", from,
-                       ")"),
-          [&]() -> absl::Status {
-            torch::NoGradGuard no_grad;
-            torch::Tensor probe = torch::zeros(
-                in[mb].shape, torch::TensorOptions(in[mb].dtype).device(options_.device));
-            out.push_back(MetaOf(model->Forward(probe)));
-            return absl::OkStatus();
-          }));
+      const std::string from =
+          s == 0 ? std::string("the batch") : absl::StrCat("stage ", s - 1, "'s output");
+      RETURN_IF_ERROR(GuardTorch(absl::StrCat(where, ", microbatch ", mb, " (input ",
+                                              in[mb].ToString(), " from ", from, ")"),
+                                 [&]() -> absl::Status {
+                                   torch::NoGradGuard no_grad;
+                                   torch::Tensor probe = torch::zeros(
+                                       in[mb].shape,
+                                       torch::TensorOptions(in[mb].dtype).device(options_.device));
+                                   out.push_back(MetaOf(model->Forward(probe)));
+                                   return absl::OkStatus();
+                                 }));
     }
     input_meta_[s] = in;
     output_meta_[s] = out;
     if (s + 1 < options_.num_stages && !Local(s + 1)) {
-      std::vector<int64_t>& words = send_buffers.emplace_back(static_cast<size_t>(m) * kMetaWords);
+      torch::Tensor words = torch::zeros({m * kMetaWords}, torch::kInt64);
       for (int mb = 0; mb < m; ++mb) {
         if (out[mb].shape.size() > kMaxDims) {
           return absl::InvalidArgumentError(
               absl::StrCat(where, ": output has more than ", kMaxDims, " dimensions"));
         }
-        int64_t* w = &words[static_cast<size_t>(mb) * kMetaWords];
+        int64_t* w = words.data_ptr<int64_t>() + static_cast<size_t>(mb) * kMetaWords;
         w[0] = static_cast<int64_t>(out[mb].dtype);
         w[1] = static_cast<int64_t>(out[mb].shape.size());
         for (size_t d = 0; d < out[mb].shape.size(); ++d) w[2 + d] = out[mb].shape[d];
       }
+      const torch::Tensor& sent = send_buffers.emplace_back(words.to(wire.device()));
       const int peer = RankOf(s + 1);
-      ASSIGN_OR_RETURN(auto work, transport_->Send(words.data(), words.size() * sizeof(int64_t),
-                                                   peer, Tag(Payload::kShapes, s, 0)));
+      ASSIGN_OR_RETURN(auto work, transport_->Send(sent.data_ptr(), sent.nbytes(), peer,
+                                                   MessageTag(Payload::kShapes, s, 0)));
       sends.emplace_back(peer, std::move(work));
     }
   }
@@ -221,7 +219,8 @@ absl::StatusOr<StepResult> PipelineExecutor::RunStep(const std::vector<Action>& 
   const int last = options_.num_stages - 1;
   const bool owns_last = Local(last);
   const bool wants_losses = owns_last && !options_.forward_only;
-  if (wants_losses) state.result.microbatch_losses.assign(m, std::numeric_limits<double>::quiet_NaN());
+  if (wants_losses)
+    state.result.microbatch_losses.assign(m, std::numeric_limits<double>::quiet_NaN());
   if (owns_last && options_.forward_only) state.result.outputs.resize(m);
 
   absl::Status status = absl::OkStatus();
@@ -318,8 +317,7 @@ absl::Status PipelineExecutor::PostRecv(bool gradient, int stage, int microbatch
 }
 
 absl::StatusOr<torch::Tensor> PipelineExecutor::WaitRecv(bool gradient, int stage, int microbatch,
-                                                         const std::string& where,
-                                                         StepState& st) {
+                                                         const std::string& where, StepState& st) {
   std::map<Key, PendingRecv>& recvs = gradient ? st.gradient_recvs : st.activation_recvs;
   const char* what = gradient ? "output gradient" : "activation";
   auto it = recvs.find(Key{stage, microbatch});
@@ -332,10 +330,10 @@ absl::StatusOr<torch::Tensor> PipelineExecutor::WaitRecv(bool gradient, int stag
   absl::Status waited = it->second.work->Wait(options_.comm_timeout);
   st.action_wait += absl::Now() - before;
   if (!waited.ok()) {
-    return absl::Status(waited.code(),
-                        absl::StrCat(where, ": waiting for the ", what, " of stage ", stage,
-                                     " microbatch ", microbatch, " from rank ", it->second.peer,
-                                     ": ", waited.message()));
+    return absl::Status(
+        waited.code(),
+        absl::StrCat(where, ": waiting for the ", what, " of stage ", stage, " microbatch ",
+                     microbatch, " from rank ", it->second.peer, ": ", waited.message()));
   }
   torch::Tensor t = std::move(it->second.buffer);
   recvs.erase(it);
@@ -358,8 +356,8 @@ absl::Status PipelineExecutor::PostSend(const torch::Tensor& t, const TensorMeta
   }
   pending.buffer = pending.buffer.contiguous();
   pending.what = absl::StrCat(where, ": sending the ", what, " to rank ", peer);
-  ASSIGN_OR_RETURN(pending.work, transport_->Send(pending.buffer.data_ptr(),
-                                                  pending.buffer.nbytes(), peer, tag));
+  ASSIGN_OR_RETURN(pending.work,
+                   transport_->Send(pending.buffer.data_ptr(), pending.buffer.nbytes(), peer, tag));
   st.sends.push_back(std::move(pending));
   return absl::OkStatus();
 }
@@ -405,7 +403,7 @@ absl::Status PipelineExecutor::Execute(const Action& action, StepState& st) {
             absl::StrCat(where, ": stage ", s, " receives no activation from another rank"));
       }
       return PostRecv(false, s, mb, input_meta_[s][mb], RankOf(s - 1),
-                      Tag(Payload::kActivation, s - 1, mb), where, st);
+                      MessageTag(Payload::kActivation, s - 1, mb), where, st);
 
     case ActionType::kRecvB:
       if (s == last || Local(s + 1)) {
@@ -413,7 +411,7 @@ absl::Status PipelineExecutor::Execute(const Action& action, StepState& st) {
             absl::StrCat(where, ": stage ", s, " receives no gradient from another rank"));
       }
       return PostRecv(true, s, mb, output_meta_[s][mb], RankOf(s + 1),
-                      Tag(Payload::kGradient, s, mb), where, st);
+                      MessageTag(Payload::kGradient, s, mb), where, st);
 
     case ActionType::kForward:
       return Forward(s, mb, where, st);
@@ -481,10 +479,9 @@ absl::Status PipelineExecutor::Forward(int s, int mb, const std::string& where, 
   if (s == 0) {
     x = (*st.inputs)[mb];
     if (!(MetaOf(x) == input_meta_[0][mb])) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": input microbatch is ",
-                                                     MetaOf(x).ToString(), " but ",
-                                                     input_meta_[0][mb].ToString(),
-                                                     " was agreed at set-up"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": input microbatch is ", MetaOf(x).ToString(), " but ",
+                       input_meta_[0][mb].ToString(), " was agreed at set-up"));
     }
     if (x.device() != options_.device) x = x.to(options_.device);
   } else if (Local(s - 1)) {
@@ -538,10 +535,9 @@ absl::Status PipelineExecutor::SendActivation(int s, int mb, const std::string& 
     return absl::FailedPreconditionError(
         absl::StrCat(where, ": no forward output of stage ", s, " microbatch ", mb, " to send"));
   }
-  absl::Status sent = PostSend(it->second, output_meta_[s][mb], RankOf(s + 1),
-                               Tag(Payload::kActivation, s, mb),
-                               absl::StrCat("activation of stage ", s, " microbatch ", mb), where,
-                               st);
+  absl::Status sent = PostSend(
+      it->second, output_meta_[s][mb], RankOf(s + 1), MessageTag(Payload::kActivation, s, mb),
+      absl::StrCat("activation of stage ", s, " microbatch ", mb), where, st);
   // Forward-only steps keep no graph; training steps keep the output for the backward.
   if (options_.forward_only) st.stage_outputs.erase(it);
   return sent;
@@ -615,10 +611,9 @@ absl::Status PipelineExecutor::SendGradient(int s, int mb, const std::string& wh
     return absl::FailedPreconditionError(
         absl::StrCat(where, ": no input gradient of stage ", s, " microbatch ", mb, " to send"));
   }
-  absl::Status sent = PostSend(it->second, input_meta_[s][mb], RankOf(s - 1),
-                               Tag(Payload::kGradient, s - 1, mb),
-                               absl::StrCat("input gradient of stage ", s, " microbatch ", mb),
-                               where, st);
+  absl::Status sent = PostSend(
+      it->second, input_meta_[s][mb], RankOf(s - 1), MessageTag(Payload::kGradient, s - 1, mb),
+      absl::StrCat("input gradient of stage ", s, " microbatch ", mb), where, st);
   st.input_grads.erase(it);
   return sent;
 }

@@ -56,8 +56,7 @@ std::unordered_map<Node*, bool> NodesReaching(const edge_list& roots, Node* targ
 
 torch::Tensor SplitBackward::BackwardInput(const std::vector<torch::Tensor>& outputs,
                                            const std::vector<torch::Tensor>& output_grads,
-                                           const torch::Tensor& input,
-                                           PendingWeightGrad* pending) {
+                                           const torch::Tensor& input, PendingWeightGrad* pending) {
   TORCH_CHECK(outputs.size() == output_grads.size(), "split backward: ", outputs.size(),
               " outputs but ", output_grads.size(), " gradients");
   edge_list roots;
@@ -77,8 +76,7 @@ torch::Tensor SplitBackward::BackwardInput(const std::vector<torch::Tensor>& out
   if (roots.empty()) return torch::zeros_like(input);
 
   const Edge input_edge = torch::autograd::impl::gradient_edge(input);
-  const std::unordered_map<Node*, bool> on_path =
-      NodesReaching(roots, input_edge.function.get());
+  const std::unordered_map<Node*, bool> on_path = NodesReaching(roots, input_edge.function.get());
   auto is_on_path = [&](Node* node) {
     auto it = on_path.find(node);
     return it != on_path.end() && it->second;

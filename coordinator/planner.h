@@ -23,20 +23,33 @@ struct StagePlan {
 };
 
 struct Plan {
+  // schedule.kind; for schedule.csv the generator whose action lists equal the file's (a PyTorch
+  // dump), else kForwardOnly for a file without backward, else kGPipe as a placeholder:
+  // `schedule_name` and `has_backward` describe a file.
   schedule::ScheduleKind kind = schedule::ScheduleKind::kGPipe;
+  // What to show for the schedule: the generator's name ("ZBVZeroBubble"), or "csv:FILE" with
+  // FILE as schedule.csv gives it.
+  std::string schedule_name;
+  // False for ForwardOnly and for a schedule file without B, I or W.
+  bool has_backward = true;
   int num_stages = 0;
   int num_ranks = 0;
+  // num_stages / num_ranks; for a file whose ranks hold different numbers of stages, the most
+  // any rank holds.
   int stages_per_rank = 1;
   int num_microbatches = 0;
   std::vector<StagePlan> stages;    // indexed by stage
   std::vector<int> stage_to_rank;   // indexed by stage
   schedule::PipelineOrder lowered;  // indexed by rank; no idle slots
+  // Data-plane transport the workers use: "gloo" or "nccl" (placement.transport, auto resolved).
+  std::string transport = "gloo";
 };
 
 // Plans `spec`. INVALID_ARGUMENT naming the spec field for what cannot be planned: an unknown
 // schedule, a schedule constraint (e.g. 1F1B with fewer microbatches than stages), more stages
-// than layers, a stage count that does not fit the workers, or a feature this coordinator does
-// not support yet.
+// than layers, a stage count that does not fit the workers, a placement.style the schedule's
+// action lists do not follow, a schedule file that is invalid ("schedule.csv: FILE line L
+// (rank r), column C (step c): ..."), or a feature this coordinator does not support yet.
 absl::StatusOr<Plan> PlanJob(const spec::JobSpec& spec);
 
 // Parameter count of each layer of a built-in model, in layer order.

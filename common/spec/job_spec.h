@@ -65,6 +65,8 @@ struct PlacementSpec {
   std::string device = "cpu";
   // "" (the schedule's own), "loop" or "v".
   std::string style;
+  // Data-plane transport: "auto" (default: nccl for cuda, gloo for cpu), "gloo" or "nccl".
+  std::string transport = "auto";
 };
 
 struct OptimizerSpec {

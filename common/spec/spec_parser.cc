@@ -716,11 +716,18 @@ class SpecParser {
   }
 
   void ParsePlacement(const YAML::Node& node) {
-    auto placement = v_.Open(node, "placement", {"workers", "device", "style"});
+    auto placement = v_.Open(node, "placement", {"workers", "device", "style", "transport"});
     if (!placement) return;
     placement->Int("workers", 1, kIntMax, &spec_.placement.workers);
-    placement->Enum("device", {"cpu", "cuda"}, &spec_.placement.device);
+    const Read device = placement->Enum("device", {"cpu", "cuda"}, &spec_.placement.device);
     placement->Enum("style", {"loop", "v"}, &spec_.placement.style);
+    if (placement->Enum("transport", {"auto", "gloo", "nccl"}, &spec_.placement.transport) ==
+            Read::kOk &&
+        device != Read::kInvalid && spec_.placement.transport == "nccl" &&
+        spec_.placement.device == "cpu") {
+      v_.Error(placement->Path("transport"),
+               "nccl needs placement.device cuda (device is cpu; use gloo or auto)");
+    }
   }
 
   void ParseTraining(const YAML::Node& node) {

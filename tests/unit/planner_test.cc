@@ -1,11 +1,16 @@
 // The planner: partitions, schedule plans, and what it refuses.
 #include "coordinator/planner.h"
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/schedule/csv.h"
+#include "common/schedule/lowering.h"
+#include "common/schedule/validator.h"
 #include "common/spec/spec_parser.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -75,9 +80,11 @@ TEST(PlanJob, RefusesWhatCannotRunNamingTheField) {
   };
   for (const Case& c : std::vector<Case>{
            {"placement: {workers: 3}", "{stages: 2}",
-            "placement.workers: GPipe runs 1 stage(s) per worker, so 2 stages need 2 workers, "
-            "got 3"},
-           {"placement: {device: cuda}", "{stages: 2}", "placement.device"},
+            "placement.workers: 2 stages do not divide evenly among 3 workers (split.stages "
+            "must be a multiple of placement.workers)"},
+           {"placement: {workers: 1}", "{stages: 2}",
+            "schedule.kind: GPipe with 2 stages on 1 worker (2 per worker) and 4 microbatches: "
+            "GPipe runs exactly one stage per rank, but stages_per_rank is 2"},
            {"data: {kind: tokens, path: x.bin}", "{stages: 2}", "data.kind"},
            {"", "{stages: 2, policy: profiled}", "split.policy"},
            {"", "{points: {\"2\": beginning}}", "split.points"},
@@ -94,8 +101,9 @@ TEST(PlanJob, RefusesWhatCannotRunNamingTheField) {
   auto plan = PlanJob(one_f_one_b);
   ASSERT_FALSE(plan.ok());
   EXPECT_THAT(std::string(plan.status().message()),
-              HasSubstr("schedule: Number of microbatches (3) must be greater than or equal to "
-                        "the number of stages (4)"));
+              HasSubstr("schedule.kind: 1F1B with 4 stages on 4 workers (1 per worker) and 3 "
+                        "microbatches: Number of microbatches (3) must be greater than or equal "
+                        "to the number of stages (4)"));
   spec::JobSpec unknown = Parse("");
   unknown.schedule.kind = "Chimera";
   EXPECT_THAT(std::string(PlanJob(unknown).status().message()),
@@ -103,8 +111,16 @@ TEST(PlanJob, RefusesWhatCannotRunNamingTheField) {
                         "Interleaved1F1B,"));
   spec::JobSpec zbv = Parse("");
   zbv.schedule.kind = "zbvzerobubble";
+  zbv.placement.workers = 2;  // 2 stages on 2 workers: ZBV needs 2 per worker
   EXPECT_THAT(std::string(PlanJob(zbv).status().message()),
-              HasSubstr("schedule.kind: ZBVZeroBubble is not supported by the worker runtime yet"));
+              HasSubstr("schedule.kind: ZBVZeroBubble with 2 stages on 2 workers (1 per worker) "
+                        "and 4 microbatches: ZBV requires exactly 2 stages per rank, but got 1."));
+  spec::JobSpec interleaved = Parse("");
+  interleaved.schedule.kind = "Interleaved1F1B";
+  interleaved.split.stages = 3;  // not a multiple of its 2 stages per worker
+  EXPECT_THAT(std::string(PlanJob(interleaved).status().message()),
+              HasSubstr("split.stages: Interleaved1F1B runs 2 stages per worker unless "
+                        "placement.workers says otherwise, and 3 is not a multiple of 2"));
 }
 
 }  // namespace
@@ -127,6 +143,351 @@ TEST(PlanJob, EveryExampleConfigPlans) {
     ++planned;
   }
   EXPECT_GE(planned, 4);
+}
+
+}  // namespace
+}  // namespace stagecoach::coordinator
+
+namespace stagecoach::coordinator {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// A spec for `kind` on `workers` workers with `stages` stages (0: not given) and `m` microbatches,
+// over an MLP of 8 layers.
+spec::JobSpec KindSpec(const std::string& kind, int workers, int stages, int m) {
+  std::string placement = workers > 0 ? absl::StrCat("placement: {workers: ", workers, "}\n") : "";
+  std::string split = stages > 0 ? absl::StrCat("split: {stages: ", stages, "}\n") : "";
+  auto spec = spec::ParseJobSpec(
+      absl::StrCat("name: t\nmodel: {builtin: {family: mlp, sizes: [4, 8, 8, 8, 8, 8, 8, 8, 2]}}\n",
+                   split, "schedule: {kind: ", kind, ", microbatches: ", m, "}\n", placement,
+                   "training: {batch_size: 64}\n"),
+      "t");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return *spec;
+}
+
+bool NeedsOneStagePerRank(schedule::ScheduleKind kind) {
+  return kind == schedule::ScheduleKind::kGPipe || kind == schedule::ScheduleKind::k1F1B;
+}
+bool NeedsTwoStagesPerRank(schedule::ScheduleKind kind) {
+  return kind == schedule::ScheduleKind::kZBVZeroBubble ||
+         kind == schedule::ScheduleKind::kDualPipeV;
+}
+
+TEST(PlanJob, EveryKindPlansWhereTheLibraryAllowsAndTheListsValidate) {
+  for (schedule::ScheduleKind kind : schedule::AllScheduleKinds()) {
+    const std::string name(schedule::ScheduleKindName(kind));
+    for (int workers : {2, 4}) {
+      for (int spr : {1, 2}) {
+        const std::string what = absl::StrCat(name, " workers ", workers, " spr ", spr);
+        auto plan = PlanJob(KindSpec(name, workers, workers * spr, 8));
+        const bool refused =
+            (spr == 2 && NeedsOneStagePerRank(kind)) || (spr == 1 && NeedsTwoStagesPerRank(kind));
+        if (refused) {
+          ASSERT_FALSE(plan.ok()) << what;
+          EXPECT_TRUE(absl::IsInvalidArgument(plan.status())) << what;
+          EXPECT_THAT(std::string(plan.status().message()), HasSubstr("schedule.kind: ")) << what;
+          continue;
+        }
+        ASSERT_TRUE(plan.ok()) << what << ": " << plan.status();
+        EXPECT_EQ(plan->kind, kind) << what;
+        EXPECT_EQ(plan->schedule_name, name) << what;
+        EXPECT_EQ(plan->has_backward, schedule::HasBackward(kind)) << what;
+        EXPECT_EQ(plan->num_ranks, workers) << what;
+        EXPECT_EQ(plan->num_stages, workers * spr) << what;
+        EXPECT_EQ(plan->stages_per_rank, spr) << what;
+        EXPECT_EQ(plan->transport, "gloo") << what;
+        EXPECT_EQ(plan->stages.size(), static_cast<size_t>(workers * spr)) << what;
+        auto mapping =
+            schedule::StageToRank(workers * spr, workers, schedule::DefaultMappingStyle(kind));
+        ASSERT_TRUE(mapping.ok());
+        EXPECT_EQ(plan->stage_to_rank, *mapping) << what;
+        ASSERT_EQ(plan->lowered.size(), static_cast<size_t>(workers)) << what;
+        for (const auto& rank : plan->lowered) {
+          for (const auto& action : rank) {
+            ASSERT_TRUE(action.has_value()) << what << ": idle slot in a lowered list";
+            // Unsharded stages: no UNSHARD/RESHARD.
+            EXPECT_NE(action->type, schedule::ActionType::kUnshard) << what;
+          }
+        }
+        schedule::ValidationOptions validation;
+        validation.has_backward = schedule::HasBackward(kind);
+        EXPECT_TRUE(schedule::ValidateLoweredSchedule(plan->lowered, plan->stage_to_rank,
+                                                      plan->num_stages, 8, validation)
+                        .ok())
+            << what;
+      }
+    }
+  }
+}
+
+TEST(PlanJob, StageAndWorkerCountsDefaultFromTheKind) {
+  // Workers only: workers x DefaultStagesPerRank stages.
+  auto zbv = PlanJob(KindSpec("ZBVZeroBubble", 2, 0, 8));
+  ASSERT_TRUE(zbv.ok()) << zbv.status();
+  EXPECT_EQ(zbv->num_stages, 4);
+  EXPECT_THAT(zbv->stage_to_rank, ElementsAre(0, 1, 1, 0));  // v placement
+  // Stages only: stages / DefaultStagesPerRank workers.
+  auto interleaved = PlanJob(KindSpec("Interleaved1F1B", 0, 8, 8));
+  ASSERT_TRUE(interleaved.ok()) << interleaved.status();
+  EXPECT_EQ(interleaved->num_ranks, 4);
+  EXPECT_THAT(interleaved->stage_to_rank, ElementsAre(0, 1, 2, 3, 0, 1, 2, 3));
+  auto gpipe = PlanJob(KindSpec("GPipe", 0, 3, 8));
+  ASSERT_TRUE(gpipe.ok()) << gpipe.status();
+  EXPECT_EQ(gpipe->num_ranks, 3);
+  // Any number of stages per worker where the kind allows it.
+  auto bfs = PlanJob(KindSpec("LoopedBFS", 2, 6, 8));
+  ASSERT_TRUE(bfs.ok()) << bfs.status();
+  EXPECT_EQ(bfs->stages_per_rank, 3);
+  auto too_many = PlanJob(KindSpec("ZBVZeroBubble", 5, 0, 8));  // 10 stages, 8 layers
+  EXPECT_THAT(std::string(too_many.status().message()),
+              HasSubstr("split.stages: must be <= 8 (the model's layers"));
+}
+
+TEST(PlanJob, PlacementStyleMustMatchTheSchedulesLists) {
+  spec::JobSpec zbv = KindSpec("ZBVZeroBubble", 2, 4, 8);
+  zbv.placement.style = "v";
+  EXPECT_TRUE(PlanJob(zbv).ok());
+  zbv.placement.style = "loop";
+  auto refused = PlanJob(zbv);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status()));
+  EXPECT_EQ(refused.status().message(),
+            "placement.style: 'loop' places stage 2 on rank 0, but ZBVZeroBubble's action lists "
+            "run it on rank 1, which runs stages 1, 2 (v placement); leave placement.style out "
+            "or set it to v");
+
+  spec::JobSpec interleaved = KindSpec("Interleaved1F1B", 2, 4, 8);
+  interleaved.placement.style = "loop";
+  EXPECT_TRUE(PlanJob(interleaved).ok());
+  interleaved.placement.style = "v";
+  EXPECT_THAT(std::string(PlanJob(interleaved).status().message()),
+              HasSubstr("placement.style: 'v' places stage 2 on rank 1, but Interleaved1F1B's "
+                        "action lists run it on rank 0"));
+
+  // One stage per worker: loop and v are the same placement.
+  for (const char* kind : {"GPipe", "1F1B", "ForwardOnly"}) {
+    spec::JobSpec one = KindSpec(kind, 4, 4, 8);
+    one.placement.style = "v";
+    auto plan = PlanJob(one);
+    ASSERT_TRUE(plan.ok()) << kind << ": " << plan.status();
+    EXPECT_THAT(plan->stage_to_rank, ElementsAre(0, 1, 2, 3));
+  }
+}
+
+TEST(PlanJob, DeviceAndTransport) {
+  spec::JobSpec spec = KindSpec("1F1B", 2, 2, 4);
+  EXPECT_EQ(PlanJob(spec)->transport, "gloo");
+  spec.placement.device = "cuda";
+  EXPECT_EQ(PlanJob(spec)->transport, "nccl");  // auto
+  spec.placement.transport = "gloo";            // host-staged GPU pipelines
+  EXPECT_EQ(PlanJob(spec)->transport, "gloo");
+  spec.placement.device = "cpu";
+  spec.placement.transport = "nccl";
+  EXPECT_THAT(std::string(PlanJob(spec).status().message()),
+              HasSubstr("placement.transport: nccl needs placement.device cuda"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// schedule.csv.
+
+std::string Golden(const std::string& file) {
+  std::ifstream in(testing::GoldenDir() + "/" + file, std::ios::binary);
+  EXPECT_TRUE(in.good()) << file;
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// A spec that runs `text` (as file `file`) over an MLP of 8 layers.
+spec::JobSpec CsvSpec(const std::string& file, const std::string& text, int m,
+                      const std::string& format = "compute_only") {
+  spec::JobSpec spec = KindSpec("GPipe", 0, 0, m);
+  spec.schedule.kind = "";
+  spec.schedule.csv = file;
+  spec.schedule.csv_text = text;
+  spec.schedule.csv_format = format;
+  return spec;
+}
+
+// `order` without idle slots.
+schedule::PipelineOrder WithoutIdle(const schedule::PipelineOrder& order) {
+  schedule::PipelineOrder out(order.size());
+  for (size_t r = 0; r < order.size(); ++r) {
+    for (const auto& action : order[r]) {
+      if (action.has_value()) out[r].push_back(action);
+    }
+  }
+  return out;
+}
+
+// "<Schedule>_r<ranks>_s<spr>_m<microbatches>.<suffix>".
+struct GoldenName {
+  std::string schedule;
+  int ranks = 0, spr = 0, m = 0;
+};
+GoldenName ParseGoldenName(const std::string& file) {
+  GoldenName name;
+  const std::string base = file.substr(0, file.find('.'));
+  const size_t r = base.rfind("_r");
+  name.schedule = base.substr(0, r);
+  EXPECT_EQ(std::sscanf(base.c_str() + r, "_r%d_s%d_m%d", &name.ranks, &name.spr, &name.m), 3)
+      << file;
+  return name;
+}
+
+TEST(PlanJob, PyTorchGoldenCsvPlansToExactlyTheFilesLists) {
+  int planned = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(testing::GoldenDir())) {
+    const std::string file = entry.path().filename().string();
+    const bool compute = absl::EndsWith(file, ".compute.csv");
+    const bool comms = absl::EndsWith(file, ".comms.csv");
+    if (!compute && !comms) continue;
+    const GoldenName name = ParseGoldenName(file);
+    if (name.schedule == "1F1B") continue;  // PyTorch's defective list: see the next test
+    const std::string text = Golden(file);
+    auto plan = PlanJob(CsvSpec(file, text, name.m, compute ? "compute_only" : "compute_comms"));
+    ASSERT_TRUE(plan.ok()) << file << ": " << plan.status();
+    ++planned;
+    EXPECT_EQ(plan->schedule_name, "csv:" + file);
+    EXPECT_TRUE(plan->has_backward) << file;
+    EXPECT_EQ(plan->num_ranks, name.ranks) << file;
+    EXPECT_EQ(plan->num_stages, name.ranks * name.spr) << file;
+    EXPECT_EQ(plan->stages_per_rank, name.spr) << file;
+    // The mapping is the one the file's rows imply: the schedule's own.
+    auto kind = schedule::ParseScheduleKind(name.schedule);
+    ASSERT_TRUE(kind.ok());
+    auto mapping = schedule::StageToRank(name.ranks * name.spr, name.ranks,
+                                         schedule::DefaultMappingStyle(*kind));
+    EXPECT_EQ(plan->stage_to_rank, *mapping) << file;
+    // A generator whose compute order is the file's; with one stage per rank Interleaved1F1B's
+    // is 1F1B's.
+    if (name.spr > 1) EXPECT_EQ(plan->kind, *kind) << file;
+    // Exactly the file's lists: as written (compute_comms), or lowered without UNSHARD/RESHARD.
+    auto order = schedule::ParseScheduleCsv(text);
+    ASSERT_TRUE(order.ok());
+    if (comms) {
+      EXPECT_EQ(plan->lowered, WithoutIdle(*order)) << file;
+    } else {
+      schedule::LoweringOptions lowering;
+      lowering.max_active_stages = 0;
+      auto lowered = schedule::LowerSchedule(*order, *mapping, plan->num_stages, name.m, lowering);
+      ASSERT_TRUE(lowered.ok()) << lowered.status();
+      EXPECT_EQ(plan->lowered, *lowered) << file;
+    }
+    // The same job from schedule.kind plans the same lists (PyTorch's comms lists carry
+    // UNSHARD/RESHARD, which ours leave out).
+    if (compute) {
+      spec::JobSpec generated = KindSpec(name.schedule, name.ranks, name.ranks * name.spr, name.m);
+      auto from_kind = PlanJob(generated);
+      ASSERT_TRUE(from_kind.ok()) << file << ": " << from_kind.status();
+      EXPECT_EQ(from_kind->lowered, plan->lowered) << file;
+    }
+  }
+  EXPECT_GE(planned, 40);
+}
+
+TEST(PlanJob, CsvStyleWorkersAndKind) {
+  const std::string text = Golden("Interleaved1F1B_r2_s2_m4.compute.csv");
+  spec::JobSpec spec = CsvSpec("mine.csv", text, 4);
+  spec.placement.workers = 2;
+  spec.split.stages = 4;
+  spec.placement.style = "loop";
+  auto plan = PlanJob(spec);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->kind, schedule::ScheduleKind::kInterleaved1F1B);
+  spec.placement.style = "v";
+  EXPECT_EQ(PlanJob(spec).status().message(),
+            "placement.style: 'v' places stage 2 on rank 1, but the rows of 'mine.csv' run it on "
+            "rank 0 (line 1), which runs stages 0, 2 (loop placement); leave placement.style out "
+            "or set it to loop");
+  // A ZBV file in v placement.
+  spec::JobSpec zbv = CsvSpec("zbv.csv", Golden("ZBVZeroBubble_r2_s2_m4.compute.csv"), 4);
+  zbv.placement.style = "v";
+  auto zbv_plan = PlanJob(zbv);
+  ASSERT_TRUE(zbv_plan.ok()) << zbv_plan.status();
+  EXPECT_THAT(zbv_plan->stage_to_rank, ElementsAre(0, 1, 1, 0));
+  EXPECT_EQ(zbv_plan->kind, schedule::ScheduleKind::kZBVZeroBubble);
+
+  // A hand-written file matching no generator, forward-only, ranks with different stage counts.
+  auto forward = PlanJob(CsvSpec("fwd.csv", "0F0,1F0,0F1,1F1\n2F0,2F1\n", 2));
+  ASSERT_TRUE(forward.ok()) << forward.status();
+  EXPECT_FALSE(forward->has_backward);
+  EXPECT_EQ(forward->kind, schedule::ScheduleKind::kForwardOnly);
+  EXPECT_THAT(forward->stage_to_rank, ElementsAre(0, 0, 1));
+  EXPECT_EQ(forward->stages_per_rank, 2);
+  EXPECT_EQ(forward->schedule_name, "csv:fwd.csv");
+
+  // A CUDA job from a file.
+  spec::JobSpec cuda = CsvSpec("mine.csv", text, 4);
+  cuda.placement.device = "cuda";
+  EXPECT_EQ(PlanJob(cuda)->transport, "nccl");
+}
+
+// Each bad file is refused with INVALID_ARGUMENT naming the spec field, the file and, where one
+// action or rank is at fault, its line (and column).
+TEST(PlanJob, BrokenCsvIsRefusedNamingFileLineAndColumn) {
+  struct Bad {
+    std::string name;
+    spec::JobSpec spec;
+    std::string want;
+  };
+  const std::string gpipe = Golden("GPipe_r2_s1_m4.compute.csv");
+  std::string no_backward = gpipe;  // rank 1 without 1B3
+  no_backward.replace(no_backward.find(",1B3"), 4, "");
+  std::string interleaved = Golden("Interleaved1F1B_r2_s2_m4.compute.csv");
+  interleaved.replace(interleaved.find("3B3,"), 4, ",");  // stage 3 without its last backward
+  spec::JobSpec rows = CsvSpec("bad.csv", gpipe, 4);
+  rows.placement.workers = 3;
+  spec::JobSpec fewer_rows = CsvSpec("bad.csv", Golden("GPipe_r4_s1_m4.compute.csv"), 4);
+  fewer_rows.placement.workers = 2;
+  spec::JobSpec stages = CsvSpec("bad.csv", gpipe, 4);
+  stages.split.stages = 3;
+  spec::JobSpec not_sent = CsvSpec("bad.csv", "", 4);
+  // Rank 0 waits for 0B0 before it sends F1; rank 1 needs F1 before it sends B0.
+  const std::string deadlock =
+      "0F0,0SEND_F0,0RECV_B0,0B0,0F1,0SEND_F1,0RECV_B1,0B1\n"
+      "1RECV_F0,1RECV_F1,1F0,1F1,1B0,1SEND_B0,1B1,1SEND_B1\n";
+  const std::vector<Bad> bad = {
+      {"unknown action", CsvSpec("bad.csv", "0F0,0F1\n1F0,1X1\n", 2),
+       "schedule.csv: bad.csv line 2 (rank 1), column 2 (step 1): "},
+      {"missing backward", CsvSpec("bad.csv", no_backward, 4),
+       "schedule.csv: bad.csv line 2 (rank 1), column 8 (step 7): 1REDUCE_GRAD runs before the "
+       "last backward of stage 1"},
+      {"missing backward, no REDUCE_GRAD", CsvSpec("bad.csv", interleaved, 4),
+       "schedule.csv: bad.csv line 2 (rank 1)"},
+      {"deadlock", CsvSpec("bad.csv", deadlock, 2, "compute_comms"),
+       "schedule.csv: bad.csv line 1 (rank 0), column 4 (step 3): "},
+      {"comms in compute_only", CsvSpec("bad.csv", deadlock, 2),
+       "schedule.csv: bad.csv line 1 (rank 0), column 2 (step 1): 0SEND_F0 is a SEND_F action"},
+      {"fewer rows than workers", rows,
+       "schedule.csv: bad.csv: the file has 2 rows (one per rank), but placement.workers is 3"},
+      {"more rows than workers", fewer_rows,
+       "schedule.csv: bad.csv line 3 (rank 2): the file has 4 rows (one per rank), but "
+       "placement.workers is 2"},
+      {"PyTorch's 1F1B", CsvSpec("1f1b.csv", Golden("1F1B_r2_s1_m4.compute.csv"), 4),
+       "schedule.csv: 1f1b.csv line 2 (rank 1), column 2 (step 1): Running Full Backward for "
+       "stage 1, microbatch 0 without first running Forward"},
+      {"too few microbatches", CsvSpec("bad.csv", gpipe, 8),
+       "schedule.microbatches: 'bad.csv' schedules 4 microbatches (0..3), but "
+       "schedule.microbatches is 8"},
+      {"microbatch out of range", CsvSpec("bad.csv", gpipe, 3), "schedule.csv: bad.csv line 1"},
+      {"stages", stages, "split.stages: 'bad.csv' runs 2 stages (0..1), but split.stages is 3"},
+      {"not sent", not_sent, "schedule.csv: the contents of 'bad.csv' were not sent with the spec"},
+      {"stage past the model's layers", CsvSpec("bad.csv", "0F0,1F0\n,2F0,1000000F0\n", 1),
+       "schedule.csv: bad.csv line 2 (rank 1), column 3 (step 2): 1000000F0 runs stage 1000000, "
+       "but the model has 8 layers"},
+      {"empty rank", CsvSpec("bad.csv", "0F0,1F0\n\n", 1, "compute_only"),
+       "schedule.csv: bad.csv line 2 (rank 1): the rank runs no stage"},
+  };
+  for (const Bad& b : bad) {
+    auto plan = PlanJob(b.spec);
+    ASSERT_FALSE(plan.ok()) << b.name;
+    EXPECT_TRUE(absl::IsInvalidArgument(plan.status())) << b.name << ": " << plan.status();
+    EXPECT_THAT(std::string(plan.status().message()), HasSubstr(b.want)) << b.name;
+  }
 }
 
 }  // namespace

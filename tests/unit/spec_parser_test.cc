@@ -364,7 +364,8 @@ TEST(SpecParserTest, UnknownKeysInEveryNestedMapping) {
               ElementsAre("split.polcy: unknown key (valid keys: stages, points, policy); "
                           "did you mean 'policy'?"));
   EXPECT_THAT(Errors(Edit(kBase, "  workers: 2", "  workers: 2\n  gpus: 2")),
-              ElementsAre("placement.gpus: unknown key (valid keys: workers, device, style)"));
+              ElementsAre("placement.gpus: unknown key (valid keys: workers, device, style, "
+                          "transport)"));
   EXPECT_THAT(Errors(Edit(kBase, "  kind: synthetic", "  kind: synthetic\n  sed: 1")),
               ElementsAre("data.sed: unknown key (valid keys: kind, path, seed); did you mean "
                           "'seed'?"));
@@ -638,6 +639,28 @@ TEST(SpecParserTest, PlacementRules) {
               ElementsAre("placement.style: must be one of loop, v, got 'zigzag'"));
   EXPECT_EQ(Parsed(Edit(kBase, "  workers: 2", "  workers: 2\n  style: loop")).placement.style,
             "loop");
+}
+
+TEST(SpecParserTest, PlacementTransport) {
+  EXPECT_EQ(Parsed(kBase).placement.transport, "auto");
+  EXPECT_EQ(
+      Parsed(Edit(kBase, "  workers: 2", "  workers: 2\n  transport: gloo")).placement.transport,
+      "gloo");
+  JobSpec nccl =
+      Parsed(Edit(kBase, "  workers: 2", "  workers: 2\n  device: cuda\n  transport: nccl"));
+  EXPECT_EQ(nccl.placement.transport, "nccl");
+  EXPECT_EQ(nccl.placement.device, "cuda");
+  EXPECT_EQ(Parsed(Edit(kBase, "  workers: 2", "  workers: 2\n  device: cuda\n  transport: gloo"))
+                .placement.transport,
+            "gloo");
+  EXPECT_THAT(Errors(Edit(kBase, "  workers: 2", "  workers: 2\n  transport: nccl")),
+              ElementsAre("placement.transport: nccl needs placement.device cuda (device is cpu; "
+                          "use gloo or auto)"));
+  EXPECT_THAT(Errors(Edit(kBase, "  workers: 2", "  workers: 2\n  transport: mpi")),
+              ElementsAre("placement.transport: must be one of auto, gloo, nccl, got 'mpi'"));
+  // An invalid device is reported alone, without a derived transport error.
+  EXPECT_THAT(Errors(Edit(kBase, "  workers: 2", "  workers: 2\n  device: gpu\n  transport: nccl")),
+              ElementsAre("placement.device: must be one of cpu, cuda, got 'gpu'"));
 }
 
 // ---------------------------------------------------------------------------------------------

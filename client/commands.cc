@@ -1,14 +1,22 @@
 #include "client/commands.h"
 
 #include <unistd.h>
+#include <yaml-cpp/yaml.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/npy.h"
 #include "common/rpc/channel.h"
+#include "common/rpc/tensor_data.h"
 #include "common/rpc/time_conversion.h"
 
 namespace stagecoach::client {
@@ -29,6 +37,111 @@ std::string FormatEta(double seconds) {
   if (s < 60) return absl::StrCat(s, "s");
   if (s < 3600) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
   return absl::StrFormat("%dh%02dm", s / 3600, (s / 60) % 60);
+}
+
+// `text` as a YAML double-quoted scalar, on one line.
+std::string DoubleQuoted(absl::string_view text) {
+  std::string out = "\"";
+  for (char c : text) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+          out += absl::StrFormat("\\x%02x", static_cast<unsigned char>(c));
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+// For a spec with `schedule.csv: PATH`, the spec text with `schedule.csv_text` (the file's
+// contents) inserted just before the csv key, so that the rest of the user's text stays as
+// written. PATH is read relative to the spec file's directory. Anything else (no schedule.csv,
+// csv_text already there, text that is not YAML) comes back unchanged for the coordinator to
+// judge. The error says which file cannot be read.
+absl::StatusOr<std::string> InlineScheduleCsv(const std::string& spec_text,
+                                              const std::string& spec_path) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(spec_text);
+  } catch (const YAML::Exception&) {
+    return spec_text;
+  }
+  if (!root.IsMap()) return spec_text;
+  const YAML::Node& const_root = root;
+  const YAML::Node schedule = const_root["schedule"];
+  if (!schedule.IsDefined() || !schedule.IsMap()) return spec_text;
+  std::optional<YAML::Node> key;
+  std::string csv;
+  for (auto it = schedule.begin(); it != schedule.end(); ++it) {
+    if (!it->first.IsScalar()) continue;
+    if (it->first.Scalar() == "csv_text") return spec_text;
+    if (it->first.Scalar() == "csv" && !key.has_value() && it->second.IsScalar()) {
+      key = it->first;
+      csv = it->second.Scalar();
+    }
+  }
+  if (!key.has_value() || csv.empty()) return spec_text;
+
+  std::filesystem::path file(csv);
+  if (file.is_relative()) file = std::filesystem::path(spec_path).parent_path() / file;
+  std::error_code error;
+  std::ifstream in;
+  if (std::filesystem::is_regular_file(file, error)) in.open(file, std::ios::binary);
+  std::stringstream contents;
+  if (in) contents << in.rdbuf();
+  if (!in.is_open() || in.bad()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read schedule.csv '", file.string(), "' (named in ", spec_path,
+                     (std::filesystem::path(csv).is_relative()
+                          ? "; a relative path is read from the spec file's directory)"
+                          : ")")));
+  }
+  if (contents.str().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("schedule.csv '", file.string(), "' is empty (named in ", spec_path, ")"));
+  }
+
+  // yaml-cpp's marks count bytes, after a UTF-8 byte order mark.
+  size_t at = key->Mark().pos;
+  if (spec_text.rfind("\xEF\xBB\xBF", 0) == 0) at += 3;
+  const absl::string_view rest =
+      absl::string_view(spec_text).substr(std::min(at, spec_text.size()));
+  const bool at_key = absl::StartsWith(rest, "csv") || absl::StartsWith(rest, "\"csv\"") ||
+                      absl::StartsWith(rest, "'csv'");
+  const std::string entry = absl::StrCat("csv_text: ", DoubleQuoted(contents.str()));
+  std::string out = spec_text;
+  if (at_key && schedule.Style() == YAML::EmitterStyle::Flow) {
+    out.insert(at, absl::StrCat(entry, ", "));
+    return out;
+  }
+  const size_t line_start = spec_text.rfind('\n', at == 0 ? 0 : at - 1);
+  const size_t indent_from = line_start == std::string::npos ? 0 : line_start + 1;
+  const absl::string_view indent =
+      absl::string_view(spec_text).substr(indent_from, at - std::min(at, indent_from));
+  if (at_key && at >= indent_from && indent.find_first_not_of(' ') == absl::string_view::npos) {
+    out.insert(at, absl::StrCat(entry, "\n", indent));
+    return out;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("cannot add the contents of schedule.csv to ", spec_path,
+                   "; write it as a plain `csv: PATH` entry of the schedule mapping"));
 }
 
 }  // namespace
@@ -58,8 +171,14 @@ int Commands::Submit(const std::string& spec_path, bool wait) {
   }
   std::stringstream text;
   text << in.rdbuf();
+  // schedule.csv names a file on this machine: its contents travel with the spec.
+  absl::StatusOr<std::string> spec_yaml = InlineScheduleCsv(text.str(), spec_path);
+  if (!spec_yaml.ok()) {
+    err_ << "stagectl: submit: " << spec_yaml.status().message() << "\n";
+    return 1;
+  }
   v1::SubmitJobRequest req;
-  req.set_spec_yaml(text.str());
+  req.set_spec_yaml(*spec_yaml);
   req.set_spec_origin(spec_path);
   v1::SubmitJobResponse resp;
   grpc::ClientContext ctx;
@@ -150,9 +269,14 @@ int Commands::Follow(const std::string& job_id, std::ostream& progress) {
         const auto& step = event.step_completed();
         const int64_t done = step.step() + 1;
         const double step_seconds = absl::ToDoubleSeconds(rpc::FromProtoDuration(step.step_time()));
+        const double bubble =
+            step.bubble_ratios().empty()
+                ? 0.0
+                : *std::max_element(step.bubble_ratios().begin(), step.bubble_ratios().end());
         const std::string line = absl::StrFormat(
-            "step %d/%d  loss %.6f  %.0f samples/s  %.3fs/step  ETA %s", done, step.steps_total(),
-            step.loss(), step.samples_per_second(), step_seconds,
+            "step %d/%d  loss %s  %.0f samples/s  %.3fs/step  bubble %.2f  ETA %s", done,
+            step.steps_total(), step.has_loss() ? absl::StrFormat("%.6f", step.loss()) : "-",
+            step.samples_per_second(), step_seconds, bubble,
             FormatEta(step_seconds * static_cast<double>(step.steps_total() - done)));
         if (tty) {
           progress << "\r" << ProgressBar(done, step.steps_total(), 30) << " " << line << "\x1b[K"
@@ -183,6 +307,71 @@ int Commands::Follow(const std::string& job_id, std::ostream& progress) {
 }
 
 int Commands::Watch(const std::string& job_id) { return Follow(job_id, out_); }
+
+int Commands::Infer(const std::string& spec_path, const std::string& input_path,
+                    const std::string& out_path, absl::Duration timeout) {
+  std::ifstream in(spec_path);
+  if (!in) {
+    err_ << "stagectl: infer: cannot read spec file '" << spec_path << "'\n";
+    return 1;
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  auto inputs = ReadNpy(input_path);
+  if (!inputs.ok()) {
+    err_ << "stagectl: infer: " << inputs.status().message() << "\n";
+    return 1;
+  }
+  v1::InferRequest req;
+  req.set_spec_yaml(text.str());
+  req.set_spec_origin(spec_path);
+  *req.mutable_inputs() = *std::move(inputs);
+  *req.mutable_timeout() = rpc::ToProtoDuration(timeout);
+  v1::InferResponse resp;
+  grpc::ClientContext ctx;
+  // The coordinator gives up (and cancels the job) at `timeout`; the margin lets its answer
+  // arrive before the call's own deadline.
+  rpc::SetDeadline(&ctx, timeout + options_.timeout);
+  const absl::Time start = absl::Now();
+  grpc::Status status = stub_->Infer(&ctx, req, &resp);
+  if (!status.ok()) {
+    if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+      err_ << "stagectl: infer: the coordinator refused " << spec_path << " with " << input_path
+           << ":\n"
+           << status.error_message() << "\n";
+      return 1;
+    }
+    return RpcError(status, "infer");
+  }
+  const v1::TensorData& outputs = resp.outputs();
+  if (absl::Status valid = rpc::ValidateTensorData(outputs, "outputs"); !valid.ok()) {
+    err_ << "stagectl: infer: " << resp.job_id() << " returned " << valid.message() << "\n";
+    return 1;
+  }
+  if (!out_path.empty()) {
+    if (absl::Status written = WriteNpy(out_path, outputs); !written.ok()) {
+      err_ << "stagectl: infer: " << written.message() << "\n";
+      return 1;
+    }
+    err_ << absl::StrFormat("%s: %s written to %s (%.3fs)\n", resp.job_id(),
+                            rpc::DescribeTensorData(outputs), out_path,
+                            absl::ToDoubleSeconds(absl::Now() - start));
+    out_ << resp.job_id() << std::endl;
+    return 0;
+  }
+  switch (options_.format) {
+    case OutputFormat::kTable:
+      out_ << TensorSummary(resp.job_id(), outputs);
+      break;
+    case OutputFormat::kJson:
+      out_ << TensorJson(resp.job_id(), outputs).dump(2) << "\n";
+      break;
+    case OutputFormat::kYaml:
+      out_ << ToYaml(TensorJson(resp.job_id(), outputs));
+      break;
+  }
+  return 0;
+}
 
 int Commands::Cancel(const std::string& job_id) {
   v1::CancelJobRequest req;

@@ -30,6 +30,12 @@ class Commands {
   int Watch(const std::string& job_id);
   int Cancel(const std::string& job_id);
   int Workers();
+  // Runs forward-only inference of the spec's model on the batch in `input_path` (.npy) and
+  // writes the outputs to `out_path` (.npy), or prints them when it is empty: a summary (table)
+  // or the tensor's shape and values (json, yaml). `timeout` bounds the whole run, queueing
+  // included.
+  int Infer(const std::string& spec_path, const std::string& input_path,
+            const std::string& out_path, absl::Duration timeout);
 
  private:
   // Prints a failed call's error and returns 1. UNAVAILABLE becomes a message saying the

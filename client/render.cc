@@ -3,12 +3,14 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cstring>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/rpc/tensor_data.h"
 #include "common/rpc/time_conversion.h"
 
 namespace stagecoach::client {
@@ -58,6 +60,46 @@ void EmitYaml(YAML::Emitter& out, const nlohmann::json& v) {
   }
 }
 
+// TensorData bytes are little-endian and decoded by copying.
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "TensorData needs a little-endian host");
+
+// Element `i` of a valid tensor as JSON (a number).
+nlohmann::json Element(const v1::TensorData& t, int64_t i) {
+  const char* p = t.data().data();
+  if (t.dtype() == "float32") {
+    float v;
+    std::memcpy(&v, p + 4 * i, 4);
+    return v;
+  }
+  if (t.dtype() == "float64") {
+    double v;
+    std::memcpy(&v, p + 8 * i, 8);
+    return v;
+  }
+  if (t.dtype() == "int64") {
+    int64_t v;
+    std::memcpy(&v, p + 8 * i, 8);
+    return v;
+  }
+  int32_t v;
+  std::memcpy(&v, p + 4 * i, 4);
+  return v;
+}
+
+// Dimensions [dim, rank) of a valid tensor from element `offset` on, as nested arrays.
+nlohmann::json Nested(const v1::TensorData& t, int dim, int64_t offset) {
+  if (dim == t.shape_size()) return Element(t, offset);
+  int64_t stride = 1;
+  for (int d = dim + 1; d < t.shape_size(); ++d) stride *= t.shape(d);
+  nlohmann::json out = nlohmann::json::array();
+  for (int64_t i = 0; i < t.shape(dim); ++i) out.push_back(Nested(t, dim + 1, offset + i * stride));
+  return out;
+}
+
+double MaxOf(const google::protobuf::RepeatedField<double>& values) {
+  return values.empty() ? 0.0 : *std::max_element(values.begin(), values.end());
+}
+
 }  // namespace
 
 absl::StatusOr<OutputFormat> ParseOutputFormat(const std::string& text) {
@@ -85,6 +127,8 @@ nlohmann::json JobJson(const v1::Job& job) {
   out["steps_done"] = job.steps_done();
   out["steps_total"] = job.steps_total();
   out["losses"] = std::vector<double>(job.losses().begin(), job.losses().end());
+  out["max_bubble_ratios"] =
+      std::vector<double>(job.max_bubble_ratios().begin(), job.max_bubble_ratios().end());
   out["schedule"] = job.schedule();
   out["num_stages"] = job.num_stages();
   out["num_ranks"] = job.num_ranks();
@@ -134,6 +178,30 @@ std::string ToYaml(const nlohmann::json& value) {
   YAML::Emitter out;
   EmitYaml(out, value);
   return std::string(out.c_str()) + "\n";
+}
+
+std::string TensorSummary(const std::string& job_id, const v1::TensorData& tensor) {
+  constexpr int64_t kShown = 8;
+  const int64_t size = rpc::DTypeSize(tensor.dtype());
+  const int64_t count = size > 0 ? static_cast<int64_t>(tensor.data().size()) / size : 0;
+  std::vector<std::string> values;
+  for (int64_t i = 0; i < std::min(count, kShown); ++i) {
+    const nlohmann::json v = Element(tensor, i);
+    values.push_back(v.is_number_float() ? absl::StrFormat("%.6g", v.get<double>()) : v.dump());
+  }
+  std::string out = absl::StrCat(job_id, " outputs: ", rpc::DescribeTensorData(tensor), "\n");
+  absl::StrAppend(&out, "first values: ", absl::StrJoin(values, ", "),
+                  count > kShown ? ", ..." : "", "\n");
+  return out;
+}
+
+nlohmann::json TensorJson(const std::string& job_id, const v1::TensorData& tensor) {
+  nlohmann::json out;
+  out["job_id"] = job_id;
+  out["dtype"] = tensor.dtype();
+  out["shape"] = std::vector<int64_t>(tensor.shape().begin(), tensor.shape().end());
+  out["values"] = Nested(tensor, 0, 0);
+  return out;
 }
 
 std::string FormatTable(const std::vector<std::vector<std::string>>& rows) {
@@ -193,6 +261,11 @@ std::string JobDetails(const v1::Job& j) {
   if (!j.losses().empty()) {
     out << "Loss:      " << absl::StrFormat("%.6f", *j.losses().begin()) << " (first) -> "
         << absl::StrFormat("%.6f", *j.losses().rbegin()) << " (latest)\n";
+  }
+  if (!j.max_bubble_ratios().empty()) {
+    out << "Bubble:    " << absl::StrFormat("%.3f", *j.max_bubble_ratios().rbegin())
+        << " (latest step), " << absl::StrFormat("%.3f", MaxOf(j.max_bubble_ratios()))
+        << " (worst step); largest ratio over the ranks\n";
   }
   if (j.ranks_size() > 0) {
     std::vector<std::vector<std::string>> rows = {

@@ -33,6 +33,12 @@ std::string WorkersTable(const std::vector<v1::WorkerInfo>& workers);
 // The human view of one job: state, reason, progress, ranks, recent losses.
 std::string JobDetails(const v1::Job& job);
 
+// An Infer result for people: the job, the outputs' dtype and shape, and their first values.
+std::string TensorSummary(const std::string& job_id, const v1::TensorData& tensor);
+// An Infer result for programs: {"job_id", "dtype", "shape", "values"}, values nested like
+// numpy's tolist(). `tensor` must be valid (rpc::ValidateTensorData).
+nlohmann::json TensorJson(const std::string& job_id, const v1::TensorData& tensor);
+
 // A table of rows with a header row; columns padded to their widest cell.
 std::string FormatTable(const std::vector<std::vector<std::string>>& rows);
 

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "absl/time/time.h"
 #include "client/commands.h"
 #include "client/schedule_command.h"
 #include "common/rpc/address.h"
@@ -36,6 +37,20 @@ int main(int argc, char** argv) {
   auto* cancel = app.add_subcommand("cancel", "cancel a job");
   cancel->add_option("JOB", job_id, "job id")->required();
   auto* workers = app.add_subcommand("workers", "list workers");
+  std::string infer_input, infer_out, infer_timeout = "5m";
+  auto* infer = app.add_subcommand(
+      "infer", "run the spec's model forward-only on a batch (.npy) and return the outputs");
+  infer->add_option("SPEC", spec_path, "job spec (YAML); its schedule runs as ForwardOnly")
+      ->required();
+  infer->add_option("--input,--inputs", infer_input, "the batch: a NumPy .npy file, rows first")
+      ->required();
+  // Not --output: that is the global output format, which may stand after the command.
+  infer->add_option("--out", infer_out,
+                    "write the outputs to this .npy file (default: print a summary, or the "
+                    "values with -o json|yaml)");
+  infer->add_option("--timeout", infer_timeout,
+                    "give up (and cancel the job) after this long, queueing included, e.g. 30s, "
+                    "5m (default 5m)");
 
   sc::client::ScheduleCommandOptions sched;
   auto* schedule = app.add_subcommand(
@@ -107,5 +122,15 @@ int main(int argc, char** argv) {
   if (watch->parsed()) return commands.Watch(job_id);
   if (cancel->parsed()) return commands.Cancel(job_id);
   if (workers->parsed()) return commands.Workers();
+  if (infer->parsed()) {
+    absl::Duration timeout;
+    if (!absl::ParseDuration(infer_timeout, &timeout) || timeout <= absl::ZeroDuration()) {
+      std::cerr << "stagectl: infer: --timeout: must be a positive duration such as 30s or 5m, "
+                   "got '"
+                << infer_timeout << "'\n";
+      return 2;
+    }
+    return commands.Infer(spec_path, infer_input, infer_out, timeout);
+  }
   return 2;
 }

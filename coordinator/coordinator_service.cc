@@ -82,6 +82,24 @@ grpc::Status CoordinatorServiceImpl::ListWorkers(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
+grpc::Status CoordinatorServiceImpl::Infer(grpc::ServerContext* ctx, const v1::InferRequest* req,
+                                           v1::InferResponse* resp) {
+  if (auto s = Required(req->spec_yaml(), "spec_yaml"); !s.ok()) return s;
+  absl::Duration timeout = rpc::FromProtoDuration(req->timeout());
+  if (timeout < absl::ZeroDuration()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "timeout: must not be negative");
+  }
+  if (timeout == absl::ZeroDuration()) timeout = kDefaultInferTimeout;
+  timeout = std::min(timeout, kMaxInferTimeout);
+  auto result =
+      jobs_->Infer(req->spec_yaml(), req->spec_origin().empty() ? "spec" : req->spec_origin(),
+                   req->inputs(), timeout, [ctx] { return ctx->IsCancelled(); });
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  resp->set_job_id(result->job_id);
+  *resp->mutable_outputs() = std::move(result->outputs);
+  return grpc::Status::OK;
+}
+
 grpc::Status CoordinatorServiceImpl::RegisterWorker(grpc::ServerContext*,
                                                     const v1::RegisterWorkerRequest* req,
                                                     v1::RegisterWorkerResponse* resp) {

@@ -14,6 +14,9 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
   static constexpr absl::Duration kMaxKvWait = absl::Minutes(5);
   // How often a WatchJob stream checks whether its client went away.
   static constexpr absl::Duration kWatchPoll = absl::Milliseconds(500);
+  // How long Infer waits for its job when the request gives no timeout, and at most.
+  static constexpr absl::Duration kDefaultInferTimeout = absl::Minutes(5);
+  static constexpr absl::Duration kMaxInferTimeout = absl::Hours(24);
 
   CoordinatorServiceImpl(JobManager* jobs, KvStore* kv) : jobs_(jobs), kv_(kv) {}
 
@@ -29,6 +32,8 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
                          v1::CancelJobResponse* resp) override;
   grpc::Status ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest* req,
                            v1::ListWorkersResponse* resp) override;
+  grpc::Status Infer(grpc::ServerContext* ctx, const v1::InferRequest* req,
+                     v1::InferResponse* resp) override;
   grpc::Status RegisterWorker(grpc::ServerContext* ctx, const v1::RegisterWorkerRequest* req,
                               v1::RegisterWorkerResponse* resp) override;
   grpc::Status Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,

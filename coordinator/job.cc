@@ -75,9 +75,10 @@ void Job::ToProto(v1::Job* out) const {
   out->set_steps_done(steps_done());
   out->set_steps_total(spec.training.steps);
   for (double loss : losses) out->add_losses(loss);
+  for (double ratio : max_bubble_ratios) out->add_max_bubble_ratios(ratio);
   out->set_num_stages(plan.num_stages);
   out->set_num_ranks(plan.num_ranks);
-  out->set_schedule(std::string(schedule::ScheduleKindName(plan.kind)));
+  out->set_schedule(plan.schedule_name);
   out->set_microbatches(plan.num_microbatches);
   for (const RankSlot& slot : ranks) {
     v1::RankStatus* r = out->add_ranks();

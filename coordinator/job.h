@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,7 @@ struct StepAggregate {
   int ranks_reported = 0;
   std::vector<double> microbatch_losses;  // from the rank that owns the last stage
   absl::Duration slowest = absl::ZeroDuration();
+  std::vector<double> bubble_ratios;  // indexed by rank
 };
 
 struct Job {
@@ -80,9 +82,18 @@ struct Job {
   bool starting = false;        // StartTask calls of the current attempt are in flight
   std::vector<RankSlot> ranks;  // empty until placed
   std::map<int64_t, StepAggregate> partial_steps;
-  std::vector<double> losses;  // one per step every rank has finished
+  int64_t steps_completed = 0;            // steps every rank has finished
+  std::vector<double> losses;             // one per completed step, unless forward-only
+  std::vector<double> max_bubble_ratios;  // one per completed step: the largest over ranks
 
-  int64_t steps_done() const { return static_cast<int64_t>(losses.size()); }
+  // Infer jobs (forward-only, one step on a client batch). The inputs are dropped when the job
+  // ends; the outputs (from the last stage's rank) when Infer hands them to its caller.
+  bool inference = false;
+  v1::TensorData inference_inputs;
+  std::optional<v1::TensorData> inference_outputs;
+
+  int64_t steps_done() const { return steps_completed; }
+  bool forward_only() const { return !plan.has_backward; }
 
   std::vector<v1::JobEvent> events;
 

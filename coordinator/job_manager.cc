@@ -1,11 +1,14 @@
 #include "coordinator/job_manager.h"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/rpc/tensor_data.h"
 #include "common/rpc/time_conversion.h"
+#include "common/spec/spec_overrides.h"
 #include "common/spec/spec_parser.h"
 #include "common/util/logging.h"
 #include "common/util/status_macros.h"
@@ -15,6 +18,36 @@ namespace {
 
 std::string WorkerLabel(const RankSlot& slot) {
   return absl::StrCat("worker ", slot.worker_id, " (rank ", slot.rank, ")");
+}
+
+// How often a waiting Infer call checks whether its caller went away.
+constexpr absl::Duration kInferPoll = absl::Milliseconds(250);
+
+// The spec of an Infer job: `spec_yaml` with a ForwardOnly schedule, `batch_size` rows and one
+// step; schedule files, checkpoints and the data section do not apply to inference.
+absl::StatusOr<std::string> InferenceSpecYaml(const std::string& spec_yaml,
+                                              const std::string& origin, int64_t batch_size) {
+  spec::SpecOverrides overrides;
+  overrides.set = {{"schedule.kind", "ForwardOnly"},
+                   {"training.batch_size", absl::StrCat(batch_size)},
+                   {"training.steps", "1"}};
+  overrides.remove = {"schedule.csv", "schedule.csv_format", "schedule.csv_text",
+                      "training.checkpoint", "data"};
+  return spec::ApplySpecOverrides(spec_yaml, origin, overrides);
+}
+
+// The last stage's outputs of an Infer job are one tensor with a row per input row.
+absl::Status CheckInferenceOutputs(const Job& job, const v1::ReportTaskEndRequest& req) {
+  if (!req.has_inference_outputs()) return absl::InvalidArgumentError("inference_outputs: missing");
+  const v1::TensorData& out = req.inference_outputs();
+  RETURN_IF_ERROR(rpc::ValidateTensorData(out, "inference_outputs"));
+  const int64_t rows = job.inference_inputs.shape(0);
+  if (out.shape_size() < 1 || out.shape(0) != rows) {
+    return absl::InvalidArgumentError(absl::StrCat("inference_outputs: expected ", rows,
+                                                   " rows (one per input row), got ",
+                                                   rpc::DescribeTensorData(out)));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -65,11 +98,17 @@ absl::StatusOr<std::string> JobManager::SubmitJob(const std::string& spec_yaml,
   ASSIGN_OR_RETURN(spec::JobSpec spec, spec::ParseJobSpec(spec_yaml, origin));
   ASSIGN_OR_RETURN(Plan plan, PlanJob(spec));
   absl::MutexLock lock(&mu_);
+  const std::string id = AddJobLocked(std::move(spec), spec_yaml, std::move(plan)).id;
+  ScheduleLocked();
+  return id;
+}
+
+Job& JobManager::AddJobLocked(spec::JobSpec spec, std::string spec_yaml, Plan plan) {
   const absl::Time now = deps_.clock->Now();
   Job& job = jobs_.emplace_back();
   job.id = absl::StrCat("job-", next_job_++);
   job.spec = std::move(spec);
-  job.spec_yaml = spec_yaml;
+  job.spec_yaml = std::move(spec_yaml);
   job.plan = std::move(plan);
   job.created = now;
   v1::JobTransition created;
@@ -81,11 +120,86 @@ absl::StatusOr<std::string> JobManager::SubmitJob(const std::string& spec_yaml,
   *event.mutable_state_change() = created;
   job.AddEvent(std::move(event), now);
   spdlog::info("{} submitted: {} stages on {} workers, {} x {} microbatches, {} steps", job.id,
-               job.plan.num_stages, job.plan.num_ranks, schedule::ScheduleKindName(job.plan.kind),
+               job.plan.num_stages, job.plan.num_ranks, job.plan.schedule_name,
                job.plan.num_microbatches, job.spec.training.steps);
-  const std::string id = job.id;
+  return job;
+}
+
+absl::StatusOr<InferenceResult> JobManager::Infer(const std::string& spec_yaml,
+                                                  const std::string& origin, v1::TensorData inputs,
+                                                  absl::Duration timeout,
+                                                  const std::function<bool()>& caller_gone) {
+  RETURN_IF_ERROR(rpc::ValidateTensorData(inputs, "inputs"));
+  if (inputs.shape_size() < 1 || inputs.shape(0) < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("inputs.shape: needs at least one row (dim 0 is the batch), got ",
+                     rpc::DescribeTensorData(inputs)));
+  }
+  const int64_t rows = inputs.shape(0);
+  // Parsed first with the largest batch size, so that the microbatch count is checked against
+  // the input's rows here rather than against a batch size the user never wrote.
+  ASSIGN_OR_RETURN(std::string probe_yaml,
+                   InferenceSpecYaml(spec_yaml, origin, std::numeric_limits<int64_t>::max()));
+  ASSIGN_OR_RETURN(spec::JobSpec probe, spec::ParseJobSpec(probe_yaml, origin));
+  if (probe.schedule.microbatches > rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("schedule.microbatches: must be <= the rows of inputs (",
+                     rpc::DescribeTensorData(inputs), "), got ", probe.schedule.microbatches));
+  }
+  ASSIGN_OR_RETURN(std::string job_yaml, InferenceSpecYaml(spec_yaml, origin, rows));
+  ASSIGN_OR_RETURN(spec::JobSpec spec, spec::ParseJobSpec(job_yaml, origin));
+  ASSIGN_OR_RETURN(Plan plan, PlanJob(spec));
+  absl::MutexLock lock(&mu_);
+  Job& job = AddJobLocked(std::move(spec), std::move(job_yaml), std::move(plan));
+  job.inference = true;
+  job.inference_inputs = std::move(inputs);
   ScheduleLocked();
-  return id;
+  return AwaitInferenceLocked(&job, timeout, caller_gone);
+}
+
+absl::StatusOr<InferenceResult> JobManager::AwaitInferenceLocked(
+    Job* job, absl::Duration timeout, const std::function<bool()>& caller_gone) {
+  const absl::Time deadline = absl::Now() + timeout;
+  auto ended = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const bool done = stopping_ || IsFinal(job->state);
+    return done;
+  };
+  while (!IsFinal(job->state)) {
+    if (stopping_) {
+      return absl::UnavailableError(absl::StrCat(job->id, ": the coordinator is shutting down"));
+    }
+    const absl::Duration left = deadline - absl::Now();
+    std::string why;
+    absl::StatusCode code = absl::StatusCode::kOk;
+    if (left <= absl::ZeroDuration()) {
+      why = absl::StrCat("inference did not finish within ", absl::FormatDuration(timeout));
+      code = absl::StatusCode::kDeadlineExceeded;
+    } else if (caller_gone && caller_gone()) {
+      why = "the caller of Infer went away";
+      code = absl::StatusCode::kCancelled;
+    }
+    if (code != absl::StatusCode::kOk) {
+      EndJobLocked(job, v1::JOB_STATE_CANCELLED, why);
+      job->inference_outputs.reset();
+      ScheduleLocked();
+      return absl::Status(code, absl::StrCat(job->id, ": ", why, "; the job was cancelled"));
+    }
+    mu_.AwaitWithTimeout(absl::Condition(&ended), std::min(left, kInferPoll));
+  }
+  // Only this call hands the outputs out; the job keeps none.
+  std::optional<v1::TensorData> outputs = std::move(job->inference_outputs);
+  job->inference_outputs.reset();
+  switch (job->state) {
+    case v1::JOB_STATE_SUCCEEDED:
+      if (!outputs.has_value()) {
+        return absl::InternalError(absl::StrCat(job->id, " succeeded without outputs"));
+      }
+      return InferenceResult{job->id, *std::move(outputs)};
+    case v1::JOB_STATE_FAILED:
+      return absl::AbortedError(absl::StrCat(job->id, " failed: ", job->reason));
+    default:
+      return absl::CancelledError(absl::StrCat(job->id, " was cancelled: ", job->reason));
+  }
 }
 
 absl::StatusOr<v1::Job> JobManager::GetJob(const std::string& job_id) {
@@ -199,10 +313,16 @@ absl::Status JobManager::ReportStep(const v1::ReportStepRequest& req) {
   }
   const int last_stage = job->plan.num_stages - 1;
   const bool owns_last = job->plan.stage_to_rank[last_stage] == req.rank();
-  if (owns_last && req.microbatch_losses_size() != job->plan.num_microbatches) {
+  const bool forward_only = job->forward_only();
+  if (owns_last && !forward_only && req.microbatch_losses_size() != job->plan.num_microbatches) {
     return absl::InvalidArgumentError(
         absl::StrCat("microbatch_losses: the last stage's rank must report ",
                      job->plan.num_microbatches, " losses, got ", req.microbatch_losses_size()));
+  }
+  if (req.action_timings_size() != 0 && req.action_timings_size() != req.executed_actions_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("action_timings: expected one per executed action (",
+                     req.executed_actions_size(), "), got ", req.action_timings_size()));
   }
   slot->steps_done = req.step() + 1;
   slot->bytes_sent += req.bytes_sent();
@@ -213,21 +333,29 @@ absl::Status JobManager::ReportStep(const v1::ReportStepRequest& req) {
   ++agg.ranks_reported;
   const absl::Duration step_time = rpc::FromProtoDuration(req.step_time());
   agg.slowest = std::max(agg.slowest, step_time);
-  if (owns_last) {
+  if (owns_last && !forward_only) {
     agg.microbatch_losses.assign(req.microbatch_losses().begin(), req.microbatch_losses().end());
   }
+  agg.bubble_ratios.resize(job->plan.num_ranks, 0.0);
+  agg.bubble_ratios[req.rank()] = req.bubble_ratio();
   if (agg.ranks_reported < job->plan.num_ranks) return absl::OkStatus();
 
-  const double loss =
-      std::accumulate(agg.microbatch_losses.begin(), agg.microbatch_losses.end(), 0.0) /
-      static_cast<double>(agg.microbatch_losses.size());
-  job->losses.push_back(loss);
+  ++job->steps_completed;
+  job->max_bubble_ratios.push_back(
+      *std::max_element(agg.bubble_ratios.begin(), agg.bubble_ratios.end()));
   v1::JobEvent event;
   v1::StepCompleted* step = event.mutable_step_completed();
   step->set_step(req.step());
   step->set_steps_total(job->spec.training.steps);
-  step->set_loss(loss);
+  if (!forward_only) {
+    const double loss =
+        std::accumulate(agg.microbatch_losses.begin(), agg.microbatch_losses.end(), 0.0) /
+        static_cast<double>(agg.microbatch_losses.size());
+    job->losses.push_back(loss);
+    step->set_loss(loss);
+  }
   *step->mutable_step_time() = rpc::ToProtoDuration(agg.slowest);
+  for (double ratio : agg.bubble_ratios) step->add_bubble_ratios(ratio);
   const double seconds = absl::ToDoubleSeconds(agg.slowest);
   step->set_samples_per_second(seconds > 0 ? job->spec.training.batch_size / seconds : 0.0);
   job->AddEvent(std::move(event), deps_.clock->Now());
@@ -251,6 +379,16 @@ absl::Status JobManager::ReportTaskEnd(const v1::ReportTaskEndRequest& req) {
   }
   switch (req.outcome()) {
     case v1::TASK_OUTCOME_SUCCEEDED: {
+      if (job->inference && job->plan.stage_to_rank[job->plan.num_stages - 1] == req.rank()) {
+        absl::Status outputs = CheckInferenceOutputs(*job, req);
+        if (!outputs.ok()) {
+          EndJobLocked(job, v1::JOB_STATE_FAILED,
+                       absl::StrCat("rank ", req.rank(), " (worker ", req.worker_id(),
+                                    ") returned unusable inference outputs: ", outputs.message()));
+          break;
+        }
+        job->inference_outputs = req.inference_outputs();
+      }
       const bool all = std::all_of(job->ranks.begin(), job->ranks.end(), [](const RankSlot& s) {
         return s.task_ended && s.outcome == v1::TASK_OUTCOME_SUCCEEDED;
       });
@@ -412,8 +550,13 @@ void JobManager::ScheduleLocked() {
       for (const auto& a : slot.actions) task.add_actions(a);
       task.set_spec_yaml(job.spec_yaml);
       task.set_rendezvous_prefix(job.RendezvousPrefix());
-      task.set_transport("gloo");
+      task.set_transport(job.plan.transport);
       *task.mutable_comm_timeout() = rpc::ToProtoDuration(options_.comm_timeout);
+      task.set_forward_only(job.forward_only());
+      if (job.inference) {
+        v1::InferenceTask* inference = task.mutable_inference();
+        if (job.plan.stage_to_rank[0] == r) *inference->mutable_inputs() = job.inference_inputs;
+      }
       tasks.emplace_back(w->address, std::move(task));
       names.push_back(w->id);
     }
@@ -477,6 +620,8 @@ void JobManager::EndJobLocked(Job* job, v1::JobState state, const std::string& r
   }
   spdlog::info("{} {}: {}", job->id, JobStateName(state), reason);
   deps_.kv->DeletePrefix(job->RendezvousPrefix());
+  // A finished Infer job needs only its outputs.
+  job->inference_inputs.Clear();
   if (job->starting) return;  // StartTasks stops the ranks once its calls return
   for (const RankSlot& slot : job->ranks) {
     if (!slot.task_ended) StopRankLocked(*job, slot, reason);

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -59,6 +60,13 @@ struct JobEvents {
   bool ended = false;
 };
 
+// What an Infer job returned.
+struct InferenceResult {
+  std::string job_id;
+  // The last stage's outputs of every microbatch, concatenated along dim 0.
+  v1::TensorData outputs;
+};
+
 // Thread-safe.
 class JobManager {
  public:
@@ -77,6 +85,17 @@ class JobManager {
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
   // Every job, oldest first, without its spec and per-rank action lists (GetJob has them).
   std::vector<v1::Job> ListJobs();
+  // Forward-only inference on a client batch (CoordinatorService.Infer): plans `spec_yaml` as a
+  // ForwardOnly job of one step whose batch is `inputs` (see InferRequest for which spec fields
+  // apply), queues it like SubmitJob, waits up to `timeout` for it to end and returns its
+  // outputs. `caller_gone` (optional) is polled while waiting. Errors: INVALID_ARGUMENT naming
+  // the field (`inputs...`, `schedule.microbatches`, a spec path) when nothing was queued;
+  // DEADLINE_EXCEEDED after `timeout`, CANCELLED when `caller_gone` said so (the job is
+  // cancelled in both cases); ABORTED with the reason of a job that FAILED, CANCELLED for one
+  // cancelled by CancelJob; UNAVAILABLE when the manager shuts down. Each names the job.
+  absl::StatusOr<InferenceResult> Infer(const std::string& spec_yaml, const std::string& origin,
+                                        v1::TensorData inputs, absl::Duration timeout,
+                                        const std::function<bool()>& caller_gone = nullptr);
   // FAILED_PRECONDITION when the job has already ended.
   absl::StatusOr<v1::Job> CancelJob(const std::string& job_id, const std::string& reason);
   // Waits up to `timeout` for events with sequence >= from_sequence; returns those (possibly
@@ -99,6 +118,13 @@ class JobManager {
  private:
   Job* FindJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Job*> FindJobOrError(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues a parsed and planned job as PENDING (the caller then calls ScheduleLocked).
+  Job& AddJobLocked(spec::JobSpec spec, std::string spec_yaml, Plan plan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits until `job` ends, `timeout` passes or `caller_gone`; see Infer.
+  absl::StatusOr<InferenceResult> AwaitInferenceLocked(Job* job, absl::Duration timeout,
+                                                       const std::function<bool()>& caller_gone)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Places pending jobs in FIFO order while workers are free.
   void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Calls StartTask for every rank of `job_id`'s attempt (on the work queue).

@@ -6,6 +6,7 @@
 
 #include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -254,6 +255,120 @@ TEST(JobLifecycle, WatchShowsEveryStepWithItsLoss) {
   EXPECT_THAT(list.out, HasSubstr("6/6"));
   CommandResult yaml = c.Stagectl({"-o", "yaml", "status", job_id});
   EXPECT_THAT(yaml.out, HasSubstr("state: SUCCEEDED"));
+}
+
+// A spec that runs the schedule file `csv` (a path relative to the spec) on the MlpSpec model.
+std::string MlpCsvSpec(const std::string& name, const std::string& csv, const std::string& format,
+                       int64_t steps, int microbatches = 4) {
+  return absl::StrCat("name: ", name, "\n",
+                      "model:\n  builtin: {family: mlp, sizes: [8, 16, 16, 16, 16, 4], seed: 1}\n",
+                      "schedule:\n  csv: ", csv, "\n  csv_format: ", format,
+                      "\n  microbatches: ", microbatches, "\n",
+                      "training: {batch_size: 16, steps: ", steps, ", loss: mse}\n");
+}
+
+std::string GoldenSchedule(const std::string& file) {
+  std::ifstream in(GoldenDir() + "/" + file, std::ios::binary);
+  EXPECT_TRUE(in.good()) << file;
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+TEST(JobLifecycle, BrokenScheduleCsvIsRefusedAtSubmitBeforeAnyWorkerStarts) {
+  auto cluster = LocalCluster::Start(Workers(2));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  ASSERT_TRUE(c.WaitForIdleWorkers(2, absl::Seconds(30)).ok()) << c.Logs();
+  struct Bad {
+    std::string name;
+    std::string csv;  // file contents
+    std::string format;
+    std::string message;
+  };
+  const std::vector<Bad> bad = {
+      {"unknown-action", "0F0,0F1,0F2,0F3\n1F0,1F1,1X2,1F3\n", "compute_only",
+       "schedule.csv: unknown-action.csv line 2 (rank 1), column 3 (step 2): invalid action "
+       "\"1X2\""},
+      // Rank 0 waits for 0B0 before it sends F1; rank 1 needs F1 before it sends B0.
+      {"deadlock",
+       "0F0,0SEND_F0,0RECV_B0,0B0,0F1,0SEND_F1,0RECV_B1,0B1,0F2,0SEND_F2,0F3,0SEND_F3,0RECV_B2,"
+       "0B2,0RECV_B3,0B3\n"
+       "1RECV_F0,1RECV_F1,1F0,1F1,1B0,1SEND_B0,1B1,1SEND_B1,1RECV_F2,1F2,1B2,1SEND_B2,1RECV_F3,"
+       "1F3,1B3,1SEND_B3\n",
+       "compute_comms", "schedule.csv: deadlock.csv line 1 (rank 0), column 4 (step 3): deadlock"},
+  };
+  for (const Bad& b : bad) {
+    c.WriteFile(b.name + ".csv", b.csv);
+    const std::string spec =
+        c.WriteFile(b.name + ".yaml", MlpCsvSpec(b.name, b.name + ".csv", b.format, 3));
+    CommandResult submit = c.Stagectl({"submit", spec});
+    EXPECT_EQ(submit.exit_code, 1) << b.name << ": " << submit.err;
+    EXPECT_THAT(submit.err, HasSubstr(b.message)) << b.name;
+    EXPECT_THAT(submit.err, HasSubstr(spec)) << b.name;
+    EXPECT_EQ(submit.out, "") << b.name;
+  }
+  // A file that is not there is stagectl's own error, naming the path it tried.
+  const std::string missing =
+      c.WriteFile("missing.yaml", MlpCsvSpec("missing", "no-such.csv", "compute_only", 3));
+  CommandResult submit = c.Stagectl({"submit", missing});
+  EXPECT_EQ(submit.exit_code, 1);
+  EXPECT_THAT(submit.err,
+              HasSubstr(absl::StrCat("cannot read schedule.csv '", c.dir(), "/no-such.csv'")));
+  // Nothing was queued and no worker was given a task.
+  CommandResult list = c.Stagectl({"list", "-o", "json"});
+  ASSERT_EQ(list.exit_code, 0) << list.err;
+  EXPECT_EQ(nlohmann::json::parse(list.out).size(), 0u);
+  auto workers = c.ListWorkers();
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  for (const v1::WorkerInfo& w : *workers) {
+    EXPECT_EQ(w.state(), v1::WORKER_STATE_IDLE) << w.id();
+  }
+}
+
+// Runs the same two-worker job from PyTorch's dump of `schedule` (`golden`, compute_only) and
+// from schedule.kind, and expects both to succeed with the same losses.
+void RunGoldenCsvJob(const std::string& schedule, const std::string& golden, int stages) {
+  auto cluster = LocalCluster::Start(Workers(2));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  c.WriteFile("pytorch.csv", GoldenSchedule(golden));
+  // Flow style here; block style in the test above.
+  const std::string csv_spec = c.WriteFile(
+      "csv.yaml",
+      absl::StrCat("name: from-csv\n",
+                   "model:\n  builtin: {family: mlp, sizes: [8, 16, 16, 16, 16, 4], seed: 1}\n",
+                   "schedule: {microbatches: 4, csv: pytorch.csv}  # ", golden, "\n",
+                   "training: {batch_size: 16, steps: 3, loss: mse}\n"));
+  CommandResult submit = c.Stagectl({"submit", csv_spec, "--wait"});
+  EXPECT_EQ(submit.exit_code, 0) << submit.err << c.Logs();
+  auto from_csv = c.GetJob(LastLine(submit.out));
+  ASSERT_TRUE(from_csv.ok()) << from_csv.status();
+  EXPECT_EQ(from_csv->state(), v1::JOB_STATE_SUCCEEDED) << from_csv->reason() << c.Logs();
+  EXPECT_EQ(from_csv->schedule(), "csv:pytorch.csv");
+  EXPECT_EQ(from_csv->num_ranks(), 2);
+  EXPECT_EQ(from_csv->num_stages(), stages);
+
+  const std::string kind_spec = c.WriteFile("kind.yaml", MlpSpec("from-kind", stages, schedule, 3));
+  CommandResult again = c.Stagectl({"submit", kind_spec, "--wait"});
+  EXPECT_EQ(again.exit_code, 0) << again.err << c.Logs();
+  auto from_kind = c.GetJob(LastLine(again.out));
+  ASSERT_TRUE(from_kind.ok()) << from_kind.status();
+  ASSERT_EQ(from_csv->losses_size(), 3);
+  ASSERT_EQ(from_kind->losses_size(), 3);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_NEAR(from_csv->losses(i), from_kind->losses(i), 1e-6 + 1e-5 * from_kind->losses(i))
+        << "step " << i;
+  }
+}
+
+TEST(JobLifecycle, PyTorchGPipeCsvJobRunsLikeTheGeneratedSchedule) {
+  RunGoldenCsvJob("GPipe", "GPipe_r2_s1_m4.compute.csv", 2);
+}
+
+// Two loop-placed stages per worker: needs the executor's multi-stage support.
+TEST(JobLifecycle, PyTorchInterleaved1F1BCsvJobRunsLikeTheGeneratedSchedule) {
+  RunGoldenCsvJob("Interleaved1F1B", "Interleaved1F1B_r2_s2_m4.compute.csv", 4);
 }
 
 TEST(Stagectl, UnreachableCoordinatorIsAClearError) {

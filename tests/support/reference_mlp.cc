@@ -66,4 +66,20 @@ ReferenceResult TrainReference(const ReferenceConfig& c) {
   return result;
 }
 
+torch::Tensor ReferenceForward(const std::vector<int64_t>& sizes, uint64_t model_seed,
+                               const torch::Tensor& inputs) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(model_seed);
+  std::vector<torch::nn::Linear> layers;
+  for (size_t i = 0; i + 1 < sizes.size(); ++i) {
+    layers.emplace_back(torch::nn::LinearOptions(sizes[i], sizes[i + 1]));
+  }
+  torch::Tensor h = inputs;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    h = layers[i]->forward(h);
+    if (i + 1 < layers.size()) h = torch::relu(h);
+  }
+  return h;
+}
+
 }  // namespace stagecoach::testing

@@ -37,4 +37,10 @@ struct ReferenceResult {
 
 ReferenceResult TrainReference(const ReferenceConfig& config);
 
+// The model's output for `inputs` (float32, [rows, sizes[0]]) in one process without a
+// pipeline or microbatches: nn.Linear layers built in order after torch.manual_seed(model_seed),
+// ReLU between them.
+torch::Tensor ReferenceForward(const std::vector<int64_t>& sizes, uint64_t model_seed,
+                               const torch::Tensor& inputs);
+
 }  // namespace stagecoach::testing

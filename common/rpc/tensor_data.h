@@ -1,0 +1,27 @@
+// Checks on v1::TensorData, the torch-free tensor of the API (a dtype name, a shape and
+// little-endian row-major bytes). Used by the coordinator and stagectl, which have no LibTorch;
+// the worker converts to and from torch::Tensor in worker/runtime/tensor_data.h.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "stagecoach/v1/types.pb.h"
+
+namespace stagecoach::rpc {
+
+// Bytes per element of a TensorData dtype: float32 4, float64 8, int64 8, int32 4; 0 for any
+// other name.
+int64_t DTypeSize(absl::string_view dtype);
+
+// OK when `tensor` is well formed: a known dtype, no negative dimension, and exactly
+// product(shape) * element size bytes of data (a tensor without dimensions is a scalar, one
+// element). INVALID_ARGUMENT starting with `field` otherwise.
+absl::Status ValidateTensorData(const v1::TensorData& tensor, absl::string_view field);
+
+// "float32[10, 16]", for messages.
+std::string DescribeTensorData(const v1::TensorData& tensor);
+
+}  // namespace stagecoach::rpc

@@ -1,0 +1,281 @@
+// Forward-only inference end to end: `stagectl infer` sends a .npy batch to a real coordinator,
+// which plans the spec as a ForwardOnly job on real workers; the last stage's merged outputs
+// come back and equal a single-process forward of the same model (tests/support/reference_mlp.h)
+// within rtol 1e-5 + atol 1e-6, for 2 and 4 stages and uneven microbatches. Also: inputs of the
+// wrong width fail naming the stage and microbatch, bad .npy files and too many microbatches
+// are refused before anything runs, and the jobs are listed like any other.
+#include <torch/torch.h>
+
+#include <cstring>
+#include <fstream>
+#include <iostream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/support/local_cluster.h"
+#include "tests/support/reference_mlp.h"
+
+namespace stagecoach::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr double kRtol = 1e-5;
+constexpr double kAtol = 1e-6;
+constexpr uint64_t kSeed = 7;
+
+// A float32 C-order .npy file (format 1.0), written here rather than with stagectl's own
+// writer so that the test does not trust the code under test.
+void WriteNpy(const std::string& path, const torch::Tensor& t, const std::string& descr = "<f4") {
+  const torch::Tensor c = t.contiguous();
+  std::vector<std::string> dims;
+  for (int64_t d : c.sizes()) dims.push_back(std::to_string(d));
+  std::string header =
+      absl::StrCat("{'descr': '", descr, "', 'fortran_order': False, 'shape': (",
+                   absl::StrJoin(dims, ", "), dims.size() == 1 ? ",)" : ")", ", }");
+  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+  header += '\n';
+  std::ofstream out(path, std::ios::binary);
+  out << "\x93NUMPY" << '\x01' << '\x00' << static_cast<char>(header.size() & 0xff)
+      << static_cast<char>(header.size() >> 8) << header;
+  out.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
+}
+
+// Reads a float32 .npy file as numpy 1.x/2.x lays it out.
+torch::Tensor ReadNpy(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_GE(bytes.size(), 10u) << path;
+  EXPECT_EQ(bytes.substr(0, 6), "\x93NUMPY") << path;
+  const size_t length = static_cast<unsigned char>(bytes[8]) |
+                        (static_cast<size_t>(static_cast<unsigned char>(bytes[9])) << 8);
+  const std::string header = bytes.substr(10, length);
+  EXPECT_THAT(header, HasSubstr("'descr': '<f4'"));
+  EXPECT_THAT(header, HasSubstr("'fortran_order': False"));
+  const size_t open = header.find("'shape': (") + 10;
+  std::vector<int64_t> shape;
+  for (absl::string_view d : absl::StrSplit(header.substr(open, header.find(')', open) - open), ',',
+                                            absl::SkipWhitespace())) {
+    int64_t v = 0;
+    EXPECT_TRUE(absl::SimpleAtoi(absl::StripAsciiWhitespace(d), &v)) << header;
+    shape.push_back(v);
+  }
+  torch::Tensor t = torch::empty(shape, torch::kFloat32);
+  EXPECT_EQ(bytes.size() - 10 - length, t.nbytes()) << path;
+  std::memcpy(t.data_ptr(), bytes.data() + 10 + length, t.nbytes());
+  return t;
+}
+
+std::string MlpSpec(const std::string& name, const std::vector<int64_t>& sizes, int stages,
+                    int microbatches, const std::string& extra = "") {
+  return absl::StrCat("name: ", name, "\n",  //
+                      "model:\n  builtin: {family: mlp, sizes: [", absl::StrJoin(sizes, ", "),
+                      "], seed: ", kSeed, "}\n",          //
+                      "split: {stages: ", stages, "}\n",  //
+                      "schedule: {kind: 1F1B, microbatches: ", microbatches, "}\n", extra);
+}
+
+std::string LastLine(const std::string& text) {
+  std::vector<std::string> lines = absl::StrSplit(text, '\n', absl::SkipEmpty());
+  return lines.empty() ? "" : lines.back();
+}
+
+class InferenceTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    ClusterOptions options;
+    options.workers = 4;
+    auto cluster = LocalCluster::Start(options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = cluster->release();
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_NE(cluster_, nullptr);
+    // A failed job's workers return to idle in the background.
+    ASSERT_TRUE(cluster_->WaitForIdleWorkers(4, absl::Seconds(30)).ok()) << cluster_->Logs();
+  }
+
+  // Runs `stagectl infer` on `inputs` and returns the outputs it wrote, checking the job.
+  torch::Tensor Infer(const std::string& spec_yaml, const torch::Tensor& inputs,
+                      const std::string& name) {
+    const std::string spec = cluster_->WriteFile(name + ".yaml", spec_yaml);
+    const std::string in = cluster_->dir() + "/" + name + "-in.npy";
+    const std::string out = cluster_->dir() + "/" + name + "-out.npy";
+    WriteNpy(in, inputs);
+    const absl::Time start = absl::Now();
+    CommandResult r = cluster_->Stagectl({"infer", spec, "--input", in, "--out", out});
+    const absl::Duration took = absl::Now() - start;
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err << cluster_->Logs();
+    std::cerr << name << ": " << inputs.sizes() << " in " << absl::FormatDuration(took) << " ("
+              << r.err.substr(0, r.err.find('\n')) << ")\n";
+    auto job = cluster_->GetJob(LastLine(r.out));
+    EXPECT_TRUE(job.ok()) << job.status() << r.out;
+    if (job.ok()) {
+      EXPECT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->reason();
+      EXPECT_EQ(job->schedule(), "ForwardOnly");
+      EXPECT_EQ(job->steps_done(), 1);
+      EXPECT_TRUE(job->losses().empty());
+      for (const v1::RankStatus& rank : job->ranks()) {
+        EXPECT_THAT(rank.executed_actions(), ::testing::ElementsAreArray(rank.assigned_actions()));
+        for (const std::string& a : rank.executed_actions()) {
+          EXPECT_EQ(a.find('B'), std::string::npos) << "backward in a forward-only job: " << a;
+        }
+      }
+    }
+    return ReadNpy(out);
+  }
+
+  static LocalCluster* cluster_;
+};
+
+LocalCluster* InferenceTest::cluster_ = nullptr;
+
+void ExpectClose(const torch::Tensor& got, const torch::Tensor& want) {
+  ASSERT_EQ(got.sizes(), want.sizes());
+  const double diff = (got - want).abs().max().item<double>();
+  EXPECT_TRUE(torch::allclose(got, want, kRtol, kAtol)) << "differs by up to " << diff;
+  std::cerr << "largest |output - reference| " << diff << "\n";
+}
+
+TEST_F(InferenceTest, TwoStagesMatchTheReferenceWhateverTheSpecsTrainingSays) {
+  const std::vector<int64_t> sizes = {16, 32, 32, 8};
+  torch::manual_seed(1);
+  const torch::Tensor x = torch::randn({10, 16});
+  // Training keys (batch size, steps, checkpoints, data) do not apply to inference.
+  const std::string spec = MlpSpec(
+      "infer-two", sizes, 2, 4,
+      absl::StrCat("training: {batch_size: 64, steps: 100, checkpoint: {dir: ", cluster_->dir(),
+                   "/ckpt}}\ndata: {kind: synthetic, seed: 3}\n"));
+  ExpectClose(Infer(spec, x, "two"), ReferenceForward(sizes, kSeed, x));
+}
+
+TEST_F(InferenceTest, FourStagesWithUnevenMicrobatchesMatchTheReference) {
+  const std::vector<int64_t> sizes = {16, 24, 24, 24, 24, 6};
+  torch::manual_seed(2);
+  const torch::Tensor x = torch::randn({10, 16});  // 4 microbatches of 3, 3, 2, 2 rows
+  ExpectClose(Infer(MlpSpec("infer-four", sizes, 4, 4), x, "four"),
+              ReferenceForward(sizes, kSeed, x));
+}
+
+TEST_F(InferenceTest, ABatchOfSeveralMebibytesRoundTrips) {
+  const std::vector<int64_t> sizes = {512, 256, 512};
+  torch::manual_seed(3);
+  const torch::Tensor x = torch::randn({4096, 512});  // 8 MiB in, 8 MiB out
+  ExpectClose(Infer(MlpSpec("infer-large", sizes, 2, 8), x, "large"),
+              ReferenceForward(sizes, kSeed, x));
+}
+
+TEST_F(InferenceTest, JsonOutputHasTheShapeAndValues) {
+  const std::vector<int64_t> sizes = {4, 8, 3};
+  torch::manual_seed(4);
+  const torch::Tensor x = torch::randn({5, 4});
+  const std::string spec = cluster_->WriteFile("json.yaml", MlpSpec("infer-json", sizes, 2, 2));
+  const std::string in = cluster_->dir() + "/json-in.npy";
+  WriteNpy(in, x);
+  CommandResult r = cluster_->Stagectl({"infer", spec, "--input", in, "-o", "json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["dtype"], "float32");
+  EXPECT_EQ(j["shape"], nlohmann::json({5, 3}));
+  const torch::Tensor want = ReferenceForward(sizes, kSeed, x);
+  for (int i = 0; i < 5; ++i) {
+    for (int k = 0; k < 3; ++k) {
+      const double w = want[i][k].item<double>();
+      EXPECT_NEAR(j["values"][i][k].get<double>(), w, kAtol + kRtol * std::abs(w));
+    }
+  }
+  CommandResult table = cluster_->Stagectl({"infer", spec, "--input", in});
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("outputs: float32[5, 3]"));
+  EXPECT_THAT(table.out, HasSubstr("first values: "));
+}
+
+TEST_F(InferenceTest, InputsOfTheWrongWidthFailNamingTheStageAndMicrobatch) {
+  const std::string spec =
+      cluster_->WriteFile("wide.yaml", MlpSpec("infer-wide", {16, 32, 32, 8}, 2, 2));
+  const std::string in = cluster_->dir() + "/wide-in.npy";
+  WriteNpy(in, torch::randn({6, 12}));
+  CommandResult r = cluster_->Stagectl({"infer", spec, "--input", in});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("failed"));
+  EXPECT_THAT(r.err, HasSubstr("stage 0"));
+  EXPECT_THAT(r.err, HasSubstr("microbatch"));
+  std::cerr << "wrong width: " << r.err;
+}
+
+TEST_F(InferenceTest, BadInputsAreRefusedBeforeAnythingRuns) {
+  const std::string spec =
+      cluster_->WriteFile("bad.yaml", MlpSpec("infer-bad", {16, 32, 32, 8}, 2, 4));
+  CommandResult before = cluster_->Stagectl({"list", "-o", "json"});
+  ASSERT_EQ(before.exit_code, 0) << before.err;
+
+  const std::string big_endian = cluster_->dir() + "/big-endian.npy";
+  WriteNpy(big_endian, torch::randn({6, 16}), ">f4");
+  CommandResult r = cluster_->Stagectl({"infer", spec, "--input", big_endian});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr(big_endian + ": dtype '>f4' is big-endian"));
+
+  const std::string text = cluster_->WriteFile("not.npy", "1,2,3\n");
+  r = cluster_->Stagectl({"infer", spec, "--input", text});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr(text + ": not a NumPy .npy file"));
+
+  r = cluster_->Stagectl({"infer", spec, "--input", cluster_->dir() + "/missing.npy"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("missing.npy: cannot read the file"));
+
+  // Fewer rows than microbatches.
+  const std::string three_rows = cluster_->dir() + "/three-rows.npy";
+  WriteNpy(three_rows, torch::randn({3, 16}));
+  r = cluster_->Stagectl({"infer", spec, "--input", three_rows});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("schedule.microbatches: must be <= the rows of inputs"));
+
+  r = cluster_->Stagectl({"infer", spec, "--input", three_rows, "--timeout", "soon"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--timeout"));
+
+  CommandResult after = cluster_->Stagectl({"list", "-o", "json"});
+  ASSERT_EQ(after.exit_code, 0) << after.err;
+  EXPECT_EQ(nlohmann::json::parse(after.out).size(), nlohmann::json::parse(before.out).size())
+      << "a refused inference queued a job";
+}
+
+TEST_F(InferenceTest, InferenceJobsAreListedLikeAnyOther) {
+  const std::string spec =
+      cluster_->WriteFile("listed.yaml", MlpSpec("infer-listed", {8, 8, 8}, 2, 2));
+  const std::string in = cluster_->dir() + "/listed-in.npy";
+  WriteNpy(in, torch::randn({4, 8}));
+  CommandResult r =
+      cluster_->Stagectl({"infer", spec, "--input", in, "--out", cluster_->dir() + "/o.npy"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string job_id = LastLine(r.out);
+  CommandResult list = cluster_->Stagectl({"list", "-o", "json"});
+  ASSERT_EQ(list.exit_code, 0) << list.err;
+  bool found = false;
+  for (const auto& job : nlohmann::json::parse(list.out)) {
+    if (job["id"] != job_id) continue;
+    found = true;
+    EXPECT_EQ(job["name"], "infer-listed");
+    EXPECT_EQ(job["state"], "SUCCEEDED");
+    EXPECT_EQ(job["schedule"], "ForwardOnly");
+    EXPECT_EQ(job["steps_done"], 1);
+    EXPECT_EQ(job["max_bubble_ratios"].size(), 1u);
+  }
+  EXPECT_TRUE(found) << job_id << " not in " << list.out;
+  CommandResult table = cluster_->Stagectl({"list"});
+  EXPECT_THAT(table.out, HasSubstr(job_id));
+}
+
+}  // namespace
+}  // namespace stagecoach::testing

@@ -15,7 +15,8 @@
 #include "worker/service/coordinator_session.h"
 #include "worker/service/task_manager.h"
 #include "worker/service/worker_service.h"
-#include "worker/transport/gloo/factory.h"
+#include "worker/runtime/device.h"
+#include "worker/service/transports.h"
 
 namespace {
 
@@ -53,7 +54,8 @@ int main(int argc, char** argv) {
       "host the coordinator and peers reach this worker at (default: the --listen host, or "
       "this machine's host name when listening on every interface)");
   auto* name = app.add_option("--name", flags.name, "name shown by 'stagectl workers'");
-  auto* device = app.add_option("--device", flags.device, "compute device: cpu");
+  auto* device =
+      app.add_option("--device", flags.device, "compute device: cpu, cuda or cuda:N");
   app.add_option("--config", flags.config, "YAML file with any of these options as keys");
   auto* level =
       app.add_option("--log-level", flags.log_level, "trace, debug, info, warn, error or off");
@@ -82,10 +84,9 @@ int main(int argc, char** argv) {
   }
   auto listen_addr = sc::rpc::ParseHostPort(flags.listen, "--listen");
   if (!listen_addr.ok()) return Fail(std::string(listen_addr.status().message()));
-  if (flags.device != "cpu") {
-    return Fail(absl::StrCat("--device: '", flags.device,
-                             "' is not supported by this worker version (supported: cpu)"));
-  }
+  auto checked_device = sc::runtime::CheckDevice(flags.device, "--device");
+  if (!checked_device.ok()) return Fail(std::string(checked_device.status().message()));
+  flags.device = *checked_device;
   if (flags.advertise_host.empty()) {
     flags.advertise_host =
         sc::rpc::IsWildcardHost(listen_addr->host) ? sc::rpc::LocalHostName() : listen_addr->host;
@@ -107,17 +108,12 @@ int main(int argc, char** argv) {
   task_deps.reporter = &client;
   task_deps.store = &client;
   task_deps.worker_id = [&session] { return session ? session->worker_id() : std::string(); };
-  task_deps.make_transport = [data_host](int rank, int world_size, const std::string& prefix,
-                                         absl::Duration timeout,
-                                         sc::transport::RendezvousStore* store) {
-    sc::transport::GlooOptions options;
-    options.rank = rank;
-    options.world_size = world_size;
-    options.hostname = data_host;
-    options.key_prefix = prefix;
-    options.connect_timeout = timeout;
-    return sc::transport::CreateGlooTransport(options, store);
-  };
+  sc::worker::TransportConfig transport_config;
+  transport_config.data_host = data_host;
+  transport_config.cuda_device = sc::runtime::CudaIndex(flags.device);
+  task_deps.make_transport = sc::worker::MakeTransportFactory(transport_config);
+  task_deps.transports = sc::worker::AvailableTransports(transport_config);
+  task_deps.device = flags.device;
   sc::worker::TaskManager tasks(task_deps);
   sc::worker::WorkerServiceImpl service(&tasks);
 
@@ -131,7 +127,7 @@ int main(int argc, char** argv) {
   session_options.registration.set_name(flags.name.empty() ? advertised.ToString() : flags.name);
   session_options.registration.set_address(advertised.ToString());
   session_options.registration.set_device(flags.device);
-  session_options.registration.add_transports("gloo");
+  for (const std::string& t : task_deps.transports) session_options.registration.add_transports(t);
   session = std::make_unique<sc::worker::CoordinatorSession>(
       session_options, &client, [&tasks] { return tasks.Status().job_id(); },
       [&tasks](const std::string& why) {

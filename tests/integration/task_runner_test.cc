@@ -67,13 +67,12 @@ class RecordingReporter : public TaskReporter {
 };
 
 TransportFactory GlooFactory() {
-  return [](int rank, int world, const std::string& prefix, absl::Duration timeout,
-            transport::RendezvousStore* store) {
+  return [](const TransportRequest& request, transport::RendezvousStore* store) {
     transport::GlooOptions options;
-    options.rank = rank;
-    options.world_size = world;
-    options.key_prefix = prefix;
-    options.connect_timeout = timeout;
+    options.rank = request.rank;
+    options.world_size = request.world_size;
+    options.key_prefix = request.prefix;
+    options.connect_timeout = request.timeout;
     return transport::CreateGlooTransport(options, store);
   };
 }

@@ -36,8 +36,8 @@ class TestBuffer {
   virtual std::vector<uint8_t> Read() const = 0;
 };
 
-// Host memory, for backends that transfer host memory.
-std::unique_ptr<TestBuffer> AllocateHostBuffer(size_t bytes);
+// Host memory, for backends that transfer host memory (`rank` is unused).
+std::unique_ptr<TestBuffer> AllocateHostBuffer(size_t bytes, int rank);
 
 // What the suite needs from a backend.
 struct TransportBackend {
@@ -46,10 +46,24 @@ struct TransportBackend {
   // Creates `world_size` connected transports; element i is rank i.
   std::function<absl::StatusOr<std::vector<std::unique_ptr<Transport>>>(int world_size)>
       create_group;
-  // Allocates memory the backend can transfer.
-  std::function<std::unique_ptr<TestBuffer>(size_t bytes)> allocate = AllocateHostBuffer;
+  // Allocates memory the backend can transfer, for the transport of rank `rank` (device
+  // memory lives on that rank's device).
+  std::function<std::unique_ptr<TestBuffer>(size_t bytes, int rank)> allocate =
+      AllocateHostBuffer;
   // The largest group create_group supports; tests that need more ranks skip.
   int max_world_size = 4;
+  // When not empty, every test skips with this reason (e.g. "no CUDA device").
+  std::string unavailable;
+
+  // What the backend provides beyond the interface's common ground; tests of a capability
+  // the backend lacks skip (or skip that part).
+  // Transfers with different tags match by tag, whatever the posting order.
+  bool matches_tags = true;
+  // A byte-count mismatch fails the receive with "expected N bytes from rank p tag t, got M".
+  bool detects_size_mismatch = true;
+  // A transfer that is not matched yet delays no other transfer: e.g. both ranks may send
+  // first and then receive, whatever the size.
+  bool independent_transfers = true;
 };
 
 // Prints the backend's name in test output.
@@ -63,12 +77,14 @@ std::vector<uint8_t> Pattern(size_t bytes, uint32_t seed);
 
 class TransportConformanceTest : public ::testing::TestWithParam<TransportBackend> {
  protected:
+  // Skips every test when the backend is unavailable.
+  void SetUp() override;
   // Creates a group of `world_size` into `group`; a fatal failure when the backend fails.
   void CreateGroup(int world_size, std::vector<std::unique_ptr<Transport>>* group);
-  // Backend memory holding `contents`.
-  std::unique_ptr<TestBuffer> Buffer(const std::vector<uint8_t>& contents);
-  // Backend memory of `bytes` zero bytes.
-  std::unique_ptr<TestBuffer> ZeroBuffer(size_t bytes);
+  // Backend memory for `rank` holding `contents`.
+  std::unique_ptr<TestBuffer> Buffer(const std::vector<uint8_t>& contents, int rank);
+  // Backend memory for `rank` of `bytes` zero bytes.
+  std::unique_ptr<TestBuffer> ZeroBuffer(size_t bytes, int rank);
 };
 
 }  // namespace stagecoach::transport::testing

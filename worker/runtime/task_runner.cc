@@ -6,6 +6,8 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/rpc/tensor_data.h"
 #include "common/rpc/time_conversion.h"
 #include "common/schedule/action.h"
 #include "common/spec/spec_parser.h"
@@ -13,11 +15,47 @@
 #include "common/util/status_macros.h"
 #include "worker/model/mlp.h"
 #include "worker/runtime/checkpoint.h"
+#include "worker/runtime/device.h"
 #include "worker/runtime/pipeline_executor.h"
+#include "worker/runtime/tensor_data.h"
 #include "worker/runtime/training_data.h"
 #include "worker/runtime/training_setup.h"
 
 namespace stagecoach::runtime {
+namespace {
+
+// Stage 0's microbatches of an Infer job: the client's batch, split along dim 0, each checked
+// by running stage 0 on it (once per distinct shape). Floating-point inputs are converted to the
+// model's dtype (float32). Called before the data plane is set up, so that a batch that does not
+// fit fails on this rank, as the root cause, rather than as a broken connection on its peers.
+absl::StatusOr<std::vector<torch::Tensor>> InferenceMicrobatches(const v1::TensorData& inputs,
+                                                                 int microbatches,
+                                                                 model::StageModel& stage0) {
+  ASSIGN_OR_RETURN(torch::Tensor x, FromTensorData(inputs, "inference.inputs"));
+  if (x.dim() < 1 || x.size(0) < microbatches) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("inference.inputs: ", rpc::DescribeTensorData(inputs), " has fewer rows than ",
+                     microbatches, " microbatches"));
+  }
+  if (x.is_floating_point()) x = x.to(torch::kFloat32);
+  std::vector<torch::Tensor> out = SplitMicrobatches(x, microbatches);
+  const std::vector<torch::Tensor> params = stage0.Parameters();
+  const torch::Device device = params.empty() ? torch::Device(torch::kCPU) : params[0].device();
+  torch::NoGradGuard no_grad;
+  for (size_t mb = 0; mb < out.size(); ++mb) {
+    if (mb > 0 && out[mb].sizes() == out[mb - 1].sizes()) continue;
+    try {
+      stage0.Forward(out[mb].to(device));
+    } catch (const c10::Error& e) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("inference.inputs: stage 0 cannot take microbatch ", mb, " of shape [",
+                       absl::StrJoin(out[mb].sizes(), ", "), "]: ", e.what_without_backtrace()));
+    }
+  }
+  return out;
+}
+
+}  // namespace
 
 // Decorates the task's rendezvous store so that Stop can interrupt its waits: long waits are
 // cut into short slices, and a cancelled store answers CANCELLED.
@@ -102,6 +140,9 @@ v1::ReportTaskEndRequest TaskRunner::Run() {
     absl::MutexLock lock(&mu_);
     if (status.ok()) {
       end.set_outcome(v1::TASK_OUTCOME_SUCCEEDED);
+      if (inference_outputs_.has_value()) {
+        *end.mutable_inference_outputs() = *std::move(inference_outputs_);
+      }
     } else if (stop_requested_) {
       end.set_outcome(v1::TASK_OUTCOME_STOPPED);
       end.set_error(absl::StrCat("stopped: ", stop_reason_));
@@ -128,9 +169,23 @@ absl::Status TaskRunner::RunSteps() {
   const int rank = task_.rank();
   const int num_stages = task_.num_stages();
   const int m = spec.schedule.microbatches;
+  const bool forward_only = task_.forward_only() || task_.has_inference();
+  const bool inference = task_.has_inference();
+  const int64_t num_steps = inference ? 1 : spec.training.steps;
   if (task_.stage_to_rank_size() != num_stages) {
     return absl::InvalidArgumentError(absl::StrCat("stage_to_rank: expected ", num_stages,
                                                    " entries, got ", task_.stage_to_rank_size()));
+  }
+
+  // Where the stages run.
+  torch::Device device = torch::kCPU;
+  if (spec.placement.device == "cuda") {
+    if (CudaIndex(deps_.device) < 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "placement.device: cuda, but worker ", deps_.worker_id, " runs on ", deps_.device,
+          " (start it with --device cuda)"));
+    }
+    device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(CudaIndex(deps_.device)));
   }
 
   // The rank's stages of the model.
@@ -144,6 +199,7 @@ absl::Status TaskRunner::RunSteps() {
     }
     ASSIGN_OR_RETURN(auto stage,
                      model::BuildMlpStage(*spec.model.builtin, st.first_layer(), st.end_layer()));
+    stage->To(device);
     for (auto& p : stage->Parameters()) parameters.push_back(p);
     stages[st.stage()] = stage.get();
     owned.push_back(std::move(stage));
@@ -161,11 +217,28 @@ absl::Status TaskRunner::RunSteps() {
     actions.push_back(*std::move(action));
   }
 
+  // An Infer job's batch, checked before the data plane is set up (see InferenceMicrobatches).
+  std::vector<torch::Tensor> client_inputs;
+  if (inference && stages.count(0) > 0) {
+    if (!task_.inference().has_inputs()) {
+      return absl::InvalidArgumentError("inference.inputs: required on the rank owning stage 0");
+    }
+    ASSIGN_OR_RETURN(client_inputs,
+                     InferenceMicrobatches(task_.inference().inputs(), m, *stages.at(0)));
+  }
+
   // The data plane.
   const absl::Duration comm_timeout = rpc::FromProtoDuration(task_.comm_timeout());
+  TransportRequest request;
+  request.backend = task_.transport();
+  request.rank = rank;
+  request.world_size = task_.world_size();
+  request.prefix = task_.rendezvous_prefix();
+  request.timeout = comm_timeout;
+  request.stage_to_rank.assign(task_.stage_to_rank().begin(), task_.stage_to_rank().end());
+  request.forward_only = forward_only;
   ASSIGN_OR_RETURN(std::unique_ptr<transport::Transport> transport,
-                   deps_.make_transport(rank, task_.world_size(), task_.rendezvous_prefix(),
-                                        comm_timeout, store_.get()));
+                   deps_.make_transport(request, store_.get()));
   {
     absl::MutexLock lock(&mu_);
     transport_ = transport.get();
@@ -184,14 +257,27 @@ absl::Status TaskRunner::RunSteps() {
   options.comm_timeout = comm_timeout;
   options.scale_grads = spec.training.scale_grads;
   options.loss = loss;
+  options.forward_only = forward_only;
+  options.device = device;
   PipelineExecutor executor(options, transport.get(), stages);
 
   const bool owns_first = stages.count(0) > 0;
   const bool owns_last = stages.count(num_stages - 1) > 0;
   std::vector<TensorMeta> first_inputs;
   if (owns_first) {
-    ASSIGN_OR_RETURN(Batch batch, MakeBatch(spec, 0, true, false));
-    for (const auto& mb : SplitMicrobatches(batch.inputs, m)) {
+    absl::StatusOr<std::vector<torch::Tensor>> first;
+    if (inference) {
+      first = client_inputs;
+    } else if (auto batch = MakeBatch(spec, 0, true, false); batch.ok()) {
+      first = SplitMicrobatches(batch->inputs, m);
+    } else {
+      first = batch.status();
+    }
+    if (!first.ok()) {
+      forget_transport();
+      return first.status();
+    }
+    for (const auto& mb : *first) {
       first_inputs.push_back(TensorMeta{mb.sizes().vec(), mb.scalar_type()});
     }
   }
@@ -200,10 +286,10 @@ absl::Status TaskRunner::RunSteps() {
     forget_transport();
     return agreed;
   }
-  spdlog::info("{} rank {}: stages ready, {} steps of {} actions", task_.job_id(), rank,
-               spec.training.steps, actions.size());
+  spdlog::info("{} rank {}: stages ready, {} {}steps of {} actions", task_.job_id(), rank,
+               num_steps, forward_only ? "forward-only " : "", actions.size());
 
-  const std::string& ckpt_dir = spec.training.checkpoint.dir;
+  const std::string ckpt_dir = forward_only ? "" : spec.training.checkpoint.dir;
   int64_t last_checkpoint = -1;
   auto checkpoint = [&](int64_t steps) -> absl::Status {
     for (auto& [s, stage] : stages) {
@@ -214,7 +300,7 @@ absl::Status TaskRunner::RunSteps() {
   };
 
   absl::Status status;
-  for (int64_t step = 0; step < spec.training.steps && status.ok(); ++step) {
+  for (int64_t step = 0; step < num_steps && status.ok(); ++step) {
     {
       absl::MutexLock lock(&mu_);
       if (stop_requested_) {
@@ -224,22 +310,42 @@ absl::Status TaskRunner::RunSteps() {
     }
     const absl::Time start = absl::Now();
     const transport::TransferStats before = transport->stats();
-    auto batch = MakeBatch(spec, step, owns_first, owns_last);
-    if (!batch.ok()) {
-      status = batch.status();
-      break;
-    }
     std::vector<torch::Tensor> inputs, targets;
-    if (owns_first) inputs = SplitMicrobatches(batch->inputs, m);
-    if (owns_last) targets = SplitMicrobatches(batch->targets, m);
-    optimizer->zero_grad();
+    if (inference) {
+      inputs = client_inputs;
+    } else {
+      const bool want_targets = owns_last && !forward_only;
+      auto batch = MakeBatch(spec, step, owns_first, want_targets);
+      if (!batch.ok()) {
+        status = batch.status();
+        break;
+      }
+      if (owns_first) inputs = SplitMicrobatches(batch->inputs, m);
+      if (want_targets) targets = SplitMicrobatches(batch->targets, m);
+    }
+    if (!forward_only) optimizer->zero_grad();
     auto result = executor.RunStep(actions, inputs, targets);
     if (!result.ok()) {
       status = result.status();
       break;
     }
-    optimizer->step();
+    if (!forward_only) optimizer->step();
     const transport::TransferStats after = transport->stats();
+    if (inference && owns_last) {
+      const size_t got = std::count_if(result->outputs.begin(), result->outputs.end(),
+                                       [](const torch::Tensor& t) { return t.defined(); });
+      if (got != static_cast<size_t>(m)) {
+        status = absl::InternalError(absl::StrCat("rank ", rank, ": the step produced ", got,
+                                                  " of ", m, " microbatch outputs"));
+        break;
+      }
+      auto merged = ToTensorData(torch::cat(result->outputs, 0));
+      if (!merged.ok()) {
+        status = merged.status();
+        break;
+      }
+      inference_outputs_ = *std::move(merged);
+    }
 
     v1::ReportStepRequest report;
     report.set_worker_id(deps_.worker_id);
@@ -252,6 +358,14 @@ absl::Status TaskRunner::RunSteps() {
     report.set_bytes_sent(after.bytes_sent - before.bytes_sent);
     report.set_bytes_received(after.bytes_received - before.bytes_received);
     *report.mutable_step_time() = rpc::ToProtoDuration(absl::Now() - start);
+    for (const ActionTiming& t : result->timings) {
+      v1::ActionTiming* timing = report.add_action_timings();
+      timing->set_start_us(absl::ToInt64Microseconds(t.start));
+      timing->set_end_us(absl::ToInt64Microseconds(t.end));
+      timing->set_wait_us(absl::ToInt64Microseconds(t.wait));
+    }
+    *report.mutable_step_start_time() = rpc::ToProtoTimestamp(result->start);
+    report.set_bubble_ratio(result->bubble_ratio);
     absl::Status reported = deps_.reporter->ReportStep(report);
     if (!reported.ok()) {
       spdlog::warn("{} rank {}: reporting step {}: {}", task_.job_id(), rank, step,
@@ -261,8 +375,8 @@ absl::Status TaskRunner::RunSteps() {
     const int64_t every = spec.training.checkpoint.every_steps;
     if (!ckpt_dir.empty() && every > 0 && (step + 1) % every == 0) status = checkpoint(step + 1);
   }
-  if (status.ok() && !ckpt_dir.empty() && last_checkpoint != spec.training.steps) {
-    status = checkpoint(spec.training.steps);
+  if (status.ok() && !ckpt_dir.empty() && last_checkpoint != num_steps) {
+    status = checkpoint(num_steps);
   }
   if (status.ok()) {
     // Every rank is done with the data plane before any tears it down.

@@ -3,13 +3,20 @@
 // ranks, runs the training steps with the schedule's action list, reports every step, writes
 // stage parameters when the spec asks, and reports how the task ended.
 //
+// Forward-only tasks (TaskAssignment.forward_only) run F actions only: no targets, losses,
+// optimizer steps or checkpoints. An Infer job's task (TaskAssignment.inference) runs one such
+// step on the client's batch instead of the spec's data, and the rank owning the last stage
+// returns the merged outputs in its ReportTaskEnd.
+//
 // This header keeps LibTorch out of its includes so the gRPC service can include it cheaply.
 #pragma once
 
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -31,17 +38,34 @@ class TaskReporter {
   virtual absl::Status ReportTaskEnd(const v1::ReportTaskEndRequest& report) = 0;
 };
 
-// Creates the data-plane transport for a task: rank, world size, rendezvous key prefix,
-// timeout, and the store to rendezvous through.
+// What a task needs from its data plane.
+struct TransportRequest {
+  // TaskAssignment.transport: "gloo" or "nccl".
+  std::string backend;
+  int rank = 0;
+  int world_size = 1;
+  // Rendezvous key prefix of this job attempt.
+  std::string prefix;
+  // Bounds the rendezvous and the connections.
+  absl::Duration timeout;
+  // Every stage's rank, and whether the job has a backward: which links the rank uses (NCCL
+  // orders transfers per link; worker/runtime/message_tags.h).
+  std::vector<int> stage_to_rank;
+  bool forward_only = false;
+};
+
+// Creates the data-plane transport for a task, rendezvousing through `store`.
 using TransportFactory = std::function<absl::StatusOr<std::unique_ptr<transport::Transport>>(
-    int rank, int world_size, const std::string& prefix, absl::Duration timeout,
-    transport::RendezvousStore* store)>;
+    const TransportRequest& request, transport::RendezvousStore* store)>;
 
 struct TaskRunnerDeps {
   std::string worker_id;
   TaskReporter* reporter = nullptr;             // required
   transport::RendezvousStore* store = nullptr;  // required
   TransportFactory make_transport;              // required
+  // The worker's device as runtime::CheckDevice canonicalised it: "cpu" or "cuda:N". Jobs with
+  // placement.device cuda run on it; cpu jobs run on the CPU whatever it is.
+  std::string device = "cpu";
 };
 
 class TaskRunner {
@@ -66,6 +90,9 @@ class TaskRunner {
 
   const v1::TaskAssignment task_;
   TaskRunnerDeps deps_;
+  // Infer jobs, on the rank owning the last stage: the merged outputs, for ReportTaskEnd.
+  // Written by RunSteps and read by Run, on Run's thread.
+  std::optional<v1::TensorData> inference_outputs_;
   std::atomic<int64_t> steps_done_{0};
 
   absl::Mutex mu_;

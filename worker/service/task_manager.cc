@@ -1,6 +1,9 @@
 #include "worker/service/task_manager.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/util/logging.h"
 
 namespace stagecoach::worker {
@@ -34,10 +37,6 @@ absl::Status ValidateAssignment(const v1::TaskAssignment& task) {
   if (task.stages_size() == 0) return bad("stages", "required");
   if (task.actions_size() == 0) return bad("actions", "required");
   if (task.spec_yaml().empty()) return bad("spec_yaml", "required");
-  if (task.transport() != "gloo") {
-    return bad("transport",
-               absl::StrCat("this worker supports gloo, got '", task.transport(), "'"));
-  }
   if (task.comm_timeout().seconds() <= 0 && task.comm_timeout().nanos() <= 0) {
     return bad("comm_timeout", "must be positive");
   }
@@ -52,6 +51,12 @@ void TaskManager::ReapLocked() {
 
 absl::Status TaskManager::Start(const v1::TaskAssignment& task) {
   if (absl::Status valid = ValidateAssignment(task); !valid.ok()) return valid;
+  if (std::find(deps_.transports.begin(), deps_.transports.end(), task.transport()) ==
+      deps_.transports.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transport: this worker offers ", absl::StrJoin(deps_.transports, ", "),
+                     ", not '", task.transport(), "'"));
+  }
   absl::MutexLock lock(&mu_);
   ReapLocked();
   if (running_) {
@@ -68,6 +73,7 @@ absl::Status TaskManager::Start(const v1::TaskAssignment& task) {
   deps.reporter = deps_.reporter;
   deps.store = deps_.store;
   deps.make_transport = deps_.make_transport;
+  deps.device = deps_.device;
   runner_ = std::make_unique<runtime::TaskRunner>(task, std::move(deps));
   running_ = true;
   runtime::TaskRunner* runner = runner_.get();

@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 #include <thread>
 
 #include "absl/status/status.h"
@@ -20,6 +21,10 @@ struct TaskManagerDeps {
   transport::RendezvousStore* store = nullptr;  // required
   runtime::TransportFactory make_transport;     // required
   std::function<std::string()> worker_id;       // required: the id of the registration
+  // Transports make_transport offers (TaskAssignment.transport must be one).
+  std::vector<std::string> transports = {"gloo"};
+  // The worker's device, "cpu" or "cuda:N" (TaskRunnerDeps::device).
+  std::string device = "cpu";
 };
 
 // Thread-safe.

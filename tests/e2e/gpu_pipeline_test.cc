@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "tests/support/local_cluster.h"
 #include "tests/support/reference_mlp.h"
+#include "tests/support/stage_files.h"
 
 namespace stagecoach::testing {
 namespace {
@@ -73,15 +74,9 @@ TEST_P(GpuPipelineTest, CudaStagesOverGlooMatchTheReference) {
   }
   size_t checked = 0;
   for (int s = 0; s < c.stages; ++s) {
-    std::ifstream in(absl::StrFormat("%s/step-%06d/stage-%d.pt", ckpt, kSteps, s),
-                     std::ios::binary);
-    ASSERT_TRUE(in.good()) << "stage " << s;
-    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), {});
-    for (const auto& entry : torch::pickle_load(bytes).toGenericDict()) {
-      const torch::Tensor got = entry.value().toTensor();
+    for (const auto& [name, got] : LoadStageFile(StageFilePath(ckpt, kSteps, s))) {
       EXPECT_TRUE(got.is_cpu()) << "stage files hold CPU tensors";
-      EXPECT_TRUE(torch::allclose(got, ref.params.at(entry.key().toStringRef()), 1e-5, 1e-6))
-          << entry.key().toStringRef();
+      EXPECT_TRUE(torch::allclose(got, ref.params.at(name), 1e-5, 1e-6)) << name;
       ++checked;
     }
   }

@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "tests/support/local_cluster.h"
 #include "tests/support/reference_mlp.h"
+#include "tests/support/stage_files.h"
 
 namespace stagecoach::testing {
 namespace {
@@ -56,20 +57,6 @@ std::string SpecYaml(const Case& c, const std::string& ckpt_dir) {
                       "data: {kind: synthetic, seed: ", r.data_seed, "}\n");
 }
 
-std::map<std::string, torch::Tensor> LoadStageFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(in.good()) << "missing " << path;
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  c10::IValue value = torch::pickle_load(bytes);
-  std::map<std::string, torch::Tensor> out;
-  for (const auto& entry : value.toGenericDict()) {
-    out[entry.key().toStringRef()] = entry.value().toTensor();
-  }
-  return out;
-}
-
-// Layer index of a parameter name "{layer}.weight".
-int LayerOf(const std::string& name) { return std::stoi(name.substr(0, name.find('.'))); }
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -108,7 +95,7 @@ TEST_P(PipelineTrainingTest, MatchesUnpipelinedReference) {
   std::map<std::string, torch::Tensor> all;
   std::vector<int> last_layer_of_stage(c.stages, -1), first_layer_of_stage(c.stages, 1 << 20);
   for (int s = 0; s < c.stages; ++s) {
-    const std::string path = absl::StrFormat("%s/step-%06d/stage-%d.pt", ckpt, kSteps, s);
+    const std::string path = StageFilePath(ckpt, kSteps, s);
     for (auto& [name, tensor] : LoadStageFile(path)) {
       EXPECT_EQ(all.count(name), 0u) << name << " is in two stages";
       last_layer_of_stage[s] = std::max(last_layer_of_stage[s], LayerOf(name));

@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "tests/support/local_cluster.h"
 #include "tests/support/reference_mlp.h"
+#include "tests/support/stage_files.h"
 
 namespace stagecoach::testing {
 namespace {
@@ -91,19 +92,6 @@ std::vector<Variant> Variants(schedule::ScheduleKind kind) {
   return out;
 }
 
-std::map<std::string, torch::Tensor> LoadStageFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(in.good()) << "missing " << path;
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::map<std::string, torch::Tensor> out;
-  if (bytes.empty()) return out;
-  for (const auto& entry : torch::pickle_load(bytes).toGenericDict()) {
-    out[entry.key().toStringRef()] = entry.value().toTensor();
-  }
-  return out;
-}
-
-int LayerOf(const std::string& name) { return std::stoi(name.substr(0, name.find('.'))); }
 
 // Checks one finished job against the reference.
 void CheckJob(const v1::Job& job, const Variant& v, const std::string& ckpt) {
@@ -121,7 +109,7 @@ void CheckJob(const v1::Job& job, const Variant& v, const std::string& ckpt) {
   std::vector<int> first_layer(stages, 1 << 20), last_layer(stages, -1);
   for (int s = 0; s < stages; ++s) {
     for (auto& [name, tensor] :
-         LoadStageFile(absl::StrFormat("%s/step-%06d/stage-%d.pt", ckpt, kSteps, s))) {
+         LoadStageFile(StageFilePath(ckpt, kSteps, s))) {
       EXPECT_EQ(all.count(name), 0u) << name << " is in two stages";
       first_layer[s] = std::min(first_layer[s], LayerOf(name));
       last_layer[s] = std::max(last_layer[s], LayerOf(name));

@@ -1,0 +1,23 @@
+// Reading the stage-parameter files workers write (worker/runtime/checkpoint.h): one
+// `step-NNNNNN/stage-S.pt` per stage, a pickled dict of parameter name -> tensor that
+// torch.load reads. Independent of the worker's code.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace stagecoach::testing {
+
+// `dir`/step-%06d/stage-%d.pt.
+std::string StageFilePath(const std::string& dir, int64_t step, int stage);
+
+// The file's parameters by name; an empty map (and a test failure) when it is missing.
+std::map<std::string, torch::Tensor> LoadStageFile(const std::string& path);
+
+// The MLP layer of a parameter name "{layer}.weight".
+int LayerOf(const std::string& name);
+
+}  // namespace stagecoach::testing

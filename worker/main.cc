@@ -10,13 +10,14 @@
 #include "common/rpc/server.h"
 #include "common/util/config_file.h"
 #include "common/util/logging.h"
+#include "common/util/malloc_tuning.h"
 #include "common/util/signals.h"
+#include "worker/runtime/device.h"
 #include "worker/service/coordinator_client.h"
 #include "worker/service/coordinator_session.h"
 #include "worker/service/task_manager.h"
-#include "worker/service/worker_service.h"
-#include "worker/runtime/device.h"
 #include "worker/service/transports.h"
+#include "worker/service/worker_service.h"
 
 namespace {
 
@@ -41,6 +42,7 @@ int Fail(const std::string& message) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  sc::TuneMallocForTensors();  // first, before any thread exists
   CLI::App app{"Stagecoach worker: runs pipeline stages assigned by a coordinator"};
   Flags flags;
   if (const char* env = std::getenv("STAGECOACH_COORDINATOR")) flags.coordinator = env;
@@ -54,8 +56,7 @@ int main(int argc, char** argv) {
       "host the coordinator and peers reach this worker at (default: the --listen host, or "
       "this machine's host name when listening on every interface)");
   auto* name = app.add_option("--name", flags.name, "name shown by 'stagectl workers'");
-  auto* device =
-      app.add_option("--device", flags.device, "compute device: cpu, cuda or cuda:N");
+  auto* device = app.add_option("--device", flags.device, "compute device: cpu, cuda or cuda:N");
   app.add_option("--config", flags.config, "YAML file with any of these options as keys");
   auto* level =
       app.add_option("--log-level", flags.log_level, "trace, debug, info, warn, error or off");

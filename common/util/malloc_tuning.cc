@@ -1,0 +1,13 @@
+#include "common/util/malloc_tuning.h"
+
+#include <malloc.h>
+
+namespace stagecoach {
+
+void TuneMallocForTensors() {
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  mallopt(M_ARENA_MAX, 1);
+}
+
+}  // namespace stagecoach

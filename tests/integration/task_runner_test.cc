@@ -23,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "tests/support/process.h"
 #include "tests/support/reference_mlp.h"
+#include "tests/support/stage_files.h"
 #include "worker/transport/gloo/factory.h"
 #include "worker/transport/in_memory_store.h"
 
@@ -212,6 +213,38 @@ INSTANTIATE_TEST_SUITE_P(Schedules, TaskRunnerParity,
                                "_", info.param.stages, "stages_", info.param.microbatches, "mb_",
                                info.param.batch, "rows");
                          });
+
+// training.scale_grads: false leaves the gradients as the sum over microbatches (PyTorch's
+// scale_grads=False). With SGD (momentum, no weight decay) that is the reference's training at
+// a learning rate m times smaller; ZBV on 2 ranks runs it through I, W and REDUCE_GRAD.
+TEST(TaskRunnerScaleGrads, UnscaledGradientsAreTheSumOverMicrobatches) {
+  constexpr int kMicrobatches = 4;
+  constexpr int64_t kSteps = 3;
+  testing::TempDir dir;
+  const std::string spec = absl::StrCat(
+      "name: t\nmodel: {builtin: {family: mlp, sizes: [12, 20, 20, 20, 20, 20, 6], seed: 3}}\n",
+      "split: {stages: 4}\nschedule: {kind: ZBVZeroBubble, microbatches: ", kMicrobatches, "}\n",
+      "training: {batch_size: 18, steps: ", kSteps, ", loss: cross_entropy, scale_grads: false, ",
+      "optimizer: {kind: sgd, lr: ", 0.2 / kMicrobatches,
+      ", momentum: 0.5}, checkpoint: {dir: ", dir.path(), "}}\ndata: {seed: 77}\n");
+  RecordingReporter reporter;
+  RunAll(Assignments(spec, absl::Seconds(30)), &reporter);
+  ASSERT_EQ(reporter.Ends().size(), 2u);
+  for (const auto& end : reporter.Ends()) {
+    ASSERT_EQ(end.outcome(), v1::TASK_OUTCOME_SUCCEEDED) << end.error();
+  }
+  const testing::ReferenceResult ref =
+      testing::TrainReference(Reference(kMicrobatches, 18, kSteps));  // lr 0.2, scaled
+  size_t checked = 0;
+  for (int s = 0; s < 4; ++s) {
+    for (const auto& [name, got] :
+         testing::LoadStageFile(testing::StageFilePath(dir.path(), kSteps, s))) {
+      EXPECT_TRUE(torch::allclose(got, ref.params.at(name), 1e-5, 1e-6)) << name;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, ref.params.size());
+}
 
 // Stopping one rank ends it as STOPPED with the reason, and its peers, whose transfers with it
 // break, fail promptly naming it instead of waiting out their timeouts. (When the coordinator

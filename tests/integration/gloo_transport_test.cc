@@ -79,17 +79,6 @@ TransportBackend GlooBackend() {
 INSTANTIATE_TEST_SUITE_P(Gloo, TransportConformanceTest, ::testing::Values(GlooBackend()),
                          BackendName);
 
-#define SC_ASSERT_OK(expr)                      \
-  do {                                          \
-    const absl::Status sc_status_ = (expr);     \
-    ASSERT_TRUE(sc_status_.ok()) << sc_status_; \
-  } while (0)
-
-#define SC_ASSIGN_WORK(lhs, expr)                  \
-  auto lhs##_or = (expr);                          \
-  ASSERT_TRUE(lhs##_or.ok()) << lhs##_or.status(); \
-  std::unique_ptr<Work> lhs = std::move(lhs##_or).value()
-
 class GlooTransportTest : public ::testing::Test {
  protected:
   void Connect(int world_size) {

@@ -58,12 +58,6 @@ void DestroyGroup(std::vector<std::unique_ptr<Transport>>* group) {
   group->clear();
 }
 
-#define SC_ASSERT_OK(expr)                      \
-  do {                                          \
-    const absl::Status sc_status_ = (expr);     \
-    ASSERT_TRUE(sc_status_.ok()) << sc_status_; \
-  } while (0)
-
 #define SC_EXPECT_OK(expr)                      \
   do {                                          \
     const absl::Status sc_status_ = (expr);     \
@@ -78,11 +72,6 @@ void DestroyGroup(std::vector<std::unique_ptr<Transport>>* group) {
   }                                                                                      \
   ASSERT_NO_FATAL_FAILURE(CreateGroup((world_size), &(group)))
 
-// Posts a send or receive, asserting that posting succeeded.
-#define SC_ASSIGN_WORK(lhs, expr)                  \
-  auto lhs##_or = (expr);                          \
-  ASSERT_TRUE(lhs##_or.ok()) << lhs##_or.status(); \
-  std::unique_ptr<Work> lhs = std::move(lhs##_or).value()
 
 }  // namespace
 

@@ -21,6 +21,20 @@
 #include "gtest/gtest.h"
 #include "worker/transport/transport.h"
 
+// Asserts that a Status expression is OK, printing it otherwise.
+#define SC_ASSERT_OK(expr)                      \
+  do {                                          \
+    const absl::Status sc_status_ = (expr);     \
+    ASSERT_TRUE(sc_status_.ok()) << sc_status_; \
+  } while (0)
+
+// Posts a send or receive (`expr`), asserting that posting succeeded; declares `lhs` as the
+// Work. For tests in namespace stagecoach::transport or with `Work` in scope.
+#define SC_ASSIGN_WORK(lhs, expr)                  \
+  auto lhs##_or = (expr);                          \
+  ASSERT_TRUE(lhs##_or.ok()) << lhs##_or.status(); \
+  std::unique_ptr<Work> lhs = std::move(lhs##_or).value()
+
 namespace stagecoach::transport::testing {
 
 // Memory a backend sends from and receives into (host memory for Gloo, device memory for

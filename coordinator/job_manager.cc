@@ -501,7 +501,8 @@ void JobManager::ScheduleLocked() {
   for (Job& job : jobs_) {
     if (job.state != v1::JOB_STATE_PENDING || job.starting) continue;
     const int needed = job.plan.num_ranks;
-    std::vector<const WorkerRecord*> idle = registry_.Idle(job.spec.placement.device);
+    std::vector<const WorkerRecord*> idle =
+        registry_.Idle(job.spec.placement.device, job.plan.transport);
     const std::string device = job.spec.placement.device;
     if (blocked) {
       job.reason =
@@ -510,7 +511,9 @@ void JobManager::ScheduleLocked() {
     }
     if (static_cast<int>(idle.size()) < needed) {
       job.reason = absl::StrCat("waiting for ", needed, " workers, ", idle.size(), " free");
-      if (device != "cpu") absl::StrAppend(&job.reason, " (device ", device, ")");
+      if (device != "cpu") {
+        absl::StrAppend(&job.reason, " (device ", device, ", transport ", job.plan.transport, ")");
+      }
       blocked = true;
       blocker = job.id;
       continue;

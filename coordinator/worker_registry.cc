@@ -1,5 +1,7 @@
 #include "coordinator/worker_registry.h"
 
+#include <algorithm>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/rpc/time_conversion.h"
@@ -106,10 +108,14 @@ void WorkerRegistry::Release(const std::string& id, const std::string& job_id) {
   w->rank = -1;
 }
 
-std::vector<const WorkerRecord*> WorkerRegistry::Idle(const std::string& placement_device) const {
+std::vector<const WorkerRecord*> WorkerRegistry::Idle(const std::string& placement_device,
+                                                      const std::string& transport) const {
   std::vector<const WorkerRecord*> out;
   for (const auto& [n, w] : workers_) {
-    if (w.state == v1::WORKER_STATE_IDLE && DeviceMatches(placement_device, w.device)) {
+    const bool offers = w.transports.empty() ? transport == "gloo"
+                                             : std::find(w.transports.begin(), w.transports.end(),
+                                                         transport) != w.transports.end();
+    if (w.state == v1::WORKER_STATE_IDLE && DeviceMatches(placement_device, w.device) && offers) {
       out.push_back(&w);
     }
   }
@@ -132,6 +138,5 @@ std::vector<const WorkerRecord*> WorkerRegistry::All() const {
   for (const auto& [n, w] : workers_) out.push_back(&w);
   return out;
 }
-
 
 }  // namespace stagecoach::coordinator

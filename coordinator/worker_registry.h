@@ -69,8 +69,10 @@ class WorkerRegistry {
   // BUSY on `job_id` -> IDLE. No-op when the worker is not busy on that job (e.g. LOST).
   void Release(const std::string& id, const std::string& job_id);
 
-  // Idle workers whose device matches, in registration order.
-  std::vector<const WorkerRecord*> Idle(const std::string& placement_device) const;
+  // Idle workers whose device matches and that offer `transport` ("gloo", "nccl"; a worker
+  // that registered no transports offers gloo), in registration order.
+  std::vector<const WorkerRecord*> Idle(const std::string& placement_device,
+                                        const std::string& transport) const;
 
   // nullptr when unknown.
   const WorkerRecord* Find(const std::string& id) const;

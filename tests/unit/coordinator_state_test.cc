@@ -67,17 +67,23 @@ TEST(WorkerRegistry, AssignAndReleaseAndDeviceMatching) {
   const absl::Time t0 = absl::FromUnixSeconds(1000);
   auto cpu = registry.Register("a", "h:1", "cpu", {}, t0);
   auto gpu = registry.Register("b", "h:2", "cuda:1", {}, t0);
-  EXPECT_EQ(registry.Idle("cpu").size(), 1u);
-  EXPECT_EQ(registry.Idle("cuda").size(), 1u);
+  EXPECT_EQ(registry.Idle("cpu", "gloo").size(), 1u);
+  EXPECT_EQ(registry.Idle("cuda", "gloo").size(), 1u);
   ASSERT_TRUE(registry.Assign(*cpu, "job-1", 0).ok());
   EXPECT_TRUE(absl::IsFailedPrecondition(registry.Assign(*cpu, "job-2", 0)));
-  EXPECT_TRUE(registry.Idle("cpu").empty());
+  EXPECT_TRUE(registry.Idle("cpu", "gloo").empty());
   registry.Release(*cpu, "job-2");  // not its job: no-op
   EXPECT_EQ(registry.Find(*cpu)->state, v1::WORKER_STATE_BUSY);
   registry.Release(*cpu, "job-1");
   EXPECT_EQ(registry.Find(*cpu)->state, v1::WORKER_STATE_IDLE);
   EXPECT_EQ(registry.Find(*cpu)->rank, -1);
   EXPECT_FALSE(DeviceMatches("cpu", "cuda:0"));
+  // Transports: a worker without nccl is not a candidate for an nccl job.
+  auto nccl = registry.Register("c", "h:3", "cuda:0", {"gloo", "nccl"}, t0);
+  ASSERT_TRUE(nccl.ok());
+  ASSERT_EQ(registry.Idle("cuda", "nccl").size(), 1u);
+  EXPECT_EQ(registry.Idle("cuda", "nccl")[0]->id, *nccl);
+  EXPECT_EQ(registry.Idle("cuda", "gloo").size(), 2u);
   EXPECT_TRUE(DeviceMatches("cuda", "cuda:3"));
   (void)gpu;
 }

@@ -99,6 +99,12 @@ void CheckJob(const v1::Job& job, const Variant& v, const std::string& ckpt) {
   ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   const ReferenceResult ref = TrainReference(Reference(v));
   ASSERT_EQ(job.losses_size(), kSteps);
+  // Every step reported a measured bubble ratio (the workers timed every action).
+  ASSERT_EQ(job.max_bubble_ratios_size(), kSteps);
+  for (double ratio : job.max_bubble_ratios()) {
+    EXPECT_GT(ratio, 0.0);  // some rank always waits at the pipeline's ends
+    EXPECT_LT(ratio, 1.0);
+  }
   for (int step = 0; step < kSteps; ++step) {
     EXPECT_NEAR(job.losses(step), ref.losses[step], kAtol + kRtol * std::abs(ref.losses[step]))
         << "step " << step;

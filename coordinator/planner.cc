@@ -28,10 +28,12 @@ absl::Status CheckSupported(const spec::JobSpec& spec) {
                       "TorchScript models are not supported by this coordinator yet; use "
                       "model.builtin");
   }
-  if (spec.model.builtin->family != "mlp") {
+  const std::string& family = spec.model.builtin->family;
+  if (family != "mlp" && family != "gpt") {
     return FieldError("model.builtin.family",
-                      absl::StrCat("family '", spec.model.builtin->family,
-                                   "' is not supported by this coordinator yet (supported: mlp)"));
+                      absl::StrCat("family '", family,
+                                   "' is not supported by this coordinator yet (supported: mlp, "
+                                   "gpt)"));
   }
   if (!spec.split.points.empty()) {
     return FieldError("split.points",
@@ -42,11 +44,27 @@ absl::Status CheckSupported(const spec::JobSpec& spec) {
                       "'profiled' is not supported by this coordinator yet (supported: "
                       "equal-layers, equal-params)");
   }
-  if (spec.data.kind != "synthetic") {
+  if (spec.data.kind != "synthetic" && spec.data.kind != "tokens") {
     return FieldError("data.kind",
                       absl::StrCat("'", spec.data.kind,
                                    "' data is not supported by this coordinator yet (supported: "
-                                   "synthetic)"));
+                                   "synthetic for mlp, tokens for gpt)"));
+  }
+  // Each family has one data kind: synthetic data is drawn for an MLP's sizes, a tokens file
+  // feeds a GPT.
+  const std::string want_data = family == "gpt" ? "tokens" : "synthetic";
+  if (spec.data.kind != want_data) {
+    return FieldError("data.kind", absl::StrCat("'", spec.data.kind, "' data cannot feed a ",
+                                                family, " model (use data.kind ", want_data, ")"));
+  }
+  if (spec.data.kind == "tokens" && spec.data.path.empty()) {
+    return FieldError("data.path", "required for data.kind tokens");
+  }
+  if (family == "gpt" && spec.training.loss != "cross_entropy") {
+    return FieldError("training.loss",
+                      absl::StrCat("'", spec.training.loss,
+                                   "' cannot train a gpt model (its targets are next tokens; use "
+                                   "cross_entropy)"));
   }
   return absl::OkStatus();
 }
@@ -366,6 +384,15 @@ std::vector<int64_t> BuiltinLayerParameters(const spec::BuiltinModel& model) {
     for (size_t i = 0; i + 1 < model.sizes.size(); ++i) {
       out.push_back(model.sizes[i] * model.sizes[i + 1] + model.sizes[i + 1]);
     }
+  } else if (model.family == "gpt") {
+    const int64_t d = model.d_model;
+    // embed: token and position tables.
+    out.push_back(model.vocab * d + model.seq * d);
+    // A block: ln1 (2d), attn.qkv (3d*d + 3d), attn.proj (d*d + d), ln2 (2d), mlp.fc (4d*d + 4d),
+    // mlp.proj (4d*d + d).
+    for (int64_t i = 0; i < model.layers; ++i) out.push_back(12 * d * d + 13 * d);
+    out.push_back(2 * d);            // norm
+    out.push_back(d * model.vocab);  // head, no bias
   }
   return out;
 }

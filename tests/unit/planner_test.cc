@@ -74,6 +74,58 @@ TEST(PlanJob, PlansALoweredValidatedSchedulePerRank) {
             2);
 }
 
+spec::JobSpec ParseGpt(const std::string& data, const std::string& loss = "cross_entropy") {
+  auto spec = spec::ParseJobSpec(
+      absl::StrCat("name: t\nmodel: {builtin: {family: gpt, vocab: 64, d_model: 32, layers: 4, "
+                   "heads: 4, seq: 16}}\nsplit: {stages: 4}\n"
+                   "schedule: {kind: 1F1B, microbatches: 4}\n"
+                   "training: {batch_size: 8, loss: ",
+                   loss, "}\n", data),
+      "t");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return *spec;
+}
+
+TEST(PlanJob, PlansAGptOnATokensFile) {
+  spec::JobSpec spec = ParseGpt("data: {kind: tokens, path: train.bin}");
+  // embed, blocks.0-3, norm, head.
+  const int64_t d = 32, block = 12 * d * d + 13 * d;
+  EXPECT_THAT(BuiltinLayerParameters(*spec.model.builtin),
+              ElementsAre(64 * d + 16 * d, block, block, block, block, 2 * d, d * 64));
+  auto plan = PlanJob(spec);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->stages.size(), 4u);
+  // Seven layers in four stages, earlier stages fewer: embed | b0 b1 | b2 b3 | norm head.
+  EXPECT_EQ(plan->stages[0].end_layer, 1);
+  EXPECT_EQ(plan->stages[1].end_layer, 3);
+  EXPECT_EQ(plan->stages[2].end_layer, 5);
+  EXPECT_EQ(plan->stages[3].end_layer, 7);
+  EXPECT_EQ(plan->stages[3].parameters, 2 * d + d * 64);
+}
+
+TEST(PlanJob, RefusesDataAndLossAGptCannotUse) {
+  struct Case {
+    std::string data, loss, want;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"", "cross_entropy", "data.kind: 'synthetic' data cannot feed a gpt model"},
+           {"data: {kind: tensors, path: x.pt}", "cross_entropy", "data.kind"},
+           {"data: {kind: tokens, path: x.bin}", "mse", "training.loss"},
+       }) {
+    spec::JobSpec spec = ParseGpt(c.data, c.loss);
+    auto plan = PlanJob(spec);
+    ASSERT_FALSE(plan.ok()) << c.want;
+    EXPECT_TRUE(absl::IsInvalidArgument(plan.status()));
+    EXPECT_THAT(std::string(plan.status().message()), HasSubstr(c.want));
+  }
+  spec::JobSpec no_path = ParseGpt("data: {kind: tokens, path: x.bin}");
+  no_path.data.path.clear();
+  EXPECT_THAT(std::string(PlanJob(no_path).status().message()), HasSubstr("data.path"));
+  // An MLP cannot read tokens.
+  EXPECT_THAT(std::string(PlanJob(Parse("data: {kind: tokens, path: x.bin}")).status().message()),
+              HasSubstr("data.kind: 'tokens' data cannot feed a mlp model"));
+}
+
 TEST(PlanJob, RefusesWhatCannotRunNamingTheField) {
   struct Case {
     std::string extra, split, want;

@@ -10,13 +10,13 @@
 #include "absl/strings/str_cat.h"
 
 namespace stagecoach::model {
-namespace {
 
-// LibTorch's default generator is process-wide: building models from seeds must not interleave.
 std::mutex& SeedMutex() {
   static std::mutex* mu = new std::mutex();
   return *mu;
 }
+
+namespace {
 
 class MlpStage : public StageModel {
  public:

@@ -5,11 +5,16 @@
 #include <torch/types.h>
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace stagecoach::model {
+
+// LibTorch's default generator is process-wide: building built-in models from seeds (seeding it,
+// then drawing every layer's initial values) holds this lock so that builds do not interleave.
+std::mutex& SeedMutex();
 
 // A stage's layers. Not thread-safe; a stage is run by one thread at a time.
 class StageModel {

@@ -13,6 +13,7 @@
 #include "common/spec/spec_parser.h"
 #include "common/util/logging.h"
 #include "common/util/status_macros.h"
+#include "worker/model/gpt.h"
 #include "worker/model/mlp.h"
 #include "worker/runtime/checkpoint.h"
 #include "worker/runtime/device.h"
@@ -162,8 +163,9 @@ v1::ReportTaskEndRequest TaskRunner::Run() {
 
 absl::Status TaskRunner::RunSteps() {
   ASSIGN_OR_RETURN(spec::JobSpec spec, spec::ParseJobSpec(task_.spec_yaml(), task_.job_id()));
-  if (!spec.model.builtin.has_value() || spec.model.builtin->family != "mlp") {
-    return absl::InvalidArgumentError("model: this worker runs built-in mlp models only");
+  if (!spec.model.builtin.has_value() ||
+      (spec.model.builtin->family != "mlp" && spec.model.builtin->family != "gpt")) {
+    return absl::InvalidArgumentError("model: this worker runs built-in mlp and gpt models only");
   }
   ASSIGN_OR_RETURN(LossKind loss, ParseLoss(spec.training.loss));
   const int rank = task_.rank();
@@ -198,7 +200,11 @@ absl::Status TaskRunner::RunSteps() {
           absl::StrCat("stages: stage ", st.stage(), " is not assigned to rank ", rank));
     }
     ASSIGN_OR_RETURN(auto stage,
-                     model::BuildMlpStage(*spec.model.builtin, st.first_layer(), st.end_layer()));
+                     spec.model.builtin->family == "gpt"
+                         ? model::BuildGptStage(*spec.model.builtin, st.first_layer(),
+                                                st.end_layer())
+                         : model::BuildMlpStage(*spec.model.builtin, st.first_layer(),
+                                                st.end_layer()));
     stage->To(device);
     for (auto& p : stage->Parameters()) parameters.push_back(p);
     stages[st.stage()] = stage.get();
@@ -263,12 +269,23 @@ absl::Status TaskRunner::RunSteps() {
 
   const bool owns_first = stages.count(0) > 0;
   const bool owns_last = stages.count(num_stages - 1) > 0;
+  const bool want_targets = owns_last && !forward_only;
+  // The data stream, opened once (a tokens file is read here, by the ranks that need it).
+  std::unique_ptr<BatchSource> data;
+  if (!inference) {
+    auto opened = BatchSource::Open(spec, owns_first, want_targets);
+    if (!opened.ok()) {
+      forget_transport();
+      return opened.status();
+    }
+    data = *std::move(opened);
+  }
   std::vector<TensorMeta> first_inputs;
   if (owns_first) {
     absl::StatusOr<std::vector<torch::Tensor>> first;
     if (inference) {
       first = client_inputs;
-    } else if (auto batch = MakeBatch(spec, 0, true, false); batch.ok()) {
+    } else if (auto batch = data->Make(0); batch.ok()) {
       first = SplitMicrobatches(batch->inputs, m);
     } else {
       first = batch.status();
@@ -314,8 +331,7 @@ absl::Status TaskRunner::RunSteps() {
     if (inference) {
       inputs = client_inputs;
     } else {
-      const bool want_targets = owns_last && !forward_only;
-      auto batch = MakeBatch(spec, step, owns_first, want_targets);
+      auto batch = data->Make(step);
       if (!batch.ok()) {
         status = batch.status();
         break;

@@ -7,11 +7,20 @@
 //   targets  mse: tanh(X @ W)   cross_entropy: argmax(X @ W, dim 1) (int64 class indices)
 // where generator(s) is LibTorch's CPU generator seeded with s, and all tensors are float32.
 // A fixed teacher makes the task learnable, so the loss falls as training goes on.
+//
+// data.kind: tokens, for a built-in GPT with sequence length T = model.builtin.seq — data.path is
+// a flat little-endian uint16 token file (nanoGPT's train.bin) of N tokens, all below
+// model.builtin.vocab, N >= T + 1. Step k's batch is batch_size windows of T + 1 tokens:
+//   starts   randint(0, N - T, [batch_size], generator(seed + 1 + k))   (int64, in [0, N - T - 1])
+//   inputs   tokens[start : start + T]        int64 [batch_size, T]
+//   targets  tokens[start + 1 : start + T + 1] int64 [batch_size, T]
+// The file is read once, when the source is opened.
 #pragma once
 
 #include <torch/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -24,7 +33,24 @@ struct Batch {
   torch::Tensor targets;  // undefined unless asked for
 };
 
-// The batch of training step `step`. Only the first stage needs inputs and only the last
+// A job's data stream, opened once per task. Not thread-safe.
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+
+  // Opens the stream of `spec` for a rank that needs inputs (owns the first stage) and/or
+  // targets (owns the last). A rank needing neither gets a source that reads nothing and
+  // returns empty batches. INVALID_ARGUMENT naming the field for a data kind or model it cannot
+  // serve, or a bad tokens file (unreadable, odd byte count, shorter than seq + 1 tokens, a
+  // token >= vocab).
+  static absl::StatusOr<std::unique_ptr<BatchSource>> Open(const spec::JobSpec& spec,
+                                                           bool want_inputs, bool want_targets);
+
+  // The batch of training step `step`, holding what Open was asked for.
+  virtual absl::StatusOr<Batch> Make(int64_t step) = 0;
+};
+
+// The batch of training step `step` (opens a BatchSource for the one step). Only the first stage needs inputs and only the last
 // targets; ask for what is needed. INVALID_ARGUMENT for a data kind or model it cannot serve.
 absl::StatusOr<Batch> MakeBatch(const spec::JobSpec& spec, int64_t step, bool want_inputs,
                                 bool want_targets);

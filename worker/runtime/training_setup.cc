@@ -18,6 +18,10 @@ absl::StatusOr<LossKind> ParseLoss(const std::string& name) {
 torch::Tensor ComputeLoss(LossKind kind, const torch::Tensor& output, const torch::Tensor& target) {
   namespace F = torch::nn::functional;
   if (kind == LossKind::kMse) return F::mse_loss(output, target);
+  if (output.dim() > 2) {
+    // Sequence logits [B, T, V] with targets [B, T]: the mean over all B * T positions.
+    return F::cross_entropy(output.reshape({-1, output.size(-1)}), target.reshape({-1}));
+  }
   return F::cross_entropy(output, target);
 }
 

@@ -18,7 +18,8 @@ enum class LossKind { kMse, kCrossEntropy };
 absl::StatusOr<LossKind> ParseLoss(const std::string& name);
 
 // One microbatch's loss: mse is the mean over elements, cross_entropy the mean over rows of
-// integer class targets.
+// integer class targets; for sequence logits [B, T, V] with targets [B, T], cross_entropy is the
+// mean over all B * T positions.
 torch::Tensor ComputeLoss(LossKind kind, const torch::Tensor& output, const torch::Tensor& target);
 
 // training.optimizer over `parameters`: sgd (lr, momentum, weight_decay) or adamw (lr, betas,

@@ -45,11 +45,9 @@ std::string TokenFile() {
 std::string SpecYaml(const std::string& name, const std::string& kind, int workers, int stages,
                      const std::string& data_path) {
   return absl::StrCat(
-      "name: ", name, "\n",
-      "model:\n  builtin: {family: gpt, vocab: ", kVocab,
-      ", d_model: 32, layers: 4, heads: 4, seq: 16, seed: 3}\n",
-      "split: {stages: ", stages, "}\n", "schedule: {kind: ", kind, ", microbatches: 8}\n",
-      "placement: {workers: ", workers, "}\n",
+      "name: ", name, "\n", "model:\n  builtin: {family: gpt, vocab: ", kVocab,
+      ", d_model: 32, layers: 4, heads: 4, seq: 16, seed: 3}\n", "split: {stages: ", stages, "}\n",
+      "schedule: {kind: ", kind, ", microbatches: 8}\n", "placement: {workers: ", workers, "}\n",
       "training:\n  batch_size: 16\n  steps: ", kSteps,
       "\n  loss: cross_entropy\n  optimizer: {kind: adamw, lr: 3.0e-3, weight_decay: 0.01}\n",
       "data: {kind: tokens, path: ", data_path, ", seed: 5}\n");
@@ -72,13 +70,13 @@ TEST(GptTraining, LossFallsOnATokensFileUnderEverySchedule) {
     std::string name, kind;
     int workers, stages;
   };
-  const std::vector<Run> runs = {{"gpt-1f1b", "1F1B", 4, 4},
-                                 {"gpt-zbv", "ZBVZeroBubble", 2, 4}};
+  const std::vector<Run> runs = {{"gpt-1f1b", "1F1B", 4, 4}, {"gpt-zbv", "ZBVZeroBubble", 2, 4}};
   std::vector<std::string> job_ids;
   std::vector<std::vector<double>> losses;
   for (const Run& run : runs) {
-    const std::string spec = (*cluster)->WriteFile(
-        absl::StrCat(run.name, ".yaml"), SpecYaml(run.name, run.kind, run.workers, run.stages, data));
+    const std::string spec =
+        (*cluster)->WriteFile(absl::StrCat(run.name, ".yaml"),
+                              SpecYaml(run.name, run.kind, run.workers, run.stages, data));
     CommandResult submit = (*cluster)->Stagectl({"submit", spec});
     ASSERT_EQ(submit.exit_code, 0) << run.name << ": " << submit.out << submit.err;
     std::vector<std::string> lines = absl::StrSplit(submit.out, '\n', absl::SkipEmpty());

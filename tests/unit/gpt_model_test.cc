@@ -2,12 +2,12 @@
 // (worker/runtime/training_data.h): stages chained equal the whole model exactly, per-layer
 // parameter counts equal the planner's, and a tokens file gives shifted windows per (seed, step).
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
 #include <map>
 #include <string>
-#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/spec/spec_parser.h"
@@ -145,8 +145,8 @@ TEST(ComputeLoss, CrossEntropyOverSequencesIsTheMeanOverPositions) {
   torch::Tensor logits = torch::randn({2, 5, 7});
   torch::Tensor targets = torch::randint(0, 7, {2, 5}, torch::kInt64);
   torch::Tensor got = runtime::ComputeLoss(runtime::LossKind::kCrossEntropy, logits, targets);
-  torch::Tensor want = torch::nn::functional::cross_entropy(logits.reshape({10, 7}),
-                                                            targets.reshape({10}));
+  torch::Tensor want =
+      torch::nn::functional::cross_entropy(logits.reshape({10, 7}), targets.reshape({10}));
   EXPECT_TRUE(torch::allclose(got, want));
 }
 

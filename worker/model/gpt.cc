@@ -160,8 +160,7 @@ class Norm : public GptLayer {
 
 class Head : public GptLayer {
  public:
-  Head(int64_t d, int64_t vocab)
-      : weight_(register_parameter("weight", torch::empty({vocab, d}))) {
+  Head(int64_t d, int64_t vocab) : weight_(register_parameter("weight", torch::empty({vocab, d}))) {
     torch::NoGradGuard no_grad;
     weight_.normal_(0.0, kInitStd);
   }

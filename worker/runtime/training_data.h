@@ -50,8 +50,9 @@ class BatchSource {
   virtual absl::StatusOr<Batch> Make(int64_t step) = 0;
 };
 
-// The batch of training step `step` (opens a BatchSource for the one step). Only the first stage needs inputs and only the last
-// targets; ask for what is needed. INVALID_ARGUMENT for a data kind or model it cannot serve.
+// The batch of training step `step` (opens a BatchSource for the one step). Only the first stage
+// needs inputs and only the last targets; ask for what is needed. INVALID_ARGUMENT for a data kind
+// or model it cannot serve.
 absl::StatusOr<Batch> MakeBatch(const spec::JobSpec& spec, int64_t step, bool want_inputs,
                                 bool want_targets);
 

@@ -44,21 +44,24 @@ absl::Status CheckSupported(const spec::JobSpec& spec) {
                       "'profiled' is not supported by this coordinator yet (supported: "
                       "equal-layers, equal-params)");
   }
-  if (spec.data.kind != "synthetic" && spec.data.kind != "tokens") {
+  // Synthetic data is drawn for an MLP's sizes, a tensors file (torch.save'd inputs and
+  // targets) feeds an MLP, a tokens file feeds a GPT.
+  const std::string& kind = spec.data.kind;
+  if (kind != "synthetic" && kind != "tokens" && kind != "tensors") {
     return FieldError("data.kind",
-                      absl::StrCat("'", spec.data.kind,
+                      absl::StrCat("'", kind,
                                    "' data is not supported by this coordinator yet (supported: "
-                                   "synthetic for mlp, tokens for gpt)"));
+                                   "synthetic or tensors for mlp, tokens for gpt)"));
   }
-  // Each family has one data kind: synthetic data is drawn for an MLP's sizes, a tokens file
-  // feeds a GPT.
-  const std::string want_data = family == "gpt" ? "tokens" : "synthetic";
-  if (spec.data.kind != want_data) {
-    return FieldError("data.kind", absl::StrCat("'", spec.data.kind, "' data cannot feed a ",
-                                                family, " model (use data.kind ", want_data, ")"));
+  const bool fits = family == "gpt" ? kind == "tokens" : kind == "synthetic" || kind == "tensors";
+  if (!fits) {
+    return FieldError(
+        "data.kind",
+        absl::StrCat("'", kind, "' data cannot feed a ", family, " model (use data.kind ",
+                     family == "gpt" ? "tokens" : "synthetic or tensors", ")"));
   }
-  if (spec.data.kind == "tokens" && spec.data.path.empty()) {
-    return FieldError("data.path", "required for data.kind tokens");
+  if ((kind == "tokens" || kind == "tensors") && spec.data.path.empty()) {
+    return FieldError("data.path", absl::StrCat("required for data.kind ", kind));
   }
   if (family == "gpt" && spec.training.loss != "cross_entropy") {
     return FieldError("training.loss",

@@ -1,9 +1,13 @@
 #include "tests/support/reference_mlp.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+#include <torch/serialize.h>
 #include <torch/torch.h>
 
 #include <cmath>
+#include <fstream>
+#include <iterator>
 
 namespace stagecoach::testing {
 
@@ -35,10 +39,22 @@ ReferenceResult TrainReference(const ReferenceConfig& c) {
     result.initial_params[std::to_string(i) + ".bias"] = layers[i]->bias.detach().clone();
   }
   for (int64_t step = 0; step < c.steps; ++step) {
-    at::Generator gen = at::detail::createCPUGenerator(c.data_seed + 1 + step);
-    const torch::Tensor x = torch::randn({c.batch_size, in}, gen, torch::kFloat32);
-    const torch::Tensor logits = torch::matmul(x, teacher);
-    const torch::Tensor y = c.loss == "cross_entropy" ? logits.argmax(1) : torch::tanh(logits);
+    torch::Tensor x, y;
+    if (c.dataset_inputs.defined() && c.dataset_targets.defined()) {
+      // The batch_size rows from (step * batch_size) mod N, wrapping around.
+      const int64_t n = c.dataset_inputs.size(0);
+      std::vector<int64_t> rows;
+      for (int64_t i = 0; i < c.batch_size; ++i) rows.push_back((step * c.batch_size + i) % n);
+      const torch::Tensor index = torch::tensor(rows, torch::kInt64);
+      x = c.dataset_inputs.index_select(0, index).to(torch::kFloat32);
+      y = c.dataset_targets.index_select(0, index);
+      y = c.loss == "cross_entropy" ? y.to(torch::kInt64) : y.to(torch::kFloat32);
+    } else {
+      at::Generator gen = at::detail::createCPUGenerator(c.data_seed + 1 + step);
+      x = torch::randn({c.batch_size, in}, gen, torch::kFloat32);
+      const torch::Tensor logits = torch::matmul(x, teacher);
+      y = c.loss == "cross_entropy" ? logits.argmax(1) : torch::tanh(logits);
+    }
     const auto xs = torch::tensor_split(x, c.microbatches, 0);
     const auto ys = torch::tensor_split(y, c.microbatches, 0);
     opt->zero_grad();
@@ -64,6 +80,31 @@ ReferenceResult TrainReference(const ReferenceConfig& c) {
     result.params[std::to_string(i) + ".bias"] = layers[i]->bias.detach().clone();
   }
   return result;
+}
+
+ReferenceDataset LoadReferenceDataset(const std::string& path) {
+  ReferenceDataset out;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    ADD_FAILURE() << "cannot open " << path;
+    return out;
+  }
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
+                                std::istreambuf_iterator<char>());
+  const c10::IValue value = torch::pickle_load(bytes);
+  if (!value.isGenericDict()) {
+    ADD_FAILURE() << path << " does not hold a dict";
+    return out;
+  }
+  for (const auto& entry : value.toGenericDict()) {
+    const std::string key = entry.key().toStringRef();
+    if (key == "inputs") out.inputs = entry.value().toTensor();
+    if (key == "targets") out.targets = entry.value().toTensor();
+  }
+  if (!out.inputs.defined() || !out.targets.defined()) {
+    ADD_FAILURE() << path << " lacks \"inputs\" or \"targets\"";
+  }
+  return out;
 }
 
 torch::Tensor ReferenceForward(const std::vector<int64_t>& sizes, uint64_t model_seed,

@@ -1,9 +1,10 @@
 // The numerical contract's reference: the same MLP trained in one process without a pipeline,
 // written in plain LibTorch and sharing no code with the worker's model, data or executor.
 // It follows the definitions users rely on (DESIGN.md "Spec" and "Numerical contract";
-// worker/runtime/training_data.h for synthetic data): parameters from torch.manual_seed(seed)
-// and nn.Linear layers built in order; each step's batch split with tensor_split; step loss =
-// mean over microbatches of each microbatch's loss; gradients of that mean.
+// worker/runtime/training_data.h for synthetic and tensors data): parameters from
+// torch.manual_seed(seed) and nn.Linear layers built in order; each step's batch split with
+// tensor_split; step loss = mean over microbatches of each microbatch's loss; gradients of that
+// mean.
 #pragma once
 
 #include <torch/types.h>
@@ -27,7 +28,21 @@ struct ReferenceConfig {
   double lr = 0.01;
   double momentum = 0.0;  // sgd
   double weight_decay = 0.0;
+  // data.kind tensors when both are defined: inputs [N, in] (converted to float32), targets [N]
+  // class indices or [N, out]; step k uses rows (k * batch_size + i) mod N, i < batch_size,
+  // instead of the synthetic data drawn from data_seed.
+  torch::Tensor dataset_inputs;
+  torch::Tensor dataset_targets;
 };
+
+// The "inputs" and "targets" tensors of a file written by torch.save({"inputs": X,
+// "targets": Y}), read with torch::pickle_load; undefined tensors (and a test failure) when the
+// file is missing or holds something else.
+struct ReferenceDataset {
+  torch::Tensor inputs;
+  torch::Tensor targets;
+};
+ReferenceDataset LoadReferenceDataset(const std::string& path);
 
 struct ReferenceResult {
   std::vector<double> losses;                           // one per step

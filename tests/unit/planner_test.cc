@@ -126,6 +126,25 @@ TEST(PlanJob, RefusesDataAndLossAGptCannotUse) {
               HasSubstr("data.kind: 'tokens' data cannot feed a mlp model"));
 }
 
+TEST(PlanJob, PlansAnMlpOnATensorsFile) {
+  // The file lives on the workers' filesystem; the planner only needs its path.
+  auto plan = PlanJob(Parse("data: {kind: tensors, path: /data/train.pt}"));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->stages.size(), 2u);
+
+  spec::JobSpec no_path = Parse("data: {kind: tensors, path: x.pt}");
+  no_path.data.path.clear();
+  auto refused = PlanJob(no_path);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status()));
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("data.path: required for data.kind tensors"));
+  // A GPT still reads tokens only.
+  EXPECT_THAT(
+      std::string(PlanJob(ParseGpt("data: {kind: tensors, path: x.pt}")).status().message()),
+      HasSubstr("data.kind: 'tensors' data cannot feed a gpt model (use data.kind tokens)"));
+}
+
 TEST(PlanJob, RefusesWhatCannotRunNamingTheField) {
   struct Case {
     std::string extra, split, want;

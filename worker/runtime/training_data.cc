@@ -1,6 +1,7 @@
 #include "worker/runtime/training_data.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/serialize.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -10,8 +11,10 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace stagecoach::runtime {
 namespace {
@@ -132,6 +135,161 @@ class TokensSource : public BatchSource {
   bool want_targets_;
 };
 
+// A pickled value's kind and a tensor's dtype as a Python user would name them.
+std::string PythonKind(const c10::IValue& v) {
+  if (v.isList()) return "list";
+  if (v.isGenericDict()) return "dict";
+  if (v.isTuple()) return "tuple";
+  if (v.isInt()) return "int";
+  if (v.isDouble()) return "float";
+  if (v.isBool()) return "bool";
+  if (v.isString()) return "str";
+  if (v.isNone()) return "None";
+  return v.tagKind();
+}
+
+std::string PythonDtype(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat32:
+      return "torch.float32";
+    case torch::kFloat64:
+      return "torch.float64";
+    case torch::kFloat16:
+      return "torch.float16";
+    case torch::kBFloat16:
+      return "torch.bfloat16";
+    case torch::kInt64:
+      return "torch.int64";
+    case torch::kInt32:
+      return "torch.int32";
+    case torch::kInt16:
+      return "torch.int16";
+    case torch::kInt8:
+      return "torch.int8";
+    case torch::kUInt8:
+      return "torch.uint8";
+    case torch::kBool:
+      return "torch.bool";
+    default:
+      return std::string(c10::toString(t));
+  }
+}
+
+// A file written by torch.save({"inputs": X, "targets": Y}), read into memory once.
+class TensorsSource : public BatchSource {
+ public:
+  static absl::StatusOr<std::unique_ptr<BatchSource>> Open(const spec::JobSpec& spec,
+                                                           bool want_inputs, bool want_targets) {
+    const std::string& path = spec.data.path;
+    auto bad = [&](const std::string& problem) {
+      return absl::InvalidArgumentError(absl::StrCat("data.path: '", path, "' ", problem));
+    };
+    std::ifstream in(path, std::ios::binary);
+    if (!in) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data.path: cannot open '", path, "': ", std::strerror(errno)));
+    }
+    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (in.bad()) {
+      return absl::InvalidArgumentError(absl::StrCat("data.path: cannot read '", path, "'"));
+    }
+    c10::IValue value;
+    try {
+      value = torch::pickle_load(bytes);
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      what = what.substr(0, what.find('\n'));
+      return bad(absl::StrCat(
+          "is not a file written by torch.save({\"inputs\": X, \"targets\": Y}): ", what));
+    }
+    if (!value.isGenericDict()) {
+      return bad(absl::StrCat("holds a ", PythonKind(value),
+                              ", not a dict {\"inputs\": X, \"targets\": Y}"));
+    }
+    torch::Tensor x, y;
+    for (const auto& entry : value.toGenericDict()) {
+      if (!entry.key().isString()) continue;
+      const std::string key = entry.key().toStringRef();
+      if (key != "inputs" && key != "targets") continue;
+      if (!entry.value().isTensor()) {
+        return bad(
+            absl::StrCat("\"", key, "\" holds a ", PythonKind(entry.value()), ", not a tensor"));
+      }
+      (key == "inputs" ? x : y) = entry.value().toTensor();
+    }
+    if (!x.defined()) return bad("has no \"inputs\" key");
+    if (!y.defined()) return bad("has no \"targets\" key");
+    auto shape = [](const torch::Tensor& t) {
+      return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]");
+    };
+    auto dtype = [](const torch::Tensor& t) { return PythonDtype(t.scalar_type()); };
+
+    const auto& sizes = spec.model.builtin->sizes;
+    const int64_t in_width = sizes.front();
+    const int64_t out = sizes.back();
+    if (x.dim() != 2 || x.size(1) != in_width) {
+      return bad(absl::StrCat("\"inputs\" has shape ", shape(x), "; it must be [N, ", in_width,
+                              "] (N rows of model.builtin.sizes[0] = ", in_width, " features)"));
+    }
+    if (x.is_complex() || x.scalar_type() == torch::kBool) {
+      return bad(absl::StrCat("\"inputs\" has dtype ", dtype(x), "; it must be real numbers"));
+    }
+    const int64_t n = x.size(0);
+    if (n < 1) return bad("holds no rows (\"inputs\" has N = 0)");
+    if (y.dim() < 1 || y.size(0) != n) {
+      return bad(absl::StrCat("\"inputs\" has ", n, " rows but \"targets\" has shape ", shape(y),
+                              "; both need the same number of rows (dim 0)"));
+    }
+    if (spec.training.loss == "cross_entropy") {
+      if (!c10::isIntegralType(y.scalar_type(), /*includeBool=*/false) || y.dim() != 1) {
+        return bad(absl::StrCat("\"targets\" is ", dtype(y), " ", shape(y),
+                                "; training.loss cross_entropy needs int64 class indices [", n,
+                                "]"));
+      }
+      y = y.to(torch::kInt64);
+      const int64_t lo = y.min().item<int64_t>();
+      const int64_t hi = y.max().item<int64_t>();
+      if (lo < 0 || hi >= out) {
+        return bad(absl::StrCat("\"targets\" holds class ", lo < 0 ? lo : hi, ", outside [0, ", out,
+                                ") (model.builtin.sizes[-1] = ", out, " classes)"));
+      }
+    } else {
+      if (!y.is_floating_point() || y.dim() != 2 || y.size(1) != out) {
+        return bad(absl::StrCat("\"targets\" is ", dtype(y), " ", shape(y), "; training.loss ",
+                                spec.training.loss, " needs floating-point [", n, ", ", out,
+                                "] (model.builtin.sizes[-1] = ", out, ")"));
+      }
+      y = y.to(torch::kFloat32);
+    }
+    x = x.to(torch::kFloat32);
+    return std::unique_ptr<BatchSource>(
+        new TensorsSource(spec, want_inputs ? x.contiguous() : torch::Tensor(),
+                          want_targets ? y.contiguous() : torch::Tensor()));
+  }
+
+  absl::StatusOr<Batch> Make(int64_t step) override {
+    Batch batch;
+    const torch::Tensor& any = inputs_.defined() ? inputs_ : targets_;
+    if (!any.defined()) return batch;
+    const int64_t n = any.size(0);
+    const int64_t rows = spec_.training.batch_size;
+    // Rows (step * rows + i) mod N, computed without overflow.
+    const int64_t start = ((step % n) * (rows % n)) % n;
+    torch::Tensor index = (torch::arange(rows, torch::kInt64) + start).remainder(n);
+    if (inputs_.defined()) batch.inputs = inputs_.index_select(0, index);
+    if (targets_.defined()) batch.targets = targets_.index_select(0, index);
+    return batch;
+  }
+
+ private:
+  TensorsSource(const spec::JobSpec& spec, torch::Tensor inputs, torch::Tensor targets)
+      : spec_(spec), inputs_(std::move(inputs)), targets_(std::move(targets)) {}
+
+  spec::JobSpec spec_;
+  torch::Tensor inputs_;   // float32 [N, in], undefined unless wanted
+  torch::Tensor targets_;  // int64 [N] or float32 [N, out], undefined unless wanted
+};
+
 class EmptySource : public BatchSource {
  public:
   absl::StatusOr<Batch> Make(int64_t) override { return Batch{}; }
@@ -161,6 +319,17 @@ absl::StatusOr<std::unique_ptr<BatchSource>> BatchSource::Open(const spec::JobSp
     }
     if (!want_inputs && !want_targets) return std::unique_ptr<BatchSource>(new EmptySource());
     return TokensSource::Open(spec, want_inputs, want_targets);
+  }
+  if (spec.data.kind == "tensors") {
+    if (family != "mlp") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data.kind: tensors data needs a built-in mlp model (model is ", family, ")"));
+    }
+    if (spec.data.path.empty()) {
+      return absl::InvalidArgumentError("data.path: required for data.kind tensors");
+    }
+    if (!want_inputs && !want_targets) return std::unique_ptr<BatchSource>(new EmptySource());
+    return TensorsSource::Open(spec, want_inputs, want_targets);
   }
   return absl::InvalidArgumentError(
       absl::StrCat("data.kind: '", spec.data.kind, "' is not supported by this worker yet"));

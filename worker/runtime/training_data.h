@@ -15,6 +15,13 @@
 //   inputs   tokens[start : start + T]        int64 [batch_size, T]
 //   targets  tokens[start + 1 : start + T + 1] int64 [batch_size, T]
 // The file is read once, when the source is opened.
+//
+// data.kind: tensors, for a built-in MLP with sizes [in, ..., out] — data.path is a file written
+// by torch.save({"inputs": X, "targets": Y}) (PyTorch's zip format), read once when the source
+// is opened: X is [N, in] of any real dtype (converted to float32), N >= 1; Y has N rows too:
+//   cross_entropy  integer class indices [N] in [0, out)  (converted to int64)
+//   mse            floating point [N, out]                (converted to float32)
+// Step k's batch is rows (k * batch_size + i) mod N for i in [0, batch_size), wrapping around.
 #pragma once
 
 #include <torch/types.h>
@@ -41,8 +48,10 @@ class BatchSource {
   // Opens the stream of `spec` for a rank that needs inputs (owns the first stage) and/or
   // targets (owns the last). A rank needing neither gets a source that reads nothing and
   // returns empty batches. INVALID_ARGUMENT naming the field for a data kind or model it cannot
-  // serve, or a bad tokens file (unreadable, odd byte count, shorter than seq + 1 tokens, a
-  // token >= vocab).
+  // serve, a bad tokens file (unreadable, odd byte count, shorter than seq + 1 tokens, a
+  // token >= vocab) or a bad tensors file (unreadable, not a torch.save'd dict, a missing
+  // "inputs"/"targets" key or a non-tensor under it, no rows, row counts that differ, inputs
+  // not [N, sizes[0]], targets that do not fit training.loss).
   static absl::StatusOr<std::unique_ptr<BatchSource>> Open(const spec::JobSpec& spec,
                                                            bool want_inputs, bool want_targets);
 

@@ -1,13 +1,21 @@
 // Fakes for coordinator unit tests: a WorkerClient that records calls and fails on demand.
 #pragma once
 
+#include <functional>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/util/clock.h"
+#include "coordinator/job_manager.h"
+#include "coordinator/kv_store.h"
 #include "coordinator/worker_client.h"
+#include "gtest/gtest.h"
 
 namespace stagecoach::coordinator {
 
@@ -52,6 +60,45 @@ class FakeWorkerClient : public WorkerClient {
   std::set<std::string> unreachable_;
   std::map<std::string, std::vector<v1::TaskAssignment>> started_;
   std::map<std::string, std::vector<std::string>> stopped_;
+};
+
+// Polls `cond` (the manager works on background threads) until it holds or `timeout` passes.
+inline bool Eventually(const std::function<bool()>& cond,
+                       absl::Duration timeout = absl::Seconds(2)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (cond()) return true;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  return cond();
+}
+
+// A JobManager over a fake clock, fake workers and a real KV store, with CPU workers that
+// register at 10.0.0.N:7000.
+class JobManagerFixture : public ::testing::Test {
+ protected:
+  JobManagerFixture() {
+    JobManagerOptions options;
+    options.lease = absl::Seconds(5);
+    options.heartbeat_interval = absl::Seconds(1);
+    manager_ = std::make_unique<JobManager>(options, JobManagerDeps{&clock_, &workers_, &kv_});
+  }
+
+  std::string Register(int n) {
+    v1::RegisterWorkerRequest req;
+    req.set_name(absl::StrCat("worker", n));
+    req.set_address(Address(n));
+    req.set_device("cpu");
+    auto resp = manager_->RegisterWorker(req);
+    EXPECT_TRUE(resp.ok()) << resp.status();
+    return resp->worker_id();
+  }
+  static std::string Address(int n) { return absl::StrCat("10.0.0.", n, ":7000"); }
+
+  FakeClock clock_;
+  FakeWorkerClient workers_;
+  KvStore kv_;
+  std::unique_ptr<JobManager> manager_;
 };
 
 }  // namespace stagecoach::coordinator

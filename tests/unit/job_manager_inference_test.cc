@@ -38,37 +38,14 @@ v1::TensorData Floats(int64_t rows, int64_t cols) {
   return t;
 }
 
-bool Eventually(const std::function<bool()>& cond) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(5);
-  while (absl::Now() < deadline) {
-    if (cond()) return true;
-    absl::SleepFor(absl::Milliseconds(2));
-  }
-  return cond();
-}
+// Infer runs on its own thread: allow it more time than the other manager tests.
+constexpr absl::Duration kPoll = absl::Seconds(5);
 
-class JobManagerInferenceTest : public ::testing::Test {
+class JobManagerInferenceTest : public JobManagerFixture {
  protected:
-  JobManagerInferenceTest() {
-    JobManagerOptions options;
-    options.lease = absl::Seconds(5);
-    options.heartbeat_interval = absl::Seconds(1);
-    manager_ = std::make_unique<JobManager>(options, JobManagerDeps{&clock_, &workers_, &kv_});
-  }
   ~JobManagerInferenceTest() override {
     if (call_.joinable()) call_.join();
   }
-
-  std::string Register(int n) {
-    v1::RegisterWorkerRequest req;
-    req.set_name(absl::StrCat("worker", n));
-    req.set_address(Address(n));
-    req.set_device("cpu");
-    auto resp = manager_->RegisterWorker(req);
-    EXPECT_TRUE(resp.ok()) << resp.status();
-    return resp->worker_id();
-  }
-  static std::string Address(int n) { return absl::StrCat("10.0.0.", n, ":7000"); }
 
   // Calls Infer on a thread (it blocks until the job ends); Result() joins it.
   void StartInfer(std::string spec, v1::TensorData inputs, absl::Duration timeout,
@@ -113,11 +90,6 @@ class JobManagerInferenceTest : public ::testing::Test {
     if (outputs != nullptr) *r.mutable_inference_outputs() = *outputs;
     return manager_->ReportTaskEnd(r);
   }
-
-  FakeClock clock_;
-  FakeWorkerClient workers_;
-  KvStore kv_;
-  std::unique_ptr<JobManager> manager_;
   std::thread call_;
   absl::StatusOr<InferenceResult> result_ = absl::UnknownError("not called");
 };
@@ -125,9 +97,11 @@ class JobManagerInferenceTest : public ::testing::Test {
 TEST_F(JobManagerInferenceTest, TheBatchGoesToStageZeroAndTheLastStagesOutputsComeBack) {
   const std::string w1 = Register(1), w2 = Register(2);
   StartInfer(Spec(2), Floats(10, 4), absl::Seconds(30));
-  ASSERT_TRUE(Eventually([&] {
-    return !workers_.Started(Address(1)).empty() && !workers_.Started(Address(2)).empty();
-  }));
+  ASSERT_TRUE(Eventually(
+      [&] {
+        return !workers_.Started(Address(1)).empty() && !workers_.Started(Address(2)).empty();
+      },
+      kPoll));
   const std::string id = OnlyJob();
   const v1::TaskAssignment t0 = workers_.Started(Address(1))[0];
   const v1::TaskAssignment t1 = workers_.Started(Address(2))[0];
@@ -148,7 +122,7 @@ TEST_F(JobManagerInferenceTest, TheBatchGoesToStageZeroAndTheLastStagesOutputsCo
   EXPECT_EQ(spec->training.steps, 1);
   EXPECT_EQ(spec->training.checkpoint.dir, "");
 
-  ASSERT_TRUE(Eventually([&] { return Job(id).state() == v1::JOB_STATE_RUNNING; }));
+  ASSERT_TRUE(Eventually([&] { return Job(id).state() == v1::JOB_STATE_RUNNING; }, kPoll));
   ASSERT_TRUE(Step(id, w1, 0, 0, 0.25).ok());
   ASSERT_TRUE(Step(id, w2, 1, 0, 0.5).ok()) << "forward-only steps report no losses";
   EXPECT_EQ(Job(id).steps_done(), 1);
@@ -209,7 +183,7 @@ TEST_F(JobManagerInferenceTest, AJobThatDoesNotEndInTimeIsCancelled) {
 TEST_F(JobManagerInferenceTest, ACallerThatGoesAwayCancelsTheJob) {
   std::atomic<bool> gone{false};
   StartInfer(Spec(2), Floats(8, 4), absl::Seconds(30), [&] { return gone.load(); });
-  ASSERT_TRUE(Eventually([&] { return manager_->ListJobs().size() == 1; }));
+  ASSERT_TRUE(Eventually([&] { return manager_->ListJobs().size() == 1; }, kPoll));
   gone = true;
   auto result = Result();
   EXPECT_TRUE(absl::IsCancelled(result.status())) << result.status();
@@ -219,9 +193,9 @@ TEST_F(JobManagerInferenceTest, ACallerThatGoesAwayCancelsTheJob) {
 TEST_F(JobManagerInferenceTest, AFailedJobIsTheCallsErrorWithItsReason) {
   const std::string w1 = Register(1), w2 = Register(2);
   StartInfer(Spec(2), Floats(8, 4), absl::Seconds(30));
-  ASSERT_TRUE(Eventually([&] { return manager_->ListJobs().size() == 1; }));
+  ASSERT_TRUE(Eventually([&] { return manager_->ListJobs().size() == 1; }, kPoll));
   const std::string id = OnlyJob();
-  ASSERT_TRUE(Eventually([&] { return Job(id).state() == v1::JOB_STATE_RUNNING; }));
+  ASSERT_TRUE(Eventually([&] { return Job(id).state() == v1::JOB_STATE_RUNNING; }, kPoll));
   ASSERT_TRUE(End(id, w1, 0, v1::TASK_OUTCOME_FAILED, nullptr,
                   "rank 0, action 0F0: stage 0 microbatch 0: expected [2, 4], got [2, 3]")
                   .ok());
@@ -234,9 +208,9 @@ TEST_F(JobManagerInferenceTest, AFailedJobIsTheCallsErrorWithItsReason) {
 TEST_F(JobManagerInferenceTest, OutputsWithoutARowPerInputRowFailTheJob) {
   const std::string w1 = Register(1), w2 = Register(2);
   StartInfer(Spec(2), Floats(8, 4), absl::Seconds(30));
-  ASSERT_TRUE(Eventually([&] { return manager_->ListJobs().size() == 1; }));
+  ASSERT_TRUE(Eventually([&] { return manager_->ListJobs().size() == 1; }, kPoll));
   const std::string id = OnlyJob();
-  ASSERT_TRUE(Eventually([&] { return Job(id).state() == v1::JOB_STATE_RUNNING; }));
+  ASSERT_TRUE(Eventually([&] { return Job(id).state() == v1::JOB_STATE_RUNNING; }, kPoll));
   const v1::TensorData outputs = Floats(6, 2);
   ASSERT_TRUE(End(id, w2, 1, v1::TASK_OUTCOME_SUCCEEDED, &outputs).ok());
   auto result = Result();
@@ -252,7 +226,7 @@ TEST_F(JobManagerInferenceTest, TrainingStepsCarryEveryRanksBubbleRatio) {
       "schedule: {kind: GPipe, microbatches: 2}\ntraining: {batch_size: 4, steps: 2}\n",
       "t.yaml");
   ASSERT_TRUE(id.ok()) << id.status();
-  ASSERT_TRUE(Eventually([&] { return Job(*id).state() == v1::JOB_STATE_RUNNING; }));
+  ASSERT_TRUE(Eventually([&] { return Job(*id).state() == v1::JOB_STATE_RUNNING; }, kPoll));
   v1::ReportStepRequest r;
   r.set_worker_id(w2);
   r.set_job_id(*id);

@@ -21,36 +21,8 @@ std::string Spec(int stages, const std::string& schedule = "GPipe", int steps = 
                       ", microbatches: 4}\n", "training: {batch_size: 8, steps: ", steps, "}\n");
 }
 
-// Polls `cond` (the manager works on background threads) for up to two seconds.
-bool Eventually(const std::function<bool()>& cond) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(2);
-  while (absl::Now() < deadline) {
-    if (cond()) return true;
-    absl::SleepFor(absl::Milliseconds(2));
-  }
-  return cond();
-}
-
-class JobManagerTest : public ::testing::Test {
+class JobManagerTest : public JobManagerFixture {
  protected:
-  JobManagerTest() {
-    JobManagerOptions options;
-    options.lease = absl::Seconds(5);
-    options.heartbeat_interval = absl::Seconds(1);
-    manager_ = std::make_unique<JobManager>(options, JobManagerDeps{&clock_, &workers_, &kv_});
-  }
-
-  std::string Register(int n) {
-    v1::RegisterWorkerRequest req;
-    req.set_name(absl::StrCat("worker", n));
-    req.set_address(Address(n));
-    req.set_device("cpu");
-    auto resp = manager_->RegisterWorker(req);
-    EXPECT_TRUE(resp.ok()) << resp.status();
-    return resp->worker_id();
-  }
-  static std::string Address(int n) { return absl::StrCat("10.0.0.", n, ":7000"); }
-
   v1::Job Job(const std::string& id) {
     auto job = manager_->GetJob(id);
     EXPECT_TRUE(job.ok()) << job.status();
@@ -88,11 +60,6 @@ class JobManagerTest : public ::testing::Test {
     r.set_error(error);
     return manager_->ReportTaskEnd(r);
   }
-
-  FakeClock clock_;
-  FakeWorkerClient workers_;
-  KvStore kv_;
-  std::unique_ptr<JobManager> manager_;
 };
 
 TEST_F(JobManagerTest, JobWaitsVisiblyUntilEnoughWorkersThenStartsEveryRank) {

@@ -40,11 +40,7 @@ struct Case {
 
 std::string SpecYaml(const Case& c, const std::string& ckpt_dir) {
   const ReferenceConfig& r = c.ref;
-  std::string optimizer =
-      r.optimizer == "sgd"
-          ? absl::StrFormat("{kind: sgd, lr: %g, momentum: %g, weight_decay: %g}", r.lr, r.momentum,
-                            r.weight_decay)
-          : absl::StrFormat("{kind: adamw, lr: %g, weight_decay: %g}", r.lr, r.weight_decay);
+  const std::string optimizer = OptimizerYaml(r);
   return absl::StrCat("name: ", c.name, "\n",  //
                       "model:\n  builtin: {family: mlp, sizes: [", absl::StrJoin(r.sizes, ", "),
                       "], seed: ", r.model_seed, "}\n",     //
@@ -56,7 +52,6 @@ std::string SpecYaml(const Case& c, const std::string& ckpt_dir) {
                       "\n  checkpoint: {dir: ", ckpt_dir, "}\n",  //
                       "data: {kind: synthetic, seed: ", r.data_seed, "}\n");
 }
-
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 

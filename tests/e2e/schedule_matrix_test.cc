@@ -59,11 +59,7 @@ ReferenceConfig Reference(const Variant& v) {
 
 std::string SpecYaml(const std::string& kind, const Variant& v, const std::string& ckpt_dir) {
   const ReferenceConfig r = Reference(v);
-  const std::string optimizer =
-      v.optimizer == "sgd"
-          ? absl::StrFormat("{kind: sgd, lr: %g, momentum: %g, weight_decay: %g}", r.lr, r.momentum,
-                            r.weight_decay)
-          : absl::StrFormat("{kind: adamw, lr: %g, weight_decay: %g}", r.lr, r.weight_decay);
+  const std::string optimizer = OptimizerYaml(r);
   return absl::StrCat(
       "name: ", v.name, "\n", "model:\n  builtin: {family: mlp, sizes: [",
       absl::StrJoin(r.sizes, ", "), "], seed: ", r.model_seed, "}\n",
@@ -92,7 +88,6 @@ std::vector<Variant> Variants(schedule::ScheduleKind kind) {
   return out;
 }
 
-
 // Checks one finished job against the reference.
 void CheckJob(const v1::Job& job, const Variant& v, const std::string& ckpt) {
   SCOPED_TRACE(v.name);
@@ -114,8 +109,7 @@ void CheckJob(const v1::Job& job, const Variant& v, const std::string& ckpt) {
   std::map<std::string, torch::Tensor> all;
   std::vector<int> first_layer(stages, 1 << 20), last_layer(stages, -1);
   for (int s = 0; s < stages; ++s) {
-    for (auto& [name, tensor] :
-         LoadStageFile(StageFilePath(ckpt, kSteps, s))) {
+    for (auto& [name, tensor] : LoadStageFile(StageFilePath(ckpt, kSteps, s))) {
       EXPECT_EQ(all.count(name), 0u) << name << " is in two stages";
       first_layer[s] = std::min(first_layer[s], LayerOf(name));
       last_layer[s] = std::max(last_layer[s], LayerOf(name));

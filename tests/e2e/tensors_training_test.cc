@@ -57,11 +57,7 @@ bool PythonHasTorch() {
 
 std::string SpecYaml(const Case& c, const std::string& data, const std::string& ckpt_dir) {
   const ReferenceConfig& r = c.ref;
-  const std::string optimizer =
-      r.optimizer == "sgd"
-          ? absl::StrFormat("{kind: sgd, lr: %g, momentum: %g, weight_decay: %g}", r.lr, r.momentum,
-                            r.weight_decay)
-          : absl::StrFormat("{kind: adamw, lr: %g, weight_decay: %g}", r.lr, r.weight_decay);
+  const std::string optimizer = OptimizerYaml(r);
   return absl::StrCat("name: ", c.name, "\n",  //
                       "model:\n  builtin: {family: mlp, sizes: [", absl::StrJoin(r.sizes, ", "),
                       "], seed: ", r.model_seed, "}\n",     //

@@ -9,6 +9,8 @@
 #include <fstream>
 #include <iterator>
 
+#include "absl/strings/str_format.h"
+
 namespace stagecoach::testing {
 
 ReferenceResult TrainReference(const ReferenceConfig& c) {
@@ -121,6 +123,14 @@ torch::Tensor ReferenceForward(const std::vector<int64_t>& sizes, uint64_t model
     if (i + 1 < layers.size()) h = torch::relu(h);
   }
   return h;
+}
+
+std::string OptimizerYaml(const ReferenceConfig& config) {
+  if (config.optimizer == "sgd") {
+    return absl::StrFormat("{kind: sgd, lr: %g, momentum: %g, weight_decay: %g}", config.lr,
+                           config.momentum, config.weight_decay);
+  }
+  return absl::StrFormat("{kind: adamw, lr: %g, weight_decay: %g}", config.lr, config.weight_decay);
 }
 
 }  // namespace stagecoach::testing

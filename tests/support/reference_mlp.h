@@ -52,6 +52,10 @@ struct ReferenceResult {
 
 ReferenceResult TrainReference(const ReferenceConfig& config);
 
+// The job spec's `training.optimizer` flow map for `config` (sgd with lr, momentum and
+// weight_decay; adamw with lr and weight_decay), so a test's spec and its reference agree.
+std::string OptimizerYaml(const ReferenceConfig& config);
+
 // The model's output for `inputs` (float32, [rows, sizes[0]]) in one process without a
 // pipeline or microbatches: nn.Linear layers built in order after torch.manual_seed(model_seed),
 // ReLU between them.

@@ -10,7 +10,7 @@ STAGECOACH_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
   libtorch-dev libopenblas0-openmp python3-torch
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev libyaml-cpp-dev libgloo-dev libspdlog-dev libcli11-dev nlohmann-json3-dev
+  libabsl-dev libssl-dev libyaml-cpp-dev libgloo-dev libspdlog-dev libcli11-dev nlohmann-json3-dev
   prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
 )
 

@@ -176,10 +176,10 @@ class GptStage : public StageModel {
   explicit GptStage(std::vector<std::pair<std::string, std::shared_ptr<GptLayer>>> layers)
       : layers_(std::move(layers)) {}
 
-  torch::Tensor Forward(const torch::Tensor& input) override {
-    torch::Tensor x = input;
+  std::vector<torch::Tensor> ForwardValues(const std::vector<torch::Tensor>& inputs) override {
+    torch::Tensor x = inputs.at(0);
     for (auto& [name, layer] : layers_) x = layer->forward(x);
-    return x;
+    return {x};
   }
 
   std::vector<std::pair<std::string, torch::Tensor>> NamedParameters() override {

@@ -11,11 +11,6 @@
 
 namespace stagecoach::model {
 
-std::mutex& SeedMutex() {
-  static std::mutex* mu = new std::mutex();
-  return *mu;
-}
-
 namespace {
 
 class MlpStage : public StageModel {
@@ -23,13 +18,13 @@ class MlpStage : public StageModel {
   MlpStage(std::vector<std::pair<int, torch::nn::Linear>> layers, int last_layer)
       : layers_(std::move(layers)), last_layer_(last_layer) {}
 
-  torch::Tensor Forward(const torch::Tensor& input) override {
-    torch::Tensor x = input;
+  std::vector<torch::Tensor> ForwardValues(const std::vector<torch::Tensor>& inputs) override {
+    torch::Tensor x = inputs.at(0);
     for (auto& [index, linear] : layers_) {
       x = linear->forward(x);
       if (index != last_layer_) x = torch::relu(x);
     }
-    return x;
+    return {x};
   }
 
   std::vector<std::pair<std::string, torch::Tensor>> NamedParameters() override {

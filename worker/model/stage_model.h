@@ -1,4 +1,12 @@
-// One pipeline stage's part of a model: the layers it owns and how to run them forward.
+// One pipeline stage's part of a model: the layers it owns and how to run them forward, and the
+// wiring of a pipeline's stages: which values cross from which stage to which.
+//
+// A stage takes a list of input values and produces a list of output values. In a plain chain
+// (built-in models, sequential TorchScript models) every stage has one input, the previous
+// stage's only output. A model whose forward is not a chain (a skip connection) is cut into
+// stages with several inputs and outputs: a value a later, non-adjacent stage uses goes straight
+// from the stage that produces it to the stage that consumes it. The last stage's output 0 is
+// the model's output (what the loss takes).
 #pragma once
 
 #include <torch/nn/module.h>
@@ -16,13 +24,53 @@ namespace stagecoach::model {
 // then drawing every layer's initial values) holds this lock so that builds do not interleave.
 std::mutex& SeedMutex();
 
+// Where one input of a stage comes from: output `index` of stage `stage`. Stage -1 is the
+// pipeline's input (the microbatch of the batch's inputs); only stage 0 reads it.
+struct ValueSource {
+  int stage = -1;
+  int index = 0;
+  friend bool operator==(const ValueSource& a, const ValueSource& b) {
+    return a.stage == b.stage && a.index == b.index;
+  }
+};
+
+// The values one stage takes and produces.
+struct StageWiring {
+  // inputs[i]: where the stage's input i comes from; every source is an earlier stage (or -1
+  // for stage 0).
+  std::vector<ValueSource> inputs;
+  // Number of outputs; each is consumed by at least one later stage (the last stage: exactly
+  // one output, the model's output).
+  int num_outputs = 1;
+};
+
+// The wiring of every stage of a pipeline, indexed by stage.
+using PipelineWiring = std::vector<StageWiring>;
+
+// A chain: stage 0 takes the pipeline's input, stage s > 0 takes stage s-1's output 0, every
+// stage has one output.
+PipelineWiring ChainWiring(int num_stages);
+
+// Whether `wiring` is a chain (ChainWiring of its size).
+bool IsChain(const PipelineWiring& wiring);
+
+// A consumer of one output value: input `input` of stage `stage`.
+struct ValueConsumer {
+  int stage = 0;
+  int input = 0;
+};
+
+// Who consumes output `index` of stage `stage`, in (stage, input) order.
+std::vector<ValueConsumer> ConsumersOf(const PipelineWiring& wiring, int stage, int index);
+
 // A stage's layers. Not thread-safe; a stage is run by one thread at a time.
 class StageModel {
  public:
   virtual ~StageModel() = default;
 
-  // Runs the stage on one microbatch. Autograd records the graph when grad mode is on.
-  virtual torch::Tensor Forward(const torch::Tensor& input) = 0;
+  // Runs the stage on one microbatch: `inputs` in the order of the stage's wiring inputs; returns
+  // its outputs in order. Autograd records the graph when grad mode is on.
+  virtual std::vector<torch::Tensor> ForwardValues(const std::vector<torch::Tensor>& inputs) = 0;
 
   // The stage's parameters with their names in the whole model (e.g. "3.weight"), in a
   // stable order.
@@ -31,10 +79,20 @@ class StageModel {
   // Moves the stage's parameters to `device`; call before handing them to an optimizer.
   virtual void To(const torch::Device& device) = 0;
 
+  // A stage of a chain: one input, one output.
+  torch::Tensor Forward(const torch::Tensor& input);
+
   std::vector<torch::Tensor> Parameters() {
     std::vector<torch::Tensor> out;
     for (auto& [name, p] : NamedParameters()) out.push_back(p);
     return out;
+  }
+
+  // Parameter elements the stage holds.
+  int64_t ParameterCount() {
+    int64_t n = 0;
+    for (auto& [name, p] : NamedParameters()) n += p.numel();
+    return n;
   }
 };
 

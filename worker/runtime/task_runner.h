@@ -58,6 +58,11 @@ struct TransportRequest {
 using TransportFactory = std::function<absl::StatusOr<std::unique_ptr<transport::Transport>>(
     const TransportRequest& request, transport::RendezvousStore* store)>;
 
+// Turns a file reference of a spec (model.torchscript, data.path) into a path on this worker:
+// "artifact:<id>" is fetched from the coordinator's artifact store (and cached); anything else
+// is a path on the worker's filesystem and is returned as is. Errors name the reference.
+using FileResolver = std::function<absl::StatusOr<std::string>(const std::string& ref)>;
+
 struct TaskRunnerDeps {
   std::string worker_id;
   TaskReporter* reporter = nullptr;             // required
@@ -66,6 +71,8 @@ struct TaskRunnerDeps {
   // The worker's device as runtime::CheckDevice canonicalised it: "cpu" or "cuda:N". Jobs with
   // placement.device cuda run on it; cpu jobs run on the CPU whatever it is.
   std::string device = "cpu";
+  // Resolves model.torchscript and data.path; when unset, references are used as paths.
+  FileResolver resolve_file;
 };
 
 class TaskRunner {

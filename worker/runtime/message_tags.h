@@ -3,7 +3,9 @@
 // set-up in the task runner needs it too.
 //
 // A tag is [payload:8][edge:28][microbatch:28]; edge e is the boundary between stages e and
-// e+1, so both sides of a message name the same tag. The link of a tag is its top 36 bits
+// e+1, so both sides of a message name the same tag. A skip connection (values stage p sends
+// straight to a later, non-adjacent stage c) has an edge of its own: bit 27 set, then p and c
+// (13 bits each; PairEdge). The link of a tag is its top 36 bits
 // (payload and edge): a transport that orders transfers per link (NCCL: one communicator per
 // link) keeps each boundary's activations, gradients and shape messages apart, so that the
 // order microbatches cross one link is the only order both sides must agree on.
@@ -25,27 +27,44 @@ inline uint64_t MessageTag(Payload payload, int edge, int microbatch) {
 
 inline uint64_t LinkOf(uint64_t tag) { return tag >> kLinkShift; }
 
+// The edge of the values stage `producer` sends to stage `consumer` (> producer).
+inline int PairEdge(int producer, int consumer) {
+  if (consumer == producer + 1) return producer;
+  return (1 << 27) | (producer << 13) | consumer;
+}
+
+// A producer -> consumer pair of stages that are not adjacent (a skip connection).
+struct SkipPair {
+  int producer = 0;
+  int consumer = 0;
+};
+
 struct Link {
   uint64_t link = 0;  // LinkOf of its tags
   int peer = 0;       // the other rank
 };
 
 // The links `rank` sends or receives on, given every stage's rank, in one order all ranks
-// agree on (by edge, then payload): for each boundary between stages on different ranks, its
+// agree on (adjacent boundaries by edge, then the skip pairs in the order given; by payload
+// within each): for each boundary or skip pair between stages on different ranks, its
 // activations, gradients (unless forward-only) and shape messages.
 inline std::vector<Link> LinksOfRank(const std::vector<int>& stage_to_rank, int rank,
-                                     bool forward_only) {
+                                     bool forward_only, const std::vector<SkipPair>& skips = {}) {
   std::vector<Link> out;
-  for (size_t e = 0; e + 1 < stage_to_rank.size(); ++e) {
-    const int from = stage_to_rank[e];
-    const int to = stage_to_rank[e + 1];
-    if (from == to || (from != rank && to != rank)) continue;
+  auto add = [&](int producer, int consumer) {
+    const int from = stage_to_rank[producer];
+    const int to = stage_to_rank[consumer];
+    if (from == to || (from != rank && to != rank)) return;
     const int peer = from == rank ? to : from;
     for (Payload p : {Payload::kActivation, Payload::kGradient, Payload::kShapes}) {
       if (forward_only && p == Payload::kGradient) continue;
-      out.push_back(Link{LinkOf(MessageTag(p, static_cast<int>(e), 0)), peer});
+      out.push_back(Link{LinkOf(MessageTag(p, PairEdge(producer, consumer), 0)), peer});
     }
+  };
+  for (size_t e = 0; e + 1 < stage_to_rank.size(); ++e) {
+    add(static_cast<int>(e), static_cast<int>(e) + 1);
   }
+  for (const SkipPair& skip : skips) add(skip.producer, skip.consumer);
   return out;
 }
 

@@ -1,21 +1,30 @@
 // Executes one rank's lowered action list (the schedule IR) for one training step: forward and
 // backward of the rank's stages on each microbatch, with activations and gradients exchanged
-// with the other ranks over a Transport, or handed over in memory when the neighbouring stage
-// is on this rank.
+// with the other ranks over a Transport, or handed over in memory when the producing or
+// consuming stage is on this rank.
+//
+// Stages exchange values as their wiring says (model::PipelineWiring; a chain by default): a
+// value goes from the stage that produces it straight to every stage that consumes it, also to
+// a non-adjacent one (a skip connection), and its gradient comes back the same way. In the IR a
+// stage's SEND_F/RECV_F (and SEND_B/RECV_B) cover all of its producer->consumer pairs; when a
+// stage's neighbour is on this rank the IR has no such action for it, and the stage's transfers
+// with other ranks are posted by its F or B instead.
 //
 // Semantics per action (PyTorch's runtime, see DESIGN.md "Schedule IR"):
-//   RECV_F s,m  posts the receive of stage s's input for microbatch m (from the rank of s-1)
-//   F s,m       runs stage s on microbatch m; waits for its posted receive just before use; on
+//   RECV_F s,m  posts the receives of stage s's inputs for microbatch m from other ranks
+//   F s,m       runs stage s on microbatch m; waits for its posted receives just before use; on
 //               the last stage computes the microbatch's loss
-//   SEND_F s,m  sends stage s's output of microbatch m to the rank of s+1 (asynchronously)
-//   RECV_B s,m  posts the receive of the gradient of stage s's output (from the rank of s+1)
+//   SEND_F s,m  sends stage s's outputs of microbatch m to their consumers on other ranks
+//               (asynchronously)
+//   RECV_B s,m  posts the receives of the gradients of stage s's outputs from other ranks
 //   B s,m       backward of stage s for microbatch m (from the loss on the last stage,
-//               otherwise from the received or handed-over output gradient)
+//               otherwise from the received or handed-over output gradients, summed over each
+//               output's consumers)
 //   I s,m       the input-gradient part of B only (split_backward.h); keeps what W needs
 //   W s,m       the weight-gradient part of B, from what I kept, then frees the graph
 //   (F;B)OVERLAP_F_B  its sub-actions in order; the F's output is sent as soon as it exists,
 //               so that transfer overlaps the B (its SEND_F action then finds it posted)
-//   SEND_B s,m  sends the gradient of stage s's input to the rank of s-1
+//   SEND_B s,m  sends the gradients of stage s's inputs to their producers on other ranks
 //   REDUCE_GRAD s  the stage's gradients are complete: divides them by the number of
 //               microbatches (the step loss is the mean of the microbatch losses), unless
 //               scale_grads is off
@@ -23,9 +32,11 @@
 // Sends are waited for at the end of the step. Every wait is bounded by comm_timeout and its
 // error names the rank, action, peer, stage and microbatch.
 //
-// Shapes: AgreeShapes runs once before the first step. Each stage infers its output shape per
-// microbatch from its input shape and tells the rank of the next stage, so every receive
-// buffer has its exact shape and dtype; every message is checked against them.
+// Shapes: AgreeShapes runs once before the first step. Each stage infers its outputs' shapes
+// per microbatch from its inputs' and tells the ranks of their consumers, with whether each
+// value carries a gradient back (it requires grad); so every receive buffer has its exact shape
+// and dtype, every message is checked against them, and only differentiable values have
+// gradient messages.
 #pragma once
 
 #include <torch/types.h>
@@ -62,12 +73,17 @@ struct ExecutorOptions {
   // Where the stages' parameters live. CUDA activations cross a host-memory transport (Gloo)
   // through host copies, and a device-memory transport (NCCL) directly.
   torch::Device device = torch::kCPU;
+  // Which values cross from which stage to which; empty means a chain of num_stages stages.
+  model::PipelineWiring wiring;
 };
 
 // Shape and dtype of one tensor crossing a stage boundary.
 struct TensorMeta {
   std::vector<int64_t> shape;
   torch::ScalarType dtype = torch::kFloat32;
+  // Whether the value requires grad where it is produced, so its gradient is sent back (set by
+  // AgreeShapes; not part of ==).
+  bool requires_grad = false;
 
   std::string ToString() const;
   friend bool operator==(const TensorMeta& a, const TensorMeta& b) {
@@ -102,18 +118,22 @@ struct StepResult {
   // Share of `duration` this rank did no compute work (F, I, W, B, OVERLAP_F_B, minus their
   // waits): 1 - busy / duration.
   double bubble_ratio = 0.0;
+  // Payload bytes this rank posted to send to, and received from, each peer rank in the step.
+  std::map<int, int64_t> bytes_sent_to;
+  std::map<int, int64_t> bytes_received_from;
 };
 
 // Not thread-safe: one step at a time. The transport and the stage models must outlive it.
 class PipelineExecutor {
  public:
+  // `options.wiring`, when given, must have num_stages entries whose sources are earlier stages.
   PipelineExecutor(ExecutorOptions options, transport::Transport* transport,
                    std::map<int, model::StageModel*> stages);
   ~PipelineExecutor();
 
   // Agrees every boundary's shapes with the other ranks (see the file comment).
   // `first_stage_inputs` are the input shapes of stage 0 per microbatch; only the rank that
-  // owns stage 0 uses them.
+  // owns stage 0 uses them. Also checks the wiring against the stages (their output counts).
   absl::Status AgreeShapes(const std::vector<TensorMeta>& first_stage_inputs);
 
   // Runs `actions` for one step. `inputs` (stage 0's microbatches) are needed when this rank
@@ -125,37 +145,67 @@ class PipelineExecutor {
 
  private:
   struct StepState;
+  // One value crossing from a producer stage to a consumer stage (a wiring input of stage >= 1).
+  struct ValueEdge {
+    int producer = 0;
+    int output = 0;  // index among the producer's outputs
+    int consumer = 0;
+    int input = 0;  // index among the consumer's inputs
+  };
 
   absl::Status Execute(const schedule::Action& action, StepState& state);
   absl::Status Forward(int stage, int microbatch, const std::string& where, StepState& state);
   // B (split = false) or I (split = true).
   absl::Status Backward(int stage, int microbatch, bool split, const std::string& where,
                         StepState& state);
-  absl::Status SendActivation(int stage, int microbatch, const std::string& where,
-                              StepState& state);
-  absl::Status SendGradient(int stage, int microbatch, const std::string& where,
-                            StepState& state);
+  // Posts the receives of stage s's inputs (activations) or of its outputs' gradients from other
+  // ranks that are not posted yet.
+  absl::Status PostActivationRecvs(int stage, int microbatch, const std::string& where,
+                                   StepState& state);
+  absl::Status PostGradientRecvs(int stage, int microbatch, const std::string& where,
+                                 StepState& state);
+  // Sends stage s's outputs to their consumers on other ranks / its input gradients to their
+  // producers on other ranks.
+  absl::Status SendActivations(int stage, int microbatch, const std::string& where,
+                               StepState& state);
+  absl::Status SendGradients(int stage, int microbatch, const std::string& where, StepState& state);
   // Checks `t` against the agreed `meta` and posts its send to `peer`.
   absl::Status PostSend(const torch::Tensor& t, const TensorMeta& meta, int peer, uint64_t tag,
                         const std::string& what, const std::string& where, StepState& state);
-  // Posts a receive of `meta` from `peer` for (stage, microbatch) into `kind`'s pending table.
-  absl::Status PostRecv(bool gradient, int stage, int microbatch, const TensorMeta& meta,
-                        int peer, uint64_t tag, const std::string& where, StepState& state);
-  // Waits for the posted receive of (stage, microbatch); counts the time blocked.
-  absl::StatusOr<torch::Tensor> WaitRecv(bool gradient, int stage, int microbatch,
+  // Posts the receive of edge `edge`'s value (or its gradient) for `microbatch`.
+  absl::Status PostRecv(bool gradient, int edge, int microbatch, const std::string& where,
+                        StepState& state);
+  // Waits for the posted receive of edge `edge` (posting it first if needed); counts the time
+  // blocked.
+  absl::StatusOr<torch::Tensor> WaitRecv(bool gradient, int edge, int microbatch,
                                          const std::string& where, StepState& state);
   // Whether the transport moves device memory itself (NCCL) rather than host memory.
   bool TransportTakesDeviceMemory() const;
   bool Local(int stage) const;
   int RankOf(int stage) const { return options_.stage_to_rank[stage]; }
+  // Whether the lowered list has a SEND_F / RECV_F / SEND_B / RECV_B action for stage s (it
+  // does when the adjacent stage is on another rank).
+  bool HasSendF(int s) const { return s + 1 < options_.num_stages && !Local(s + 1); }
+  bool HasRecvF(int s) const { return s > 0 && !Local(s - 1); }
+  // The agreed meta of edge e's value for a microbatch.
+  const TensorMeta& EdgeMeta(int edge, int microbatch) const;
+  uint64_t EdgeTag(bool gradient, int edge, int microbatch) const;
+  std::string EdgeName(int edge) const;
 
   ExecutorOptions options_;
   transport::Transport* transport_;
   std::map<int, model::StageModel*> stages_;
-  // Agreed shapes: input_meta_[s][m] is what stage s consumes for microbatch m,
-  // output_meta_[s][m] what it produces.
-  std::map<int, std::vector<TensorMeta>> input_meta_;
-  std::map<int, std::vector<TensorMeta>> output_meta_;
+  // Every value edge of the pipeline, ordered by (producer, consumer, consumer input); edges of
+  // one producer -> consumer pair are sent and received in this order.
+  std::vector<ValueEdge> edges_;
+  // edges_into_[s][i]: the edge feeding input i of stage s (-1 for the pipeline's input).
+  std::vector<std::vector<int>> edges_into_;
+  // edges_out_of_[s][k]: the edges carrying output k of stage s.
+  std::vector<std::vector<std::vector<int>>> edges_out_of_;
+  // Agreed metas: input_meta_[s][m][i] is stage s's input i for microbatch m, output_meta_[s][m][k]
+  // its output k.
+  std::map<int, std::vector<std::vector<TensorMeta>>> input_meta_;
+  std::map<int, std::vector<std::vector<TensorMeta>>> output_meta_;
 };
 
 }  // namespace stagecoach::runtime

@@ -15,9 +15,10 @@ using torch::autograd::Edge;
 using torch::autograd::edge_list;
 using torch::autograd::Node;
 
-// Which nodes of the graph under `roots` lie on a path to `target` (the input's node).
+// Which nodes of the graph under `roots` lie on a path to one of `targets` (the inputs' nodes).
 // Iterative depth-first search: stage graphs can be deep.
-std::unordered_map<Node*, bool> NodesReaching(const edge_list& roots, Node* target) {
+std::unordered_map<Node*, bool> NodesReaching(const edge_list& roots,
+                                              const std::unordered_set<Node*>& targets) {
   std::unordered_map<Node*, bool> reaches;
   std::unordered_set<Node*> open;
   std::vector<std::pair<Node*, size_t>> stack;  // node, next edge to look at
@@ -29,7 +30,8 @@ std::unordered_map<Node*, bool> NodesReaching(const edge_list& roots, Node* targ
     while (!stack.empty()) {
       Node* node = stack.back().first;
       const size_t next = stack.back().second;
-      if (node != target && next < node->num_outputs()) {
+      const bool is_target = targets.count(node) > 0;
+      if (!is_target && next < node->num_outputs()) {
         ++stack.back().second;
         Node* child = node->next_edge(next).function.get();
         if (child != nullptr && reaches.count(child) == 0 && open.count(child) == 0) {
@@ -38,7 +40,7 @@ std::unordered_map<Node*, bool> NodesReaching(const edge_list& roots, Node* targ
         }
         continue;
       }
-      bool on_path = node == target;
+      bool on_path = is_target;
       for (const Edge& edge : node->next_edges()) {
         if (edge.function == nullptr) continue;
         auto it = reaches.find(edge.function.get());
@@ -57,6 +59,13 @@ std::unordered_map<Node*, bool> NodesReaching(const edge_list& roots, Node* targ
 torch::Tensor SplitBackward::BackwardInput(const std::vector<torch::Tensor>& outputs,
                                            const std::vector<torch::Tensor>& output_grads,
                                            const torch::Tensor& input, PendingWeightGrad* pending) {
+  std::vector<torch::Tensor> grads = BackwardInputs(outputs, output_grads, {input}, pending);
+  return grads[0];
+}
+
+std::vector<torch::Tensor> SplitBackward::BackwardInputs(
+    const std::vector<torch::Tensor>& outputs, const std::vector<torch::Tensor>& output_grads,
+    const std::vector<torch::Tensor>& inputs, PendingWeightGrad* pending) {
   TORCH_CHECK(outputs.size() == output_grads.size(), "split backward: ", outputs.size(),
               " outputs but ", output_grads.size(), " gradients");
   edge_list roots;
@@ -67,25 +76,38 @@ torch::Tensor SplitBackward::BackwardInput(const std::vector<torch::Tensor>& out
     grads.push_back(output_grads[i].defined() ? output_grads[i] : torch::ones_like(outputs[i]));
   }
   *pending = PendingWeightGrad();
-  if (!input.defined() || !input.requires_grad()) {
+  // The inputs that need a gradient, and their nodes.
+  std::vector<size_t> wanted;
+  edge_list captures;
+  std::unordered_set<Node*> targets;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].defined() || !inputs[i].requires_grad()) continue;
+    wanted.push_back(i);
+    captures.push_back(torch::autograd::impl::gradient_edge(inputs[i]));
+    targets.insert(captures.back().function.get());
+  }
+  std::vector<torch::Tensor> result(inputs.size());
+  if (wanted.empty()) {
     // No input path: W runs the whole backward.
     pending->roots_ = std::move(roots);
     pending->grads_ = std::move(grads);
-    return torch::Tensor();
+    return result;
   }
-  if (roots.empty()) return torch::zeros_like(input);
+  if (roots.empty()) {
+    for (size_t i : wanted) result[i] = torch::zeros_like(inputs[i]);
+    return result;
+  }
 
-  const Edge input_edge = torch::autograd::impl::gradient_edge(input);
-  const std::unordered_map<Node*, bool> on_path = NodesReaching(roots, input_edge.function.get());
+  const std::unordered_map<Node*, bool> on_path = NodesReaching(roots, targets);
   auto is_on_path = [&](Node* node) {
     auto it = on_path.find(node);
     return it != on_path.end() && it->second;
   };
 
   // Split nodes: on the input path and feeding something off it (parameters).
-  edge_list captures{input_edge};
+  const size_t num_input_captures = captures.size();
   for (const auto& [node, reaches] : on_path) {
-    if (!reaches || node == input_edge.function.get()) continue;
+    if (!reaches || targets.count(node) > 0) continue;
     std::vector<size_t> input_path_edges;
     bool feeds_off_path = false;
     for (size_t i = 0; i < node->num_outputs(); ++i) {
@@ -109,8 +131,9 @@ torch::Tensor SplitBackward::BackwardInput(const std::vector<torch::Tensor>& out
       roots, grads, /*keep_graph=*/true, /*create_graph=*/false, /*accumulate_grad=*/false,
       captures);
 
-  // A split node that is itself a root receives the root's gradient, not a captured one.
-  for (size_t c = 1; c < captures.size(); ++c) {
+  // A captured edge that is itself a root (a split node, or an input the stage returns as an
+  // output) receives the root's gradient, not a captured one.
+  for (size_t c = 0; c < captures.size(); ++c) {
     if (captured[c].defined()) continue;
     for (size_t r = 0; r < roots.size(); ++r) {
       if (roots[r].function == captures[c].function && roots[r].input_nr == captures[c].input_nr) {
@@ -118,7 +141,7 @@ torch::Tensor SplitBackward::BackwardInput(const std::vector<torch::Tensor>& out
       }
     }
   }
-  for (size_t c = 1; c < captures.size(); ++c) {
+  for (size_t c = num_input_captures; c < captures.size(); ++c) {
     if (!captured[c].defined()) continue;
     pending->roots_.push_back(captures[c]);
     pending->grads_.push_back(std::move(captured[c]));
@@ -127,11 +150,13 @@ torch::Tensor SplitBackward::BackwardInput(const std::vector<torch::Tensor>& out
   std::unordered_set<Node*> split(pending->split_nodes_.size());
   for (const auto& node : pending->split_nodes_) split.insert(node.get());
   for (const auto& [node, reaches] : on_path) {
-    if (reaches && split.count(node) == 0 && node != input_edge.function.get()) {
-      node->release_variables();
-    }
+    if (reaches && split.count(node) == 0 && targets.count(node) == 0) node->release_variables();
   }
-  return captured[0].defined() ? captured[0] : torch::zeros_like(input);
+  for (size_t w = 0; w < wanted.size(); ++w) {
+    const size_t i = wanted[w];
+    result[i] = captured[w].defined() ? captured[w] : torch::zeros_like(inputs[i]);
+  }
+  return result;
 }
 
 void SplitBackward::BackwardWeight(PendingWeightGrad pending) {

@@ -51,6 +51,13 @@ class SplitBackward {
                                      const std::vector<torch::Tensor>& output_grads,
                                      const torch::Tensor& input, PendingWeightGrad* pending);
 
+  // I of a stage with several inputs: the gradient of each input that requires grad (zeros if
+  // it does not reach the outputs), undefined for the others.
+  static std::vector<torch::Tensor> BackwardInputs(const std::vector<torch::Tensor>& outputs,
+                                                   const std::vector<torch::Tensor>& output_grads,
+                                                   const std::vector<torch::Tensor>& inputs,
+                                                   PendingWeightGrad* pending);
+
   // W. Accumulates the parameter gradients into .grad and frees the rest of the graph.
   // `pending` is consumed. Throws c10::Error from LibTorch.
   static void BackwardWeight(PendingWeightGrad pending);

@@ -23,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "stagecoach/v1/coordinator.pb.h"
 #include "stagecoach/v1/types.pb.h"
+#include "worker/runtime/message_tags.h"
 #include "worker/transport/rendezvous_store.h"
 #include "worker/transport/transport.h"
 
@@ -52,6 +53,9 @@ struct TransportRequest {
   // orders transfers per link; worker/runtime/message_tags.h).
   std::vector<int> stage_to_rank;
   bool forward_only = false;
+  // Producer -> consumer stage pairs that are not adjacent: skip connections of a graph-split
+  // model, which have links of their own.
+  std::vector<SkipPair> skips;
 };
 
 // Creates the data-plane transport for a task, rendezvousing through `store`.
@@ -89,6 +93,12 @@ class TaskRunner {
   // Asks Run to stop soon: pending rendezvous and data-plane waits return at once. Thread-safe.
   void Stop(const std::string& reason);
 
+  // Asks the task to write a checkpoint after the step that brings the job's timeline to
+  // `global_step` steps (its files then go with that step's report). Honoured when the task
+  // reaches that step; FAILED_PRECONDITION when it has already done that many steps. A later
+  // request replaces an earlier one. Thread-safe.
+  absl::Status RequestCheckpoint(int64_t global_step);
+
   const v1::TaskAssignment& task() const { return task_; }
   int64_t steps_done() const { return steps_done_.load(); }
 
@@ -104,6 +114,11 @@ class TaskRunner {
 
   absl::Mutex mu_;
   bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
+  // Steps of the job's timeline done (a resumed checkpoint's step plus this task's); -1 before
+  // the task knows where it starts.
+  int64_t global_steps_done_ ABSL_GUARDED_BY(mu_) = -1;
+  // RequestCheckpoint's step; -1 for none.
+  int64_t requested_checkpoint_ ABSL_GUARDED_BY(mu_) = -1;
   std::string stop_reason_ ABSL_GUARDED_BY(mu_);
   // The transport in use, so that Stop can abort it; owned by RunSteps.
   transport::Transport* transport_ ABSL_GUARDED_BY(mu_) = nullptr;

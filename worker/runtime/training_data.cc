@@ -224,21 +224,42 @@ class TensorsSource : public BatchSource {
     };
     auto dtype = [](const torch::Tensor& t) { return PythonDtype(t.scalar_type()); };
 
+    if (x.is_complex() || x.scalar_type() == torch::kBool) {
+      return bad(absl::StrCat("\"inputs\" has dtype ", dtype(x), "; it must be real numbers"));
+    }
+    if (x.dim() < 1 || x.size(0) < 1) return bad("holds no rows (\"inputs\" has N = 0)");
+    const int64_t n = x.size(0);
+    if (y.dim() < 1 || y.size(0) != n) {
+      return bad(absl::StrCat("\"inputs\" has ", n, " rows but \"targets\" has shape ", shape(y),
+                              "; both need the same number of rows (dim 0)"));
+    }
+    if (!spec.model.builtin.has_value()) {
+      // A TorchScript model: rows of any shape; floating-point inputs become float32 (the
+      // model's dtype), integer ones int64 (ids for an embedding).
+      if (spec.training.loss == "cross_entropy") {
+        if (!c10::isIntegralType(y.scalar_type(), /*includeBool=*/false)) {
+          return bad(absl::StrCat("\"targets\" is ", dtype(y), " ", shape(y),
+                                  "; training.loss cross_entropy needs integer class indices"));
+        }
+        y = y.to(torch::kInt64);
+      } else {
+        if (!y.is_floating_point()) {
+          return bad(absl::StrCat("\"targets\" is ", dtype(y), " ", shape(y), "; training.loss ",
+                                  spec.training.loss, " needs floating-point targets"));
+        }
+        y = y.to(torch::kFloat32);
+      }
+      x = x.is_floating_point() ? x.to(torch::kFloat32) : x.to(torch::kInt64);
+      return std::unique_ptr<BatchSource>(
+          new TensorsSource(spec, want_inputs ? x.contiguous() : torch::Tensor(),
+                            want_targets ? y.contiguous() : torch::Tensor()));
+    }
     const auto& sizes = spec.model.builtin->sizes;
     const int64_t in_width = sizes.front();
     const int64_t out = sizes.back();
     if (x.dim() != 2 || x.size(1) != in_width) {
       return bad(absl::StrCat("\"inputs\" has shape ", shape(x), "; it must be [N, ", in_width,
                               "] (N rows of model.builtin.sizes[0] = ", in_width, " features)"));
-    }
-    if (x.is_complex() || x.scalar_type() == torch::kBool) {
-      return bad(absl::StrCat("\"inputs\" has dtype ", dtype(x), "; it must be real numbers"));
-    }
-    const int64_t n = x.size(0);
-    if (n < 1) return bad("holds no rows (\"inputs\" has N = 0)");
-    if (y.dim() < 1 || y.size(0) != n) {
-      return bad(absl::StrCat("\"inputs\" has ", n, " rows but \"targets\" has shape ", shape(y),
-                              "; both need the same number of rows (dim 0)"));
     }
     if (spec.training.loss == "cross_entropy") {
       if (!c10::isIntegralType(y.scalar_type(), /*includeBool=*/false) || y.dim() != 1) {
@@ -286,8 +307,8 @@ class TensorsSource : public BatchSource {
       : spec_(spec), inputs_(std::move(inputs)), targets_(std::move(targets)) {}
 
   spec::JobSpec spec_;
-  torch::Tensor inputs_;   // float32 [N, in], undefined unless wanted
-  torch::Tensor targets_;  // int64 [N] or float32 [N, out], undefined unless wanted
+  torch::Tensor inputs_;   // float32 (or int64 ids) [N, ...], undefined unless wanted
+  torch::Tensor targets_;  // int64 or float32 [N, ...], undefined unless wanted
 };
 
 class EmptySource : public BatchSource {
@@ -321,9 +342,10 @@ absl::StatusOr<std::unique_ptr<BatchSource>> BatchSource::Open(const spec::JobSp
     return TokensSource::Open(spec, want_inputs, want_targets);
   }
   if (spec.data.kind == "tensors") {
-    if (family != "mlp") {
+    if (family != "mlp" && family != "torchscript") {
       return absl::InvalidArgumentError(absl::StrCat(
-          "data.kind: tensors data needs a built-in mlp model (model is ", family, ")"));
+          "data.kind: tensors data needs a built-in mlp or a TorchScript model (model is ", family,
+          ")"));
     }
     if (spec.data.path.empty()) {
       return absl::InvalidArgumentError("data.path: required for data.kind tensors");

@@ -16,11 +16,15 @@
 //   targets  tokens[start + 1 : start + T + 1] int64 [batch_size, T]
 // The file is read once, when the source is opened.
 //
-// data.kind: tensors, for a built-in MLP with sizes [in, ..., out] — data.path is a file written
-// by torch.save({"inputs": X, "targets": Y}) (PyTorch's zip format), read once when the source
-// is opened: X is [N, in] of any real dtype (converted to float32), N >= 1; Y has N rows too:
+// data.kind: tensors, for a built-in MLP with sizes [in, ..., out] or a TorchScript model —
+// data.path is a file written by torch.save({"inputs": X, "targets": Y}) (PyTorch's zip format),
+// read once when the source is opened: X is [N, in] of any real dtype (converted to float32), N >=
+// 1; Y has N rows too:
 //   cross_entropy  integer class indices [N] in [0, out)  (converted to int64)
 //   mse            floating point [N, out]                (converted to float32)
+// For a TorchScript model X is [N, ...] of any real dtype (floating point converted to float32,
+// integers to int64 ids) and Y has N rows: integers (int64) for cross_entropy, floating point
+// (float32) for mse.
 // Step k's batch is rows (k * batch_size + i) mod N for i in [0, batch_size), wrapping around.
 #pragma once
 

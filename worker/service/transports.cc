@@ -34,7 +34,8 @@ runtime::TransportFactory MakeTransportFactory(TransportConfig config) {
       options.connect_timeout = request.timeout;
       options.link_shift = runtime::kLinkShift;
       for (const runtime::Link& link :
-           runtime::LinksOfRank(request.stage_to_rank, request.rank, request.forward_only)) {
+           runtime::LinksOfRank(request.stage_to_rank, request.rank, request.forward_only,
+                                 request.skips)) {
         options.links.push_back(transport::NcclLink{link.link, link.peer});
       }
       return transport::CreateNcclTransport(options, store);

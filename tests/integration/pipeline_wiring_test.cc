@@ -7,6 +7,7 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -33,6 +34,8 @@ constexpr int kMicrobatches = 4;
 struct Layers {
   std::vector<torch::nn::Linear> linear;
   explicit Layers(uint64_t seed) {
+    // The default generator is process-wide and ranks are threads: build one at a time.
+    std::lock_guard<std::mutex> lock(model::SeedMutex());
     torch::manual_seed(seed);
     for (int i = 0; i < 4; ++i) linear.emplace_back(kWidth, kWidth);
   }

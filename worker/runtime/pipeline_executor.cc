@@ -161,11 +161,19 @@ uint64_t PipelineExecutor::EdgeTag(bool gradient, int e, int mb) const {
                     PairEdge(edge.producer, edge.consumer), mb);
 }
 
-std::string PipelineExecutor::EdgeName(int e) const {
+std::string PipelineExecutor::EdgeName(bool gradient, int e) const {
   const ValueEdge& edge = edges_[e];
-  if (IsChain(options_.wiring)) return absl::StrCat("stage ", edge.producer, "'s output");
-  return absl::StrCat("stage ", edge.producer, "'s output ", edge.output, " (input ", edge.input,
-                      " of stage ", edge.consumer, ")");
+  const bool chain = IsChain(options_.wiring);
+  if (gradient) {
+    return absl::StrCat("output gradient of stage ", edge.producer,
+                        chain ? std::string()
+                              : absl::StrCat(" (output ", edge.output, ", from input ", edge.input,
+                                             " of stage ", edge.consumer, ")"));
+  }
+  return absl::StrCat("activation of stage ", edge.consumer,
+                      chain ? std::string()
+                            : absl::StrCat(" (input ", edge.input, ", output ", edge.output,
+                                           " of stage ", edge.producer, ")"));
 }
 
 absl::Status PipelineExecutor::AgreeShapes(const std::vector<TensorMeta>& first_stage_inputs) {
@@ -402,12 +410,10 @@ absl::StatusOr<StepResult> PipelineExecutor::RunStep(const std::vector<Action>& 
   if (status.ok()) {
     std::vector<std::string> unused;
     for (const auto& [k, r] : state.activation_recvs) {
-      unused.push_back(
-          absl::StrCat("activation of ", EdgeName(k.edge), " microbatch ", k.microbatch));
+      unused.push_back(absl::StrCat(EdgeName(false, k.edge), " microbatch ", k.microbatch));
     }
     for (const auto& [k, r] : state.gradient_recvs) {
-      unused.push_back(
-          absl::StrCat("gradient of ", EdgeName(k.edge), " microbatch ", k.microbatch));
+      unused.push_back(absl::StrCat(EdgeName(true, k.edge), " microbatch ", k.microbatch));
     }
     if (!unused.empty()) {
       status = absl::FailedPreconditionError(absl::StrCat(
@@ -423,10 +429,9 @@ absl::StatusOr<StepResult> PipelineExecutor::RunStep(const std::vector<Action>& 
   }
   if (status.ok() && !state.input_grads.empty()) {
     const EdgeKey& k = state.input_grads.begin()->first;
-    status = absl::FailedPreconditionError(
-        absl::StrCat("rank ", options_.rank, ": the step ended without sending the gradient of ",
-                     EdgeName(k.edge), " microbatch ", k.microbatch, " (no SEND_B of stage ",
-                     edges_[k.edge].consumer, ")"));
+    status = absl::FailedPreconditionError(absl::StrCat(
+        "rank ", options_.rank, ": the step ended without sending the ", EdgeName(true, k.edge),
+        " microbatch ", k.microbatch, " (no SEND_B of stage ", edges_[k.edge].consumer, ")"));
   }
   for (int mb = 0; status.ok() && owns_last && mb < m; ++mb) {
     const bool missing = wants_losses ? std::isnan(state.result.microbatch_losses[mb])
@@ -461,8 +466,8 @@ absl::Status PipelineExecutor::PostRecv(bool gradient, int e, int mb, const std:
   const EdgeKey key{e, mb};
   if (recvs.count(key) > 0) {
     return absl::FailedPreconditionError(absl::StrCat(where, ": the receive of the ",
-                                                      gradient ? "gradient" : "activation", " of ",
-                                                      EdgeName(e), " was posted twice"));
+                                                      EdgeName(gradient, e), " microbatch ", mb,
+                                                      " was posted twice"));
   }
   const TensorMeta& meta = EdgeMeta(e, mb);
   PendingRecv recv;
@@ -479,15 +484,14 @@ absl::StatusOr<torch::Tensor> PipelineExecutor::WaitRecv(bool gradient, int e, i
                                                          const std::string& where, StepState& st) {
   std::map<EdgeKey, PendingRecv>& recvs = gradient ? st.gradient_recvs : st.activation_recvs;
   const ValueEdge& edge = edges_[e];
-  const char* what = gradient ? "gradient" : "activation";
   auto it = recvs.find(EdgeKey{e, mb});
   if (it == recvs.end()) {
     // A receive the lowered list has an action for must have been posted by it; the others
     // (a skip connection whose stage has a neighbour on this rank) are posted here.
     const bool has_action = gradient ? HasSendF(edge.producer) : HasRecvF(edge.consumer);
     if (has_action) {
-      return absl::FailedPreconditionError(absl::StrCat(where, ": needs the ", what, " of ",
-                                                        EdgeName(e), " microbatch ", mb,
+      return absl::FailedPreconditionError(absl::StrCat(where, ": needs the ",
+                                                        EdgeName(gradient, e), " microbatch ", mb,
                                                         ", but no receive for it was posted"));
     }
     RETURN_IF_ERROR(PostRecv(gradient, e, mb, where, st));
@@ -497,9 +501,10 @@ absl::StatusOr<torch::Tensor> PipelineExecutor::WaitRecv(bool gradient, int e, i
   absl::Status waited = it->second.work->Wait(options_.comm_timeout);
   st.action_wait += absl::Now() - before;
   if (!waited.ok()) {
-    return absl::Status(waited.code(), absl::StrCat(where, ": waiting for the ", what, " of ",
-                                                    EdgeName(e), " microbatch ", mb, " from rank ",
-                                                    it->second.peer, ": ", waited.message()));
+    return absl::Status(
+        waited.code(),
+        absl::StrCat(where, ": waiting for the ", EdgeName(gradient, e), " microbatch ", mb,
+                     " from rank ", it->second.peer, ": ", waited.message()));
   }
   torch::Tensor t = std::move(it->second.buffer);
   st.result.bytes_received_from[it->second.peer] += static_cast<int64_t>(t.nbytes());
@@ -745,11 +750,10 @@ absl::Status PipelineExecutor::SendActivations(int s, int mb, const std::string&
   for (size_t e = 0; e < edges_.size(); ++e) {
     const ValueEdge& edge = edges_[e];
     if (edge.producer != s || Local(edge.consumer)) continue;
-    RETURN_IF_ERROR(
-        PostSend(it->second[edge.output], EdgeMeta(static_cast<int>(e), mb), RankOf(edge.consumer),
-                 EdgeTag(false, static_cast<int>(e), mb),
-                 absl::StrCat("activation of ", EdgeName(static_cast<int>(e)), " microbatch ", mb),
-                 where, st));
+    RETURN_IF_ERROR(PostSend(it->second[edge.output], EdgeMeta(static_cast<int>(e), mb),
+                             RankOf(edge.consumer), EdgeTag(false, static_cast<int>(e), mb),
+                             absl::StrCat(EdgeName(false, static_cast<int>(e)), " microbatch ", mb),
+                             where, st));
   }
   // Forward-only steps keep no graph; training steps keep the outputs for the backward.
   if (options_.forward_only) st.stage_outputs.erase(it);
@@ -851,8 +855,10 @@ absl::Status PipelineExecutor::SendGradients(int s, int mb, const std::string& w
     RETURN_IF_ERROR(
         PostSend(it->second, EdgeMeta(e, mb), RankOf(edges_[e].producer), EdgeTag(true, e, mb),
                  absl::StrCat("input gradient of stage ", s, " microbatch ", mb,
-                              IsChain(options_.wiring) ? std::string()
-                                                       : absl::StrCat(" (", EdgeName(e), ")")),
+                              IsChain(options_.wiring)
+                                  ? std::string()
+                                  : absl::StrCat(" (to output ", edges_[e].output, " of stage ",
+                                                 edges_[e].producer, ")")),
                  where, st));
     st.input_grads.erase(it);
   }

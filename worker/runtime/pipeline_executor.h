@@ -190,7 +190,9 @@ class PipelineExecutor {
   // The agreed meta of edge e's value for a microbatch.
   const TensorMeta& EdgeMeta(int edge, int microbatch) const;
   uint64_t EdgeTag(bool gradient, int edge, int microbatch) const;
-  std::string EdgeName(int edge) const;
+  // "activation of stage c" (the consumer's input) or "output gradient of stage p", with the
+  // edge's value indices when the wiring is not a chain.
+  std::string EdgeName(bool gradient, int edge) const;
 
   ExecutorOptions options_;
   transport::Transport* transport_;

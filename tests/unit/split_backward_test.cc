@@ -145,5 +145,42 @@ TEST(SplitBackward, GraphIsFreedAfterWeight) {
   EXPECT_THROW(torch::autograd::backward({y}, {torch::ones_like(y)}), c10::Error);
 }
 
+// A stage of a graph-split model: two inputs (one needing no gradient), and outputs that include
+// a parameter passed on as a value and a value that does not depend on any input. I gives each
+// input's gradient; W then gives every parameter exactly the gradient of one full backward.
+TEST(SplitBackwardTest, SeveralInputsAndOutputsOffTheInputPathMatchAFullBackward) {
+  auto run = [](bool split, std::vector<torch::Tensor>* input_grads) {
+    torch::manual_seed(5);
+    torch::nn::Linear lin(4, 4);
+    torch::Tensor scale = torch::randn({4}, torch::requires_grad());
+    torch::Tensor x = torch::randn({3, 4}, torch::requires_grad());
+    torch::Tensor mask = torch::randn({3, 4});  // needs no gradient
+    torch::Tensor y = lin(x) * mask;
+    torch::Tensor z = lin->bias * 2;  // off the input path
+    std::vector<torch::Tensor> outs = {y, scale, z};
+    torch::manual_seed(6);
+    std::vector<torch::Tensor> grads = {torch::randn({3, 4}), torch::randn({4}), torch::randn({4})};
+    if (split) {
+      PendingWeightGrad pending;
+      *input_grads = SplitBackward::BackwardInputs(outs, grads, {x, mask}, &pending);
+      EXPECT_FALSE(lin->weight.grad().defined()) << "I touched a parameter";
+      EXPECT_FALSE(scale.grad().defined()) << "I touched a parameter";
+      SplitBackward::BackwardWeight(std::move(pending));
+    } else {
+      torch::autograd::backward(outs, grads);
+      *input_grads = {x.grad(), torch::Tensor()};
+    }
+    return std::vector<torch::Tensor>{lin->weight.grad().clone(), lin->bias.grad().clone(),
+                                      scale.grad().clone()};
+  };
+  std::vector<torch::Tensor> full_inputs, split_inputs;
+  const std::vector<torch::Tensor> full = run(false, &full_inputs);
+  const std::vector<torch::Tensor> split = run(true, &split_inputs);
+  ExpectSame(split, full);
+  ASSERT_EQ(split_inputs.size(), 2u);
+  EXPECT_TRUE(torch::allclose(split_inputs[0], full_inputs[0]));
+  EXPECT_FALSE(split_inputs[1].defined());
+}
+
 }  // namespace
 }  // namespace stagecoach::runtime

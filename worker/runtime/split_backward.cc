@@ -104,6 +104,26 @@ std::vector<torch::Tensor> SplitBackward::BackwardInputs(
     return it != on_path.end() && it->second;
   };
 
+  // Roots off the input path (a parameter the stage passes on as a value, a branch that does
+  // not depend on any input) are W's alone.
+  edge_list input_roots;
+  std::vector<torch::Tensor> input_root_grads;
+  for (size_t r = 0; r < roots.size(); ++r) {
+    if (is_on_path(roots[r].function.get())) {
+      input_roots.push_back(roots[r]);
+      input_root_grads.push_back(grads[r]);
+    } else {
+      pending->roots_.push_back(roots[r]);
+      pending->grads_.push_back(grads[r]);
+    }
+  }
+  roots = std::move(input_roots);
+  grads = std::move(input_root_grads);
+  if (roots.empty()) {
+    for (size_t i : wanted) result[i] = torch::zeros_like(inputs[i]);
+    return result;
+  }
+
   // Split nodes: on the input path and feeding something off it (parameters).
   const size_t num_input_captures = captures.size();
   for (const auto& [node, reaches] : on_path) {

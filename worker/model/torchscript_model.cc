@@ -1,0 +1,792 @@
+// TorchScriptModel: loads a user's TorchScript file, lists its layers (the submodule calls of its
+// top-level forward), and cuts it into pipeline stages: a sequential model into runs of its
+// layers' submodules, any other model into stage graphs cut from the forward graph.
+//
+// Stage graphs and submodule forwards run through TorchScript's interpreter with the graph
+// executor's optimisation off (GraphOptimizerEnabledGuard), so that under grad mode autograd
+// records ordinary ATen nodes (no DifferentiableGraph, no fusion) that the runtime's split
+// backward can walk.
+#include "worker/model/torchscript_model.h"
+
+#include <torch/csrc/jit/api/function_impl.h>
+#include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/passes/dead_code_elimination.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
+#include <torch/script.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/util/status_macros.h"
+
+namespace stagecoach::model {
+
+namespace {
+
+using torch::jit::Graph;
+using torch::jit::Node;
+using torch::jit::Value;
+
+// The module at a qualified path ("blocks.0"; "" is `root` itself).
+torch::jit::Module SubmoduleAt(const torch::jit::Module& root, const std::string& path) {
+  torch::jit::Module m = root;
+  if (path.empty()) return m;
+  for (absl::string_view part : absl::StrSplit(path, '.')) {
+    m = m.attr(std::string(part)).toModule();
+  }
+  return m;
+}
+
+// Splits "a.b.c" into ("a.b", "c").
+std::pair<std::string, std::string> SplitLast(const std::string& name) {
+  const size_t dot = name.rfind('.');
+  if (dot == std::string::npos) return {"", name};
+  return {name.substr(0, dot), name.substr(dot + 1)};
+}
+
+std::string Join(const std::string& prefix, const std::string& name) {
+  return prefix.empty() ? name : absl::StrCat(prefix, ".", name);
+}
+
+bool IsTensor(const Value* v) { return v->type()->isSubtypeOf(*c10::TensorType::get()); }
+
+// The attribute path from the graph's `self` to `v` ("blocks.0"), when `v` is `self` or a chain of
+// GetAttr nodes from it.
+std::optional<std::string> PathFromSelf(Value* v, Value* self) {
+  std::vector<std::string> parts;
+  while (v != self) {
+    Node* n = v->node();
+    if (n->kind() != c10::prim::GetAttr) return std::nullopt;
+    parts.push_back(n->s(c10::attr::name));
+    v = n->input(0);
+  }
+  std::reverse(parts.begin(), parts.end());
+  return absl::StrJoin(parts, ".");
+}
+
+// Every node of `block`, nested blocks included, in program order.
+void CollectNodes(torch::jit::Block* block, std::vector<Node*>* out) {
+  for (Node* n : block->nodes()) {
+    out->push_back(n);
+    for (torch::jit::Block* b : n->blocks()) CollectNodes(b, out);
+  }
+}
+
+// The top-level node of `graph` that holds `n` (n itself when it is top-level).
+Node* TopLevel(Node* n, Graph* graph) {
+  while (n->owningBlock() != graph->block()) n = n->owningBlock()->owningNode();
+  return n;
+}
+
+// Nodes that each stage repeats for itself instead of receiving their value: constants and reads
+// of non-tensor attributes (submodules, ints, ...).
+bool Replicable(const Node* n) {
+  if (n->kind() == c10::prim::Constant) return true;
+  return n->kind() == c10::prim::GetAttr && !IsTensor(n->output());
+}
+
+// A node without side effects, randomness or blocks, so that a later stage may recompute it
+// (used for non-tensor values such as sizes).
+bool Recomputable(Node* n) {
+  return n->blocks().empty() && !n->hasSideEffects() && !n->isNondeterministic();
+}
+
+absl::Status TorchError(const std::string& what, const std::exception& e) {
+  std::string message = e.what();
+  // c10::Error messages carry a C++ backtrace after the first line of interest.
+  const size_t cut = message.find("\nException raised from");
+  if (cut != std::string::npos) message.resize(cut);
+  return absl::InvalidArgumentError(absl::StrCat(what, ": ", message));
+}
+
+// Runs a GraphFunction (or a method) with the graph executor's optimisation off (a thread-local
+// setting), so that it records ordinary ATen autograd nodes.
+std::vector<c10::IValue> RunPlain(torch::jit::Function& fn, torch::jit::Stack stack) {
+  torch::jit::GraphOptimizerEnabledGuard plain(false);
+  fn.run(stack);
+  return stack;
+}
+
+// Parameters (and, with buffers, buffers) of the module at `path`, named in the whole model.
+std::vector<std::pair<std::string, torch::Tensor>> NamedTensorsOf(const torch::jit::Module& root,
+                                                                  const std::string& path,
+                                                                  bool buffers) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  torch::jit::Module m = SubmoduleAt(root, path);
+  for (const auto& p : m.named_parameters(/*recurse=*/true)) {
+    out.emplace_back(Join(path, p.name), p.value);
+  }
+  if (buffers) {
+    for (const auto& b : m.named_buffers(/*recurse=*/true)) {
+      out.emplace_back(Join(path, b.name), b.value);
+    }
+  }
+  return out;
+}
+
+// A stage's parameters: those of its layers' submodules and the top-level module's own tensors
+// that its layers own.
+class TorchScriptStage : public StageModel {
+ public:
+  TorchScriptStage(torch::jit::Module root, std::vector<std::string> layers,
+                   std::vector<std::string> top_level_tensors)
+      : root_(std::move(root)),
+        layers_(std::move(layers)),
+        top_level_tensors_(std::move(top_level_tensors)) {}
+
+  std::vector<std::pair<std::string, torch::Tensor>> NamedParameters() override {
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    for (const std::string& name : layers_) {
+      for (auto& p : NamedTensorsOf(root_, name, false)) out.push_back(std::move(p));
+    }
+    for (const auto& p : root_.named_parameters(/*recurse=*/false)) {
+      if (std::find(top_level_tensors_.begin(), top_level_tensors_.end(), p.name) !=
+          top_level_tensors_.end()) {
+        out.emplace_back(p.name, p.value);
+      }
+    }
+    return out;
+  }
+
+  void To(const torch::Device& device) override {
+    for (const std::string& name : layers_) SubmoduleAt(root_, name).to(device);
+    torch::NoGradGuard no_grad;
+    for (const std::string& name : top_level_tensors_) {
+      torch::Tensor t = root_.attr(name).toTensor();
+      t.set_data(t.to(device));
+    }
+  }
+
+ protected:
+  torch::jit::Module root_;
+  std::vector<std::string> layers_;
+  std::vector<std::string> top_level_tensors_;
+};
+
+// A stage of a sequential model: its layers' submodules called in turn.
+class SequentialStage : public TorchScriptStage {
+ public:
+  using TorchScriptStage::TorchScriptStage;
+
+  std::vector<torch::Tensor> ForwardValues(const std::vector<torch::Tensor>& inputs) override {
+    if (inputs.size() != 1) {
+      throw std::invalid_argument(
+          absl::StrCat("a sequential TorchScript stage takes 1 input, got ", inputs.size()));
+    }
+    torch::Tensor x = inputs[0];
+    for (const std::string& name : layers_) {
+      torch::jit::Module m = SubmoduleAt(root_, name);
+      torch::jit::Method forward = m.get_method("forward");
+      std::vector<c10::IValue> out = RunPlain(forward.function(), {m._ivalue(), x});
+      x = out.at(0).toTensor();
+    }
+    return {x};
+  }
+};
+
+// A stage cut from the forward graph: a graph taking (self, inputs...) and returning a tuple of
+// the stage's outputs.
+class GraphStage : public TorchScriptStage {
+ public:
+  GraphStage(torch::jit::Module root, std::shared_ptr<torch::jit::GraphFunction> function,
+             std::vector<std::string> layers, std::vector<std::string> top_level_tensors)
+      : TorchScriptStage(std::move(root), std::move(layers), std::move(top_level_tensors)),
+        function_(std::move(function)) {}
+
+  std::vector<torch::Tensor> ForwardValues(const std::vector<torch::Tensor>& inputs) override {
+    torch::jit::Stack stack;
+    stack.emplace_back(root_._ivalue());
+    for (const torch::Tensor& t : inputs) stack.emplace_back(t);
+    std::vector<c10::IValue> out = RunPlain(*function_, std::move(stack));
+    std::vector<torch::Tensor> values;
+    for (const c10::IValue& v : out.at(0).toTupleRef().elements()) values.push_back(v.toTensor());
+    return values;
+  }
+
+ private:
+  std::shared_ptr<torch::jit::GraphFunction> function_;
+};
+
+}  // namespace
+
+struct TorchScriptModel::Impl {
+  std::string field;
+  std::string path;
+  torch::jit::Module module;
+  // The forward graph, with every tensor attribute read hoisted to the top level (one read per
+  // attribute) and calls of self's own methods inlined.
+  std::shared_ptr<Graph> graph;
+  std::vector<ModelLayer> layers;
+  std::unordered_map<std::string, int> layer_index;
+  bool sequential = false;
+  // graph's top-level nodes in order, and each one's index.
+  std::vector<Node*> top;
+  std::unordered_map<Node*, int> top_index;
+  // Per layer: top-level indices of the nodes holding its calls (first call first).
+  std::vector<std::vector<int>> layer_calls;
+  // Hoisted tensor attribute reads: top-level node -> qualified attribute name.
+  std::unordered_map<Node*, std::string> tensor_reads;
+  // Tensors the top-level module holds directly, by owning layer.
+  std::vector<std::vector<std::string>> layer_top_tensors;
+  // The names of the parameters the top-level module holds directly.
+  std::set<std::string> top_params;
+
+  // An attribute the forward assigns (prim::SetAttr), if any: such a forward is not split.
+  std::string mutated;
+
+  // The last Split.
+  std::vector<int> first_layers;
+  PipelineWiring wiring;
+  std::vector<std::shared_ptr<Graph>> stage_graphs;  // empty for a sequential model
+  std::vector<bool> released;
+
+  absl::Status Analyse();
+  absl::Status SplitGraph(const std::vector<int>& first_layers);
+  int LayerEnd(int stage) const {
+    return stage + 1 < static_cast<int>(first_layers.size()) ? first_layers[stage + 1]
+                                                             : static_cast<int>(layers.size());
+  }
+  std::string Prefix() const { return absl::StrCat(field, ": '", path, "'"); }
+};
+
+absl::Status TorchScriptModel::Impl::Analyse() {
+  torch::jit::Method forward = module.get_method("forward");
+  graph = forward.graph()->copy();
+  if (graph->inputs().size() != 2 || !IsTensor(graph->inputs()[1])) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Prefix(), ": forward must take exactly one tensor, it takes ",
+                     graph->inputs().size() - 1, " argument(s)"));
+  }
+  if (graph->outputs().size() != 1 || !IsTensor(graph->outputs()[0])) {
+    return absl::InvalidArgumentError(absl::StrCat(Prefix(),
+                                                   ": forward must return one tensor, it returns ",
+                                                   graph->outputs()[0]->type()->repr_str()));
+  }
+  Value* self = graph->inputs()[0];
+
+  // Inline self's own helper methods, so that the submodules they call are layers too.
+  for (bool changed = true; changed;) {
+    changed = false;
+    std::vector<Node*> nodes;
+    CollectNodes(graph->block(), &nodes);
+    for (Node* n : nodes) {
+      if (n->kind() == c10::prim::CallMethod && n->input(0) == self) {
+        torch::jit::Function& fn = module.get_method(n->s(c10::attr::name)).function();
+        // The method's own graph, not its optimised one (which has its submodule calls inlined).
+        torch::jit::GraphFunction& callee = torch::jit::toGraphFunction(fn);
+        torch::jit::inlineCallTo(n, &callee, callee.graph().get());
+        changed = true;
+        break;
+      }
+    }
+  }
+
+  // A forward that assigns module attributes keeps its reads where they are and is not split.
+  {
+    std::vector<Node*> nodes;
+    CollectNodes(graph->block(), &nodes);
+    for (Node* n : nodes) {
+      if (n->kind() == c10::prim::SetAttr && mutated.empty()) {
+        mutated = PathFromSelf(n->input(0), self).value_or("?");
+        mutated = Join(mutated, n->s(c10::attr::name));
+      }
+    }
+  }
+
+  // One read per tensor attribute, at the top level before its first use.
+  if (mutated.empty()) {
+    std::vector<Node*> nodes;
+    CollectNodes(graph->block(), &nodes);
+    std::map<std::string, Value*> hoisted;
+    for (Node* n : nodes) {
+      if (n->kind() != c10::prim::GetAttr || !IsTensor(n->output())) continue;
+      std::optional<std::string> attr = PathFromSelf(n->output(), self);
+      if (!attr) continue;
+      auto it = hoisted.find(*attr);
+      if (it == hoisted.end()) {
+        torch::jit::WithInsertPoint guard(TopLevel(n, graph.get()));
+        Value* v = self;
+        for (absl::string_view part : absl::StrSplit(*attr, '.')) {
+          v = graph->insertGetAttr(v, std::string(part));
+        }
+        it = hoisted.emplace(*attr, v).first;
+      }
+      n->output()->replaceAllUsesWith(it->second);
+    }
+    torch::jit::EliminateDeadCode(graph);
+  }
+
+  for (Node* n : graph->nodes()) {
+    top_index[n] = static_cast<int>(top.size());
+    top.push_back(n);
+  }
+
+  // Layers: submodule calls in program order.
+  std::vector<Node*> nodes;
+  CollectNodes(graph->block(), &nodes);
+  std::vector<Node*> first_call;
+  for (Node* n : nodes) {
+    if (n->kind() == c10::prim::GetAttr && IsTensor(n->output())) {
+      std::optional<std::string> attr = PathFromSelf(n->output(), self);
+      if (attr) tensor_reads[n] = *attr;
+    }
+    if (n->kind() != c10::prim::CallMethod) continue;
+    std::optional<std::string> sub = PathFromSelf(n->input(0), self);
+    if (!sub || sub->empty()) continue;
+    auto [it, added] = layer_index.emplace(*sub, static_cast<int>(layers.size()));
+    if (added) {
+      ModelLayer layer;
+      layer.name = *sub;
+      layers.push_back(layer);
+      layer_calls.emplace_back();
+      first_call.push_back(n);
+    }
+    layer_calls[it->second].push_back(top_index.at(TopLevel(n, graph.get())));
+  }
+  if (layers.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Prefix(),
+                     ": forward calls no submodule, so the model has no layer to cut "
+                     "into stages (call the layers as self.<name>(...))"));
+  }
+
+  // Tensors held by the top-level module: owned by the layer whose part of the graph first reads
+  // them; those never read belong to layer 0.
+  layer_top_tensors.assign(layers.size(), {});
+  std::set<std::string> top_tensors;
+  for (const auto& p : module.named_parameters(false)) {
+    top_tensors.insert(p.name);
+    top_params.insert(p.name);
+  }
+  for (const auto& b : module.named_buffers(false)) top_tensors.insert(b.name);
+  std::set<std::string> placed;
+  for (Node* n : top) {
+    auto it = tensor_reads.find(n);
+    if (it == tensor_reads.end() || !top_tensors.count(it->second)) continue;
+    int owner = 0;
+    for (size_t l = 0; l < layers.size(); ++l) {
+      if (layer_calls[l][0] <= top_index.at(n)) owner = static_cast<int>(l);
+    }
+    layer_top_tensors[owner].push_back(it->second);
+    placed.insert(it->second);
+  }
+  for (const std::string& name : top_tensors) {
+    if (!placed.count(name)) layer_top_tensors[0].push_back(name);
+  }
+
+  for (size_t l = 0; l < layers.size(); ++l) {
+    int64_t count = 0;
+    for (const auto& p : NamedTensorsOf(module, layers[l].name, false)) count += p.second.numel();
+    for (const std::string& name : layer_top_tensors[l]) {
+      if (top_params.count(name)) count += module.attr(name).toTensor().numel();
+    }
+    layers[l].parameters = count;
+  }
+
+  // Sequential: top-level nodes are only replicable ones and one call per layer, each taking the
+  // previous call's output (the first: the input), the last one's output returned.
+  sequential = true;
+  Value* previous = graph->inputs()[1];
+  size_t calls = 0;
+  for (Node* n : top) {
+    if (Replicable(n)) continue;
+    if (n->kind() != c10::prim::CallMethod || calls >= layers.size() || n != first_call[calls] ||
+        n->s(c10::attr::name) != "forward" || n->inputs().size() != 2 || n->input(1) != previous ||
+        n->outputs().size() != 1 || !IsTensor(n->output()) || layer_calls[calls].size() != 1) {
+      sequential = false;
+      break;
+    }
+    previous = n->output();
+    ++calls;
+  }
+  if (sequential && (calls != layers.size() || graph->outputs()[0] != previous)) {
+    sequential = false;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TorchScriptModel::Impl::SplitGraph(const std::vector<int>& cuts) {
+  if (!mutated.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Prefix(), ": cannot cut the forward into stages: it assigns attribute '",
+                     mutated, "', and each stage holds only its own part of the module"));
+  }
+  const int stages = static_cast<int>(cuts.size());
+  Value* self = graph->inputs()[0];
+  Value* input = graph->inputs()[1];
+
+  // Stage boundaries in top-level node indices.
+  std::vector<int> bound(stages + 1, static_cast<int>(top.size()));
+  bound[0] = 0;
+  for (int s = 1; s < stages; ++s) {
+    const int layer = cuts[s];
+    const int at = layer_calls[layer][0];
+    const std::string& name = layers[layer].name;
+    Node* holder = top[at];
+    if (!holder->blocks().empty()) {
+      for (int l = 0; l < layer; ++l) {
+        for (int c : layer_calls[l]) {
+          if (c == at) {
+            return absl::InvalidArgumentError(
+                absl::StrCat(Prefix(), ": cannot cut before layer '", name,
+                             "': it is called inside control flow (", holder->kind().toQualString(),
+                             ") together with layer '", layers[l].name,
+                             "', which the cut would separate from it"));
+          }
+        }
+      }
+    }
+    for (int l = 0; l < layer; ++l) {
+      for (int c : layer_calls[l]) {
+        if (c >= at) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              Prefix(), ": cannot cut before layer '", name, "': layer '", layers[l].name,
+              "' is called both before and after the cut (a submodule called twice cannot be "
+              "split across stages)"));
+        }
+      }
+    }
+    bound[s] = at;
+  }
+
+  // Each top-level node's stage; tensor attribute reads go to the stage of the layer owning them.
+  std::unordered_map<Node*, int> stage_of;
+  auto layer_stage = [&](int layer) {
+    int s = 0;
+    while (s + 1 < stages && cuts[s + 1] <= layer) ++s;
+    return s;
+  };
+  for (int s = 0; s < stages; ++s) {
+    for (int i = bound[s]; i < bound[s + 1]; ++i) stage_of[top[i]] = s;
+  }
+  for (size_t l = 0; l < layers.size(); ++l) {
+    for (const std::string& name : layer_top_tensors[l]) {
+      for (auto& [n, attr] : tensor_reads) {
+        if (attr == name) stage_of[n] = layer_stage(static_cast<int>(l));
+      }
+    }
+  }
+  for (auto& [n, attr] : tensor_reads) {
+    // A read of a submodule's tensor: the stage of the layer holding it.
+    for (size_t l = 0; l < layers.size(); ++l) {
+      if (attr.rfind(layers[l].name + ".", 0) == 0) stage_of[n] = layer_stage(static_cast<int>(l));
+    }
+    for (Value* v : n->outputs()) {
+      for (const torch::jit::Use& use : v->uses()) {
+        Node* user = TopLevel(use.user, graph.get());
+        if (user->kind() == c10::prim::Return) continue;
+        if (stage_of.at(user) < stage_of.at(n)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(Prefix(), ": cannot cut this way: '", attr, "' belongs to stage ",
+                           stage_of.at(n), " but stage ", stage_of.at(user), " uses it first"));
+        }
+      }
+    }
+  }
+
+  // Every stage's nodes, in order.
+  std::vector<std::vector<Node*>> stage_nodes(stages);
+  for (Node* n : top) {
+    if (!Replicable(n)) stage_nodes[stage_of.at(n)].push_back(n);
+  }
+
+  // Values each stage receives from earlier stages. Ordinal: definition order (input first).
+  auto ordinal = [&](Value* v) -> std::pair<int, size_t> {
+    if (v == input) return {-1, 0};
+    return {top_index.at(v->node()), v->offset()};
+  };
+  auto producer = [&](Value* v) { return v == input ? 0 : stage_of.at(v->node()); };
+  std::vector<std::set<std::pair<std::pair<int, size_t>, Value*>>> needs(stages);
+  // Resolves value `v` used in stage `t`: what must cross into `t` for it.
+  std::function<absl::Status(Value*, int)> resolve = [&](Value* v, int t) -> absl::Status {
+    if (v == self) return absl::OkStatus();
+    if (v == input) {
+      if (t > 0) needs[t].insert({ordinal(v), v});
+      return absl::OkStatus();
+    }
+    Node* n = v->node();
+    if (Replicable(n)) {
+      for (Value* in : n->inputs()) RETURN_IF_ERROR(resolve(in, t));
+      return absl::OkStatus();
+    }
+    const int s = stage_of.at(n);
+    if (s == t) return absl::OkStatus();
+    if (s > t) {
+      return absl::InternalError(
+          absl::StrCat(Prefix(), ": stage ", t, " uses a value of stage ", s));
+    }
+    if (IsTensor(v)) {
+      needs[t].insert({ordinal(v), v});
+      return absl::OkStatus();
+    }
+    if (!Recomputable(n)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Prefix(), ": cannot cut before layer '", layers[cuts[t]].name, "': value %",
+                       v->debugName(), " (", v->type()->repr_str(), ") made by ",
+                       n->kind().toQualString(), " in stage ", s, " is used by stage ", t,
+                       "; only tensors can pass between stages, and it cannot be recomputed"));
+    }
+    for (Value* in : n->inputs()) RETURN_IF_ERROR(resolve(in, t));
+    return absl::OkStatus();
+  };
+  // Values used by node `n` (nested blocks included) that are defined outside it.
+  auto external_inputs = [](Node* n) {
+    std::vector<Value*> out;
+    std::vector<Node*> inner{n};
+    for (torch::jit::Block* b : n->blocks()) CollectNodes(b, &inner);
+    std::unordered_set<Value*> defined;
+    for (Node* m : inner) {
+      for (Value* o : m->outputs()) defined.insert(o);
+      for (torch::jit::Block* b : m->blocks()) {
+        for (Value* p : b->inputs()) defined.insert(p);
+      }
+    }
+    for (Node* m : inner) {
+      for (Value* i : m->inputs()) {
+        if (!defined.count(i)) out.push_back(i);
+      }
+      for (torch::jit::Block* b : m->blocks()) {
+        for (Value* r : b->outputs()) {
+          if (!defined.count(r)) out.push_back(r);
+        }
+      }
+    }
+    return out;
+  };
+  for (int t = 0; t < stages; ++t) {
+    for (Node* n : stage_nodes[t]) {
+      for (Value* v : external_inputs(n)) RETURN_IF_ERROR(resolve(v, t));
+    }
+  }
+  RETURN_IF_ERROR(resolve(graph->outputs()[0], stages - 1));
+
+  // Outputs: every value a later stage needs, in definition order; the last stage returns the
+  // model's output.
+  std::vector<std::vector<Value*>> outputs(stages);
+  std::map<Value*, int> output_index;
+  {
+    std::set<std::pair<std::pair<int, size_t>, Value*>> crossing;
+    for (int t = 0; t < stages; ++t) crossing.insert(needs[t].begin(), needs[t].end());
+    for (const auto& [ord, v] : crossing) {
+      const int s = producer(v);
+      output_index[v] = static_cast<int>(outputs[s].size());
+      outputs[s].push_back(v);
+    }
+  }
+  outputs[stages - 1] = {graph->outputs()[0]};
+
+  PipelineWiring result(stages);
+  std::vector<std::shared_ptr<Graph>> graphs(stages);
+  for (int t = 0; t < stages; ++t) {
+    std::vector<Value*> ins;
+    if (t == 0) {
+      ins.push_back(input);
+      result[0].inputs.push_back(ValueSource{-1, 0});
+    } else {
+      std::vector<std::pair<ValueSource, Value*>> sources;
+      for (const auto& [ord, v] : needs[t]) {
+        sources.push_back({ValueSource{producer(v), output_index.at(v)}, v});
+      }
+      std::sort(sources.begin(), sources.end(), [](const auto& a, const auto& b) {
+        return std::make_pair(a.first.stage, a.first.index) <
+               std::make_pair(b.first.stage, b.first.index);
+      });
+      for (const auto& [source, v] : sources) {
+        result[t].inputs.push_back(source);
+        ins.push_back(v);
+      }
+    }
+    result[t].num_outputs = static_cast<int>(outputs[t].size());
+
+    auto g = std::make_shared<Graph>();
+    std::unordered_map<Value*, Value*> env;
+    env[self] = g->addInput("self")->setType(self->type());
+    for (Value* v : ins) env[v] = g->addInput()->setType(v->type())->copyMetadata(v);
+    // Clones the nodes a value of another stage (replicable or recomputable) needs.
+    std::function<Value*(Value*)> get = [&](Value* v) -> Value* {
+      auto it = env.find(v);
+      if (it != env.end()) return it->second;
+      Node* n = v->node();
+      for (Value* in : n->inputs()) get(in);
+      Node* clone = g->insertNode(g->createClone(n, [&](Value* in) { return env.at(in); }));
+      for (size_t i = 0; i < n->outputs().size(); ++i) env[n->output(i)] = clone->output(i);
+      return env.at(v);
+    };
+    for (Node* n : stage_nodes[t]) {
+      for (Value* v : external_inputs(n)) get(v);
+      Node* clone = g->insertNode(g->createClone(n, [&](Value* in) { return env.at(in); }));
+      for (size_t i = 0; i < n->outputs().size(); ++i) env[n->output(i)] = clone->output(i);
+    }
+    std::vector<Value*> outs;
+    for (Value* v : outputs[t]) outs.push_back(get(v));
+    g->registerOutput(g->insertNode(g->createTuple(outs))->output());
+    try {
+      g->lint();
+    } catch (const std::exception& e) {
+      return absl::InternalError(
+          absl::StrCat(Prefix(), ": stage ", t, "'s graph is malformed: ", e.what()));
+    }
+    graphs[t] = std::move(g);
+  }
+  wiring = std::move(result);
+  stage_graphs = std::move(graphs);
+  return absl::OkStatus();
+}
+
+TorchScriptModel::TorchScriptModel() : impl_(std::make_unique<Impl>()) {}
+TorchScriptModel::~TorchScriptModel() = default;
+
+absl::StatusOr<std::unique_ptr<TorchScriptModel>> TorchScriptModel::Load(const std::string& path,
+                                                                         const std::string& field) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": cannot read '", path, "': no such file"));
+  }
+  std::unique_ptr<TorchScriptModel> model(new TorchScriptModel());
+  Impl& impl = *model->impl_;
+  impl.field = field;
+  impl.path = path;
+  try {
+    impl.module = torch::jit::load(path, torch::kCPU);
+  } catch (const std::exception& e) {
+    return TorchError(
+        absl::StrCat(field, ": '", path, "' is not a TorchScript file (torch.jit.save)"), e);
+  }
+  if (!impl.module.find_method("forward")) {
+    return absl::InvalidArgumentError(absl::StrCat(impl.Prefix(), ": the module has no forward"));
+  }
+  try {
+    RETURN_IF_ERROR(impl.Analyse());
+  } catch (const std::exception& e) {
+    return TorchError(absl::StrCat(impl.Prefix(), ": cannot analyse forward"), e);
+  }
+  return model;
+}
+
+const std::vector<ModelLayer>& TorchScriptModel::layers() const { return impl_->layers; }
+
+bool TorchScriptModel::sequential() const { return impl_->sequential; }
+
+absl::StatusOr<PipelineWiring> TorchScriptModel::Split(const std::vector<int>& first_layers) {
+  Impl& impl = *impl_;
+  const int n = static_cast<int>(impl.layers.size());
+  if (first_layers.empty() || first_layers[0] != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(impl.Prefix(), ": a split's first stage must start at layer 0"));
+  }
+  for (size_t s = 0; s < first_layers.size(); ++s) {
+    if (first_layers[s] >= n || (s > 0 && first_layers[s] <= first_layers[s - 1])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(impl.Prefix(), ": stage first layers [", absl::StrJoin(first_layers, ", "),
+                       "] must increase strictly and stay below the model's ", n, " layers"));
+    }
+  }
+  if (!impl.released.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(impl.Prefix(), ": cannot split again after KeepOnlyStages"));
+  }
+  if (impl.sequential) {
+    impl.first_layers = first_layers;
+    impl.wiring = ChainWiring(static_cast<int>(first_layers.size()));
+    impl.stage_graphs.clear();
+    return impl.wiring;
+  }
+  try {
+    RETURN_IF_ERROR(impl.SplitGraph(first_layers));
+  } catch (const std::exception& e) {
+    return TorchError(absl::StrCat(impl.Prefix(), ": cannot split the forward graph"), e);
+  }
+  impl.first_layers = first_layers;
+  return impl.wiring;
+}
+
+absl::StatusOr<std::unique_ptr<StageModel>> TorchScriptModel::Stage(int stage) {
+  Impl& impl = *impl_;
+  if (stage < 0 || stage >= static_cast<int>(impl.first_layers.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(impl.Prefix(), ": no stage ", stage,
+                                                   " in the last split (", impl.first_layers.size(),
+                                                   " stages)"));
+  }
+  if (!impl.released.empty() && impl.released[stage]) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(impl.Prefix(), ": stage ", stage, "'s parameters were released"));
+  }
+  std::vector<std::string> names;
+  std::vector<std::string> top_tensors;
+  for (int l = impl.first_layers[stage]; l < impl.LayerEnd(stage); ++l) {
+    names.push_back(impl.layers[l].name);
+    for (const std::string& t : impl.layer_top_tensors[l]) top_tensors.push_back(t);
+  }
+  if (impl.sequential) {
+    return std::unique_ptr<StageModel>(
+        new SequentialStage(impl.module, std::move(names), std::move(top_tensors)));
+  }
+  auto function = std::make_shared<torch::jit::GraphFunction>(
+      c10::QualifiedName(absl::StrCat("stagecoach_stage_", stage)), impl.stage_graphs[stage],
+      nullptr);
+  return std::unique_ptr<StageModel>(
+      new GraphStage(impl.module, std::move(function), std::move(names), std::move(top_tensors)));
+}
+
+absl::Status TorchScriptModel::KeepOnlyStages(const std::vector<int>& keep_stages) {
+  Impl& impl = *impl_;
+  const int stages = static_cast<int>(impl.first_layers.size());
+  if (stages == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(impl.Prefix(), ": KeepOnlyStages before Split"));
+  }
+  std::vector<bool> keep(stages, false);
+  for (int s : keep_stages) {
+    if (s < 0 || s >= stages) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(impl.Prefix(), ": no stage ", s, " to keep (", stages, " stages)"));
+    }
+    keep[s] = true;
+  }
+  if (impl.released.empty()) impl.released.assign(stages, false);
+  // What the kept stages hold; every other parameter and buffer (other layers', and those of
+  // submodules that no layer calls) is replaced by an empty tensor.
+  std::set<std::string> kept;
+  for (int s = 0; s < stages; ++s) {
+    if (!keep[s]) {
+      impl.released[s] = true;
+      continue;
+    }
+    for (int l = impl.first_layers[s]; l < impl.LayerEnd(s); ++l) {
+      for (const auto& t : NamedTensorsOf(impl.module, impl.layers[l].name, /*buffers=*/true)) {
+        kept.insert(t.first);
+      }
+      for (const std::string& t : impl.layer_top_tensors[l]) kept.insert(t);
+    }
+  }
+  std::vector<std::pair<std::string, torch::Tensor>> tensors =
+      NamedTensorsOf(impl.module, "", /*buffers=*/true);
+  torch::NoGradGuard no_grad;
+  for (auto& [name, tensor] : tensors) {
+    if (kept.count(name)) continue;
+    auto [owner, attr] = SplitLast(name);
+    torch::Tensor empty = torch::empty({0}, tensor.options());
+    empty.set_requires_grad(tensor.requires_grad());
+    SubmoduleAt(impl.module, owner).setattr(attr, empty);
+  }
+  return absl::OkStatus();
+}
+
+int64_t TorchScriptModel::HeldParameterCount() {
+  int64_t n = 0;
+  for (const auto& p : impl_->module.named_parameters(/*recurse=*/true)) n += p.value.numel();
+  return n;
+}
+
+}  // namespace stagecoach::model

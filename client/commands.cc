@@ -14,10 +14,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "client/npy.h"
 #include "common/rpc/channel.h"
 #include "common/rpc/tensor_data.h"
 #include "common/rpc/time_conversion.h"
+#include "common/spec/spec_overrides.h"
+#include "common/util/sha256.h"
 
 namespace stagecoach::client {
 namespace {
@@ -144,6 +147,34 @@ absl::StatusOr<std::string> InlineScheduleCsv(const std::string& spec_text,
                    "; write it as a plain `csv: PATH` entry of the schedule mapping"));
 }
 
+// "12.3 MiB" and the like (binary units).
+std::string FormatBytes(int64_t bytes) {
+  if (bytes < 1024) return absl::StrCat(bytes, " B");
+  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes) / 1024;
+  int unit = 0;
+  while (value >= 1024 && unit < 3) {
+    value /= 1024;
+    ++unit;
+  }
+  return absl::StrFormat("%.1f %s", value, units[unit]);
+}
+
+// An artifact uri of the right form, to try spec edits on before the real one is known.
+std::string ArtifactUriPlaceholder() { return "artifact:" + std::string(64, '0'); }
+
+// Whether the spec text has a model.builtin entry (text that is not YAML: no).
+bool HasBuiltinModel(const std::string& spec_text) {
+  try {
+    const YAML::Node root = YAML::Load(spec_text);
+    if (!root.IsMap()) return false;
+    const YAML::Node model = root["model"];
+    return model.IsDefined() && model.IsMap() && model["builtin"].IsDefined();
+  } catch (const YAML::Exception&) {
+    return false;
+  }
+}
+
 }  // namespace
 
 Commands::Commands(ClientOptions options, std::ostream& out, std::ostream& err)
@@ -163,7 +194,71 @@ int Commands::RpcError(const grpc::Status& status, const std::string& what) {
   return 1;
 }
 
-int Commands::Submit(const std::string& spec_path, bool wait) {
+int Commands::UploadFile(const std::string& path, const std::string& flag, std::string* uri) {
+  absl::string_view id = path;
+  if (absl::ConsumePrefix(&id, "artifact:")) {  // uploaded before: use as it is
+    if (!IsSha256Hex(id)) {
+      err_ << "stagectl: submit: " << flag << ": '" << path
+           << "' is not an artifact uri (artifact: followed by 64 lowercase hex digits)\n";
+      return 2;
+    }
+    *uri = path;
+    return 0;
+  }
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(path, error)) {
+    err_ << "stagectl: submit: " << flag << ": cannot read '" << path
+         << "': " << (std::filesystem::exists(path, error) ? "not a regular file" : "no such file")
+         << "\n";
+    return 2;
+  }
+  const auto size = static_cast<int64_t>(std::filesystem::file_size(path, error));
+  absl::StatusOr<std::string> sha256 = Sha256OfFile(path);
+  std::ifstream in(path, std::ios::binary);
+  if (error || !sha256.ok() || !in) {
+    err_ << "stagectl: submit: " << flag << ": cannot read '" << path << "'"
+         << (sha256.ok() ? "" : absl::StrCat(": ", sha256.status().message())) << "\n";
+    return 2;
+  }
+  const std::string name = std::filesystem::path(path).filename().string();
+  v1::UploadArtifactResponse resp;
+  grpc::ClientContext ctx;
+  // Allows 4 MiB/s on top of the usual bound.
+  rpc::SetDeadline(&ctx, options_.timeout + absl::Seconds(size / (4 << 20)));
+  auto writer = stub_->UploadArtifact(&ctx, &resp);
+  v1::UploadArtifactRequest msg;
+  v1::ArtifactHeader* header = msg.mutable_header();
+  header->set_name(name);
+  header->set_size_bytes(size);
+  header->set_sha256(*sha256);
+  bool open = writer->Write(msg);
+  std::string buffer(kUploadChunkBytes, '\0');
+  int64_t sent = 0;
+  while (open && sent < size) {
+    in.read(buffer.data(), std::min<int64_t>(kUploadChunkBytes, size - sent));
+    if (in.gcount() <= 0) break;  // the file shrank: the coordinator reports the size
+    msg.set_chunk(buffer.data(), static_cast<size_t>(in.gcount()));
+    open = writer->Write(msg);
+    sent += in.gcount();
+  }
+  if (open) writer->WritesDone();
+  grpc::Status status = writer->Finish();
+  if (!status.ok()) {
+    if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
+        status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      err_ << "stagectl: submit: the coordinator refused " << flag << " " << path << ": "
+           << status.error_message() << "\n";
+      return 1;
+    }
+    return RpcError(status, absl::StrCat("submit: uploading ", path));
+  }
+  err_ << "uploaded " << name << " (" << FormatBytes(resp.size_bytes()) << ", " << resp.chunks()
+       << (resp.chunks() == 1 ? " chunk" : " chunks") << ") as " << resp.uri() << std::endl;
+  *uri = resp.uri();
+  return 0;
+}
+
+int Commands::Submit(const std::string& spec_path, bool wait, const SubmitUploads& uploads) {
   std::ifstream in(spec_path);
   if (!in) {
     err_ << "stagectl: submit: cannot read spec file '" << spec_path << "'\n";
@@ -171,8 +266,43 @@ int Commands::Submit(const std::string& spec_path, bool wait) {
   }
   std::stringstream text;
   text << in.rdbuf();
+  std::string spec_text = text.str();
+  if (!uploads.model.empty() || !uploads.data.empty()) {
+    if (!uploads.model.empty() && HasBuiltinModel(spec_text)) {
+      err_ << "stagectl: submit: --model: " << spec_path
+           << " sets model.builtin; --model supplies model.torchscript instead (remove "
+              "model.builtin from the spec)\n";
+      return 2;
+    }
+    // Uploaded files replace the spec's own references: "artifact:<sha256>". A spec these
+    // cannot be set in is reported before anything is uploaded.
+    spec::SpecOverrides overrides;
+    const std::string placeholder = ArtifactUriPlaceholder();
+    if (!uploads.model.empty()) overrides.set.emplace_back("model.torchscript", placeholder);
+    if (!uploads.data.empty()) overrides.set.emplace_back("data.path", placeholder);
+    if (auto checked = spec::ApplySpecOverrides(spec_text, spec_path, overrides); !checked.ok()) {
+      err_ << "stagectl: submit: " << checked.status().message() << "\n";
+      return 1;
+    }
+    overrides.set.clear();
+    std::string uri;
+    if (!uploads.model.empty()) {
+      if (int rc = UploadFile(uploads.model, "--model", &uri); rc != 0) return rc;
+      overrides.set.emplace_back("model.torchscript", uri);
+    }
+    if (!uploads.data.empty()) {
+      if (int rc = UploadFile(uploads.data, "--data", &uri); rc != 0) return rc;
+      overrides.set.emplace_back("data.path", uri);
+    }
+    absl::StatusOr<std::string> edited = spec::ApplySpecOverrides(spec_text, spec_path, overrides);
+    if (!edited.ok()) {
+      err_ << "stagectl: submit: " << edited.status().message() << "\n";
+      return 1;
+    }
+    spec_text = *std::move(edited);
+  }
   // schedule.csv names a file on this machine: its contents travel with the spec.
-  absl::StatusOr<std::string> spec_yaml = InlineScheduleCsv(text.str(), spec_path);
+  absl::StatusOr<std::string> spec_yaml = InlineScheduleCsv(spec_text, spec_path);
   if (!spec_yaml.ok()) {
     err_ << "stagectl: submit: " << spec_yaml.status().message() << "\n";
     return 1;
@@ -182,7 +312,9 @@ int Commands::Submit(const std::string& spec_path, bool wait) {
   req.set_spec_origin(spec_path);
   v1::SubmitJobResponse resp;
   grpc::ClientContext ctx;
-  rpc::SetDeadline(&ctx, options_.timeout);
+  // Planning a TorchScript model asks a worker to load (and, for split.policy profiled, time)
+  // it first, bounded by the coordinator's inspection timeout (120 s by default).
+  rpc::SetDeadline(&ctx, options_.timeout + kSubmitInspectionAllowance);
   grpc::Status status = stub_->SubmitJob(&ctx, req, &resp);
   if (!status.ok()) {
     if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
@@ -382,6 +514,30 @@ int Commands::Cancel(const std::string& job_id) {
   grpc::Status status = stub_->CancelJob(&ctx, req, &resp);
   if (!status.ok()) return RpcError(status, absl::StrCat("cancel ", job_id));
   out_ << resp.job().id() << " " << StateName(resp.job().state()) << "\n";
+  return 0;
+}
+
+int Commands::Checkpoint(const std::string& job_id) {
+  v1::CheckpointJobRequest req;
+  req.set_job_id(job_id);
+  v1::CheckpointJobResponse resp;
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(&ctx, options_.timeout);
+  grpc::Status status = stub_->CheckpointJob(&ctx, req, &resp);
+  if (!status.ok()) return RpcError(status, absl::StrCat("checkpoint ", job_id));
+  const nlohmann::json json = {
+      {"job_id", job_id}, {"step", resp.step()}, {"directory", resp.directory()}};
+  switch (options_.format) {
+    case OutputFormat::kTable:
+      out_ << "step " << resp.step() << ": " << resp.directory() << "\n";
+      break;
+    case OutputFormat::kJson:
+      out_ << json.dump(2) << "\n";
+      break;
+    case OutputFormat::kYaml:
+      out_ << ToYaml(json);
+      break;
+  }
   return 0;
 }
 

@@ -156,6 +156,16 @@ nlohmann::json JobJson(const v1::Job& job) {
     });
   }
   out["ranks"] = ranks;
+  nlohmann::json checkpoints = nlohmann::json::array();
+  for (const auto& c : job.checkpoints()) {
+    checkpoints.push_back(
+        {{"step", c.step()}, {"directory", c.directory()}, {"manifest", c.manifest()}});
+  }
+  out["checkpoints"] = checkpoints;
+  if (job.has_resumed_from()) {
+    out["resumed_from"] = {{"step", job.resumed_from().step()},
+                           {"directory", job.resumed_from().directory()}};
+  }
   return out;
 }
 
@@ -266,6 +276,15 @@ std::string JobDetails(const v1::Job& j) {
     out << "Bubble:    " << absl::StrFormat("%.3f", *j.max_bubble_ratios().rbegin())
         << " (latest step), " << absl::StrFormat("%.3f", MaxOf(j.max_bubble_ratios()))
         << " (worst step); largest ratio over the ranks\n";
+  }
+  if (j.has_resumed_from()) {
+    out << "Resumed:   from " << j.resumed_from().directory() << " (step "
+        << j.resumed_from().step() << ")\n";
+  }
+  if (j.checkpoints_size() > 0) {
+    const v1::JobCheckpoint& latest = *j.checkpoints().rbegin();
+    out << "Checkpoint: step " << latest.step() << " in " << latest.directory() << " ("
+        << j.checkpoints_size() << " complete)\n";
   }
   if (j.ranks_size() > 0) {
     std::vector<std::vector<std::string>> rows = {

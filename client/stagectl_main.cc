@@ -27,6 +27,13 @@ int main(int argc, char** argv) {
   bool wait = false;
   auto* submit = app.add_subcommand("submit", "submit a job spec; prints the job id");
   submit->add_option("SPEC", spec_path, "job spec (YAML)")->required();
+  sc::client::SubmitUploads uploads;
+  submit->add_option("--model", uploads.model,
+                     "upload this TorchScript file to the coordinator and run it as the spec's "
+                     "model.torchscript (workers fetch it from the coordinator)");
+  submit->add_option("--data", uploads.data,
+                     "upload this (small) dataset file to the coordinator and use it as the "
+                     "spec's data.path");
   submit->add_flag("--wait", wait,
                    "wait for the job to end: exit 0 on SUCCEEDED, 1 on FAILED or CANCELLED");
   auto* list = app.add_subcommand("list", "list jobs");
@@ -36,6 +43,11 @@ int main(int argc, char** argv) {
   watch->add_option("JOB", job_id, "job id")->required();
   auto* cancel = app.add_subcommand("cancel", "cancel a job");
   cancel->add_option("JOB", job_id, "job id")->required();
+  auto* checkpoint = app.add_subcommand(
+      "checkpoint",
+      "ask a running job to write a checkpoint now; prints the step it is taken after and its "
+      "directory");
+  checkpoint->add_option("JOB", job_id, "job id")->required();
   auto* workers = app.add_subcommand("workers", "list workers");
   std::string infer_input, infer_out, infer_timeout = "5m";
   auto* infer = app.add_subcommand(
@@ -116,11 +128,12 @@ int main(int argc, char** argv) {
   options.coordinator = coordinator;
   options.format = *parsed_format;
   sc::client::Commands commands(options, std::cout, std::cerr);
-  if (submit->parsed()) return commands.Submit(spec_path, wait);
+  if (submit->parsed()) return commands.Submit(spec_path, wait, uploads);
   if (list->parsed()) return commands.List();
   if (status->parsed()) return commands.Status(job_id);
   if (watch->parsed()) return commands.Watch(job_id);
   if (cancel->parsed()) return commands.Cancel(job_id);
+  if (checkpoint->parsed()) return commands.Checkpoint(job_id);
   if (workers->parsed()) return commands.Workers();
   if (infer->parsed()) {
     absl::Duration timeout;

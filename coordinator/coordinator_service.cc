@@ -1,9 +1,12 @@
 #include "coordinator/coordinator_service.h"
 
 #include <algorithm>
+#include <fstream>
 
+#include "absl/strings/str_cat.h"
 #include "common/rpc/status_conversion.h"
 #include "common/rpc/time_conversion.h"
+#include "common/util/logging.h"
 
 namespace stagecoach::coordinator {
 namespace {
@@ -72,6 +75,16 @@ grpc::Status CoordinatorServiceImpl::CancelJob(grpc::ServerContext*,
   auto job = jobs_->CancelJob(req->job_id(), req->reason());
   if (!job.ok()) return ToGrpcStatus(job.status());
   *resp->mutable_job() = *std::move(job);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorServiceImpl::CheckpointJob(grpc::ServerContext*,
+                                                   const v1::CheckpointJobRequest* req,
+                                                   v1::CheckpointJobResponse* resp) {
+  if (auto s = Required(req->job_id(), "job_id"); !s.ok()) return s;
+  auto checkpoint = jobs_->CheckpointJob(req->job_id());
+  if (!checkpoint.ok()) return ToGrpcStatus(checkpoint.status());
+  *resp = *std::move(checkpoint);
   return grpc::Status::OK;
 }
 
@@ -147,6 +160,87 @@ grpc::Status CoordinatorServiceImpl::GetKey(grpc::ServerContext*, const v1::GetK
 grpc::Status CoordinatorServiceImpl::WaitKeys(grpc::ServerContext*, const v1::WaitKeysRequest* req,
                                               v1::WaitKeysResponse*) {
   return ToGrpcStatus(kv_->Wait({req->keys().begin(), req->keys().end()}, ClampWait(req->wait())));
+}
+
+grpc::Status CoordinatorServiceImpl::UploadArtifact(
+    grpc::ServerContext*, grpc::ServerReader<v1::UploadArtifactRequest>* reader,
+    v1::UploadArtifactResponse* resp) {
+  if (artifacts_ == nullptr) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "this coordinator has no artifact store");
+  }
+  v1::UploadArtifactRequest msg;
+  if (!reader->Read(&msg)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "upload: missing header (the stream carried no message)");
+  }
+  if (!msg.has_header()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "upload: header not first: the first message must carry the header");
+  }
+  const v1::ArtifactHeader& header = msg.header();
+  auto upload = artifacts_->BeginUpload(header.name(), header.size_bytes(), header.sha256());
+  if (!upload.ok()) return ToGrpcStatus(upload.status());
+  int32_t chunks = 0;
+  while (reader->Read(&msg)) {
+    if (msg.part_case() != v1::UploadArtifactRequest::kChunk) {
+      return grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          absl::StrCat("upload: message ", chunks + 2, " carries ",
+                       msg.has_header() ? "a second header (the header comes first, once)"
+                                        : "neither header nor chunk"));
+    }
+    ++chunks;
+    if (absl::Status s = (*upload)->Append(msg.chunk()); !s.ok()) return ToGrpcStatus(s);
+  }
+  auto info = (*upload)->Commit();
+  if (!info.ok()) return ToGrpcStatus(info.status());
+  resp->set_artifact_id(info->id);
+  resp->set_uri(info->uri);
+  resp->set_size_bytes(info->size_bytes);
+  resp->set_chunks(chunks);
+  spdlog::info("stored artifact {} ({}, {} bytes in {} chunks)", info->uri, info->name,
+               info->size_bytes, chunks);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorServiceImpl::FetchArtifact(
+    grpc::ServerContext* ctx, const v1::FetchArtifactRequest* req,
+    grpc::ServerWriter<v1::FetchArtifactResponse>* writer) {
+  if (artifacts_ == nullptr) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "this coordinator has no artifact store");
+  }
+  if (auto s = Required(req->artifact_id(), "artifact_id"); !s.ok()) return s;
+  auto info = artifacts_->Lookup(req->artifact_id());
+  if (!info.ok()) return ToGrpcStatus(info.status());
+  std::ifstream in(info->path, std::ios::binary);
+  if (!in) {
+    return grpc::Status(grpc::StatusCode::INTERNAL,
+                        absl::StrCat("artifact ", info->id, ": cannot open ", info->path));
+  }
+  v1::FetchArtifactResponse msg;
+  v1::ArtifactHeader* header = msg.mutable_header();
+  header->set_name(info->name);
+  header->set_size_bytes(info->size_bytes);
+  header->set_sha256(info->id);
+  if (!writer->Write(msg)) return grpc::Status::OK;  // client went away
+  std::string buffer(kArtifactChunkBytes, '\0');
+  int64_t sent = 0;
+  while (sent < info->size_bytes) {
+    if (ctx->IsCancelled()) return grpc::Status::OK;
+    const int64_t want = std::min<int64_t>(kArtifactChunkBytes, info->size_bytes - sent);
+    in.read(buffer.data(), want);
+    if (in.gcount() != want) {
+      return grpc::Status(grpc::StatusCode::INTERNAL,
+                          absl::StrCat("artifact ", info->id, ": read ", sent + in.gcount(), " of ",
+                                       info->size_bytes, " bytes of ", info->path));
+    }
+    msg.set_chunk(buffer.data(), static_cast<size_t>(want));
+    if (!writer->Write(msg)) return grpc::Status::OK;
+    sent += want;
+  }
+  return grpc::Status::OK;
 }
 
 }  // namespace stagecoach::coordinator

@@ -2,6 +2,7 @@
 // their Status to grpc::Status. No logic of its own.
 #pragma once
 
+#include "coordinator/artifact_store.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/kv_store.h"
 #include "stagecoach/v1/coordinator.grpc.pb.h"
@@ -18,7 +19,12 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
   static constexpr absl::Duration kDefaultInferTimeout = absl::Minutes(5);
   static constexpr absl::Duration kMaxInferTimeout = absl::Hours(24);
 
-  CoordinatorServiceImpl(JobManager* jobs, KvStore* kv) : jobs_(jobs), kv_(kv) {}
+  // Artifacts are sent and received in chunks of this many bytes (the last may be shorter).
+  static constexpr int kArtifactChunkBytes = 1 << 20;
+
+  // `artifacts` may be null: UploadArtifact / FetchArtifact then answer FAILED_PRECONDITION.
+  CoordinatorServiceImpl(JobManager* jobs, KvStore* kv, ArtifactStore* artifacts = nullptr)
+      : jobs_(jobs), kv_(kv), artifacts_(artifacts) {}
 
   grpc::Status SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
                          v1::SubmitJobResponse* resp) override;
@@ -30,6 +36,8 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
                         grpc::ServerWriter<v1::JobEvent>* writer) override;
   grpc::Status CancelJob(grpc::ServerContext* ctx, const v1::CancelJobRequest* req,
                          v1::CancelJobResponse* resp) override;
+  grpc::Status CheckpointJob(grpc::ServerContext* ctx, const v1::CheckpointJobRequest* req,
+                             v1::CheckpointJobResponse* resp) override;
   grpc::Status ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest* req,
                            v1::ListWorkersResponse* resp) override;
   grpc::Status Infer(grpc::ServerContext* ctx, const v1::InferRequest* req,
@@ -48,10 +56,16 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
                       v1::GetKeyResponse* resp) override;
   grpc::Status WaitKeys(grpc::ServerContext* ctx, const v1::WaitKeysRequest* req,
                         v1::WaitKeysResponse* resp) override;
+  grpc::Status UploadArtifact(grpc::ServerContext* ctx,
+                              grpc::ServerReader<v1::UploadArtifactRequest>* reader,
+                              v1::UploadArtifactResponse* resp) override;
+  grpc::Status FetchArtifact(grpc::ServerContext* ctx, const v1::FetchArtifactRequest* req,
+                             grpc::ServerWriter<v1::FetchArtifactResponse>* writer) override;
 
  private:
   JobManager* jobs_;
   KvStore* kv_;
+  ArtifactStore* artifacts_;
 };
 
 }  // namespace stagecoach::coordinator

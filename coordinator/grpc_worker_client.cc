@@ -46,4 +46,34 @@ absl::StatusOr<v1::GetWorkerStatusResponse> GrpcWorkerClient::GetStatus(const st
   return response;
 }
 
+absl::StatusOr<v1::InspectModelResponse> GrpcWorkerClient::InspectModel(
+    const std::string& address, const v1::InspectModelRequest& request, absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(&ctx, timeout);
+  v1::InspectModelResponse response;
+  grpc::Status status = Stub(address)->InspectModel(&ctx, request, &response);
+  // The worker's verdict on the spec (INVALID_ARGUMENT naming the field) is passed on as it
+  // wrote it; other failures say which call on which worker failed.
+  if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+    return rpc::FromGrpcStatus(status);
+  }
+  if (!status.ok()) {
+    return rpc::CallError(status, "InspectModel", absl::StrCat("worker at ", address));
+  }
+  return response;
+}
+
+absl::Status GrpcWorkerClient::RequestCheckpoint(const std::string& address,
+                                                 const std::string& job_id, int64_t step,
+                                                 absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(&ctx, timeout);
+  v1::RequestCheckpointRequest request;
+  request.set_job_id(job_id);
+  request.set_step(step);
+  v1::RequestCheckpointResponse response;
+  return rpc::CallError(Stub(address)->RequestCheckpoint(&ctx, request, &response),
+                        "RequestCheckpoint", absl::StrCat("worker at ", address));
+}
+
 }  // namespace stagecoach::coordinator

@@ -19,6 +19,11 @@ class GrpcWorkerClient : public WorkerClient {
                         const std::string& reason, absl::Duration timeout) override;
   absl::StatusOr<v1::GetWorkerStatusResponse> GetStatus(const std::string& address,
                                                         absl::Duration timeout) override;
+  absl::StatusOr<v1::InspectModelResponse> InspectModel(const std::string& address,
+                                                        const v1::InspectModelRequest& request,
+                                                        absl::Duration timeout) override;
+  absl::Status RequestCheckpoint(const std::string& address, const std::string& job_id,
+                                 int64_t step, absl::Duration timeout) override;
 
  private:
   v1::WorkerService::Stub* Stub(const std::string& address);

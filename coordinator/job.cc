@@ -90,9 +90,17 @@ void Job::ToProto(v1::Job* out) const {
     r->set_steps_done(slot.steps_done);
     r->set_bytes_sent(slot.bytes_sent);
     r->set_bytes_received(slot.bytes_received);
+    for (const auto& [peer, bytes] : slot.bytes_sent_to)
+      (*r->mutable_bytes_sent_to())[peer] = bytes;
+    for (const auto& [peer, bytes] : slot.bytes_received_from) {
+      (*r->mutable_bytes_received_from())[peer] = bytes;
+    }
+    r->set_parameters(slot.parameters);
   }
   out->set_spec_yaml(spec_yaml);
   *out->mutable_created_time() = rpc::ToProtoTimestamp(created);
+  for (const v1::JobCheckpoint& c : checkpoints) *out->add_checkpoints() = c;
+  if (resumed_from.has_value()) *out->mutable_resumed_from() = *resumed_from;
 }
 
 }  // namespace stagecoach::coordinator

@@ -54,7 +54,10 @@ struct RankSlot {
   int64_t steps_done = 0;
   int64_t bytes_sent = 0;
   int64_t bytes_received = 0;
-  bool task_ended = false;  // ReportTaskEnd received, or the task was stopped
+  std::map<int, int64_t> bytes_sent_to;        // by peer rank
+  std::map<int, int64_t> bytes_received_from;  // by peer rank
+  int64_t parameters = 0;                      // held by the rank's worker, as reported
+  bool task_ended = false;                     // ReportTaskEnd received, or the task was stopped
   v1::TaskOutcome outcome = v1::TASK_OUTCOME_UNSPECIFIED;
   std::string error;
 };
@@ -91,6 +94,20 @@ struct Job {
   bool inference = false;
   v1::TensorData inference_inputs;
   std::optional<v1::TensorData> inference_outputs;
+
+  // Checkpoints (training.checkpoint, training.resume_from; docs/checkpoints.md).
+  // The checkpoint the job resumed from, and each of its stages' files (indexed by stage);
+  // unset / empty without training.resume_from.
+  std::optional<v1::JobCheckpoint> resumed_from;
+  std::vector<std::vector<v1::StageCheckpointFile>> resume_files;
+  // Steps of the job's timeline before its first step: resumed_from's step, else 0. Global
+  // step numbers (ReportStepRequest.global_step, checkpoint steps) count from it.
+  int64_t base_step = 0;
+  // Stage files reported for checkpoints that are not complete yet: global step -> stage ->
+  // that stage's files.
+  std::map<int64_t, std::map<int, std::vector<v1::StageCheckpointFile>>> checkpoint_files;
+  // Complete checkpoints (every stage's files and the manifest written), oldest first.
+  std::vector<v1::JobCheckpoint> checkpoints;
 
   int64_t steps_done() const { return steps_completed; }
   bool forward_only() const { return !plan.has_backward; }

@@ -1,8 +1,10 @@
 #include "coordinator/job_manager.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <limits>
 #include <numeric>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -11,7 +13,9 @@
 #include "common/spec/spec_overrides.h"
 #include "common/spec/spec_parser.h"
 #include "common/util/logging.h"
+#include "common/util/sha256.h"
 #include "common/util/status_macros.h"
+#include "coordinator/checkpoint_manifest.h"
 
 namespace stagecoach::coordinator {
 namespace {
@@ -25,14 +29,17 @@ constexpr absl::Duration kInferPoll = absl::Milliseconds(250);
 
 // The spec of an Infer job: `spec_yaml` with a ForwardOnly schedule, `batch_size` rows and one
 // step; schedule files, checkpoints and the data section do not apply to inference.
+// With `keep_data` the data section stays (what profiling the model's layers measures on).
 absl::StatusOr<std::string> InferenceSpecYaml(const std::string& spec_yaml,
-                                              const std::string& origin, int64_t batch_size) {
+                                              const std::string& origin, int64_t batch_size,
+                                              bool keep_data = false) {
   spec::SpecOverrides overrides;
   overrides.set = {{"schedule.kind", "ForwardOnly"},
                    {"training.batch_size", absl::StrCat(batch_size)},
                    {"training.steps", "1"}};
   overrides.remove = {"schedule.csv", "schedule.csv_format", "schedule.csv_text",
-                      "training.checkpoint", "data"};
+                      "training.checkpoint"};
+  if (!keep_data) overrides.remove.push_back("data");
   return spec::ApplySpecOverrides(spec_yaml, origin, overrides);
 }
 
@@ -49,6 +56,11 @@ absl::Status CheckInferenceOutputs(const Job& job, const v1::ReportTaskEndReques
   }
   return absl::OkStatus();
 }
+
+// Checkpoints (defined with the checkpoint code below ReportStep's helpers).
+absl::StatusOr<std::optional<CheckpointManifest>> VerifyResumeFrom(const spec::JobSpec& spec,
+                                                                   const Plan& plan);
+void ApplyResume(const std::optional<CheckpointManifest>& checkpoint, Job* job);
 
 }  // namespace
 
@@ -93,12 +105,65 @@ absl::StatusOr<Job*> JobManager::FindJobOrError(const std::string& id) {
   return job;
 }
 
+absl::StatusOr<std::vector<v1::LayerInfo>> JobManager::ModelLayers(
+    const spec::JobSpec& spec, const std::string& inspect_yaml, const PlanOptions& plan_options) {
+  if (!NeedsInspection(spec)) return BuiltinLayers(*spec.model.builtin);
+  // What the planner refuses anyway is refused before a worker is troubled.
+  RETURN_IF_ERROR(CheckPlannable(spec, plan_options));
+  const bool profile = NeedsProfile(spec);
+  const std::string what = spec.model.torchscript.has_value()
+                               ? "inspect model.torchscript"
+                               : "profile the model's layers (split.policy profiled)";
+  std::string worker_id, address;
+  {
+    absl::MutexLock lock(&mu_);
+    // Prefer a worker of the job's device (profiled times are measured there), then an idle one.
+    int best = -1;
+    for (const WorkerRecord* w : registry_.All()) {
+      if (w->state == v1::WORKER_STATE_LOST) continue;
+      const int score = (DeviceMatches(spec.placement.device, w->device) ? 2 : 0) +
+                        (w->state == v1::WORKER_STATE_IDLE ? 1 : 0);
+      if (score > best) {
+        best = score;
+        worker_id = w->id;
+        address = w->address;
+      }
+    }
+  }
+  if (worker_id.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no live worker to ", what, "; start a worker first"));
+  }
+  v1::InspectModelRequest request;
+  request.set_spec_yaml(inspect_yaml);
+  request.set_profile(profile);
+  request.set_profile_iterations(options_.profile_iterations);
+  auto inspected = deps_.workers->InspectModel(address, request, options_.inspect_timeout);
+  if (!inspected.ok()) {
+    const absl::Status& error = inspected.status();
+    if (absl::IsInvalidArgument(error)) {
+      // The worker's verdict on the spec (it names the field).
+      return absl::InvalidArgumentError(
+          absl::StrCat(error.message(), " (inspected by worker ", worker_id, ")"));
+    }
+    return absl::Status(error.code(), absl::StrCat("could not ", what, " on worker ", worker_id,
+                                                   " at ", address, ": ", error.message()));
+  }
+  spdlog::info("worker {} inspected the model: {} layers{}", worker_id, inspected->layers_size(),
+               profile ? ", profiled" : "");
+  return std::vector<v1::LayerInfo>(inspected->layers().begin(), inspected->layers().end());
+}
+
 absl::StatusOr<std::string> JobManager::SubmitJob(const std::string& spec_yaml,
                                                   const std::string& origin) {
   ASSIGN_OR_RETURN(spec::JobSpec spec, spec::ParseJobSpec(spec_yaml, origin));
-  ASSIGN_OR_RETURN(Plan plan, PlanJob(spec));
+  ASSIGN_OR_RETURN(std::vector<v1::LayerInfo> layers, ModelLayers(spec, spec_yaml, {}));
+  ASSIGN_OR_RETURN(Plan plan, PlanJob(spec, std::move(layers)));
+  ASSIGN_OR_RETURN(std::optional<CheckpointManifest> resume, VerifyResumeFrom(spec, plan));
   absl::MutexLock lock(&mu_);
-  const std::string id = AddJobLocked(std::move(spec), spec_yaml, std::move(plan)).id;
+  Job& job = AddJobLocked(std::move(spec), spec_yaml, std::move(plan));
+  ApplyResume(resume, &job);
+  const std::string id = job.id;
   ScheduleLocked();
   return id;
 }
@@ -148,9 +213,21 @@ absl::StatusOr<InferenceResult> JobManager::Infer(const std::string& spec_yaml,
   }
   ASSIGN_OR_RETURN(std::string job_yaml, InferenceSpecYaml(spec_yaml, origin, rows));
   ASSIGN_OR_RETURN(spec::JobSpec spec, spec::ParseJobSpec(job_yaml, origin));
-  ASSIGN_OR_RETURN(Plan plan, PlanJob(spec));
+  // The batch is the client's; profiled layer times are measured on the spec's own data.
+  PlanOptions plan_options;
+  plan_options.client_batches = true;
+  std::string inspect_yaml = job_yaml;
+  if (NeedsProfile(spec)) {
+    ASSIGN_OR_RETURN(inspect_yaml, InferenceSpecYaml(spec_yaml, origin, rows, /*keep_data=*/true));
+  }
+  ASSIGN_OR_RETURN(std::vector<v1::LayerInfo> layers,
+                   ModelLayers(spec, inspect_yaml, plan_options));
+  ASSIGN_OR_RETURN(Plan plan, PlanJob(spec, std::move(layers), plan_options));
+  // Inference on a checkpoint's weights (training.resume_from).
+  ASSIGN_OR_RETURN(std::optional<CheckpointManifest> resume, VerifyResumeFrom(spec, plan));
   absl::MutexLock lock(&mu_);
   Job& job = AddJobLocked(std::move(spec), std::move(job_yaml), std::move(plan));
+  ApplyResume(resume, &job);
   job.inference = true;
   job.inference_inputs = std::move(inputs);
   ScheduleLocked();
@@ -207,6 +284,15 @@ absl::StatusOr<v1::Job> JobManager::GetJob(const std::string& job_id) {
   ASSIGN_OR_RETURN(Job * job, FindJobOrError(job_id));
   v1::Job out;
   job->ToProto(&out);
+  // The plan's partition: the model's layers and each stage's share of them.
+  for (const v1::LayerInfo& layer : job->plan.layers) *out.add_layers() = layer;
+  for (const StagePlan& stage : job->plan.stages) {
+    v1::StageAssignment* st = out.add_stages();
+    st->set_stage(stage.stage);
+    st->set_first_layer(stage.first_layer);
+    st->set_end_layer(stage.end_layer);
+    st->set_parameters(stage.parameters);
+  }
   return out;
 }
 
@@ -302,6 +388,215 @@ absl::StatusOr<RankSlot*> JobManager::ReportingSlot(Job* job, const std::string&
   return &job->ranks[rank];
 }
 
+// --- Checkpoints: resume verification, stage files of step reports, manifests. ---
+namespace {
+
+// training.resume_from of a planned job: the verified checkpoint (manifest present, every file
+// with its size and SHA-256, the plan's stage count and each stage's layers), or nullopt when
+// the spec has none. INVALID_ARGUMENT "training.resume_from: ..." otherwise.
+absl::StatusOr<std::optional<CheckpointManifest>> VerifyResumeFrom(const spec::JobSpec& spec,
+                                                                   const Plan& plan) {
+  const std::string& dir = spec.training.resume_from;
+  if (dir.empty()) return std::nullopt;
+  auto refused = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("training.resume_from: ", why));
+  };
+  absl::StatusOr<CheckpointManifest> m = VerifyCheckpoint(dir);
+  if (!m.ok()) return refused(m.status().message());
+  if (m->num_stages != plan.num_stages) {
+    return refused(absl::StrCat("checkpoint ", dir, " has ", m->num_stages,
+                                " stages, this job's plan has ", plan.num_stages,
+                                " (set split.stages or split.points to match it)"));
+  }
+  for (int s = 0; s < plan.num_stages; ++s) {
+    const ManifestStage& saved = m->stages[s];
+    const StagePlan& planned = plan.stages[s];
+    if (saved.first_layer != planned.first_layer || saved.end_layer != planned.end_layer) {
+      return refused(absl::StrCat("stage ", s, " holds layers [", saved.first_layer, ", ",
+                                  saved.end_layer, ") in checkpoint ", dir, ", layers [",
+                                  planned.first_layer, ", ", planned.end_layer,
+                                  ") in this job's plan"));
+    }
+    if (saved.layers.empty()) continue;
+    for (int l = planned.first_layer; l < planned.end_layer; ++l) {
+      const size_t i = static_cast<size_t>(l - planned.first_layer);
+      if (l < static_cast<int>(plan.layers.size()) && i < saved.layers.size() &&
+          plan.layers[l].name() != saved.layers[i]) {
+        return refused(absl::StrCat("stage ", s, " layer ", l, " is '", saved.layers[i],
+                                    "' in checkpoint ", dir, ", '", plan.layers[l].name(),
+                                    "' in this job's model"));
+      }
+    }
+  }
+  return std::optional<CheckpointManifest>(*std::move(m));
+}
+
+// Makes `job` start from `checkpoint` (VerifyResumeFrom's answer).
+void ApplyResume(const std::optional<CheckpointManifest>& checkpoint, Job* job) {
+  if (!checkpoint.has_value()) return;
+  v1::JobCheckpoint from;
+  from.set_step(checkpoint->step);
+  from.set_directory(job->spec.training.resume_from);
+  from.set_manifest(ManifestPath(job->spec.training.resume_from));
+  job->resumed_from = from;
+  job->base_step = checkpoint->step;
+  job->resume_files.clear();
+  for (const ManifestStage& st : checkpoint->stages) job->resume_files.push_back(st.files);
+  spdlog::info("{} resumes from {} (step {})", job->id, from.directory(), from.step());
+}
+
+// The checkpoint part of a step report: global_step, when set, is the job's base step plus the
+// steps done; every file belongs to a stage the reporting rank owns and has a plain name, a
+// size and a checksum.
+absl::Status ValidateCheckpointReport(const Job& job, const v1::ReportStepRequest& req) {
+  const int64_t global_step = job.base_step + req.step() + 1;
+  if (req.global_step() != 0 && req.global_step() != global_step) {
+    return absl::InvalidArgumentError(absl::StrCat("global_step: rank ", req.rank(), " reported ",
+                                                   req.global_step(), " after step ", req.step(),
+                                                   ", expected ", global_step, " (", job.base_step,
+                                                   " resumed steps + ", req.step() + 1, ")"));
+  }
+  if (req.checkpoint_files_size() == 0) return absl::OkStatus();
+  if (job.spec.training.checkpoint.dir.empty() || job.forward_only()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint_files: rank ", req.rank(), " reported a checkpoint, but job ", job.id,
+        job.forward_only() ? " is forward-only" : " has no training.checkpoint.dir"));
+  }
+  for (const v1::StageCheckpointFile& f : req.checkpoint_files()) {
+    if (f.stage() < 0 || f.stage() >= job.plan.num_stages ||
+        job.plan.stage_to_rank[f.stage()] != req.rank()) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint_files: rank ", req.rank(),
+                                                     " reported a file of stage ", f.stage(),
+                                                     ", which it does not own"));
+    }
+    if (f.file().empty() || f.file().find('/') != std::string::npos ||
+        f.file() == kManifestFileName || f.size_bytes() < 0 || !IsSha256Hex(f.sha256())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("checkpoint_files: stage ", f.stage(), " file '", f.file(),
+                       "' needs a plain file name, a size and a 64-digit sha256"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void JobManager::CollectCheckpointFilesLocked(Job* job, const v1::ReportStepRequest& req) {
+  if (req.checkpoint_files_size() == 0) return;
+  const int64_t step = job->base_step + req.step() + 1;
+  auto& stages = job->checkpoint_files[step];
+  for (const v1::StageCheckpointFile& f : req.checkpoint_files()) stages[f.stage()].push_back(f);
+  if (static_cast<int>(stages.size()) < job->plan.num_stages) return;
+
+  // Every stage's files are in: check them on disk, then write the manifest, last.
+  const std::string dir = CheckpointStepDirectory(job->spec.training.checkpoint.dir, step);
+  CheckpointManifest m;
+  m.job_id = job->id;
+  m.step = step;
+  m.data_position = step;
+  m.num_stages = job->plan.num_stages;
+  m.schedule = job->plan.schedule_name;
+  m.model_json = ModelReferenceJson(job->spec.model);
+  absl::Status status;
+  for (int s = 0; s < job->plan.num_stages; ++s) {
+    ManifestStage& st = m.stages.emplace_back();
+    st.stage = s;
+    st.first_layer = job->plan.stages[s].first_layer;
+    st.end_layer = job->plan.stages[s].end_layer;
+    for (int l = st.first_layer; l < st.end_layer && l < static_cast<int>(job->plan.layers.size());
+         ++l) {
+      st.layers.push_back(job->plan.layers[l].name());
+    }
+    st.files = stages[s];
+    for (const v1::StageCheckpointFile& f : st.files) {
+      std::error_code ec;
+      const auto size = std::filesystem::file_size(std::filesystem::path(dir) / f.file(), ec);
+      if (status.ok() && (ec || static_cast<int64_t>(size) != f.size_bytes())) {
+        status = absl::DataLossError(
+            ec ? absl::StrCat(f.file(), " (stage ", s, ") is not in ", dir, ": ", ec.message())
+               : absl::StrCat(f.file(), " (stage ", s, ") in ", dir, " has ", size,
+                              " bytes, its rank reported ", f.size_bytes()));
+      }
+    }
+  }
+  job->checkpoint_files.erase(step);
+  if (status.ok()) status = WriteManifest(dir, m);
+  if (!status.ok()) {
+    spdlog::error("{}: checkpoint at step {} left incomplete (no manifest): {}", job->id, step,
+                  status.message());
+    return;
+  }
+  v1::JobCheckpoint& done = job->checkpoints.emplace_back();
+  done.set_step(step);
+  done.set_directory(dir);
+  done.set_manifest(ManifestPath(dir));
+  spdlog::info("{}: checkpoint at step {} complete: {}", job->id, step, done.manifest());
+}
+
+absl::StatusOr<v1::CheckpointJobResponse> JobManager::CheckpointJob(const std::string& job_id) {
+  constexpr int kTries = 5;
+  std::vector<std::pair<int, std::string>> ranks;  // rank, worker address
+  v1::CheckpointJobResponse response;
+  int64_t last = 0;  // the job's final global step
+  std::string dir;
+  {
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(Job * job, FindJobOrError(job_id));
+    if (job->state != v1::JOB_STATE_RUNNING) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", job_id, " is ", JobStateName(job->state), "; only a RUNNING job checkpoints"));
+    }
+    if (job->forward_only()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job_id, " is forward-only; it has no training state to save"));
+    }
+    dir = job->spec.training.checkpoint.dir;
+    if (dir.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job_id, ": its spec has no training.checkpoint.dir"));
+    }
+    int64_t furthest = 0;
+    for (const RankSlot& slot : job->ranks) {
+      furthest = std::max(furthest, slot.steps_done);
+      ranks.emplace_back(slot.rank, slot.worker_address);
+    }
+    // Step `furthest` (from 0) is the earliest no rank has finished; after it the timeline holds
+    // base + furthest + 1 steps.
+    response.set_step(job->base_step + furthest + 1);
+    last = job->base_step + job->spec.training.steps;
+  }
+  absl::Status failure;
+  for (int attempt = 0; attempt < kTries; ++attempt) {
+    if (response.step() >= last) {
+      // The end-of-job checkpoint is written anyway.
+      response.set_step(last);
+      response.set_directory(CheckpointStepDirectory(dir, last));
+      return response;
+    }
+    failure = absl::OkStatus();
+    for (const auto& [rank, address] : ranks) {
+      absl::Status asked = deps_.workers->RequestCheckpoint(address, job_id, response.step(),
+                                                            options_.worker_rpc_timeout);
+      if (!asked.ok()) {
+        failure = absl::Status(asked.code(),
+                               absl::StrCat("job ", job_id, " rank ", rank, ": ", asked.message()));
+        break;
+      }
+    }
+    if (failure.ok()) {
+      response.set_directory(CheckpointStepDirectory(dir, response.step()));
+      spdlog::info("{}: checkpoint requested after step {} in {}", job_id, response.step(),
+                   response.directory());
+      return response;
+    }
+    if (!absl::IsFailedPrecondition(failure)) return failure;
+    // A rank has already passed that step: ask for the next one.
+    response.set_step(response.step() + 1);
+  }
+  return absl::AbortedError(absl::StrCat("checkpoint of ", failure.message(), " (asked ", kTries,
+                                         " times for later steps)"));
+}
+
 absl::Status JobManager::ReportStep(const v1::ReportStepRequest& req) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Job * job, FindJobOrError(req.job_id()));
@@ -324,10 +619,17 @@ absl::Status JobManager::ReportStep(const v1::ReportStepRequest& req) {
         absl::StrCat("action_timings: expected one per executed action (",
                      req.executed_actions_size(), "), got ", req.action_timings_size()));
   }
+  RETURN_IF_ERROR(ValidateCheckpointReport(*job, req));
   slot->steps_done = req.step() + 1;
   slot->bytes_sent += req.bytes_sent();
   slot->bytes_received += req.bytes_received();
+  for (const auto& [peer, bytes] : req.bytes_sent_to()) slot->bytes_sent_to[peer] += bytes;
+  for (const auto& [peer, bytes] : req.bytes_received_from()) {
+    slot->bytes_received_from[peer] += bytes;
+  }
+  slot->parameters = req.parameters();
   slot->executed_actions.assign(req.executed_actions().begin(), req.executed_actions().end());
+  CollectCheckpointFilesLocked(job, req);
 
   StepAggregate& agg = job->partial_steps[req.step()];
   ++agg.ranks_reported;
@@ -523,6 +825,7 @@ void JobManager::ScheduleLocked() {
     job.starting = true;
     job.ranks.clear();
     job.partial_steps.clear();
+    job.checkpoint_files.clear();
     std::vector<std::pair<std::string, v1::TaskAssignment>> tasks;
     std::vector<std::string> names;
     for (int r = 0; r < needed; ++r) {
@@ -549,6 +852,11 @@ void JobManager::ScheduleLocked() {
         st->set_stage(s);
         st->set_first_layer(job.plan.stages[s].first_layer);
         st->set_end_layer(job.plan.stages[s].end_layer);
+        st->set_parameters(job.plan.stages[s].parameters);
+      }
+      for (const v1::LayerInfo& layer : job.plan.layers) task.add_layer_names(layer.name());
+      for (const StagePlan& stage : job.plan.stages) {
+        task.add_stage_first_layers(stage.first_layer);
       }
       for (const auto& a : slot.actions) task.add_actions(a);
       task.set_spec_yaml(job.spec_yaml);
@@ -556,6 +864,14 @@ void JobManager::ScheduleLocked() {
       task.set_transport(job.plan.transport);
       *task.mutable_comm_timeout() = rpc::ToProtoDuration(options_.comm_timeout);
       task.set_forward_only(job.forward_only());
+      if (job.resumed_from.has_value()) {
+        v1::ResumeTask* resume = task.mutable_resume();
+        resume->set_directory(job.resumed_from->directory());
+        resume->set_step(job.resumed_from->step());
+        for (int s : slot.stages) {
+          for (const v1::StageCheckpointFile& f : job.resume_files[s]) *resume->add_files() = f;
+        }
+      }
       if (job.inference) {
         v1::InferenceTask* inference = task.mutable_inference();
         if (job.plan.stage_to_rank[0] == r) *inference->mutable_inputs() = job.inference_inputs;

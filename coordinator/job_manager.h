@@ -46,6 +46,11 @@ struct JobManagerOptions {
   absl::Duration tick_interval = absl::Milliseconds(100);
   // Threads calling workers concurrently.
   int worker_call_threads = 8;
+  // Bound on the InspectModel call that gives the planner a TorchScript model's layers (or
+  // profiles a model's layers for split.policy profiled).
+  absl::Duration inspect_timeout = absl::Seconds(120);
+  // Timed repetitions of each layer when profiling; 0 lets the worker choose (3).
+  int profile_iterations = 0;
 };
 
 struct JobManagerDeps {
@@ -81,6 +86,10 @@ class JobManager {
 
   // Parses, validates and plans the spec, then queues the job. INVALID_ARGUMENT (naming the
   // field path) when the spec is invalid or cannot be planned; nothing is queued then.
+  // A TorchScript model, or split.policy profiled, is first inspected by a live worker (an idle
+  // one of the spec's device if any; see InspectModel): FAILED_PRECONDITION when no worker is
+  // registered and alive, INVALID_ARGUMENT with the worker's message when it cannot load or run
+  // the model, UNAVAILABLE / DEADLINE_EXCEEDED (options.inspect_timeout) when it does not answer.
   absl::StatusOr<std::string> SubmitJob(const std::string& spec_yaml, const std::string& origin);
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
   // Every job, oldest first, without its spec and per-rank action lists (GetJob has them).
@@ -88,14 +97,26 @@ class JobManager {
   // Forward-only inference on a client batch (CoordinatorService.Infer): plans `spec_yaml` as a
   // ForwardOnly job of one step whose batch is `inputs` (see InferRequest for which spec fields
   // apply), queues it like SubmitJob, waits up to `timeout` for it to end and returns its
-  // outputs. `caller_gone` (optional) is polled while waiting. Errors: INVALID_ARGUMENT naming
-  // the field (`inputs...`, `schedule.microbatches`, a spec path) when nothing was queued;
-  // DEADLINE_EXCEEDED after `timeout`, CANCELLED when `caller_gone` said so (the job is
-  // cancelled in both cases); ABORTED with the reason of a job that FAILED, CANCELLED for one
-  // cancelled by CancelJob; UNAVAILABLE when the manager shuts down. Each names the job.
+  // outputs. As for SubmitJob, a TorchScript model or split.policy profiled is first inspected
+  // by a worker (profiled on the spec's own data section; data does not otherwise apply).
+  // `caller_gone` (optional) is polled while waiting. Errors: INVALID_ARGUMENT naming the field
+  // (`inputs...`, `schedule.microbatches`, a spec path) when nothing was queued; DEADLINE_EXCEEDED
+  // after `timeout`, CANCELLED when `caller_gone` said so (the job is cancelled in both cases);
+  // ABORTED with the reason of a job that FAILED, CANCELLED for one cancelled by CancelJob;
+  // UNAVAILABLE when the manager shuts down. Each names the job.
   absl::StatusOr<InferenceResult> Infer(const std::string& spec_yaml, const std::string& origin,
                                         v1::TensorData inputs, absl::Duration timeout,
                                         const std::function<bool()>& caller_gone = nullptr);
+  // Checkpoint on demand (CoordinatorService.CheckpointJob): asks every rank's worker to write
+  // a checkpoint after the earliest step no rank has finished (a later one when a worker has
+  // already passed it, a few times), and returns that global step and the checkpoint's
+  // directory; the checkpoint is complete once GetJob lists it in `checkpoints`. A job that has
+  // run all its steps answers with its final checkpoint, which it writes anyway.
+  // FAILED_PRECONDITION when the job is not RUNNING, is forward-only or has no
+  // training.checkpoint.dir; NOT_FOUND for an unknown job; ABORTED when the workers kept
+  // passing the step asked for; a worker's own error (naming its rank) otherwise.
+  absl::StatusOr<v1::CheckpointJobResponse> CheckpointJob(const std::string& job_id)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // FAILED_PRECONDITION when the job has already ended.
   absl::StatusOr<v1::Job> CancelJob(const std::string& job_id, const std::string& reason);
   // Waits up to `timeout` for events with sequence >= from_sequence; returns those (possibly
@@ -116,6 +137,13 @@ class JobManager {
   void Tick();
 
  private:
+  // The model's layers to plan `spec` by: from the spec for a built-in model, else from a live
+  // worker's InspectModel of `inspect_yaml` (profiled when split.policy is profiled). Takes the
+  // lock only to pick the worker; the call runs without it. Errors: see SubmitJob.
+  absl::StatusOr<std::vector<v1::LayerInfo>> ModelLayers(const spec::JobSpec& spec,
+                                                         const std::string& inspect_yaml,
+                                                         const PlanOptions& plan_options)
+      ABSL_LOCKS_EXCLUDED(mu_);
   Job* FindJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Job*> FindJobOrError(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues a parsed and planned job as PENDING (the caller then calls ScheduleLocked).
@@ -144,6 +172,12 @@ class JobManager {
   // not its symptom on a peer, is named as the root cause; then fails the job.
   void InvestigateFailure(const std::string& job_id, int attempt, int rank,
                           const std::string& error);
+  // Records the checkpoint files of a step report (already validated); when every stage's files
+  // of that global step have arrived, checks they are on disk, writes the manifest last and
+  // lists the checkpoint in the job. A checkpoint that cannot be completed is logged, not
+  // listed (it stays a partial checkpoint, which a resume refuses).
+  void CollectCheckpointFilesLocked(Job* job, const v1::ReportStepRequest& req)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Validates that a report comes from the worker holding `rank` in the current attempt.
   absl::StatusOr<RankSlot*> ReportingSlot(Job* job, const std::string& worker_id, int attempt,
                                           int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

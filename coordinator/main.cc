@@ -3,12 +3,14 @@
 #include <iostream>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/rpc/address.h"
 #include "common/rpc/server.h"
 #include "common/util/config_file.h"
 #include "common/util/logging.h"
 #include "common/util/signals.h"
+#include "coordinator/artifact_store.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/grpc_worker_client.h"
 #include "coordinator/job_manager.h"
@@ -16,6 +18,8 @@
 
 namespace {
 
+using stagecoach::coordinator::ArtifactStore;
+using stagecoach::coordinator::ArtifactStoreOptions;
 using stagecoach::coordinator::CoordinatorServiceImpl;
 using stagecoach::coordinator::GrpcWorkerClient;
 using stagecoach::coordinator::JobManager;
@@ -29,6 +33,8 @@ struct Flags {
   std::string heartbeat_interval = "2s";
   std::string comm_timeout = "60s";
   std::string log_level = "info";
+  std::string data_dir;
+  std::string max_upload_bytes = "1073741824";
   bool check_config = false;
 };
 
@@ -63,6 +69,13 @@ int main(int argc, char** argv) {
                               "bound on every data-plane wait in a job's tasks");
   auto* level =
       app.add_option("--log-level", flags.log_level, "trace, debug, info, warn, error or off");
+  auto* data_dir = app.add_option(
+      "--data-dir", flags.data_dir,
+      "directory for the coordinator's state; uploaded artifacts live in DIR/artifacts (default: "
+      "a private temporary directory, removed at exit)");
+  auto* max_upload =
+      app.add_option("--max-upload-bytes", flags.max_upload_bytes,
+                     "largest artifact stagectl may upload, in bytes (default 1 GiB)");
   app.add_flag("--check-config", flags.check_config,
                "validate the configuration and exit (0 when valid)");
   try {
@@ -77,7 +90,9 @@ int main(int argc, char** argv) {
                        {"lease", &flags.lease, lease->count() > 0},
                        {"heartbeat-interval", &flags.heartbeat_interval, heartbeat->count() > 0},
                        {"comm-timeout", &flags.comm_timeout, comm->count() > 0},
-                       {"log-level", &flags.log_level, level->count() > 0}});
+                       {"log-level", &flags.log_level, level->count() > 0},
+                       {"data-dir", &flags.data_dir, data_dir->count() > 0},
+                       {"max-upload-bytes", &flags.max_upload_bytes, max_upload->count() > 0}});
     if (!applied.ok()) return Fail(std::string(applied.message()));
   }
 
@@ -96,6 +111,13 @@ int main(int argc, char** argv) {
     return Fail(absl::StrCat("--heartbeat-interval (", flags.heartbeat_interval,
                              ") must be at most half of --lease (", flags.lease, ")"));
   }
+  ArtifactStoreOptions artifact_options;
+  if (!absl::SimpleAtoi(flags.max_upload_bytes, &artifact_options.max_bytes) ||
+      artifact_options.max_bytes < 1) {
+    return Fail(absl::StrCat("--max-upload-bytes: must be a positive number of bytes, got '",
+                             flags.max_upload_bytes, "'"));
+  }
+  if (!flags.data_dir.empty()) artifact_options.dir = flags.data_dir + "/artifacts";
   if (auto s = stagecoach::InitLogging("coordinator", flags.log_level); !s.ok()) {
     return Fail(std::string(s.message()));
   }
@@ -106,10 +128,12 @@ int main(int argc, char** argv) {
 
   const sigset_t signals = stagecoach::BlockTerminationSignals();
 
+  auto artifacts = ArtifactStore::Open(artifact_options);
+  if (!artifacts.ok()) return Fail(std::string(artifacts.status().message()));
   KvStore kv;
   GrpcWorkerClient worker_client;
   JobManager jobs(options, {stagecoach::Clock::Real(), &worker_client, &kv});
-  CoordinatorServiceImpl service(&jobs, &kv);
+  CoordinatorServiceImpl service(&jobs, &kv, artifacts->get());
 
   auto started = stagecoach::rpc::StartServer(*listen_addr, {&service});
   if (!started.ok()) return Fail(std::string(started.status().message()));
@@ -119,6 +143,8 @@ int main(int argc, char** argv) {
   std::cout << "listening on " << actual.ToString() << std::endl;
   spdlog::info("coordinator listening on {} (lease {}, heartbeat {})", actual.ToString(),
                flags.lease, flags.heartbeat_interval);
+  spdlog::info("artifact store {} (uploads up to {} bytes)", (*artifacts)->dir(),
+               (*artifacts)->max_bytes());
   jobs.Start();
 
   std::thread signal_thread([&] {

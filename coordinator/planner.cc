@@ -1,6 +1,7 @@
 #include "coordinator/planner.h"
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <limits>
 #include <optional>
@@ -22,55 +23,89 @@ absl::Status FieldError(absl::string_view field, absl::string_view why) {
 
 // The features of the spec language this planner can run; everything else is refused up front
 // with the field that asks for it, rather than failing later on a worker.
-absl::Status CheckSupported(const spec::JobSpec& spec) {
-  if (spec.model.torchscript.has_value()) {
-    return FieldError("model.torchscript",
-                      "TorchScript models are not supported by this coordinator yet; use "
-                      "model.builtin");
+absl::Status CheckSupported(const spec::JobSpec& spec, const PlanOptions& options) {
+  if (options.client_batches) {
+    if (spec.model.builtin.has_value() && spec.model.builtin->family != "mlp" &&
+        spec.model.builtin->family != "gpt") {
+      return FieldError("model.builtin.family",
+                        absl::StrCat("family '", spec.model.builtin->family,
+                                     "' is not supported by this coordinator (supported: mlp, "
+                                     "gpt)"));
+    }
+    return absl::OkStatus();
   }
-  const std::string& family = spec.model.builtin->family;
-  if (family != "mlp" && family != "gpt") {
-    return FieldError("model.builtin.family",
-                      absl::StrCat("family '", family,
-                                   "' is not supported by this coordinator yet (supported: mlp, "
-                                   "gpt)"));
-  }
-  if (!spec.split.points.empty()) {
-    return FieldError("split.points",
-                      "split points are not supported by this coordinator yet; use split.stages");
-  }
-  if (spec.split.policy == "profiled") {
-    return FieldError("split.policy",
-                      "'profiled' is not supported by this coordinator yet (supported: "
-                      "equal-layers, equal-params)");
-  }
-  // Synthetic data is drawn for an MLP's sizes, a tensors file (torch.save'd inputs and
-  // targets) feeds an MLP, a tokens file feeds a GPT.
   const std::string& kind = spec.data.kind;
   if (kind != "synthetic" && kind != "tokens" && kind != "tensors") {
     return FieldError("data.kind",
                       absl::StrCat("'", kind,
-                                   "' data is not supported by this coordinator yet (supported: "
-                                   "synthetic or tensors for mlp, tokens for gpt)"));
+                                   "' data is not supported by this coordinator (supported: "
+                                   "synthetic or tensors for mlp, tokens for gpt, tensors or "
+                                   "tokens for a TorchScript model)"));
   }
-  const bool fits = family == "gpt" ? kind == "tokens" : kind == "synthetic" || kind == "tensors";
-  if (!fits) {
-    return FieldError(
-        "data.kind",
-        absl::StrCat("'", kind, "' data cannot feed a ", family, " model (use data.kind ",
-                     family == "gpt" ? "tokens" : "synthetic or tensors", ")"));
+  if (spec.model.torchscript.has_value()) {
+    // Synthetic data is drawn for an MLP's sizes, which a TorchScript model does not declare;
+    // a tensors file or a tokens file carries its own shapes.
+    if (kind == "synthetic") {
+      return FieldError("data.kind",
+                        "'synthetic' data is drawn for a built-in mlp's sizes and cannot feed a "
+                        "TorchScript model (use data.kind tensors or tokens)");
+    }
+  } else {
+    const std::string& family = spec.model.builtin->family;
+    if (family != "mlp" && family != "gpt") {
+      return FieldError("model.builtin.family",
+                        absl::StrCat("family '", family,
+                                     "' is not supported by this coordinator (supported: mlp, "
+                                     "gpt)"));
+    }
+    // Synthetic data is drawn for an MLP's sizes, a tensors file (torch.save'd inputs and
+    // targets) feeds an MLP, a tokens file feeds a GPT.
+    const bool fits = family == "gpt" ? kind == "tokens" : kind == "synthetic" || kind == "tensors";
+    if (!fits) {
+      return FieldError(
+          "data.kind",
+          absl::StrCat("'", kind, "' data cannot feed a ", family, " model (use data.kind ",
+                       family == "gpt" ? "tokens" : "synthetic or tensors", ")"));
+    }
+    if (family == "gpt" && spec.training.loss != "cross_entropy") {
+      return FieldError("training.loss",
+                        absl::StrCat("'", spec.training.loss,
+                                     "' cannot train a gpt model (its targets are next tokens; "
+                                     "use cross_entropy)"));
+    }
   }
   if ((kind == "tokens" || kind == "tensors") && spec.data.path.empty()) {
     return FieldError("data.path", absl::StrCat("required for data.kind ", kind));
   }
-  if (family == "gpt" && spec.training.loss != "cross_entropy") {
-    return FieldError("training.loss",
-                      absl::StrCat("'", spec.training.loss,
-                                   "' cannot train a gpt model (its targets are next tokens; use "
-                                   "cross_entropy)"));
-  }
   return absl::OkStatus();
 }
+
+// The field that names the model in errors: model.torchscript or model.builtin.
+std::string ModelField(const spec::JobSpec& spec) {
+  return spec.model.torchscript.has_value() ? "model.torchscript" : "model.builtin";
+}
+
+// "a, b, c" for the layers' names; a long list keeps its first 40 and last 10 names.
+std::string DescribeLayers(const std::vector<v1::LayerInfo>& layers) {
+  constexpr size_t kHead = 40, kTail = 10;
+  std::vector<std::string> shown;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (layers.size() > kHead + kTail + 1 && i == kHead) {
+      shown.push_back(absl::StrCat("... (", layers.size() - kHead - kTail, " more)"));
+      i = layers.size() - kTail;
+    }
+    shown.push_back(layers[i].name());
+  }
+  return absl::StrJoin(shown, ", ");
+}
+
+// How many stages the spec asks for, and which field says so (for errors): split.stages, or
+// the stages split.points make. 0 when neither says (placement.workers or the schedule decide).
+struct StageRequest {
+  int stages = 0;
+  std::string field = "split.stages";
+  bool from_points() const { return field == "split.points"; }
+};
 
 // placement.transport with "auto" resolved: nccl for cuda, gloo for cpu.
 absl::StatusOr<std::string> ResolveTransport(const spec::PlacementSpec& placement) {
@@ -140,17 +175,18 @@ absl::Status CheckStyle(const spec::PlacementSpec& placement, const std::vector<
   return absl::OkStatus();
 }
 
-absl::Status CheckStagesFitLayers(int stages, int64_t layers) {
+absl::Status CheckStagesFitLayers(int stages, int64_t layers, const StageRequest& request) {
   if (stages <= layers) return absl::OkStatus();
-  return FieldError("split.stages", absl::StrCat("must be <= ", layers,
-                                                 " (the model's layers; a stage needs at least "
-                                                 "one), got ",
-                                                 stages));
+  return FieldError(request.field, absl::StrCat("must be <= ", layers,
+                                                " (the model's layers; a stage needs at least "
+                                                "one), got ",
+                                                stages));
 }
 
 // schedule.kind: stage and worker counts, then the generator's lists, placed, lowered and
 // validated.
-absl::Status PlanGeneratedSchedule(const spec::JobSpec& spec, int64_t layers, Plan* plan) {
+absl::Status PlanGeneratedSchedule(const spec::JobSpec& spec, const StageRequest& request,
+                                   int64_t layers, Plan* plan) {
   auto kind = schedule::ParseScheduleKind(spec.schedule.kind);
   if (!kind.ok()) return FieldError("schedule.kind", kind.status().message());
   plan->kind = *kind;
@@ -159,25 +195,27 @@ absl::Status PlanGeneratedSchedule(const spec::JobSpec& spec, int64_t layers, Pl
   plan->has_backward = schedule::HasBackward(*kind);
 
   const int default_spr = schedule::DefaultStagesPerRank(*kind);
-  const int stages = spec.split.stages;
+  const int stages = request.stages;
   const int workers = spec.placement.workers;
   if (stages > 0 && workers > 0) {
     if (stages % workers != 0) {
-      return FieldError("placement.workers",
-                        absl::StrCat(stages, " stages do not divide evenly among ", workers,
-                                     " workers (split.stages must be a multiple of "
-                                     "placement.workers)"));
+      return FieldError(
+          "placement.workers",
+          absl::StrCat(stages, " stages do not divide evenly among ", workers, " workers (",
+                       request.from_points() ? "the stages split.points make" : "split.stages",
+                       " must be a multiple of placement.workers)"));
     }
     plan->num_stages = stages;
     plan->num_ranks = workers;
   } else if (stages > 0) {
     if (stages % default_spr != 0) {
       return FieldError(
-          "split.stages",
+          request.field,
           absl::StrCat(name, " runs ", default_spr,
                        " stages per worker unless placement.workers says otherwise, "
                        "and ",
-                       stages, " is not a multiple of ", default_spr, "; give placement.workers"));
+                       stages, request.from_points() ? " (the stages split.points make)" : "",
+                       " is not a multiple of ", default_spr, "; give placement.workers"));
     }
     plan->num_stages = stages;
     plan->num_ranks = stages / default_spr;
@@ -188,7 +226,7 @@ absl::Status PlanGeneratedSchedule(const spec::JobSpec& spec, int64_t layers, Pl
     return FieldError("split.stages", "required (or give placement.workers)");
   }
   plan->stages_per_rank = plan->num_stages / plan->num_ranks;
-  RETURN_IF_ERROR(CheckStagesFitLayers(plan->num_stages, layers));
+  RETURN_IF_ERROR(CheckStagesFitLayers(plan->num_stages, layers, request));
 
   // Generate, lower and validate. Unsharded stages: no UNSHARD/RESHARD.
   schedule::ScheduleConfig config;
@@ -250,7 +288,8 @@ std::optional<schedule::ScheduleKind> MatchingGenerator(const schedule::Pipeline
 
 // schedule.csv: the file's lists (schedule.csv_text), checked against the spec, lowered if
 // compute_only, validated. Stage placement and worker count come from the file's rows.
-absl::Status PlanFileSchedule(const spec::JobSpec& spec, int64_t layers, Plan* plan) {
+absl::Status PlanFileSchedule(const spec::JobSpec& spec, const StageRequest& request,
+                              int64_t layers, Plan* plan) {
   const std::string& file = spec.schedule.csv;
   const std::string& text = spec.schedule.csv_text;
   if (text.empty()) {
@@ -328,13 +367,15 @@ absl::Status PlanFileSchedule(const spec::JobSpec& spec, int64_t layers, Plan* p
         absl::StrCat("'", file, "' schedules ", file_microbatches, " microbatches (0..",
                      file_microbatches - 1, "), but schedule.microbatches is ", m));
   }
-  if (spec.split.stages > 0 && file_stages > 0 && file_stages < spec.split.stages) {
-    return FieldError("split.stages",
-                      absl::StrCat("'", file, "' runs ", file_stages, " stages (0..",
-                                   file_stages - 1, "), but split.stages is ", spec.split.stages));
+  if (request.stages > 0 && file_stages > 0 && file_stages < request.stages) {
+    return FieldError(
+        request.field,
+        absl::StrCat("'", file, "' runs ", file_stages, " stages (0..", file_stages - 1, "), but ",
+                     request.from_points() ? "split.points make " : "split.stages is ",
+                     request.stages));
   }
-  if (spec.split.stages > 0) {
-    options.num_stages = spec.split.stages;
+  if (request.stages > 0) {
+    options.num_stages = request.stages;
   } else if (file_stages > 0) {
     options.num_stages = file_stages;
   }
@@ -432,34 +473,167 @@ std::vector<int> PartitionBalanced(const std::vector<int64_t>& costs, int stages
   return firsts;
 }
 
+bool NeedsInspection(const spec::JobSpec& spec) {
+  return spec.model.torchscript.has_value() || NeedsProfile(spec);
+}
+
+bool NeedsProfile(const spec::JobSpec& spec) {
+  return spec.split.points.empty() && spec.split.policy == "profiled";
+}
+
+absl::Status CheckPlannable(const spec::JobSpec& spec, const PlanOptions& options) {
+  return CheckSupported(spec, options);
+}
+
+std::vector<v1::LayerInfo> BuiltinLayers(const spec::BuiltinModel& model) {
+  const std::vector<std::string> names = spec::BuiltinLayerNames(model);
+  const std::vector<int64_t> params = BuiltinLayerParameters(model);
+  std::vector<v1::LayerInfo> out(names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    out[i].set_name(names[i]);
+    if (i < params.size()) out[i].set_parameters(params[i]);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<int>> SplitPointsToFirstLayers(
+    const std::map<std::string, std::string>& points, const std::vector<v1::LayerInfo>& layers) {
+  std::map<std::string, int> index;
+  for (size_t i = 0; i < layers.size(); ++i) index.emplace(layers[i].name(), static_cast<int>(i));
+  const int n = static_cast<int>(layers.size());
+  // Boundary b is "stage starts at layer b"; the point that made it, for errors.
+  std::map<int, std::string> boundaries;
+  for (const auto& [name, where] : points) {
+    const std::string field = absl::StrCat("split.points.", name);
+    auto found = index.find(name);
+    if (found == index.end()) {
+      return FieldError(
+          field, absl::StrCat("'", name, "' is not a layer of the model (its ", layers.size(),
+                              " layers: ", DescribeLayers(layers), ")"));
+    }
+    const int layer = found->second;
+    int boundary;
+    if (where == "beginning") {
+      boundary = layer;
+    } else if (where == "end") {
+      boundary = layer + 1;
+    } else {
+      return FieldError(field, absl::StrCat("must be 'beginning' or 'end', got '", where, "'"));
+    }
+    if (boundary == 0) {
+      return FieldError(field, absl::StrCat("'beginning' of the first layer (", name,
+                                            ") would leave stage 0 without layers"));
+    }
+    if (boundary == n) {
+      return FieldError(field, absl::StrCat("'end' of the last layer (", name,
+                                            ") would leave the last stage without layers"));
+    }
+    const std::string described = absl::StrCat(name, ": ", where);
+    auto [it, added] = boundaries.emplace(boundary, described);
+    if (!added) {
+      return FieldError(
+          "split.points",
+          absl::StrCat("'", it->second, "' and '", described, "' both cut between layers ",
+                       layers[boundary - 1].name(), " and ", layers[boundary].name(),
+                       ", which would leave a stage without layers; keep one of them"));
+    }
+  }
+  std::vector<int> firsts = {0};
+  for (const auto& [boundary, point] : boundaries) firsts.push_back(boundary);
+  return firsts;
+}
+
 absl::StatusOr<Plan> PlanJob(const spec::JobSpec& spec) {
-  RETURN_IF_ERROR(CheckSupported(spec));
+  if (spec.model.torchscript.has_value()) {
+    return FieldError("model.torchscript",
+                      "a TorchScript model's layers are only known from a worker's InspectModel; "
+                      "plan it with them");
+  }
+  if (NeedsProfile(spec)) {
+    return FieldError("split.policy",
+                      "'profiled' needs the layer times a worker's InspectModel measures; plan "
+                      "with them");
+  }
+  return PlanJob(spec, BuiltinLayers(*spec.model.builtin));
+}
+
+absl::StatusOr<Plan> PlanJob(const spec::JobSpec& spec, std::vector<v1::LayerInfo> layers,
+                             const PlanOptions& options) {
+  RETURN_IF_ERROR(CheckSupported(spec, options));
+  if (layers.empty()) return FieldError(ModelField(spec), "the model has no layers to split");
+  const int num_layers = static_cast<int>(layers.size());
   Plan plan;
   ASSIGN_OR_RETURN(plan.transport, ResolveTransport(spec.placement));
   plan.num_microbatches = spec.schedule.microbatches;
-  const int64_t layers = spec::BuiltinLayerCount(*spec.model.builtin);
+
+  StageRequest request;
+  request.stages = spec.split.stages;
+  std::vector<int> firsts;
+  if (!spec.split.points.empty()) {
+    ASSIGN_OR_RETURN(firsts, SplitPointsToFirstLayers(spec.split.points, layers));
+    const int made = static_cast<int>(firsts.size());
+    if (spec.split.stages > 0 && spec.split.stages != made) {
+      std::vector<std::string> starts;
+      for (int first : firsts) starts.push_back(layers[first].name());
+      return FieldError(
+          "split.stages",
+          absl::StrCat("split.points make ", made, " stages (starting at layers ",
+                       absl::StrJoin(starts, ", "), "), but split.stages is ", spec.split.stages));
+    }
+    request.stages = made;
+    request.field = "split.points";
+  }
   if (!spec.schedule.csv.empty()) {
-    RETURN_IF_ERROR(PlanFileSchedule(spec, layers, &plan));
+    RETURN_IF_ERROR(PlanFileSchedule(spec, request, num_layers, &plan));
   } else {
-    RETURN_IF_ERROR(PlanGeneratedSchedule(spec, layers, &plan));
+    RETURN_IF_ERROR(PlanGeneratedSchedule(spec, request, num_layers, &plan));
   }
 
   // Partition layers into stages.
-  const std::vector<int64_t> params = BuiltinLayerParameters(*spec.model.builtin);
-  std::vector<int> firsts;
-  if (spec.split.policy == "equal-params") {
+  if (!firsts.empty()) {
+    if (static_cast<int>(firsts.size()) != plan.num_stages) {
+      return FieldError("split.points",
+                        absl::StrCat("the points make ", firsts.size(), " stages, but the ",
+                                     plan.schedule_name, " schedule runs ", plan.num_stages));
+    }
+  } else if (spec.split.policy == "equal-params") {
+    std::vector<int64_t> params;
+    for (const v1::LayerInfo& layer : layers) params.push_back(layer.parameters());
     firsts = PartitionBalanced(params, plan.num_stages);
+  } else if (spec.split.policy == "profiled") {
+    // Integer costs in nanoseconds of forward + backward.
+    std::vector<int64_t> costs;
+    bool measured = false;
+    for (const v1::LayerInfo& layer : layers) {
+      const double seconds = layer.forward_seconds() + layer.backward_seconds();
+      if (!std::isfinite(seconds) || layer.forward_seconds() < 0 || layer.backward_seconds() < 0) {
+        return FieldError("split.policy", absl::StrCat("'profiled': layer ", layer.name(),
+                                                       " has an invalid measured time (forward ",
+                                                       layer.forward_seconds(), " s, backward ",
+                                                       layer.backward_seconds(), " s)"));
+      }
+      measured = measured || seconds > 0;
+      costs.push_back(static_cast<int64_t>(std::llround(seconds * 1e9)));
+    }
+    if (!measured) {
+      return FieldError("split.policy",
+                        "'profiled' needs each layer's measured forward and backward time, and "
+                        "the model's layers carry none (a worker's InspectModel must profile "
+                        "them)");
+    }
+    firsts = PartitionBalanced(costs, plan.num_stages);
   } else {
-    firsts = PartitionBalanced(std::vector<int64_t>(params.size(), 1), plan.num_stages);
+    firsts = PartitionBalanced(std::vector<int64_t>(layers.size(), 1), plan.num_stages);
   }
   for (int s = 0; s < plan.num_stages; ++s) {
     StagePlan st;
     st.stage = s;
     st.first_layer = firsts[s];
-    st.end_layer = s + 1 < plan.num_stages ? firsts[s + 1] : static_cast<int>(layers);
-    for (int l = st.first_layer; l < st.end_layer; ++l) st.parameters += params[l];
+    st.end_layer = s + 1 < plan.num_stages ? firsts[s + 1] : num_layers;
+    for (int l = st.first_layer; l < st.end_layer; ++l) st.parameters += layers[l].parameters();
     plan.stages.push_back(st);
   }
+  plan.layers = std::move(layers);
   return plan;
 }
 }  // namespace stagecoach::coordinator

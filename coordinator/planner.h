@@ -1,17 +1,28 @@
 // The planner turns a validated job spec into a plan: how the model's layers are partitioned
 // into stages, which rank owns which stage, and each rank's lowered action list (the schedule
 // IR with sends and receives), validated to be complete and deadlock-free. It needs no LibTorch:
-// built-in model layers are known from the spec.
+// built-in model layers are known from the spec; a TorchScript model's layers (and profiled
+// layer times) come from a worker's InspectModel.
+//
+// Partition. split.points maps a layer name to "beginning" (a stage boundary right before that
+// layer) or "end" (right after it), as PyTorch's SplitPoint does. Without points, split.policy
+// cuts the layers into the planned number of stages: equal-layers (layer counts differ by at
+// most one), equal-params (minimise the largest stage's parameter count) or profiled (minimise
+// the largest stage's measured forward + backward time). Among equally good cuts, earlier
+// stages take fewer layers.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/schedule/action.h"
 #include "common/schedule/generators.h"
 #include "common/spec/job_spec.h"
+#include "stagecoach/v1/types.pb.h"
 
 namespace stagecoach::coordinator {
 
@@ -23,6 +34,9 @@ struct StagePlan {
 };
 
 struct Plan {
+  // The model's ordered layers the plan partitions (names, parameters, profiled times when
+  // measured); StagePlan layer indices point into it.
+  std::vector<v1::LayerInfo> layers;
   // schedule.kind; for schedule.csv the generator whose action lists equal the file's (a PyTorch
   // dump), else kForwardOnly for a file without backward, else kGPipe as a placeholder:
   // `schedule_name` and `has_backward` describe a file.
@@ -45,15 +59,53 @@ struct Plan {
   std::string transport = "gloo";
 };
 
-// Plans `spec`. INVALID_ARGUMENT naming the spec field for what cannot be planned: an unknown
+// Whether planning `spec` needs a worker's InspectModel: a TorchScript model (its layers are
+// only known from the file) or split.policy profiled (layer times are measured).
+bool NeedsInspection(const spec::JobSpec& spec);
+// Whether that inspection must measure layer times (split.policy profiled).
+bool NeedsProfile(const spec::JobSpec& spec);
+
+struct PlanOptions {
+  // The job's batches come from the client (an Infer job), not from the spec's data section:
+  // the checks that the data can feed the model do not apply.
+  bool client_batches = false;
+};
+
+// The checks PlanJob makes of the spec alone (model family, data kind and path, loss) before it
+// needs the model's layers; callers run it before asking a worker to inspect the model.
+// INVALID_ARGUMENT naming the field.
+absl::Status CheckPlannable(const spec::JobSpec& spec, const PlanOptions& options = {});
+
+// Plans `spec` over the model's ordered `layers` (BuiltinLayers for a built-in model, or a
+// worker's InspectModel; layers[i].forward/backward_seconds are needed by split.policy
+// profiled). INVALID_ARGUMENT naming the spec field for what cannot be planned: an unknown
 // schedule, a schedule constraint (e.g. 1F1B with fewer microbatches than stages), more stages
 // than layers, a stage count that does not fit the workers, a placement.style the schedule's
 // action lists do not follow, a schedule file that is invalid ("schedule.csv: FILE line L
-// (rank r), column C (step c): ..."), or a feature this coordinator does not support yet.
+// (rank r), column C (step c): ..."), a split point naming no layer (the message lists the
+// valid names), split points that make an empty stage, share a boundary or make another stage
+// count than split.stages, profiled without measured times, or data the model cannot take.
+absl::StatusOr<Plan> PlanJob(const spec::JobSpec& spec, std::vector<v1::LayerInfo> layers,
+                             const PlanOptions& options = {});
+
+// Plans a built-in model from its spec alone: PlanJob(spec, BuiltinLayers(...)).
+// INVALID_ARGUMENT for a TorchScript model or split.policy profiled, which need a worker's
+// InspectModel.
 absl::StatusOr<Plan> PlanJob(const spec::JobSpec& spec);
 
 // Parameter count of each layer of a built-in model, in layer order.
 std::vector<int64_t> BuiltinLayerParameters(const spec::BuiltinModel& model);
+
+// The layers of a built-in model: names (spec::BuiltinLayerNames) and parameter counts, no
+// times.
+std::vector<v1::LayerInfo> BuiltinLayers(const spec::BuiltinModel& model);
+
+// The first layer of each stage that `points` (layer name -> "beginning" | "end") make over
+// `layers`, starting with 0. INVALID_ARGUMENT naming split.points: a name that is no layer
+// (listing the valid names), a point that makes an empty stage (beginning of the first layer,
+// end of the last), or two points at one boundary (naming both).
+absl::StatusOr<std::vector<int>> SplitPointsToFirstLayers(
+    const std::map<std::string, std::string>& points, const std::vector<v1::LayerInfo>& layers);
 
 // Contiguous partition of `layer_costs` into `stages` non-empty parts that minimises the most
 // expensive part (ties: earlier stages take fewer layers,

@@ -2,6 +2,7 @@
 // with fakes and faults injected; GrpcWorkerClient (grpc_worker_client.h) is the real one.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -27,6 +28,20 @@ class WorkerClient {
   // WorkerService.GetWorkerStatus: UNAVAILABLE / DEADLINE_EXCEEDED when it cannot be reached.
   virtual absl::StatusOr<v1::GetWorkerStatusResponse> GetStatus(const std::string& address,
                                                                 absl::Duration timeout) = 0;
+
+  // WorkerService.InspectModel: the model's ordered layers (with their measured forward and
+  // backward times when `request.profile`), bounded by `timeout`. The worker's own errors come
+  // back with their code (INVALID_ARGUMENT naming the spec field for a model it cannot load);
+  // UNAVAILABLE / DEADLINE_EXCEEDED when it cannot be reached in time.
+  virtual absl::StatusOr<v1::InspectModelResponse> InspectModel(
+      const std::string& address, const v1::InspectModelRequest& request,
+      absl::Duration timeout) = 0;
+
+  // WorkerService.RequestCheckpoint: asks the worker's task of `job_id` to write a checkpoint
+  // after the step that brings the job's timeline to `step` steps, bounded by `timeout`.
+  // FAILED_PRECONDITION when the task has already passed that step or runs another job.
+  virtual absl::Status RequestCheckpoint(const std::string& address, const std::string& job_id,
+                                         int64_t step, absl::Duration timeout) = 0;
 };
 
 }  // namespace stagecoach::coordinator

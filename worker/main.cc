@@ -13,6 +13,7 @@
 #include "common/util/malloc_tuning.h"
 #include "common/util/signals.h"
 #include "worker/runtime/device.h"
+#include "worker/service/artifact_cache.h"
 #include "worker/service/coordinator_client.h"
 #include "worker/service/coordinator_session.h"
 #include "worker/service/task_manager.h"
@@ -31,6 +32,7 @@ struct Flags {
   std::string device = "cpu";
   std::string config;
   std::string log_level = "info";
+  std::string cache_dir;
   bool check_config = false;
 };
 
@@ -58,6 +60,10 @@ int main(int argc, char** argv) {
   auto* name = app.add_option("--name", flags.name, "name shown by 'stagectl workers'");
   auto* device = app.add_option("--device", flags.device, "compute device: cpu, cuda or cuda:N");
   app.add_option("--config", flags.config, "YAML file with any of these options as keys");
+  auto* cache_dir = app.add_option(
+      "--cache-dir", flags.cache_dir,
+      "where artifacts fetched from the coordinator (uploaded models and data) are kept "
+      "(default: a private directory under $TMPDIR or /tmp, removed at exit)");
   auto* level =
       app.add_option("--log-level", flags.log_level, "trace, debug, info, warn, error or off");
   app.add_flag("--check-config", flags.check_config,
@@ -74,6 +80,7 @@ int main(int argc, char** argv) {
                        {"advertise-host", &flags.advertise_host, advertise->count() > 0},
                        {"name", &flags.name, name->count() > 0},
                        {"device", &flags.device, device->count() > 0},
+                       {"cache-dir", &flags.cache_dir, cache_dir->count() > 0},
                        {"log-level", &flags.log_level, level->count() > 0}});
     if (!applied.ok()) return Fail(std::string(applied.message()));
   }
@@ -103,6 +110,10 @@ int main(int argc, char** argv) {
   const sigset_t signals = sc::BlockTerminationSignals();
 
   sc::worker::CoordinatorClient client(flags.coordinator);
+  sc::worker::ArtifactCacheOptions cache_options;
+  cache_options.dir = flags.cache_dir;
+  auto artifact_cache = sc::worker::ArtifactCache::Open(cache_options, &client);
+  if (!artifact_cache.ok()) return Fail(std::string(artifact_cache.status().message()));
   std::unique_ptr<sc::worker::CoordinatorSession> session;
   const std::string data_host = flags.advertise_host;
   sc::worker::TaskManagerDeps task_deps;
@@ -115,8 +126,12 @@ int main(int argc, char** argv) {
   task_deps.make_transport = sc::worker::MakeTransportFactory(transport_config);
   task_deps.transports = sc::worker::AvailableTransports(transport_config);
   task_deps.device = flags.device;
+  task_deps.resolve_file = (*artifact_cache)->Resolver();
   sc::worker::TaskManager tasks(task_deps);
-  sc::worker::WorkerServiceImpl service(&tasks);
+  sc::worker::WorkerServiceOptions service_options;
+  service_options.resolve_file = task_deps.resolve_file;
+  service_options.device = flags.device;
+  sc::worker::WorkerServiceImpl service(&tasks, service_options);
 
   auto started = sc::rpc::StartServer(*listen_addr, {&service});
   if (!started.ok()) return Fail(std::string(started.status().message()));

@@ -96,6 +96,11 @@ struct TrainingSpec {
   std::string loss = "mse";
   OptimizerSpec optimizer;
   CheckpointSpec checkpoint;
+  // training.resume_from: a checkpoint step directory (<checkpoint dir>/step-<NNNNNN>, on the
+  // workers' filesystem, which the coordinator also sees) to start from instead of the model's
+  // initial parameters; empty means none. The job runs `steps` more steps after the
+  // checkpoint's, and its data stream continues at the checkpoint's step.
+  std::string resume_from;
   // Divide the accumulated gradients by the number of microbatches (PyTorch's scale_grads).
   bool scale_grads = true;
 };

@@ -731,9 +731,9 @@ class SpecParser {
   }
 
   void ParseTraining(const YAML::Node& node) {
-    auto training =
-        v_.Open(node, "training",
-                {"batch_size", "steps", "loss", "scale_grads", "optimizer", "checkpoint"});
+    auto training = v_.Open(
+        node, "training",
+        {"batch_size", "steps", "loss", "scale_grads", "optimizer", "checkpoint", "resume_from"});
     if (!training) return;
     TrainingSpec& out = spec_.training;
     switch (training->Int("batch_size", 1, kInt64Max, &out.batch_size)) {
@@ -751,6 +751,10 @@ class SpecParser {
     training->Bool("scale_grads", &out.scale_grads);
     ParseOptimizer(training->Get("optimizer"));
     ParseCheckpoint(training->Get("checkpoint"));
+    // The coordinator verifies the checkpoint itself (manifest, checksums, stage layout).
+    if (training->String("resume_from", &out.resume_from) == Read::kOk && out.resume_from.empty()) {
+      v_.Error(training->Path("resume_from"), "must be a non-empty path");
+    }
   }
 
   void ParseOptimizer(const YAML::Node& node) {

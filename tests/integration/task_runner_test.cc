@@ -191,14 +191,11 @@ TEST_P(TaskRunnerParity, EveryRankMatchesTheReference) {
     EXPECT_NEAR(loss, ref.losses[step], 1e-6 + 1e-5 * std::abs(ref.losses[step])) << step;
   }
   for (int st = 0; st < s.stages; ++st) {
-    std::ifstream in(absl::StrFormat("%s/step-%06d/stage-%d.pt", dir.path(), kSteps, st),
-                     std::ios::binary);
-    ASSERT_TRUE(in.good()) << "stage " << st;
-    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), {});
-    for (const auto& entry : torch::pickle_load(bytes).toGenericDict()) {
-      const torch::Tensor& want = ref.params.at(entry.key().toStringRef());
-      EXPECT_TRUE(torch::allclose(entry.value().toTensor(), want, 1e-5, 1e-6))
-          << entry.key().toStringRef();
+    const auto params = testing::LoadStageFile(testing::StageFilePath(dir.path(), kSteps, st));
+    ASSERT_FALSE(params.empty()) << "stage " << st;
+    for (const auto& [name, got] : params) {
+      ASSERT_EQ(ref.params.count(name), 1u) << name;
+      EXPECT_TRUE(torch::allclose(got, ref.params.at(name), 1e-5, 1e-6)) << name;
     }
   }
 }

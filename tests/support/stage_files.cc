@@ -12,7 +12,7 @@
 namespace stagecoach::testing {
 
 std::string StageFilePath(const std::string& dir, int64_t step, int stage) {
-  return absl::StrFormat("%s/step-%06d/stage-%d.pt", dir, step, stage);
+  return absl::StrFormat("%s/step-%06d/stage-%d.state_dict.pt", dir, step, stage);
 }
 
 std::map<std::string, torch::Tensor> LoadStageFile(const std::string& path) {

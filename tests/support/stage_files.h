@@ -1,6 +1,6 @@
-// Reading the stage-parameter files workers write (worker/runtime/checkpoint.h): one
-// `step-NNNNNN/stage-S.pt` per stage, a pickled dict of parameter name -> tensor that
-// torch.load reads. Independent of the worker's code.
+// Reading the stage weights workers write into a checkpoint (worker/runtime/checkpoint.h,
+// docs/checkpoints.md): one export file `step-NNNNNN/stage-S.state_dict.pt` per stage, a pickled
+// dict of parameter name -> tensor that torch.load reads. Independent of the worker's code.
 #pragma once
 
 #include <torch/types.h>
@@ -11,7 +11,7 @@
 
 namespace stagecoach::testing {
 
-// `dir`/step-%06d/stage-%d.pt.
+// `dir`/step-%06d/stage-%d.state_dict.pt.
 std::string StageFilePath(const std::string& dir, int64_t step, int stage);
 
 // The file's parameters by name; an empty map (and a test failure) when it is missing.

@@ -41,6 +41,49 @@ class FakeWorkerClient : public WorkerClient {
     if (unreachable_.count(address)) return absl::UnavailableError("connection refused");
     return v1::GetWorkerStatusResponse();
   }
+  // Answers with what SetInspection set (OK with no layers when nothing was), and records the
+  // request under the address.
+  absl::StatusOr<v1::InspectModelResponse> InspectModel(const std::string& address,
+                                                        const v1::InspectModelRequest& request,
+                                                        absl::Duration) override {
+    absl::MutexLock lock(&mu_);
+    if (unreachable_.count(address)) return absl::UnavailableError("connection refused");
+    inspected_[address].push_back(request);
+    return inspection_;
+  }
+
+  // Records the request; answers what SetCheckpointAnswer set for the address (OK when
+  // nothing was).
+  absl::Status RequestCheckpoint(const std::string& address, const std::string& job_id,
+                                 int64_t step, absl::Duration) override {
+    absl::MutexLock lock(&mu_);
+    if (unreachable_.count(address)) return absl::UnavailableError("connection refused");
+    checkpoint_requests_[address].emplace_back(job_id, step);
+    auto it = checkpoint_answers_.find(address);
+    if (it == checkpoint_answers_.end()) return absl::OkStatus();
+    return it->second(step);
+  }
+  // How RequestCheckpoint on `address` answers a requested step from now on.
+  void SetCheckpointAnswer(const std::string& address,
+                           std::function<absl::Status(int64_t step)> answer) {
+    absl::MutexLock lock(&mu_);
+    checkpoint_answers_[address] = std::move(answer);
+  }
+  // (job id, step) of every RequestCheckpoint call on `address`, in order.
+  std::vector<std::pair<std::string, int64_t>> CheckpointRequests(const std::string& address) {
+    absl::MutexLock lock(&mu_);
+    return checkpoint_requests_[address];
+  }
+
+  // What InspectModel answers from now on.
+  void SetInspection(absl::StatusOr<v1::InspectModelResponse> inspection) {
+    absl::MutexLock lock(&mu_);
+    inspection_ = std::move(inspection);
+  }
+  std::vector<v1::InspectModelRequest> Inspected(const std::string& address) {
+    absl::MutexLock lock(&mu_);
+    return inspected_[address];
+  }
 
   void SetUnreachable(const std::string& address) {
     absl::MutexLock lock(&mu_);
@@ -60,6 +103,10 @@ class FakeWorkerClient : public WorkerClient {
   std::set<std::string> unreachable_;
   std::map<std::string, std::vector<v1::TaskAssignment>> started_;
   std::map<std::string, std::vector<std::string>> stopped_;
+  absl::StatusOr<v1::InspectModelResponse> inspection_ = v1::InspectModelResponse();
+  std::map<std::string, std::vector<v1::InspectModelRequest>> inspected_;
+  std::map<std::string, std::vector<std::pair<std::string, int64_t>>> checkpoint_requests_;
+  std::map<std::string, std::function<absl::Status(int64_t)>> checkpoint_answers_;
 };
 
 // Polls `cond` (the manager works on background threads) until it holds or `timeout` passes.

@@ -157,8 +157,8 @@ TEST(PlanJob, RefusesWhatCannotRunNamingTheField) {
             "schedule.kind: GPipe with 2 stages on 1 worker (2 per worker) and 4 microbatches: "
             "GPipe runs exactly one stage per rank, but stages_per_rank is 2"},
            {"data: {kind: tokens, path: x.bin}", "{stages: 2}", "data.kind"},
-           {"", "{stages: 2, policy: profiled}", "split.policy"},
-           {"", "{points: {\"2\": beginning}}", "split.points"},
+           {"", "{stages: 2, policy: profiled}",
+            "split.policy: 'profiled' needs the layer times a worker's InspectModel measures"},
        }) {
     auto plan = PlanJob(Parse(c.extra, "[4, 8, 8, 8, 2]", c.split));
     ASSERT_FALSE(plan.ok()) << c.want;
@@ -559,6 +559,211 @@ TEST(PlanJob, BrokenCsvIsRefusedNamingFileLineAndColumn) {
     EXPECT_TRUE(absl::IsInvalidArgument(plan.status())) << b.name << ": " << plan.status();
     EXPECT_THAT(std::string(plan.status().message()), HasSubstr(b.want)) << b.name;
   }
+}
+
+}  // namespace
+}  // namespace stagecoach::coordinator
+
+namespace stagecoach::coordinator {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// Layers named `names` with parameters 10, 20, ... and no times.
+std::vector<v1::LayerInfo> Layers(const std::vector<std::string>& names) {
+  std::vector<v1::LayerInfo> out;
+  for (size_t i = 0; i < names.size(); ++i) {
+    v1::LayerInfo& layer = out.emplace_back();
+    layer.set_name(names[i]);
+    layer.set_parameters(10 * static_cast<int64_t>(i + 1));
+  }
+  return out;
+}
+
+// A TorchScript model's spec with `split` and `extra` sections.
+spec::JobSpec TorchScriptSpec(const std::string& split, const std::string& extra = "") {
+  auto spec = spec::ParseJobSpec(
+      absl::StrCat("name: t\nmodel: {torchscript: net.pt}\nsplit: ", split,
+                   "\nschedule: {kind: GPipe, microbatches: 4}\ntraining: {batch_size: 8}\n"
+                   "data: {kind: tensors, path: /data/x.pt}\n",
+                   extra),
+      "t");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return *spec;
+}
+
+std::vector<std::pair<int, int>> Ranges(const Plan& plan) {
+  std::vector<std::pair<int, int>> out;
+  for (const StagePlan& s : plan.stages) out.emplace_back(s.first_layer, s.end_layer);
+  return out;
+}
+
+TEST(BuiltinLayers, NamesAndParametersOfTheSpec) {
+  spec::BuiltinModel gpt;
+  gpt.family = "gpt";
+  gpt.vocab = 64;
+  gpt.d_model = 8;
+  gpt.layers = 2;
+  gpt.heads = 2;
+  gpt.seq = 4;
+  const std::vector<v1::LayerInfo> layers = BuiltinLayers(gpt);
+  std::vector<std::string> names;
+  for (const auto& layer : layers) names.push_back(layer.name());
+  EXPECT_THAT(names, ElementsAre("embed", "blocks.0", "blocks.1", "norm", "head"));
+  EXPECT_EQ(layers[0].parameters(), 64 * 8 + 4 * 8);
+  EXPECT_EQ(layers[4].parameters(), 8 * 64);
+  EXPECT_EQ(layers[1].forward_seconds(), 0.0);
+}
+
+TEST(PlanJob, SplitPointsCutBeforeBeginningAndAfterEnd) {
+  // Four MLP layers "0".."3": "1: end" and "3: beginning" give 0 1 | 2 | 3.
+  auto plan = PlanJob(Parse("", "[4, 8, 8, 8, 2]", "{points: {\"1\": end, \"3\": beginning}}"));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->num_stages, 3);
+  EXPECT_EQ(plan->num_ranks, 3);  // GPipe: one stage per worker
+  EXPECT_THAT(Ranges(*plan), ElementsAre(std::pair(0, 2), std::pair(2, 3), std::pair(3, 4)));
+  // Layer i has 8*8+8 = 72 parameters (4*8+8 = 40 for the first, 8*2+2 = 18 for the last).
+  EXPECT_EQ(plan->stages[0].parameters, 40 + 72);
+  EXPECT_EQ(plan->stages[2].parameters, 18);
+  ASSERT_EQ(plan->layers.size(), 4u);
+  EXPECT_EQ(plan->layers[3].name(), "3");
+}
+
+TEST(PlanJob, SplitPointsOfATorchScriptModel) {
+  auto plan = PlanJob(TorchScriptSpec("{points: {\"blocks.1\": beginning}}"),
+                      Layers({"embed", "blocks.0", "blocks.1", "head"}));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_THAT(Ranges(*plan), ElementsAre(std::pair(0, 2), std::pair(2, 4)));
+  EXPECT_EQ(plan->stages[0].parameters, 10 + 20);
+  EXPECT_EQ(plan->stages[1].parameters, 30 + 40);
+  EXPECT_EQ(plan->layers[0].name(), "embed");
+}
+
+TEST(PlanJob, SplitPointErrorsNameThePoints) {
+  const std::vector<v1::LayerInfo> layers = Layers({"embed", "blocks.0", "blocks.1", "head"});
+  struct Case {
+    std::string points, want;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"{\"blocks.7\": beginning}",
+            "split.points.blocks.7: 'blocks.7' is not a layer of the model (its 4 layers: embed, "
+            "blocks.0, blocks.1, head)"},
+           {"{embed: beginning}",
+            "split.points.embed: 'beginning' of the first layer (embed) would leave stage 0 "
+            "without layers"},
+           {"{head: end}",
+            "split.points.head: 'end' of the last layer (head) would leave the last stage "
+            "without layers"},
+           {"{\"blocks.0\": end, \"blocks.1\": beginning}",
+            "split.points: 'blocks.0: end' and 'blocks.1: beginning' both cut between layers "
+            "blocks.0 and blocks.1"},
+       }) {
+    auto plan = PlanJob(TorchScriptSpec(absl::StrCat("{points: ", c.points, "}")), layers);
+    ASSERT_FALSE(plan.ok()) << c.points;
+    EXPECT_TRUE(absl::IsInvalidArgument(plan.status()));
+    EXPECT_THAT(std::string(plan.status().message()), HasSubstr(c.want));
+  }
+}
+
+TEST(PlanJob, SplitPointsMustAgreeWithStagesAndWorkers) {
+  const std::vector<v1::LayerInfo> layers = Layers({"a", "b", "c", "d"});
+  // Two stages on three workers.
+  auto refused = PlanJob(TorchScriptSpec("{points: {b: end}}", "placement: {workers: 3}"), layers);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("placement.workers: 2 stages do not divide evenly among 3 workers (the "
+                        "stages split.points make must be a multiple of placement.workers)"));
+  // Two stages on one worker: Interleaved1F1B runs both there.
+  spec::JobSpec interleaved = TorchScriptSpec("{points: {b: end}}", "placement: {workers: 1}");
+  interleaved.schedule.kind = "Interleaved1F1B";
+  auto plan = PlanJob(interleaved, layers);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->num_ranks, 1);
+  EXPECT_THAT(Ranges(*plan), ElementsAre(std::pair(0, 2), std::pair(2, 4)));
+  // split.stages and split.points together (the parser keeps them apart; the planner checks
+  // a spec built otherwise too).
+  spec::JobSpec both = TorchScriptSpec("{points: {b: end}}");
+  both.split.stages = 3;
+  auto mismatch = PlanJob(both, layers);
+  ASSERT_FALSE(mismatch.ok());
+  EXPECT_THAT(std::string(mismatch.status().message()),
+              HasSubstr("split.stages: split.points make 2 stages (starting at layers a, c), but "
+                        "split.stages is 3"));
+  both.split.stages = 2;
+  EXPECT_TRUE(PlanJob(both, layers).ok());
+}
+
+TEST(PlanJob, TorchScriptModelsNeedTheirLayersAndFittingData) {
+  // The layers come from a worker; planning from the spec alone is refused.
+  auto alone = PlanJob(TorchScriptSpec("{stages: 2}"));
+  ASSERT_FALSE(alone.ok());
+  EXPECT_THAT(std::string(alone.status().message()), HasSubstr("model.torchscript: "));
+  EXPECT_TRUE(NeedsInspection(TorchScriptSpec("{stages: 2}")));
+  EXPECT_FALSE(NeedsProfile(TorchScriptSpec("{stages: 2}")));
+  EXPECT_FALSE(NeedsInspection(Parse("")));
+
+  auto plan = PlanJob(TorchScriptSpec("{stages: 2, policy: equal-params}"),
+                      Layers({"a", "b", "c", "d"}));  // 10 20 30 40: a b c | d
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_THAT(Ranges(*plan), ElementsAre(std::pair(0, 3), std::pair(3, 4)));
+  EXPECT_EQ(plan->stages[0].parameters, 60);
+
+  // More stages than layers.
+  auto too_many = PlanJob(TorchScriptSpec("{stages: 3}"), Layers({"a", "b"}));
+  ASSERT_FALSE(too_many.ok());
+  EXPECT_THAT(std::string(too_many.status().message()), HasSubstr("split.stages: must be <= 2"));
+  EXPECT_THAT(std::string(PlanJob(TorchScriptSpec("{stages: 1}"), {}).status().message()),
+              HasSubstr("model.torchscript: the model has no layers"));
+
+  // Synthetic data is drawn for an MLP's sizes; tensors and tokens files carry their shapes.
+  spec::JobSpec synthetic = TorchScriptSpec("{stages: 2}");
+  synthetic.data.kind = "synthetic";
+  synthetic.data.path.clear();
+  EXPECT_THAT(std::string(PlanJob(synthetic, Layers({"a", "b"})).status().message()),
+              HasSubstr("data.kind: 'synthetic' data is drawn for a built-in mlp's sizes and "
+                        "cannot feed a TorchScript model (use data.kind tensors or tokens)"));
+  spec::JobSpec tokens = TorchScriptSpec("{stages: 2}");
+  tokens.data.kind = "tokens";
+  EXPECT_TRUE(PlanJob(tokens, Layers({"a", "b"})).ok());
+}
+
+TEST(PlanJob, ProfiledBalancesMeasuredTimes) {
+  spec::JobSpec spec = TorchScriptSpec("{stages: 2, policy: profiled}");
+  EXPECT_TRUE(NeedsProfile(spec));
+  // Parameters favour a b c | d; the times (forward + backward) favour a | b c d.
+  std::vector<v1::LayerInfo> layers = Layers({"a", "b", "c", "d"});
+  const double forward[] = {0.006, 0.001, 0.001, 0.001};
+  for (size_t i = 0; i < layers.size(); ++i) {
+    layers[i].set_forward_seconds(forward[i]);
+    layers[i].set_backward_seconds(2 * forward[i]);
+  }
+  auto plan = PlanJob(spec, layers);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_THAT(Ranges(*plan), ElementsAre(std::pair(0, 1), std::pair(1, 4)));
+  EXPECT_DOUBLE_EQ(plan->layers[0].forward_seconds(), 0.006);
+
+  // Without times, profiled cannot plan.
+  auto unmeasured = PlanJob(spec, Layers({"a", "b", "c", "d"}));
+  ASSERT_FALSE(unmeasured.ok());
+  EXPECT_THAT(std::string(unmeasured.status().message()),
+              HasSubstr("split.policy: 'profiled' needs each layer's measured forward and "
+                        "backward time"));
+
+  // A built-in model profiled the same way: times, not parameter counts, decide.
+  spec::JobSpec mlp = Parse("", "[4, 8, 8, 8, 2]", "{stages: 2, policy: profiled}");
+  EXPECT_TRUE(NeedsInspection(mlp));
+  std::vector<v1::LayerInfo> mlp_layers = BuiltinLayers(*mlp.model.builtin);
+  for (size_t i = 0; i < mlp_layers.size(); ++i) {
+    mlp_layers[i].set_forward_seconds(i == 3 ? 0.01 : 0.001);
+  }
+  auto mlp_plan = PlanJob(mlp, mlp_layers);
+  ASSERT_TRUE(mlp_plan.ok()) << mlp_plan.status();
+  EXPECT_THAT(Ranges(*mlp_plan), ElementsAre(std::pair(0, 3), std::pair(3, 4)));
+  // Split points take precedence over the policy: no profile needed.
+  mlp.split.points = {{"0", "end"}};
+  mlp.split.stages = 0;
+  EXPECT_FALSE(NeedsInspection(mlp));
 }
 
 }  // namespace

@@ -222,7 +222,7 @@ TEST_F(TensorsDataTest, ErrorsNameDataPathAndTheProblem) {
   EXPECT_THAT(Error(no_path), HasSubstr("data.path: required for data.kind tensors"));
   spec::JobSpec gpt = Spec("good.pt");
   gpt.model.builtin->family = "gpt";
-  EXPECT_THAT(Error(gpt), HasSubstr("data.kind: tensors data needs a built-in mlp model"));
+  EXPECT_THAT(Error(gpt), HasSubstr("data.kind: tensors data needs a built-in mlp or a TorchScript model"));
   // A rank that needs neither inputs nor targets does not read the file.
   EXPECT_TRUE(runtime::BatchSource::Open(Spec("missing.pt"), false, false).ok());
 }

@@ -15,6 +15,7 @@
 #include "common/util/status_macros.h"
 #include "worker/model/gpt.h"
 #include "worker/model/mlp.h"
+#include "worker/model/torchscript_model.h"
 #include "worker/runtime/checkpoint.h"
 #include "worker/runtime/device.h"
 #include "worker/runtime/pipeline_executor.h"
@@ -46,7 +47,7 @@ absl::StatusOr<std::vector<torch::Tensor>> InferenceMicrobatches(const v1::Tenso
   for (size_t mb = 0; mb < out.size(); ++mb) {
     if (mb > 0 && out[mb].sizes() == out[mb - 1].sizes()) continue;
     try {
-      stage0.Forward(out[mb].to(device));
+      stage0.ForwardValues({out[mb].to(device)});
     } catch (const c10::Error& e) {
       return absl::InvalidArgumentError(
           absl::StrCat("inference.inputs: stage 0 cannot take microbatch ", mb, " of shape [",
@@ -125,6 +126,17 @@ void TaskRunner::Stop(const std::string& reason) {
   if (transport_ != nullptr) transport_->Abort();
 }
 
+absl::Status TaskRunner::RequestCheckpoint(int64_t global_step) {
+  absl::MutexLock lock(&mu_);
+  if (global_steps_done_ >= 0 && global_step <= global_steps_done_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        task_.job_id(), " rank ", task_.rank(), ": the task has already done ", global_steps_done_,
+        " steps of the timeline; it cannot checkpoint after step ", global_step));
+  }
+  requested_checkpoint_ = global_step;
+  return absl::OkStatus();
+}
+
 v1::ReportTaskEndRequest TaskRunner::Run() {
   absl::Status status;
   try {
@@ -163,10 +175,6 @@ v1::ReportTaskEndRequest TaskRunner::Run() {
 
 absl::Status TaskRunner::RunSteps() {
   ASSIGN_OR_RETURN(spec::JobSpec spec, spec::ParseJobSpec(task_.spec_yaml(), task_.job_id()));
-  if (!spec.model.builtin.has_value() ||
-      (spec.model.builtin->family != "mlp" && spec.model.builtin->family != "gpt")) {
-    return absl::InvalidArgumentError("model: this worker runs built-in mlp and gpt models only");
-  }
   ASSIGN_OR_RETURN(LossKind loss, ParseLoss(spec.training.loss));
   const int rank = task_.rank();
   const int num_stages = task_.num_stages();
@@ -183,35 +191,126 @@ absl::Status TaskRunner::RunSteps() {
   torch::Device device = torch::kCPU;
   if (spec.placement.device == "cuda") {
     if (CudaIndex(deps_.device) < 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "placement.device: cuda, but worker ", deps_.worker_id, " runs on ", deps_.device,
-          " (start it with --device cuda)"));
+      return absl::FailedPreconditionError(absl::StrCat("placement.device: cuda, but worker ",
+                                                        deps_.worker_id, " runs on ", deps_.device,
+                                                        " (start it with --device cuda)"));
     }
     device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(CudaIndex(deps_.device)));
   }
 
-  // The rank's stages of the model.
-  std::vector<std::unique_ptr<model::StageModel>> owned;
-  std::map<int, model::StageModel*> stages;
-  std::vector<torch::Tensor> parameters;
+  // Files the spec names: an uploaded artifact is fetched from the coordinator.
+  auto resolve = [&](const std::string& field,
+                     const std::string& ref) -> absl::StatusOr<std::string> {
+    if (!deps_.resolve_file) return ref;
+    auto path = deps_.resolve_file(ref);
+    if (!path.ok()) {
+      return absl::Status(path.status().code(), absl::StrCat(field, ": ", path.status().message()));
+    }
+    return path;
+  };
+  if (!inference && !spec.data.path.empty()) {
+    ASSIGN_OR_RETURN(spec.data.path, resolve("data.path", spec.data.path));
+  }
+
+  // The rank's stages of the model, and how values flow between all stages.
   for (const v1::StageAssignment& st : task_.stages()) {
     if (st.stage() < 0 || st.stage() >= num_stages || task_.stage_to_rank(st.stage()) != rank) {
       return absl::InvalidArgumentError(
           absl::StrCat("stages: stage ", st.stage(), " is not assigned to rank ", rank));
     }
-    ASSIGN_OR_RETURN(auto stage,
-                     spec.model.builtin->family == "gpt"
-                         ? model::BuildGptStage(*spec.model.builtin, st.first_layer(),
-                                                st.end_layer())
-                         : model::BuildMlpStage(*spec.model.builtin, st.first_layer(),
-                                                st.end_layer()));
+  }
+  if (task_.stages().empty()) return absl::InvalidArgumentError("stages: the task has no stage");
+  std::unique_ptr<model::TorchScriptModel> script;  // outlives the stages cut from it
+  std::vector<std::unique_ptr<model::StageModel>> owned;
+  std::map<int, model::StageModel*> stages;
+  model::PipelineWiring wiring = model::ChainWiring(num_stages);
+  if (spec.model.torchscript.has_value()) {
+    ASSIGN_OR_RETURN(const std::string path, resolve("model.torchscript", *spec.model.torchscript));
+    ASSIGN_OR_RETURN(script, model::TorchScriptModel::Load(path));
+    std::vector<std::string> names;
+    for (const model::ModelLayer& layer : script->layers()) names.push_back(layer.name);
+    const std::vector<std::string> planned(task_.layer_names().begin(), task_.layer_names().end());
+    if (!planned.empty() && planned != names) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("model.torchscript: '", *spec.model.torchscript, "' has the layers [",
+                       absl::StrJoin(names, ", "), "], but the job was planned with [",
+                       absl::StrJoin(planned, ", "), "] (was the file replaced?)"));
+    }
+    std::vector<int> firsts(task_.stage_first_layers().begin(), task_.stage_first_layers().end());
+    if (firsts.empty() && num_stages == 1) firsts = {0};
+    if (static_cast<int>(firsts.size()) != num_stages) {
+      return absl::InvalidArgumentError(absl::StrCat("stage_first_layers: expected ", num_stages,
+                                                     " entries, got ", firsts.size()));
+    }
+    ASSIGN_OR_RETURN(wiring, script->Split(firsts));
+    std::vector<int> mine;
+    for (const v1::StageAssignment& st : task_.stages()) mine.push_back(st.stage());
+    RETURN_IF_ERROR(script->KeepOnlyStages(mine));
+    for (int s : mine) {
+      ASSIGN_OR_RETURN(auto stage, script->Stage(s));
+      stages[s] = stage.get();
+      owned.push_back(std::move(stage));
+    }
+  } else if (spec.model.builtin.has_value() &&
+             (spec.model.builtin->family == "mlp" || spec.model.builtin->family == "gpt")) {
+    for (const v1::StageAssignment& st : task_.stages()) {
+      ASSIGN_OR_RETURN(
+          auto stage,
+          spec.model.builtin->family == "gpt"
+              ? model::BuildGptStage(*spec.model.builtin, st.first_layer(), st.end_layer())
+              : model::BuildMlpStage(*spec.model.builtin, st.first_layer(), st.end_layer()));
+      stages[st.stage()] = stage.get();
+      owned.push_back(std::move(stage));
+    }
+  } else {
+    return absl::InvalidArgumentError(
+        "model: this worker runs TorchScript models and the built-in mlp and gpt families");
+  }
+  std::vector<torch::Tensor> parameters;
+  int64_t held_parameters = 0;
+  for (auto& [s, stage] : stages) {
     stage->To(device);
     for (auto& p : stage->Parameters()) parameters.push_back(p);
-    stages[st.stage()] = stage.get();
-    owned.push_back(std::move(stage));
+    held_parameters += stage->ParameterCount();
   }
-  if (stages.empty()) return absl::InvalidArgumentError("stages: the task has no stage");
+  if (script != nullptr) held_parameters = script->HeldParameterCount();
+  // Skip connections: value pairs between stages that are not neighbours.
+  std::vector<SkipPair> skips;
+  for (int c = 0; c < num_stages; ++c) {
+    for (const model::ValueSource& src : wiring[c].inputs) {
+      if (src.stage < 0 || src.stage == c - 1) continue;
+      const bool known = std::any_of(skips.begin(), skips.end(), [&](const SkipPair& p) {
+        return p.producer == src.stage && p.consumer == c;
+      });
+      if (!known) skips.push_back(SkipPair{src.stage, c});
+    }
+  }
   ASSIGN_OR_RETURN(auto optimizer, MakeOptimizer(spec.training.optimizer, parameters));
+
+  // A resumed job starts from its checkpoint: parameters, optimizer state, and the timeline's
+  // position (which is also the data stream's).
+  int64_t base_step = 0;
+  if (task_.has_resume()) {
+    // Forward-only tasks (inference on a checkpoint) take the weights only.
+    const v1::ResumeTask& resume = task_.resume();
+    for (auto& [s, stage] : stages) {
+      ASSIGN_OR_RETURN(const v1::StageCheckpointFile file, FindStageStateFile(resume, s));
+      if (forward_only) {
+        RETURN_IF_ERROR(
+            RestoreStageParameters(resume.directory(), file, s, stage->NamedParameters()));
+      } else {
+        RETURN_IF_ERROR(RestoreStageCheckpoint(resume.directory(), file, s,
+                                               stage->NamedParameters(), *optimizer));
+      }
+    }
+    base_step = resume.step();
+    spdlog::info("{} rank {}: resumed from {} (step {})", task_.job_id(), rank, resume.directory(),
+                 base_step);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    global_steps_done_ = base_step;
+  }
 
   std::vector<schedule::Action> actions;
   for (int i = 0; i < task_.actions_size(); ++i) {
@@ -243,6 +342,7 @@ absl::Status TaskRunner::RunSteps() {
   request.timeout = comm_timeout;
   request.stage_to_rank.assign(task_.stage_to_rank().begin(), task_.stage_to_rank().end());
   request.forward_only = forward_only;
+  request.skips = skips;
   ASSIGN_OR_RETURN(std::unique_ptr<transport::Transport> transport,
                    deps_.make_transport(request, store_.get()));
   {
@@ -265,6 +365,7 @@ absl::Status TaskRunner::RunSteps() {
   options.loss = loss;
   options.forward_only = forward_only;
   options.device = device;
+  options.wiring = wiring;
   PipelineExecutor executor(options, transport.get(), stages);
 
   const bool owns_first = stages.count(0) > 0;
@@ -285,7 +386,7 @@ absl::Status TaskRunner::RunSteps() {
     absl::StatusOr<std::vector<torch::Tensor>> first;
     if (inference) {
       first = client_inputs;
-    } else if (auto batch = data->Make(0); batch.ok()) {
+    } else if (auto batch = data->Make(base_step); batch.ok()) {
       first = SplitMicrobatches(batch->inputs, m);
     } else {
       first = batch.status();
@@ -307,12 +408,16 @@ absl::Status TaskRunner::RunSteps() {
                num_steps, forward_only ? "forward-only " : "", actions.size());
 
   const std::string ckpt_dir = forward_only ? "" : spec.training.checkpoint.dir;
-  int64_t last_checkpoint = -1;
-  auto checkpoint = [&](int64_t steps) -> absl::Status {
+  // Writes every stage of this rank after `global_steps` steps; lists the files in `report`.
+  auto checkpoint = [&](int64_t global_steps, v1::ReportStepRequest* report) -> absl::Status {
     for (auto& [s, stage] : stages) {
-      RETURN_IF_ERROR(WriteStageParameters(ckpt_dir, steps, s, stage->NamedParameters()));
+      ASSIGN_OR_RETURN(std::vector<v1::StageCheckpointFile> files,
+                       WriteStageCheckpoint(ckpt_dir, global_steps, s, stage->NamedParameters(),
+                                            *optimizer, /*data_position=*/global_steps));
+      for (auto& file : files) *report->add_checkpoint_files() = std::move(file);
     }
-    last_checkpoint = steps;
+    spdlog::info("{} rank {}: checkpoint after step {} in {}", task_.job_id(), rank, global_steps,
+                 CheckpointStepDir(ckpt_dir, global_steps));
     return absl::OkStatus();
   };
 
@@ -325,13 +430,14 @@ absl::Status TaskRunner::RunSteps() {
         break;
       }
     }
+    const int64_t global = base_step + step;  // the step's number in the job's timeline
     const absl::Time start = absl::Now();
     const transport::TransferStats before = transport->stats();
     std::vector<torch::Tensor> inputs, targets;
     if (inference) {
       inputs = client_inputs;
     } else {
-      auto batch = data->Make(step);
+      auto batch = data->Make(global);
       if (!batch.ok()) {
         status = batch.status();
         break;
@@ -369,10 +475,18 @@ absl::Status TaskRunner::RunSteps() {
     report.set_attempt(task_.attempt());
     report.set_rank(rank);
     report.set_step(step);
+    report.set_global_step(global + 1);
     for (double l : result->microbatch_losses) report.add_microbatch_losses(l);
     for (const auto& a : result->executed) report.add_executed_actions(a);
     report.set_bytes_sent(after.bytes_sent - before.bytes_sent);
     report.set_bytes_received(after.bytes_received - before.bytes_received);
+    for (const auto& [peer, bytes] : result->bytes_sent_to) {
+      (*report.mutable_bytes_sent_to())[peer] = bytes;
+    }
+    for (const auto& [peer, bytes] : result->bytes_received_from) {
+      (*report.mutable_bytes_received_from())[peer] = bytes;
+    }
+    report.set_parameters(held_parameters);
     *report.mutable_step_time() = rpc::ToProtoDuration(absl::Now() - start);
     for (const ActionTiming& t : result->timings) {
       v1::ActionTiming* timing = report.add_action_timings();
@@ -382,17 +496,27 @@ absl::Status TaskRunner::RunSteps() {
     }
     *report.mutable_step_start_time() = rpc::ToProtoTimestamp(result->start);
     report.set_bubble_ratio(result->bubble_ratio);
+    // A checkpoint every training.checkpoint.every_steps steps of the timeline, at the end of
+    // the task, and when the coordinator asked for one after this step; its files go with the
+    // step's report.
+    bool requested = false;
+    {
+      absl::MutexLock lock(&mu_);
+      global_steps_done_ = global + 1;
+      requested = requested_checkpoint_ == global + 1;
+    }
+    const int64_t every = spec.training.checkpoint.every_steps;
+    if (!ckpt_dir.empty() &&
+        (requested || step + 1 == num_steps || (every > 0 && (global + 1) % every == 0))) {
+      status = checkpoint(global + 1, &report);
+      if (!status.ok()) break;
+    }
     absl::Status reported = deps_.reporter->ReportStep(report);
     if (!reported.ok()) {
       spdlog::warn("{} rank {}: reporting step {}: {}", task_.job_id(), rank, step,
                    reported.message());
     }
     steps_done_.store(step + 1);
-    const int64_t every = spec.training.checkpoint.every_steps;
-    if (!ckpt_dir.empty() && every > 0 && (step + 1) % every == 0) status = checkpoint(step + 1);
-  }
-  if (status.ok() && !ckpt_dir.empty() && last_checkpoint != num_steps) {
-    status = checkpoint(num_steps);
   }
   if (status.ok()) {
     // Every rank is done with the data plane before any tears it down.

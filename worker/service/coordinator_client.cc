@@ -1,5 +1,7 @@
 #include "worker/service/coordinator_client.h"
 
+#include <optional>
+
 #include "absl/strings/str_cat.h"
 #include "common/rpc/channel.h"
 #include "common/rpc/status_conversion.h"
@@ -82,6 +84,46 @@ absl::Status CoordinatorClient::Wait(const std::vector<std::string>& keys, absl:
     return absl::DeadlineExceededError(status.error_message());
   }
   return rpc::CallError(status, "WaitKeys", peer_);
+}
+
+absl::StatusOr<v1::ArtifactHeader> CoordinatorClient::FetchArtifact(
+    const std::string& id, absl::Duration timeout,
+    const std::function<absl::Status(absl::string_view chunk)>& on_chunk) {
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(&ctx, timeout);
+  v1::FetchArtifactRequest req;
+  req.set_artifact_id(id);
+  auto reader = stub_->FetchArtifact(&ctx, req);
+  v1::FetchArtifactResponse msg;
+  std::optional<v1::ArtifactHeader> header;
+  absl::Status failed;
+  while (failed.ok() && reader->Read(&msg)) {
+    if (!header.has_value()) {
+      if (!msg.has_header()) {
+        failed = absl::InvalidArgumentError(
+            absl::StrCat("FetchArtifact on ", peer_, ": the first message carries no header"));
+      } else {
+        header = msg.header();
+      }
+    } else if (msg.part_case() != v1::FetchArtifactResponse::kChunk) {
+      failed = absl::InvalidArgumentError(
+          absl::StrCat("FetchArtifact on ", peer_, ": a message after the header is no chunk"));
+    } else {
+      failed = on_chunk(msg.chunk());
+    }
+  }
+  if (!failed.ok()) {
+    ctx.TryCancel();
+    reader->Finish();
+    return failed;
+  }
+  grpc::Status status = reader->Finish();
+  if (!status.ok()) return rpc::CallError(status, "FetchArtifact", peer_);
+  if (!header.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("FetchArtifact on ", peer_, ": the stream ended without a header"));
+  }
+  return *std::move(header);
 }
 
 }  // namespace stagecoach::worker

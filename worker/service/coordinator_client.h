@@ -11,12 +11,15 @@
 #include "absl/time/time.h"
 #include "stagecoach/v1/coordinator.grpc.pb.h"
 #include "worker/runtime/task_runner.h"
+#include "worker/service/artifact_cache.h"
 #include "worker/transport/rendezvous_store.h"
 
 namespace stagecoach::worker {
 
 // Thread-safe.
-class CoordinatorClient : public runtime::TaskReporter, public transport::RendezvousStore {
+class CoordinatorClient : public runtime::TaskReporter,
+                          public transport::RendezvousStore,
+                          public ArtifactSource {
  public:
   // Bound on calls that do not wait on purpose.
   static constexpr absl::Duration kCallTimeout = absl::Seconds(10);
@@ -36,6 +39,12 @@ class CoordinatorClient : public runtime::TaskReporter, public transport::Rendez
   absl::Status Set(const std::string& key, const std::string& value) override;
   absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override;
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
+
+  // ArtifactSource: CoordinatorService.FetchArtifact, bounded by `timeout` as a whole.
+  // INVALID_ARGUMENT for a malformed stream (no header first, a second header).
+  absl::StatusOr<v1::ArtifactHeader> FetchArtifact(
+      const std::string& id, absl::Duration timeout,
+      const std::function<absl::Status(absl::string_view chunk)>& on_chunk) override;
 
  private:
   const std::string address_;

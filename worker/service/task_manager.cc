@@ -53,9 +53,9 @@ absl::Status TaskManager::Start(const v1::TaskAssignment& task) {
   if (absl::Status valid = ValidateAssignment(task); !valid.ok()) return valid;
   if (std::find(deps_.transports.begin(), deps_.transports.end(), task.transport()) ==
       deps_.transports.end()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("transport: this worker offers ", absl::StrJoin(deps_.transports, ", "),
-                     ", not '", task.transport(), "'"));
+    return absl::InvalidArgumentError(absl::StrCat("transport: this worker offers ",
+                                                   absl::StrJoin(deps_.transports, ", "), ", not '",
+                                                   task.transport(), "'"));
   }
   absl::MutexLock lock(&mu_);
   ReapLocked();
@@ -74,6 +74,7 @@ absl::Status TaskManager::Start(const v1::TaskAssignment& task) {
   deps.store = deps_.store;
   deps.make_transport = deps_.make_transport;
   deps.device = deps_.device;
+  deps.resolve_file = deps_.resolve_file;
   runner_ = std::make_unique<runtime::TaskRunner>(task, std::move(deps));
   running_ = true;
   runtime::TaskRunner* runner = runner_.get();
@@ -109,6 +110,15 @@ absl::Status TaskManager::Stop(const std::string& job_id, const std::string& rea
   }
   ReapLocked();
   return absl::OkStatus();
+}
+
+absl::Status TaskManager::RequestCheckpoint(const std::string& job_id, int64_t step) {
+  absl::MutexLock lock(&mu_);
+  if (!running_ || runner_->task().job_id() != job_id) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", deps_.worker_id(), " runs no task of ", job_id));
+  }
+  return runner_->RequestCheckpoint(step);
 }
 
 void TaskManager::StopAll(const std::string& reason, absl::Duration timeout) {

@@ -5,8 +5,8 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <vector>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
@@ -25,6 +25,9 @@ struct TaskManagerDeps {
   std::vector<std::string> transports = {"gloo"};
   // The worker's device, "cpu" or "cuda:N" (TaskRunnerDeps::device).
   std::string device = "cpu";
+  // Resolves model.torchscript and data.path references, e.g. "artifact:<id>" through the
+  // worker's ArtifactCache (TaskRunnerDeps::resolve_file); unset: references are paths.
+  runtime::FileResolver resolve_file;
 };
 
 // Thread-safe.
@@ -42,6 +45,11 @@ class TaskManager {
   // Stops the task of `job_id` and waits up to `timeout` for it to end. OK when no such task
   // runs; DEADLINE_EXCEEDED when it did not stop in time (it keeps stopping in the background).
   absl::Status Stop(const std::string& job_id, const std::string& reason, absl::Duration timeout);
+
+  // Asks the running task of `job_id` to write a checkpoint after the step that brings the
+  // job's timeline to `step` steps (TaskRunner::RequestCheckpoint). FAILED_PRECONDITION when no
+  // task of that job runs here or it has already passed that step.
+  absl::Status RequestCheckpoint(const std::string& job_id, int64_t step);
 
   // Stops whatever runs (shutdown, or the coordinator forgot this worker).
   void StopAll(const std::string& reason, absl::Duration timeout);

@@ -1,0 +1,283 @@
+// InspectModel (inspect.h): layers of a TorchScript file or a built-in model, and per-layer
+// forward/backward times measured on one microbatch of the spec's data.
+#include "worker/model/inspect.h"
+
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/spec/spec_parser.h"
+#include "common/util/sha256.h"
+#include "common/util/status_macros.h"
+#include "worker/model/gpt.h"
+#include "worker/model/mlp.h"
+#include "worker/model/stage_model.h"
+#include "worker/model/torchscript_model.h"
+#include "worker/runtime/training_data.h"
+
+namespace stagecoach::model {
+namespace {
+
+// The field that names the model in errors.
+std::string ModelField(const spec::JobSpec& spec) {
+  return spec.model.torchscript.has_value() ? "model.torchscript" : "model.builtin";
+}
+
+absl::StatusOr<std::unique_ptr<StageModel>> BuildBuiltinStage(const spec::BuiltinModel& model,
+                                                              int first_layer, int end_layer) {
+  if (model.family == "mlp") return BuildMlpStage(model, first_layer, end_layer);
+  if (model.family == "gpt") return BuildGptStage(model, first_layer, end_layer);
+  return absl::InvalidArgumentError(
+      absl::StrCat("model.builtin.family: '", model.family, "' is not a built-in family"));
+}
+
+// The model's layers, cut one stage per layer, with the stages' wiring. For a TorchScript
+// model, `owner` keeps the module the stages share.
+struct LayerStages {
+  std::unique_ptr<TorchScriptModel> owner;
+  std::vector<std::unique_ptr<StageModel>> stages;
+  PipelineWiring wiring;
+};
+
+// Waits for the device's queued work, so that the clock measures it.
+void Sync(const torch::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
+// Runs `fn` once to warm up, then `iterations` times, and returns the median time in seconds.
+template <typename Fn>
+double MedianSeconds(int iterations, const torch::Device& device, Fn&& fn) {
+  std::vector<double> times;
+  for (int r = 0; r <= iterations; ++r) {
+    Sync(device);
+    const auto start = std::chrono::steady_clock::now();
+    fn();
+    Sync(device);
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    if (r > 0) times.push_back(took.count());
+  }
+  std::sort(times.begin(), times.end());
+  const size_t n = times.size();
+  return n % 2 == 1 ? times[n / 2] : (times[n / 2 - 1] + times[n / 2]) / 2;
+}
+
+// Times every layer's forward, then every layer's backward (see inspect.h), into `out`'s
+// layers, which are in the stages' order. `running` says what runs ("the forward of layer
+// blocks.2"), for an error LibTorch throws.
+void ProfileLayers(LayerStages& layers, const torch::Tensor& microbatch, int iterations,
+                   const torch::Device& device, v1::InspectModelResponse* out,
+                   std::string* running) {
+  torch::AutoGradMode grad_mode(true);
+  const int n = static_cast<int>(layers.stages.size());
+  std::vector<std::vector<torch::Tensor>> inputs(n), outputs(n), output_grads(n);
+  for (int s = 0; s < n; ++s) {
+    for (const ValueSource& src : layers.wiring[s].inputs) {
+      if (src.stage < 0) {
+        inputs[s].push_back(microbatch);  // data: no gradient, as on stage 0 of a pipeline
+        continue;
+      }
+      torch::Tensor value = outputs[src.stage].at(src.index).detach();
+      if (value.is_floating_point()) value.requires_grad_(true);
+      inputs[s].push_back(value);
+    }
+    StageModel* stage = layers.stages[s].get();
+    *running = absl::StrCat("the forward of layer ", out->layers(s).name());
+    const double seconds =
+        MedianSeconds(iterations, device, [&] { outputs[s] = stage->ForwardValues(inputs[s]); });
+    out->mutable_layers(s)->set_forward_seconds(seconds);
+    output_grads[s].resize(outputs[s].size());
+  }
+  for (int s = n - 1; s >= 0; --s) {
+    std::vector<torch::Tensor> roots, grads;
+    for (size_t k = 0; k < outputs[s].size(); ++k) {
+      const torch::Tensor& output = outputs[s][k];
+      if (!output.requires_grad()) continue;
+      if (s == n - 1 && k == 0) {
+        roots.push_back(output);
+        grads.push_back(torch::ones_like(output));
+      } else if (output_grads[s][k].defined()) {
+        roots.push_back(output);
+        grads.push_back(output_grads[s][k]);
+      }
+    }
+    if (roots.empty()) continue;  // nothing of this layer needs a gradient: backward is free
+    *running = absl::StrCat("the backward of layer ", out->layers(s).name());
+    const double seconds = MedianSeconds(iterations, device, [&] {
+      for (torch::Tensor& input : inputs[s]) {
+        if (input.requires_grad()) input.mutable_grad() = torch::Tensor();
+      }
+      torch::autograd::backward(roots, grads, /*retain_graph=*/true);
+    });
+    out->mutable_layers(s)->set_backward_seconds(seconds);
+    // Hand each input's gradient to the output it came from (summed over its consumers).
+    for (size_t i = 0; i < inputs[s].size(); ++i) {
+      const ValueSource& src = layers.wiring[s].inputs[i];
+      if (src.stage < 0 || !inputs[s][i].requires_grad() || !inputs[s][i].grad().defined()) {
+        continue;
+      }
+      torch::Tensor& g = output_grads[src.stage][src.index];
+      const torch::Tensor grad = inputs[s][i].grad().detach();
+      g = g.defined() ? g + grad : grad.clone();
+    }
+  }
+}
+
+// One stage per layer of a TorchScript model. INVALID_ARGUMENT when the model cannot be cut
+// at every layer (a layer called inside control flow, a submodule called twice).
+absl::StatusOr<LayerStages> CutTorchScript(std::unique_ptr<TorchScriptModel> model) {
+  LayerStages out;
+  const int n = static_cast<int>(model->layers().size());
+  std::vector<int> firsts(n);
+  for (int i = 0; i < n; ++i) firsts[i] = i;
+  auto wiring = model->Split(firsts);
+  if (!wiring.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "split.policy: 'profiled' times every layer apart, but the model cannot be cut at every "
+        "layer: ",
+        wiring.status().message(), " (use split.points or another split.policy)"));
+  }
+  out.wiring = *std::move(wiring);
+  for (int s = 0; s < n; ++s) {
+    ASSIGN_OR_RETURN(std::unique_ptr<StageModel> stage, model->Stage(s));
+    out.stages.push_back(std::move(stage));
+  }
+  out.owner = std::move(model);
+  return out;
+}
+
+// One stage per layer of a built-in model.
+absl::StatusOr<LayerStages> CutBuiltin(const spec::BuiltinModel& model) {
+  LayerStages out;
+  const int n = static_cast<int>(spec::BuiltinLayerCount(model));
+  for (int s = 0; s < n; ++s) {
+    ASSIGN_OR_RETURN(std::unique_ptr<StageModel> stage, BuildBuiltinStage(model, s, s + 1));
+    out.stages.push_back(std::move(stage));
+  }
+  out.wiring = ChainWiring(n);
+  return out;
+}
+
+// A built-in model's layers and parameter counts, from one build of the whole model (a
+// parameter belongs to the layer its name starts with).
+absl::Status DescribeBuiltin(const spec::BuiltinModel& model, v1::InspectModelResponse* out) {
+  const std::vector<std::string> names = spec::BuiltinLayerNames(model);
+  if (names.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.builtin: the ", model.family, " model has no layers"));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<StageModel> whole,
+                   BuildBuiltinStage(model, 0, static_cast<int>(names.size())));
+  std::map<std::string, int64_t> counts;
+  for (auto& [name, p] : whole->NamedParameters()) {
+    for (const std::string& layer : names) {
+      if (absl::StartsWith(name, absl::StrCat(layer, "."))) {
+        counts[layer] += p.numel();
+        break;
+      }
+    }
+  }
+  for (const std::string& name : names) {
+    v1::LayerInfo* layer = out->add_layers();
+    layer->set_name(name);
+    layer->set_parameters(counts[name]);
+  }
+  out->set_sequential(true);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::InspectModelResponse> Inspect(const spec::JobSpec& spec, bool profile,
+                                                 int iterations, const std::string& model_path,
+                                                 const std::string& device_name) {
+  if (iterations <= 0) iterations = kDefaultProfileIterations;
+  const std::string field = ModelField(spec);
+  v1::InspectModelResponse out;
+  std::unique_ptr<TorchScriptModel> torchscript;
+  if (spec.model.torchscript.has_value()) {
+    ASSIGN_OR_RETURN(torchscript, TorchScriptModel::Load(model_path, "model.torchscript"));
+    for (const ModelLayer& layer : torchscript->layers()) {
+      v1::LayerInfo* info = out.add_layers();
+      info->set_name(layer.name);
+      info->set_parameters(layer.parameters);
+    }
+    out.set_sequential(torchscript->sequential());
+    auto digest = Sha256OfFile(model_path);
+    if (!digest.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("model.torchscript: cannot read '", model_path,
+                                                     "': ", digest.status().message()));
+    }
+    out.set_model_sha256(*digest);
+  } else if (spec.model.builtin.has_value()) {
+    RETURN_IF_ERROR(DescribeBuiltin(*spec.model.builtin, &out));
+  } else {
+    return absl::InvalidArgumentError(
+        "model: exactly one of 'torchscript' or 'builtin' is required");
+  }
+  if (!profile) return out;
+
+  // One microbatch of step 0's batch: what a pipeline's first stage runs.
+  ASSIGN_OR_RETURN(std::unique_ptr<runtime::BatchSource> source,
+                   runtime::BatchSource::Open(spec, /*want_inputs=*/true, /*want_targets=*/false));
+  ASSIGN_OR_RETURN(runtime::Batch batch, source->Make(0));
+  if (!batch.inputs.defined() || batch.inputs.dim() < 1 ||
+      batch.inputs.size(0) < spec.schedule.microbatches) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data: step 0's batch has fewer rows than schedule.microbatches (",
+        spec.schedule.microbatches, "), so there is no microbatch to profile the layers on"));
+  }
+  LayerStages layers;
+  if (torchscript != nullptr) {
+    ASSIGN_OR_RETURN(layers, CutTorchScript(std::move(torchscript)));
+  } else {
+    ASSIGN_OR_RETURN(layers, CutBuiltin(*spec.model.builtin));
+  }
+  if (layers.stages.size() != static_cast<size_t>(out.layers_size())) {
+    return absl::InternalError(absl::StrCat(field, ": cut into ", layers.stages.size(),
+                                            " stages for ", out.layers_size(), " layers"));
+  }
+  std::string running = absl::StrCat("moving the model to ", device_name);
+  try {
+    const torch::Device device(device_name);
+    for (auto& stage : layers.stages) stage->To(device);
+    const torch::Tensor microbatch =
+        runtime::SplitMicrobatches(batch.inputs, spec.schedule.microbatches)[0].to(device);
+    ProfileLayers(layers, microbatch, iterations, device, &out, &running);
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(absl::StrCat(field,
+                                                   ": profiling on one microbatch of the "
+                                                   "spec's data, ",
+                                                   running,
+                                                   " failed: ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": profiling on one microbatch of the spec's data, ", running,
+                     " failed: ", e.what()));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::InspectModelResponse> InspectModel(const spec::JobSpec& spec, bool profile,
+                                                      int iterations, const std::string& model_path,
+                                                      const std::string& device) {
+  // LibTorch errors outside the profiled runs (loading, building, cutting) become Status too.
+  try {
+    return Inspect(spec, profile, iterations, model_path, device);
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        ModelField(spec), ": inspecting the model failed: ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(ModelField(spec), ": inspecting the model failed: ", e.what()));
+  }
+}
+
+}  // namespace stagecoach::model

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -118,6 +119,14 @@ std::string StateName(v1::WorkerState state) {
   return StripPrefix(v1::WorkerState_Name(state), "WORKER_STATE_");
 }
 
+// Bytes by peer rank, as a JSON object keyed by the rank ("1": 4096).
+nlohmann::json PeerBytesJson(const google::protobuf::Map<int32_t, int64_t>& bytes) {
+  std::map<int32_t, int64_t> sorted(bytes.begin(), bytes.end());
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [peer, n] : sorted) out[std::to_string(peer)] = n;
+  return out;
+}
+
 nlohmann::json JobJson(const v1::Job& job) {
   nlohmann::json out;
   out["id"] = job.id();
@@ -149,6 +158,9 @@ nlohmann::json JobJson(const v1::Job& job) {
         {"steps_done", r.steps_done()},
         {"bytes_sent", r.bytes_sent()},
         {"bytes_received", r.bytes_received()},
+        {"bytes_sent_to", PeerBytesJson(r.bytes_sent_to())},
+        {"bytes_received_from", PeerBytesJson(r.bytes_received_from())},
+        {"parameters", r.parameters()},
         {"assigned_actions",
          std::vector<std::string>(r.assigned_actions().begin(), r.assigned_actions().end())},
         {"executed_actions",
@@ -156,6 +168,22 @@ nlohmann::json JobJson(const v1::Job& job) {
     });
   }
   out["ranks"] = ranks;
+  nlohmann::json layers = nlohmann::json::array();
+  for (const auto& l : job.layers()) {
+    layers.push_back({{"name", l.name()},
+                      {"parameters", l.parameters()},
+                      {"forward_seconds", l.forward_seconds()},
+                      {"backward_seconds", l.backward_seconds()}});
+  }
+  out["layers"] = layers;
+  nlohmann::json stages = nlohmann::json::array();
+  for (const auto& st : job.stages()) {
+    stages.push_back({{"stage", st.stage()},
+                      {"first_layer", st.first_layer()},
+                      {"end_layer", st.end_layer()},
+                      {"parameters", st.parameters()}});
+  }
+  out["stages"] = stages;
   nlohmann::json checkpoints = nlohmann::json::array();
   for (const auto& c : job.checkpoints()) {
     checkpoints.push_back(
@@ -286,13 +314,28 @@ std::string JobDetails(const v1::Job& j) {
     out << "Checkpoint: step " << latest.step() << " in " << latest.directory() << " ("
         << j.checkpoints_size() << " complete)\n";
   }
+  if (j.stages_size() > 0 && j.layers_size() > 0) {
+    std::vector<std::vector<std::string>> rows = {{"STAGE", "LAYERS", "PARAMS"}};
+    for (const auto& st : j.stages()) {
+      std::string layers;
+      if (st.first_layer() >= 0 && st.end_layer() <= j.layers_size() &&
+          st.first_layer() < st.end_layer()) {
+        layers = j.layers(st.first_layer()).name();
+        if (st.end_layer() - st.first_layer() > 1) {
+          layers = absl::StrCat(layers, " .. ", j.layers(st.end_layer() - 1).name());
+        }
+      }
+      rows.push_back({absl::StrCat(st.stage()), layers, absl::StrCat(st.parameters())});
+    }
+    out << "\n" << FormatTable(rows);
+  }
   if (j.ranks_size() > 0) {
     std::vector<std::vector<std::string>> rows = {
-        {"RANK", "WORKER", "STAGES", "STEPS", "SENT", "RECEIVED"}};
+        {"RANK", "WORKER", "STAGES", "PARAMS", "STEPS", "SENT", "RECEIVED"}};
     for (const auto& r : j.ranks()) {
       rows.push_back({absl::StrCat(r.rank()), r.worker_id(), absl::StrJoin(r.stages(), ","),
-                      absl::StrCat(r.steps_done()), absl::StrCat(r.bytes_sent(), " B"),
-                      absl::StrCat(r.bytes_received(), " B")});
+                      absl::StrCat(r.parameters()), absl::StrCat(r.steps_done()),
+                      absl::StrCat(r.bytes_sent(), " B"), absl::StrCat(r.bytes_received(), " B")});
     }
     out << "\n" << FormatTable(rows);
   }

@@ -39,16 +39,21 @@ absl::Status CheckSupported(const spec::JobSpec& spec, const PlanOptions& option
     return FieldError("data.kind",
                       absl::StrCat("'", kind,
                                    "' data is not supported by this coordinator (supported: "
-                                   "synthetic or tensors for mlp, tokens for gpt, tensors or "
-                                   "tokens for a TorchScript model)"));
+                                   "synthetic or tensors for mlp, tokens or synthetic for gpt, "
+                                   "tensors or tokens for a TorchScript model)"));
   }
   if (spec.model.torchscript.has_value()) {
-    // Synthetic data is drawn for an MLP's sizes, which a TorchScript model does not declare;
-    // a tensors file or a tokens file carries its own shapes.
+    // Synthetic data is drawn for a built-in model's sizes, which a TorchScript model does not
+    // declare; a tensors file carries its own shapes, a tokens file needs the window length.
     if (kind == "synthetic") {
       return FieldError("data.kind",
-                        "'synthetic' data is drawn for a built-in mlp's sizes and cannot feed a "
+                        "'synthetic' data is drawn for a built-in model's sizes and cannot feed a "
                         "TorchScript model (use data.kind tensors or tokens)");
+    }
+    if (kind == "tokens" && spec.data.seq <= 0) {
+      return FieldError("data.seq",
+                        "required for data.kind tokens with a TorchScript model (the tokens per "
+                        "row the model takes)");
     }
   } else {
     const std::string& family = spec.model.builtin->family;
@@ -58,14 +63,20 @@ absl::Status CheckSupported(const spec::JobSpec& spec, const PlanOptions& option
                                      "' is not supported by this coordinator (supported: mlp, "
                                      "gpt)"));
     }
-    // Synthetic data is drawn for an MLP's sizes, a tensors file (torch.save'd inputs and
+    // Synthetic data is drawn for the model's sizes; a tensors file (torch.save'd inputs and
     // targets) feeds an MLP, a tokens file feeds a GPT.
-    const bool fits = family == "gpt" ? kind == "tokens" : kind == "synthetic" || kind == "tensors";
+    const bool fits = kind == "synthetic" || (family == "gpt" ? kind == "tokens" : kind == "tensors");
     if (!fits) {
       return FieldError(
           "data.kind",
           absl::StrCat("'", kind, "' data cannot feed a ", family, " model (use data.kind ",
-                       family == "gpt" ? "tokens" : "synthetic or tensors", ")"));
+                       family == "gpt" ? "tokens or synthetic" : "synthetic or tensors", ")"));
+    }
+    if (spec.data.seq > 0 && (family != "gpt" || spec.data.seq != spec.model.builtin->seq)) {
+      return FieldError("data.seq",
+                        family == "gpt" ? absl::StrCat("must equal model.builtin.seq (",
+                                                       spec.model.builtin->seq, ") or be left out")
+                                        : std::string("only used with a gpt or TorchScript model"));
     }
     if (family == "gpt" && spec.training.loss != "cross_entropy") {
       return FieldError("training.loss",

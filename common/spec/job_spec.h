@@ -106,12 +106,15 @@ struct TrainingSpec {
 };
 
 struct DataSpec {
-  // "synthetic" (default), "tokens" or "tensors".
+  // "synthetic" (default; for a built-in mlp or gpt), "tokens" or "tensors".
   std::string kind = "synthetic";
   // Path on the workers' filesystem (tokens, tensors).
   std::string path;
   // Seed of the data stream (and, for built-in models, of the parameter initialisation).
   uint64_t seed = 0;
+  // tokens: window length (tokens per row) for a TorchScript model; a built-in gpt uses
+  // model.builtin.seq. 0 when not given.
+  int64_t seq = 0;
 };
 
 // restart: what happens when a job fails (a lost worker, a transport error).

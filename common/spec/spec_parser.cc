@@ -835,7 +835,7 @@ class SpecParser {
   }
 
   void ParseData(const YAML::Node& node) {
-    auto data = v_.Open(node, "data", {"kind", "path", "seed"});
+    auto data = v_.Open(node, "data", {"kind", "path", "seed", "seq"});
     if (!data) return;
     DataSpec& out = spec_.data;
     const Read kind = data->Enum("kind", {"synthetic", "tokens", "tensors"}, &out.kind);
@@ -852,6 +852,10 @@ class SpecParser {
       }
     }
     data->Uint("seed", &out.seed);
+    const Read seq = data->Int("seq", 1, kIntMax, &out.seq);
+    if (seq == Read::kOk && kind != Read::kInvalid && out.kind != "tokens") {
+      v_.Error(data->Path("seq"), "only used by data.kind tokens");
+    }
   }
 
   void ParseRestart(const YAML::Node& node) {

@@ -226,6 +226,42 @@ TEST_F(TokensTest, WindowsWithShiftedTargetsPerSeedAndStep) {
   EXPECT_FALSE(torch::equal(runtime::MakeBatch(other, 0, true, false)->inputs, x));
 }
 
+// A TorchScript model reads the same file with data.seq tokens per row and no vocabulary.
+TEST_F(TokensTest, ATorchScriptModelTakesDataSeqTokensPerRow) {
+  spec::JobSpec spec = Spec(Write("ts.bin", Counting(1000)));
+  spec.model.builtin.reset();
+  spec.model.torchscript = "model.pt";
+  spec.data.seq = 5;
+  auto batch = runtime::MakeBatch(spec, 3, true, true);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  ASSERT_EQ(batch->inputs.sizes(), (std::vector<int64_t>{6, 5}));
+  EXPECT_TRUE(torch::equal(batch->targets, (batch->inputs + 1) % 50));
+  spec.data.seq = 0;
+  auto missing = runtime::BatchSource::Open(spec, true, true);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_THAT(std::string(missing.status().message()), HasSubstr("data.seq: required"));
+}
+
+// data.kind synthetic for a gpt: arithmetic sequences mod vocab, per seed and step.
+TEST_F(TokensTest, SyntheticTokensAreLearnableSequencesPerSeedAndStep) {
+  spec::JobSpec spec = Spec("");
+  spec.data.kind = "synthetic";
+  spec.data.path.clear();
+  auto batch = runtime::MakeBatch(spec, 0, true, true);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  const torch::Tensor& x = batch->inputs;
+  const torch::Tensor& y = batch->targets;
+  ASSERT_EQ(x.sizes(), (std::vector<int64_t>{6, 8}));
+  EXPECT_TRUE(torch::equal(x.slice(1, 1, 8), y.slice(1, 0, 7)));
+  // Every row steps by one stride mod 50, the same all along.
+  const torch::Tensor stride = (x.select(1, 1) - x.select(1, 0)).remainder(50);
+  EXPECT_TRUE(torch::equal((x.select(1, 0) + 7 * stride).remainder(50), x.select(1, 7)));
+  EXPECT_TRUE(torch::all(stride > 0).item<bool>());
+  EXPECT_TRUE(torch::all(x < 50).item<bool>());
+  EXPECT_TRUE(torch::equal(runtime::MakeBatch(spec, 0, true, false)->inputs, x));
+  EXPECT_FALSE(torch::equal(runtime::MakeBatch(spec, 1, true, false)->inputs, x));
+}
+
 TEST_F(TokensTest, ErrorsNameTheFieldAndThePlace) {
   auto message = [&](const spec::JobSpec& spec) {
     auto source = runtime::BatchSource::Open(spec, true, true);
@@ -245,7 +281,7 @@ TEST_F(TokensTest, ErrorsNameTheFieldAndThePlace) {
               HasSubstr("token 17 is 4660, not below model.builtin.vocab = 50"));
   spec::JobSpec mlp = Spec(Write("ok.bin", Counting(30)));
   mlp.model.builtin->family = "mlp";
-  EXPECT_THAT(message(mlp), HasSubstr("data.kind: tokens data needs a built-in gpt model"));
+  EXPECT_THAT(message(mlp), HasSubstr("data.kind: tokens data needs a built-in gpt or a TorchScript model"));
   // A rank that needs neither inputs nor targets does not read the file.
   EXPECT_TRUE(runtime::BatchSource::Open(Spec(missing), false, false).ok());
 }

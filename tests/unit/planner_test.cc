@@ -103,13 +103,20 @@ TEST(PlanJob, PlansAGptOnATokensFile) {
   EXPECT_EQ(plan->stages[3].parameters, 2 * d + d * 64);
 }
 
+TEST(PlanJob, PlansAGptOnSyntheticTokens) {
+  auto plan = PlanJob(ParseGpt(""));  // data.kind defaults to synthetic
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->stages.size(), 4u);
+}
+
 TEST(PlanJob, RefusesDataAndLossAGptCannotUse) {
   struct Case {
     std::string data, loss, want;
   };
   for (const Case& c : std::vector<Case>{
-           {"", "cross_entropy", "data.kind: 'synthetic' data cannot feed a gpt model"},
            {"data: {kind: tensors, path: x.pt}", "cross_entropy", "data.kind"},
+           {"data: {kind: tokens, path: x.bin, seq: 3}", "cross_entropy",
+            "data.seq: must equal model.builtin.seq"},
            {"data: {kind: tokens, path: x.bin}", "mse", "training.loss"},
        }) {
     spec::JobSpec spec = ParseGpt(c.data, c.loss);
@@ -142,7 +149,7 @@ TEST(PlanJob, PlansAnMlpOnATensorsFile) {
   // A GPT still reads tokens only.
   EXPECT_THAT(
       std::string(PlanJob(ParseGpt("data: {kind: tensors, path: x.pt}")).status().message()),
-      HasSubstr("data.kind: 'tensors' data cannot feed a gpt model (use data.kind tokens)"));
+      HasSubstr("data.kind: 'tensors' data cannot feed a gpt model (use data.kind tokens or synthetic)"));
 }
 
 TEST(PlanJob, RefusesWhatCannotRunNamingTheField) {
@@ -716,15 +723,19 @@ TEST(PlanJob, TorchScriptModelsNeedTheirLayersAndFittingData) {
   EXPECT_THAT(std::string(PlanJob(TorchScriptSpec("{stages: 1}"), {}).status().message()),
               HasSubstr("model.torchscript: the model has no layers"));
 
-  // Synthetic data is drawn for an MLP's sizes; tensors and tokens files carry their shapes.
+  // Synthetic data is drawn for a built-in model's sizes; a tensors file carries its shapes, a
+  // tokens file needs data.seq.
   spec::JobSpec synthetic = TorchScriptSpec("{stages: 2}");
   synthetic.data.kind = "synthetic";
   synthetic.data.path.clear();
   EXPECT_THAT(std::string(PlanJob(synthetic, Layers({"a", "b"})).status().message()),
-              HasSubstr("data.kind: 'synthetic' data is drawn for a built-in mlp's sizes and "
+              HasSubstr("data.kind: 'synthetic' data is drawn for a built-in model's sizes and "
                         "cannot feed a TorchScript model (use data.kind tensors or tokens)"));
   spec::JobSpec tokens = TorchScriptSpec("{stages: 2}");
   tokens.data.kind = "tokens";
+  EXPECT_THAT(std::string(PlanJob(tokens, Layers({"a", "b"})).status().message()),
+              HasSubstr("data.seq: required for data.kind tokens with a TorchScript model"));
+  tokens.data.seq = 16;
   EXPECT_TRUE(PlanJob(tokens, Layers({"a", "b"})).ok());
 }
 

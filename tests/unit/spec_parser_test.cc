@@ -366,9 +366,9 @@ TEST(SpecParserTest, UnknownKeysInEveryNestedMapping) {
   EXPECT_THAT(Errors(Edit(kBase, "  workers: 2", "  workers: 2\n  gpus: 2")),
               ElementsAre("placement.gpus: unknown key (valid keys: workers, device, style, "
                           "transport)"));
-  EXPECT_THAT(Errors(Edit(kBase, "  kind: synthetic", "  kind: synthetic\n  sed: 1")),
-              ElementsAre("data.sed: unknown key (valid keys: kind, path, seed); did you mean "
-                          "'seed'?"));
+  EXPECT_THAT(Errors(Edit(kBase, "  kind: synthetic", "  kind: synthetic\n  seeed: 1")),
+              ElementsAre("data.seeed: unknown key (valid keys: kind, path, seed, seq); did you "
+                          "mean 'seed'?"));
   EXPECT_THAT(Errors(absl::StrCat(kBase, "restart: {max_restart: 1}\n")),
               ElementsAre("restart.max_restart: unknown key (valid keys: max_restarts); did you "
                           "mean 'max_restarts'?"));

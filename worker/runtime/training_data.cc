@@ -58,14 +58,52 @@ class SyntheticSource : public BatchSource {
   bool want_targets_;
 };
 
+// Tokens per row: model.builtin.seq for a built-in gpt, data.seq for a TorchScript model.
+int64_t WindowLength(const spec::JobSpec& spec) {
+  return spec.model.builtin.has_value() ? spec.model.builtin->seq : spec.data.seq;
+}
+
+// Synthetic token rows for a built-in gpt: arithmetic sequences modulo the vocabulary, from a
+// start and a stride drawn per row from generator(seed + 1 + step). The next token follows from
+// the two before it, so a model can learn the task.
+class SyntheticTokensSource : public BatchSource {
+ public:
+  SyntheticTokensSource(const spec::JobSpec& spec, bool want_inputs, bool want_targets)
+      : spec_(spec), want_inputs_(want_inputs), want_targets_(want_targets) {}
+
+  absl::StatusOr<Batch> Make(int64_t step) override {
+    Batch batch;
+    if (!want_inputs_ && !want_targets_) return batch;
+    const int64_t rows = spec_.training.batch_size;
+    const int64_t seq = spec_.model.builtin->seq;
+    const int64_t vocab = spec_.model.builtin->vocab;
+    at::Generator gen =
+        at::detail::createCPUGenerator(spec_.data.seed + 1 + static_cast<uint64_t>(step));
+    torch::Tensor start = torch::randint(0, vocab, {rows, 1}, gen, torch::kInt64);
+    torch::Tensor stride = torch::randint(1, std::max<int64_t>(vocab, 2), {rows, 1}, gen,
+                                          torch::kInt64);
+    torch::Tensor tokens =
+        (start + stride * torch::arange(seq + 1, torch::kInt64).unsqueeze(0)).remainder(vocab);
+    if (want_inputs_) batch.inputs = tokens.slice(1, 0, seq).contiguous();
+    if (want_targets_) batch.targets = tokens.slice(1, 1, seq + 1).contiguous();
+    return batch;
+  }
+
+ private:
+  spec::JobSpec spec_;
+  bool want_inputs_;
+  bool want_targets_;
+};
+
 // A flat little-endian uint16 token file, read into memory once.
 class TokensSource : public BatchSource {
  public:
   static absl::StatusOr<std::unique_ptr<BatchSource>> Open(const spec::JobSpec& spec,
                                                            bool want_inputs, bool want_targets) {
     const std::string& path = spec.data.path;
-    const int64_t seq = spec.model.builtin->seq;
-    const int64_t vocab = spec.model.builtin->vocab;
+    const int64_t seq = WindowLength(spec);
+    // A TorchScript model declares no vocabulary: any uint16 token is accepted.
+    const int64_t vocab = spec.model.builtin.has_value() ? spec.model.builtin->vocab : 65536;
     std::ifstream in(path, std::ios::binary);
     if (!in) {
       return absl::InvalidArgumentError(
@@ -83,8 +121,9 @@ class TokensSource : public BatchSource {
     const int64_t n = static_cast<int64_t>(bytes.size() / 2);
     if (n < seq + 1) {
       return absl::InvalidArgumentError(
-          absl::StrCat("data.path: '", path, "' holds ", n,
-                       " tokens, fewer than model.builtin.seq + 1 = ", seq + 1));
+          absl::StrCat("data.path: '", path, "' holds ", n, " tokens, fewer than ",
+                       spec.model.builtin.has_value() ? "model.builtin.seq" : "data.seq",
+                       " + 1 = ", seq + 1));
     }
     std::vector<int64_t> tokens(n);
     for (int64_t i = 0; i < n; ++i) {
@@ -106,7 +145,7 @@ class TokensSource : public BatchSource {
     if (!want_inputs_ && !want_targets_) return batch;
     const int64_t n = static_cast<int64_t>(tokens_.size());
     const int64_t rows = spec_.training.batch_size;
-    const int64_t seq = spec_.model.builtin->seq;
+    const int64_t seq = WindowLength(spec_);
     at::Generator gen =
         at::detail::createCPUGenerator(spec_.data.seed + 1 + static_cast<uint64_t>(step));
     torch::Tensor starts = torch::randint(0, n - seq, {rows}, gen, torch::kInt64);
@@ -324,16 +363,25 @@ absl::StatusOr<std::unique_ptr<BatchSource>> BatchSource::Open(const spec::JobSp
   const std::string family =
       spec.model.builtin.has_value() ? spec.model.builtin->family : std::string("torchscript");
   if (spec.data.kind == "synthetic") {
+    if (family == "gpt") {
+      return std::unique_ptr<BatchSource>(
+          new SyntheticTokensSource(spec, want_inputs, want_targets));
+    }
     if (family != "mlp") {
       return absl::InvalidArgumentError(absl::StrCat(
-          "data.kind: synthetic data needs a built-in mlp model (model is ", family, ")"));
+          "data.kind: synthetic data needs a built-in mlp or gpt model (model is ", family, ")"));
     }
     return std::unique_ptr<BatchSource>(new SyntheticSource(spec, want_inputs, want_targets));
   }
   if (spec.data.kind == "tokens") {
-    if (family != "gpt") {
+    if (family != "gpt" && family != "torchscript") {
       return absl::InvalidArgumentError(absl::StrCat(
-          "data.kind: tokens data needs a built-in gpt model (model is ", family, ")"));
+          "data.kind: tokens data needs a built-in gpt or a TorchScript model (model is ", family,
+          ")"));
+    }
+    if (family == "torchscript" && spec.data.seq <= 0) {
+      return absl::InvalidArgumentError(
+          "data.seq: required for data.kind tokens with a TorchScript model");
     }
     if (spec.data.path.empty()) {
       return absl::InvalidArgumentError("data.path: required for data.kind tokens");

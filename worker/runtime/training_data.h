@@ -8,7 +8,13 @@
 // where generator(s) is LibTorch's CPU generator seeded with s, and all tensors are float32.
 // A fixed teacher makes the task learnable, so the loss falls as training goes on.
 //
-// data.kind: tokens, for a built-in GPT with sequence length T = model.builtin.seq — data.path is
+// data.kind: synthetic, for a built-in GPT — row r of step k is an arithmetic sequence modulo
+// the vocabulary V: start_r = randint(0, V), stride_r = randint(1, V), both drawn (per row, starts
+// first) from generator(seed + 1 + k); tokens t_i = (start_r + i * stride_r) mod V for i in
+// [0, T]; inputs t[0:T], targets t[1:T+1]. Learnable: a token follows from the two before it.
+//
+// data.kind: tokens, for a built-in GPT with sequence length T = model.builtin.seq (or a
+// TorchScript model with T = data.seq, any uint16 token) — data.path is
 // a flat little-endian uint16 token file (nanoGPT's train.bin) of N tokens, all below
 // model.builtin.vocab, N >= T + 1. Step k's batch is batch_size windows of T + 1 tokens:
 //   starts   randint(0, N - T, [batch_size], generator(seed + 1 + k))   (int64, in [0, N - T - 1])

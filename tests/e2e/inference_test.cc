@@ -3,12 +3,17 @@
 // come back and equal a single-process forward of the same model (tests/support/reference_mlp.h)
 // within rtol 1e-5 + atol 1e-6, for 2 and 4 stages and uneven microbatches. Also: inputs of the
 // wrong width fail naming the stage and microbatch, bad .npy files and too many microbatches
-// are refused before anything runs, and the jobs are listed like any other.
+// are refused before anything runs, and the jobs are listed like any other. A built-in GPT takes
+// int64 token ids and gives logits [B, T, vocab] that agree across placements and reproduce a
+// training job's first loss.
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <random>
+#include <tuple>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -275,6 +280,103 @@ TEST_F(InferenceTest, InferenceJobsAreListedLikeAnyOther) {
   EXPECT_TRUE(found) << job_id << " not in " << list.out;
   CommandResult table = cluster_->Stagectl({"list"});
   EXPECT_THAT(table.out, HasSubstr(job_id));
+}
+
+// 6000 little-endian uint16 tokens below `vocab`: a few random phrases in random order.
+std::vector<int64_t> GptTokens(int vocab) {
+  std::mt19937 rng(4242);
+  std::vector<std::vector<int64_t>> phrases(5);
+  for (auto& p : phrases) {
+    for (int i = 0; i < 7; ++i) p.push_back(static_cast<int64_t>(rng() % vocab));
+  }
+  std::vector<int64_t> tokens;
+  while (tokens.size() < 6000) {
+    for (int64_t t : phrases[rng() % phrases.size()]) tokens.push_back(t);
+  }
+  return tokens;
+}
+
+std::string GptSpec(const std::string& name, int stages, int workers, const std::string& kind,
+                    int microbatches, const std::string& data) {
+  return absl::StrCat("name: ", name, "\n",  //
+                      "model:\n  builtin: {family: gpt, vocab: 64, d_model: 32, layers: 2, "
+                      "heads: 4, seq: 16, seed: 21}\n",   //
+                      "split: {stages: ", stages, "}\n",  //
+                      "schedule: {kind: ", kind, ", microbatches: ", microbatches, "}\n",
+                      "placement: {workers: ", workers, "}\n",
+                      "training:\n  batch_size: 8\n  steps: 1\n  loss: cross_entropy\n"
+                      "  optimizer: {kind: adamw, lr: 1.0e-3}\n",
+                      "data: {kind: tokens, path: ", data, ", seed: 13}\n");
+}
+
+// A built-in GPT forward-only: token ids (int64 .npy) in, logits [B, T, vocab] out, finite, the
+// same for 2 stages on 2 workers (1F1B) and 4 stages on 4 workers (GPipe), and the model a
+// training job trains: the cross-entropy of the logits on that job's first batch (rebuilt here
+// from worker/runtime/training_data.h's definition of data.kind tokens), mean over the job's
+// microbatches, is the job's first loss.
+TEST_F(InferenceTest, GptLogitsHaveTheirShapeAgreeAcrossPlacementsAndAreTheTrainedModels) {
+  constexpr int kVocab = 64, kSeq = 16, kBatch = 8, kMicrobatches = 4;
+  const std::vector<int64_t> tokens = GptTokens(kVocab);
+  std::string bytes;
+  for (int64_t t : tokens) {
+    bytes.push_back(static_cast<char>(t & 0xff));
+    bytes.push_back(static_cast<char>(t >> 8));
+  }
+  const std::string data = cluster_->WriteFile("gpt-tokens.bin", bytes);
+
+  // Step 0's batch: starts = randint(0, N - T, [B], generator(seed + 1)).
+  at::Generator gen = at::detail::createCPUGenerator(13 + 1);
+  const torch::Tensor starts =
+      torch::randint(0, static_cast<int64_t>(tokens.size()) - kSeq, {kBatch}, gen, torch::kInt64);
+  const torch::Tensor all = torch::tensor(tokens, torch::kInt64);
+  std::vector<torch::Tensor> xs, ys;
+  for (int b = 0; b < kBatch; ++b) {
+    const int64_t s = starts[b].item<int64_t>();
+    xs.push_back(all.slice(0, s, s + kSeq));
+    ys.push_back(all.slice(0, s + 1, s + kSeq + 1));
+  }
+  const torch::Tensor x = torch::stack(xs), y = torch::stack(ys);
+
+  const std::string train = cluster_->WriteFile(
+      "gpt-train.yaml", GptSpec("gpt-train-one", 2, 2, "1F1B", kMicrobatches, data));
+  CommandResult submit = cluster_->Stagectl({"submit", train, "--wait"});
+  ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err << cluster_->Logs();
+  auto trained = cluster_->GetJob(LastLine(submit.out));
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  ASSERT_EQ(trained->losses_size(), 1);
+  ASSERT_TRUE(cluster_->WaitForIdleWorkers(4, absl::Seconds(30)).ok()) << cluster_->Logs();
+
+  std::vector<torch::Tensor> outputs;
+  for (const auto& [name, stages, kind] : std::vector<std::tuple<std::string, int, std::string>>{
+           {"gpt-two", 2, "1F1B"}, {"gpt-four", 4, "GPipe"}}) {
+    SCOPED_TRACE(name);
+    const std::string spec = GptSpec(name, stages, stages, kind, kMicrobatches, data);
+    const std::string in = cluster_->dir() + "/" + name + "-in.npy";
+    const std::string out = cluster_->dir() + "/" + name + "-out.npy";
+    WriteNpy(in, x, "<i8");
+    CommandResult r = cluster_->Stagectl(
+        {"infer", cluster_->WriteFile(name + ".yaml", spec), "--input", in, "--out", out});
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err << cluster_->Logs();
+    const torch::Tensor logits = ReadNpy(out);
+    ASSERT_EQ(logits.sizes(), (std::vector<int64_t>{kBatch, kSeq, kVocab}));
+    EXPECT_TRUE(torch::isfinite(logits).all().item<bool>());
+    EXPECT_GT(logits.std().item<double>(), 0.0) << "constant logits";
+    outputs.push_back(logits);
+  }
+  ASSERT_EQ(outputs.size(), 2u);
+  ExpectClose(outputs[1], outputs[0]);
+
+  // The training job's first loss from the inferred logits.
+  const auto logit_mbs = torch::tensor_split(outputs[0], kMicrobatches, 0);
+  const auto target_mbs = torch::tensor_split(y, kMicrobatches, 0);
+  double sum = 0;
+  for (int mb = 0; mb < kMicrobatches; ++mb) {
+    sum += torch::nn::functional::cross_entropy(logit_mbs[mb].reshape({-1, kVocab}),
+                                                target_mbs[mb].reshape({-1}))
+               .item<double>();
+  }
+  const double want = trained->losses(0), got = sum / kMicrobatches;
+  EXPECT_NEAR(got, want, kAtol + kRtol * std::abs(want));
 }
 
 }  // namespace

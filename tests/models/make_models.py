@@ -1,6 +1,6 @@
 """TorchScript fixtures for the worker's TorchScript model loader (worker/model/torchscript_model.h).
 
-Usage: /usr/bin/python3 make_models.py OUT_DIR
+Usage: /usr/bin/python3 make_models.py OUT_DIR [--bench]
 
 Writes, with torch.jit.script and torch.jit.save, each model built from a fixed seed:
   sequential.pt  nn.Sequential of 8 layers, 16 -> 4 (sequential).
@@ -16,6 +16,13 @@ Writes, with torch.jit.script and torch.jit.save, each model built from a fixed 
   helper.pt      HelperNet: forward calls a, then a helper method that calls b and c; a top-level
                  parameter `bias` is read after a and again after b (stage 0 passes it on).
   state_dict.pt  torch.save of sequential.pt's state_dict: not TorchScript (refused).
+
+With --bench it also writes the larger models of bench/model_bench.cc (input width 1024, about
+8.4M parameters each, seed 0):
+  bench_mlp.pt   nn.Sequential of 8 Linear(1024, 1024) + ReLU pairs (16 layers, sequential).
+  bench_skip.pt  BenchSkipNet: 8 Blocks of 1024; cut at equal layer counts into 4 stages
+                 ([0, 2, 4, 6]) stage 0's output reaches stage 2 directly (across two
+                 boundaries) and stage 1's reaches stage 3.
 
 The nn.Module classes are importable (`from make_models import SkipNet`) for Python reference
 checks; make(name) builds the seeded eager module saved as a file name.
@@ -183,20 +190,62 @@ BUILDERS = {
 }
 
 
+def bench_mlp_net() -> nn.Sequential:
+    """16 layers: Linear(1024, 1024) "0", ReLU "1", ..., ReLU "15"."""
+    layers = []
+    for _ in range(8):
+        layers += [nn.Linear(1024, 1024), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+class BenchSkipNet(nn.Module):
+    """8 Blocks of 1024 (a..h) with two skips, each across two stage boundaries at [0, 2, 4, 6]:
+    b's output is added to e's, and d's output to g's."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = Block(1024, 1024)
+        self.b = Block(1024, 1024)
+        self.c = Block(1024, 1024)
+        self.d = Block(1024, 1024)
+        self.e = Block(1024, 1024)
+        self.f = Block(1024, 1024)
+        self.g = Block(1024, 1024)
+        self.h = Block(1024, 1024)
+
+    def forward(self, x):
+        s0 = self.b(self.a(x))
+        s1 = self.d(self.c(s0))
+        h = self.f(self.e(s1) + s0)
+        return self.h(self.g(h) + s1)
+
+
+BENCH_BUILDERS = {
+    "bench_mlp.pt": bench_mlp_net,
+    "bench_skip.pt": BenchSkipNet,
+}
+
+
 def make(name: str) -> nn.Module:
     """The eager module saved as `name`, built from seed 0."""
     torch.manual_seed(0)
-    return BUILDERS[name]()
+    return {**BUILDERS, **BENCH_BUILDERS}[name]()
 
 
 def main() -> None:
-    if len(sys.argv) != 2:
-        sys.exit("usage: make_models.py OUT_DIR")
-    out = sys.argv[1]
+    args = sys.argv[1:]
+    bench = "--bench" in args
+    args = [a for a in args if a != "--bench"]
+    if len(args) != 1:
+        sys.exit("usage: make_models.py OUT_DIR [--bench]")
+    out = args[0]
     os.makedirs(out, exist_ok=True)
     for name in BUILDERS:
         torch.jit.save(torch.jit.script(make(name)), os.path.join(out, name))
     torch.save(make("sequential.pt").state_dict(), os.path.join(out, "state_dict.pt"))
+    if bench:
+        for name in BENCH_BUILDERS:
+            torch.jit.save(torch.jit.script(make(name)), os.path.join(out, name))
 
 
 if __name__ == "__main__":

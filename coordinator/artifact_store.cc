@@ -13,6 +13,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/util/directories.h"
+#include "common/util/status_macros.h"
 
 namespace stagecoach::coordinator {
 namespace {
@@ -35,24 +37,11 @@ absl::StatusOr<std::unique_ptr<ArtifactStore>> ArtifactStore::Open(ArtifactStore
   std::string dir = options.dir;
   const bool owns_dir = dir.empty();
   if (owns_dir) {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string templ =
-        absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/stagecoach-artifacts-XXXXXX");
-    std::vector<char> buf(templ.begin(), templ.end());
-    buf.push_back('\0');
-    if (mkdtemp(buf.data()) == nullptr) {
-      return absl::InternalError(absl::StrCat("artifact store: cannot create a directory like ",
-                                              templ, ": ", ErrnoText()));
-    }
-    dir = buf.data();
+    ASSIGN_OR_RETURN(dir, MakePrivateTempDirectory("stagecoach-artifacts", "artifact store"));
   } else {
-    std::error_code error;
-    fs::create_directories(dir, error);
-    if (error || !fs::is_directory(dir)) {
-      return absl::InternalError(absl::StrCat("artifact store: cannot create directory ", dir, ": ",
-                                              error ? error.message() : "not a directory"));
-    }
+    RETURN_IF_ERROR(EnsureWritableDirectory(dir, "artifact store"));
     // Uploads that were in progress when an earlier coordinator stopped.
+    std::error_code error;
     for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
       if (absl::StartsWith(it->path().filename().string(), kTempPrefix)) {
         std::error_code ignored;
@@ -63,10 +52,6 @@ absl::StatusOr<std::unique_ptr<ArtifactStore>> ArtifactStore::Open(ArtifactStore
       return absl::InternalError(
           absl::StrCat("artifact store: cannot list directory ", dir, ": ", error.message()));
     }
-  }
-  if (access(dir.c_str(), W_OK | X_OK) != 0) {
-    return absl::InternalError(
-        absl::StrCat("artifact store: directory ", dir, " is not writable: ", ErrnoText()));
   }
   return std::unique_ptr<ArtifactStore>(new ArtifactStore(dir, owns_dir, options.max_bytes));
 }

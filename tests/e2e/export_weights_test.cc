@@ -22,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/local_cluster.h"
+#include "tests/support/python.h"
 #include "tests/support/test_paths.h"
 
 namespace stagecoach::testing {
@@ -29,7 +30,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr char kPython[] = "/usr/bin/python3";
 constexpr double kTol = 1e-5;
 
 // argv: models_dir, step_dir, stages, input.npy, trained_out.npy, initial_out.npy.
@@ -73,10 +73,7 @@ torch.save({"inputs": torch.randn(n, 16, generator=g, dtype=torch.float64),
 np.save(x_path, torch.randn(5, 16, generator=g).numpy())
 )PY";
 
-bool PythonHasTorch() {
-  return std::system(absl::StrCat(kPython, " -c 'import torch, numpy' >/dev/null 2>&1").c_str()) ==
-         0;
-}
+bool PythonHasTorchAndNumpy() { return PythonCanImport("torch, numpy"); }
 
 // A float32 C-order .npy file as numpy writes it; an undefined tensor (and a failure) otherwise.
 torch::Tensor ReadNpy(const std::string& path) {
@@ -122,7 +119,7 @@ std::string SpecYaml(const std::string& name, const std::string& model, const st
 }
 
 TEST(ExportWeights, StageStateDictsLoadIntoTheOriginalModuleAndGiveThePipelinesOutput) {
-  if (!PythonHasTorch()) GTEST_SKIP() << kPython << " cannot import torch and numpy";
+  if (!PythonHasTorchAndNumpy()) GTEST_SKIP() << kPython << " cannot import torch and numpy";
   const std::string models_dir = TestDataDir() + "/../models";
   ClusterOptions options;
   options.workers = 3;

@@ -18,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/local_cluster.h"
+#include "tests/support/python.h"
 #include "tests/support/reference_mlp.h"
 #include "tests/support/stage_files.h"
 
@@ -27,7 +28,6 @@ namespace {
 constexpr double kRtol = 1e-5;
 constexpr double kAtol = 1e-6;
 constexpr int64_t kSteps = 5;
-constexpr char kPython[] = "/usr/bin/python3";
 
 // argv: path, rows, in, out, loss, seed. Inputs float64 (the worker reads them as float32),
 // targets from a random teacher: class indices for cross_entropy, tanh for mse.
@@ -50,10 +50,6 @@ struct Case {
   int64_t rows;  // N in the file
   ReferenceConfig ref;
 };
-
-bool PythonHasTorch() {
-  return std::system(absl::StrCat(kPython, " -c 'import torch' >/dev/null 2>&1").c_str()) == 0;
-}
 
 std::string SpecYaml(const Case& c, const std::string& data, const std::string& ckpt_dir) {
   const ReferenceConfig& r = c.ref;

@@ -29,6 +29,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/local_cluster.h"
+#include "tests/support/python.h"
 #include "tests/support/reference_mlp.h"
 #include "tests/support/reference_torchscript.h"
 #include "tests/support/stage_files.h"
@@ -42,7 +43,6 @@ using ::testing::HasSubstr;
 constexpr double kRtol = 1e-5;
 constexpr double kAtol = 1e-6;
 constexpr int64_t kSteps = 3;
-constexpr char kPython[] = "/usr/bin/python3";
 
 // argv: path, rows, in, out, loss, seed. Inputs float64 (workers read them as float32); targets
 // class indices in [0, out) for cross_entropy, values [rows, out] for mse.
@@ -56,12 +56,6 @@ Y = torch.randint(0, d_out, (n,), generator=g) if loss == "cross_entropy" else \
     torch.randn(n, d_out, generator=g)
 torch.save({"inputs": X, "targets": Y}, path)
 )PY";
-
-bool PythonHasTorch() {
-  return std::system(absl::StrCat(kPython, " -c 'import torch' >/dev/null 2>&1").c_str()) == 0;
-}
-
-std::string MakeModelsScript() { return TestDataDir() + "/../models/make_models.py"; }
 
 // A top-level layer of a fixture and the parameters its submodule owns, read from the file with
 // LibTorch (named_children), independently of the worker's inspection.

@@ -28,6 +28,7 @@
 #include "gtest/gtest.h"
 #include "tests/support/local_cluster.h"
 #include "tests/support/process.h"
+#include "tests/support/python.h"
 #include "worker/service/artifact_cache.h"
 #include "worker/service/coordinator_client.h"
 
@@ -591,10 +592,6 @@ TEST(WorkerArtifactCacheNoCoordinator, DefaultDirectoryIsPrivateAndRemoved) {
 }
 
 // --- uploaded data on real worker processes ---
-
-bool PythonHasTorch() {
-  return std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
-}
 
 bool Finished(const v1::Job& j) {
   return j.state() == v1::JOB_STATE_SUCCEEDED || j.state() == v1::JOB_STATE_FAILED ||

@@ -22,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/process.h"
+#include "tests/support/python.h"
 #include "tests/support/test_paths.h"
 
 namespace stagecoach::testing {
@@ -29,8 +30,6 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-constexpr char kPython[] = "/usr/bin/python3";
 
 // A skip connection across layers, a ModuleList loop, and a module that scripting refuses.
 constexpr char kModels[] = R"PY(
@@ -63,10 +62,6 @@ class VarArgs(nn.Module):
     def forward(self, x, *rest):
         return self.lin(x)
 )PY";
-
-bool PythonHasTorch() {
-  return std::system(absl::StrCat(kPython, " -c 'import torch' >/dev/null 2>&1").c_str()) == 0;
-}
 
 std::string ReadAll(const std::string& path) {
   std::ifstream in(path);

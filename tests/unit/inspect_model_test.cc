@@ -17,16 +17,18 @@
 #include "common/util/sha256.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/python.h"
 #include "tests/support/test_paths.h"
 #include "worker/model/inspect.h"
 
 namespace stagecoach::model {
 namespace {
 
+using ::stagecoach::testing::kPython;
+using ::stagecoach::testing::PythonHasTorch;
+
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-constexpr char kPython[] = "/usr/bin/python3";
 
 std::vector<std::string> Names(const v1::InspectModelResponse& r) {
   std::vector<std::string> out;
@@ -139,12 +141,6 @@ TEST(InspectModel, ProfilingNeedsDataTheModelTakes) {
   EXPECT_TRUE(InspectModel(spec, false, 1, "", "cpu").ok());
 }
 
-bool PythonHasTorch() {
-  static const bool has =
-      std::system(absl::StrCat(kPython, " -c 'import torch' >/dev/null 2>&1").c_str()) == 0;
-  return has;
-}
-
 // A tensors data file for the fixtures with 16 input features.
 constexpr char kDataWriter[] = R"PY(
 import sys, torch
@@ -160,7 +156,7 @@ class InspectTorchScriptTest : public ::testing::Test {
     char tmpl[] = "/tmp/inspect_model_test_XXXXXX";
     if (mkdtemp(tmpl) == nullptr) return;
     const std::string dir = tmpl;
-    const std::string models = testing::TestDataDir() + "/../models/make_models.py";
+    const std::string models = testing::MakeModelsScript();
     const std::string writer = dir + "/write_data.py";
     std::ofstream(writer) << kDataWriter;
     if (std::system(absl::StrCat(kPython, " '", models, "' '", dir, "'").c_str()) == 0 &&

@@ -13,14 +13,16 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/python.h"
 #include "worker/runtime/training_data.h"
 
 namespace stagecoach {
 namespace {
 
-using ::testing::HasSubstr;
+using ::stagecoach::testing::kPython;
+using ::stagecoach::testing::PythonHasTorch;
 
-constexpr char kPython[] = "/usr/bin/python3";
+using ::testing::HasSubstr;
 
 // Writes every file the tests read into the directory argv[1]. Rows are numbered so a batch
 // shows which rows it holds: inputs[r] = [r * 100 + c for c in 0..2] (float64, read as float32),
@@ -57,12 +59,6 @@ save("mse_wide.pt", {"inputs": X, "targets": torch.zeros(N, 5)})
 save("mse_int.pt", {"inputs": X, "targets": torch.zeros(N, 4, dtype=torch.int64)})
 open(d + "/text.pt", "w").write("not a torch file\n")
 )PY";
-
-bool PythonHasTorch() {
-  static const bool has =
-      std::system(absl::StrCat(kPython, " -c 'import torch' >/dev/null 2>&1").c_str()) == 0;
-  return has;
-}
 
 class TensorsDataTest : public ::testing::Test {
  protected:
@@ -222,7 +218,8 @@ TEST_F(TensorsDataTest, ErrorsNameDataPathAndTheProblem) {
   EXPECT_THAT(Error(no_path), HasSubstr("data.path: required for data.kind tensors"));
   spec::JobSpec gpt = Spec("good.pt");
   gpt.model.builtin->family = "gpt";
-  EXPECT_THAT(Error(gpt), HasSubstr("data.kind: tensors data needs a built-in mlp or a TorchScript model"));
+  EXPECT_THAT(Error(gpt),
+              HasSubstr("data.kind: tensors data needs a built-in mlp or a TorchScript model"));
   // A rank that needs neither inputs nor targets does not read the file.
   EXPECT_TRUE(runtime::BatchSource::Open(Spec("missing.pt"), false, false).ok());
 }

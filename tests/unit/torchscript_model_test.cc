@@ -20,21 +20,17 @@
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/python.h"
 #include "tests/support/test_paths.h"
 
 namespace stagecoach::model {
 namespace {
 
+using ::stagecoach::testing::kPython;
+using ::stagecoach::testing::PythonHasTorch;
+
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
-
-constexpr char kPython[] = "/usr/bin/python3";
-
-bool PythonHasTorch() {
-  static const bool has =
-      std::system(absl::StrCat(kPython, " -c 'import torch' >/dev/null 2>&1").c_str()) == 0;
-  return has;
-}
 
 // The result of running a model's stages chained through their wiring.
 struct ChainRun {
@@ -116,7 +112,7 @@ class TorchScriptModelTest : public ::testing::Test {
     char tmpl[] = "/tmp/torchscript_model_test_XXXXXX";
     if (mkdtemp(tmpl) == nullptr) return;
     const std::string dir = tmpl;
-    const std::string script = testing::TestDataDir() + "/../models/make_models.py";
+    const std::string script = testing::MakeModelsScript();
     if (std::system(absl::StrCat(kPython, " '", script, "' '", dir, "'").c_str()) == 0) {
       dir_ = dir;
     }

@@ -13,8 +13,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/util/directories.h"
 #include "common/util/logging.h"
 #include "common/util/sha256.h"
+#include "common/util/status_macros.h"
 
 namespace stagecoach::worker {
 namespace {
@@ -40,27 +42,9 @@ absl::StatusOr<std::unique_ptr<ArtifactCache>> ArtifactCache::Open(ArtifactCache
   std::string dir = options.dir;
   const bool owns_dir = dir.empty();
   if (owns_dir) {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string templ = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",
-                                     "/stagecoach-worker-cache-XXXXXX");
-    std::vector<char> buf(templ.begin(), templ.end());
-    buf.push_back('\0');
-    if (mkdtemp(buf.data()) == nullptr) {
-      return absl::InternalError(absl::StrCat("artifact cache: cannot create a directory like ",
-                                              templ, ": ", ErrnoText()));
-    }
-    dir = buf.data();
+    ASSIGN_OR_RETURN(dir, MakePrivateTempDirectory("stagecoach-worker-cache", "artifact cache"));
   } else {
-    std::error_code error;
-    fs::create_directories(dir, error);
-    if (error || !fs::is_directory(dir)) {
-      return absl::InternalError(absl::StrCat("artifact cache: cannot create directory ", dir, ": ",
-                                              error ? error.message() : "not a directory"));
-    }
-  }
-  if (access(dir.c_str(), W_OK | X_OK) != 0) {
-    return absl::InternalError(
-        absl::StrCat("artifact cache: directory ", dir, " is not writable: ", ErrnoText()));
+    RETURN_IF_ERROR(EnsureWritableDirectory(dir, "artifact cache"));
   }
   return std::unique_ptr<ArtifactCache>(new ArtifactCache(dir, owns_dir, options, source));
 }

@@ -96,7 +96,8 @@ struct TrainingSpec {
   std::string loss = "mse";
   OptimizerSpec optimizer;
   CheckpointSpec checkpoint;
-  // training.resume_from: a checkpoint step directory (<checkpoint dir>/step-<NNNNNN>, on the
+  // training.resume_from: a checkpoint step directory (<checkpoint dir>/step-<NNNNNN>; a path to
+  // its manifest.json is read as the directory; on the
   // workers' filesystem, which the coordinator also sees) to start from instead of the model's
   // initial parameters; empty means none. The job runs `steps` more steps after the
   // checkpoint's, and its data stream continues at the checkpoint's step.

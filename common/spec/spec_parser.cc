@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -754,6 +755,10 @@ class SpecParser {
     // The coordinator verifies the checkpoint itself (manifest, checksums, stage layout).
     if (training->String("resume_from", &out.resume_from) == Read::kOk && out.resume_from.empty()) {
       v_.Error(training->Path("resume_from"), "must be a non-empty path");
+    }
+    // A checkpoint's manifest names its directory.
+    if (absl::EndsWith(out.resume_from, "/manifest.json")) {
+      out.resume_from.resize(out.resume_from.size() - std::string("/manifest.json").size());
     }
   }
 

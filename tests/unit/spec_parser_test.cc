@@ -281,6 +281,25 @@ TEST(SpecParserTest, EveryOptionalSectionGiven) {
   EXPECT_EQ(spec.restart.max_restarts, 3);
 }
 
+TEST(SpecParserTest, ResumeFromTakesADirectoryOrItsManifest) {
+  const auto with = [](const std::string& value) {
+    return Edit(kBase, "  optimizer: {kind: sgd, lr: 0.1}\n",
+                absl::StrCat("  optimizer: {kind: sgd, lr: 0.1}\n  resume_from: ", value, "\n"));
+  };
+  EXPECT_EQ(Parsed(with("/ckpt/step-000005")).training.resume_from, "/ckpt/step-000005");
+  EXPECT_EQ(Parsed(with("/ckpt/step-000005/manifest.json")).training.resume_from,
+            "/ckpt/step-000005");
+  EXPECT_THAT(Errors(with("''")), ElementsAre("training.resume_from: must be a non-empty path"));
+}
+
+TEST(SpecParserTest, DataSeqIsForTokensOnly) {
+  EXPECT_EQ(Parsed(Edit(kBase, "  kind: synthetic\n", "  kind: tokens\n  path: t.bin\n  seq: 32\n"))
+                .data.seq,
+            32);
+  EXPECT_THAT(Errors(Edit(kBase, "  kind: synthetic\n", "  kind: synthetic\n  seq: 32\n")),
+              ElementsAre("data.seq: only used by data.kind tokens"));
+}
+
 TEST(SpecParserTest, NullValueCountsAsAbsent) {
   JobSpec spec = Parsed(Edit(kBase, "placement:\n  workers: 2\n", "placement:\n  # workers: 2\n"));
   EXPECT_EQ(spec.placement.workers, 0);

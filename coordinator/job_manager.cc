@@ -6,6 +6,8 @@
 #include <numeric>
 #include <optional>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/rpc/tensor_data.h"
@@ -61,6 +63,32 @@ absl::Status CheckInferenceOutputs(const Job& job, const v1::ReportTaskEndReques
 absl::StatusOr<std::optional<CheckpointManifest>> VerifyResumeFrom(const spec::JobSpec& spec,
                                                                    const Plan& plan);
 void ApplyResume(const std::optional<CheckpointManifest>& checkpoint, Job* job);
+
+// A job never overwrites a checkpoint: when training.checkpoint.dir already holds a step
+// directory the job would write (every_steps apart from `base_step`, and the last step), it is
+// refused at submit, naming the directory, rather than failing when it gets there.
+absl::Status CheckCheckpointTargetsFree(const spec::JobSpec& spec, int64_t base_step) {
+  const spec::CheckpointSpec& ckpt = spec.training.checkpoint;
+  if (ckpt.dir.empty()) return absl::OkStatus();
+  const int64_t last = base_step + spec.training.steps;
+  std::error_code error;
+  for (std::filesystem::directory_iterator it(ckpt.dir, error), end; !error && it != end;
+       it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    int64_t step = 0;
+    if (!absl::StartsWith(name, "step-") || !absl::SimpleAtoi(name.substr(5), &step)) continue;
+    const bool written = step == last || (ckpt.every_steps > 0 && step > base_step && step < last &&
+                                          step % ckpt.every_steps == 0);
+    if (written && it->path() == std::filesystem::path(CheckpointStepDirectory(ckpt.dir, step))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "training.checkpoint.dir: ", it->path().string(),
+          " already exists (another job's checkpoint after step ", step,
+          "); this job would write there, and checkpoints are never overwritten: use another "
+          "directory or remove it"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -160,6 +188,7 @@ absl::StatusOr<std::string> JobManager::SubmitJob(const std::string& spec_yaml,
   ASSIGN_OR_RETURN(std::vector<v1::LayerInfo> layers, ModelLayers(spec, spec_yaml, {}));
   ASSIGN_OR_RETURN(Plan plan, PlanJob(spec, std::move(layers)));
   ASSIGN_OR_RETURN(std::optional<CheckpointManifest> resume, VerifyResumeFrom(spec, plan));
+  RETURN_IF_ERROR(CheckCheckpointTargetsFree(spec, resume.has_value() ? resume->step : 0));
   absl::MutexLock lock(&mu_);
   Job& job = AddJobLocked(std::move(spec), spec_yaml, std::move(plan));
   ApplyResume(resume, &job);

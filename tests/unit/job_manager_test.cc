@@ -435,6 +435,20 @@ TEST_F(JobManagerCheckpointTest, ResumeGivesEveryRankItsStagesFilesAndContinuesT
   EXPECT_EQ(Job(*id).checkpoints(0).directory(), CheckpointStepDirectory(dir_, 8));
 }
 
+TEST_F(JobManagerCheckpointTest, AJobThatWouldOverwriteACheckpointIsRefusedAtSubmit) {
+  Register(1);
+  Register(2);
+  // A three-step job writes step-000003 at its end: another job's checkpoint is already there.
+  const std::string existing = WriteCheckpoint(3);
+  auto refused = manager_->SubmitJob(CheckpointSpec(dir_), "spec.yaml");
+  ASSERT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr(absl::StrCat("training.checkpoint.dir: ", existing, " already exists")));
+  EXPECT_TRUE(manager_->ListJobs().empty());
+  // A longer job does not write step 3 (no every_steps): it runs.
+  EXPECT_TRUE(manager_->SubmitJob(CheckpointSpec(dir_, "", 2, "GPipe", 4), "spec.yaml").ok());
+}
+
 TEST_F(JobManagerCheckpointTest, ResumeFromAPartialOrCorruptCheckpointIsRefused) {
   // No manifest.
   WriteStageFiles(dir_, 3, 0);

@@ -49,6 +49,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "bench/bench_support.h"
 #include "worker/model/stage_model.h"
 #include "worker/model/torchscript_model.h"
 #include "worker/runtime/checkpoint.h"
@@ -57,6 +58,11 @@ namespace md = stagecoach::model;
 namespace rt = stagecoach::runtime;
 
 namespace {
+
+using stagecoach::bench::Check;
+using stagecoach::bench::Fail;
+using stagecoach::bench::Median;
+using stagecoach::bench::Value;
 
 using Clock = std::chrono::steady_clock;
 
@@ -70,28 +76,6 @@ struct Options {
   int threads = 1;
   std::string dir;
 };
-
-[[noreturn]] void Fail(const std::string& what, const absl::Status& status) {
-  std::fprintf(stderr, "%s: %s\n", what.c_str(), status.ToString().c_str());
-  std::exit(1);
-}
-
-void Check(const std::string& what, const absl::Status& status) {
-  if (!status.ok()) Fail(what, status);
-}
-
-template <typename T>
-T Value(const std::string& what, absl::StatusOr<T> value) {
-  if (!value.ok()) Fail(what, value.status());
-  return std::move(value).value();
-}
-
-double Median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
 
 double MsSince(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();

@@ -40,10 +40,11 @@
 #include "absl/status/status.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/bench_support.h"
 #include "common/schedule/build.h"
-#include "common/util/malloc_tuning.h"
 #include "common/schedule/chrome_trace.h"
 #include "common/schedule/simulator.h"
+#include "common/util/malloc_tuning.h"
 #include "worker/model/mlp.h"
 #include "worker/runtime/pipeline_executor.h"
 #include "worker/runtime/split_backward.h"
@@ -57,6 +58,11 @@ namespace sched = stagecoach::schedule;
 namespace tr = stagecoach::transport;
 
 namespace {
+
+using stagecoach::bench::Check;
+using stagecoach::bench::Fail;
+using stagecoach::bench::Median;
+using stagecoach::bench::Value;
 
 constexpr absl::Duration kWait = absl::Seconds(120);
 constexpr int kRanks = 2;
@@ -73,28 +79,6 @@ struct Options {
   std::string trace_schedule = "ZBVZeroBubble";
   bool malloc_tuning = false;
 };
-
-[[noreturn]] void Fail(const std::string& what, const absl::Status& status) {
-  std::fprintf(stderr, "%s: %s\n", what.c_str(), status.ToString().c_str());
-  std::exit(1);
-}
-
-void Check(const std::string& what, const absl::Status& status) {
-  if (!status.ok()) Fail(what, status);
-}
-
-template <typename T>
-T Value(const std::string& what, absl::StatusOr<T> value) {
-  if (!value.ok()) Fail(what, value.status());
-  return std::move(value).value();
-}
-
-double Median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
 
 double Percentile(std::vector<double> values, double p) {
   if (values.empty()) return 0;

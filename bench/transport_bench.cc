@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "bench/bench_support.h"
 #include "worker/transport/gloo/factory.h"
 #include "worker/transport/in_memory_store.h"
 #include "worker/transport/transport.h"
@@ -30,29 +31,18 @@ namespace tr = stagecoach::transport;
 
 namespace {
 
+using stagecoach::bench::Check;
+using stagecoach::bench::Fail;
+using stagecoach::bench::Median;
+
 using Clock = std::chrono::steady_clock;
 
 constexpr absl::Duration kWait = absl::Seconds(60);
-
-[[noreturn]] void Fail(const std::string& what, const absl::Status& status) {
-  std::fprintf(stderr, "%s: %s\n", what.c_str(), status.ToString().c_str());
-  std::exit(1);
-}
-
-void Check(const std::string& what, const absl::Status& status) {
-  if (!status.ok()) Fail(what, status);
-}
 
 std::unique_ptr<tr::Work> Post(const std::string& what,
                                absl::StatusOr<std::unique_ptr<tr::Work>> work) {
   if (!work.ok()) Fail(what, work.status());
   return std::move(work).value();
-}
-
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
 double Percentile(std::vector<double> values, double p) {
@@ -195,9 +185,10 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 2654435761u >> 24);
   std::fill(dst.begin(), dst.end(), 0);  // Touches every page before timing.
 
-  std::printf("Gloo point-to-point, 2 ranks in one process over loopback TCP, vs memcpy "
-              "(median of %d, GB/s = 1e9 B/s)\n\n",
-              iterations);
+  std::printf(
+      "Gloo point-to-point, 2 ranks in one process over loopback TCP, vs memcpy "
+      "(median of %d, GB/s = 1e9 B/s)\n\n",
+      iterations);
   std::printf("%8s  %10s  %12s  %12s  %8s\n", "size", "gloo GB/s", "gloo ms", "memcpy GB/s",
               "ratio");
   uint64_t tag = 0;
@@ -217,8 +208,8 @@ int main(int argc, char** argv) {
     }
     const double gloo_s = Median(gloo), copy_s = Median(copy);
     const double gloo_gbps = bytes / gloo_s / 1e9, copy_gbps = bytes / copy_s / 1e9;
-    std::printf("%5zu MiB  %10.2f  %12.2f  %12.2f  %8.3f\n", bytes / kMiB, gloo_gbps,
-                gloo_s * 1e3, copy_gbps, gloo_gbps / copy_gbps);
+    std::printf("%5zu MiB  %10.2f  %12.2f  %12.2f  %8.3f\n", bytes / kMiB, gloo_gbps, gloo_s * 1e3,
+                copy_gbps, gloo_gbps / copy_gbps);
   }
 
   const std::vector<double> rtt = TimeRoundTrips(pair, 100, latency_iterations);

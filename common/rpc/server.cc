@@ -1,5 +1,7 @@
 #include "common/rpc/server.h"
 
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 
@@ -10,6 +12,10 @@ namespace stagecoach::rpc {
 
 absl::StatusOr<StartedServer> StartServer(const HostPort& listen,
                                           const std::vector<grpc::Service*>& services) {
+  // grpc.health.v1 and server reflection on every server; both are process-wide settings that
+  // servers built afterwards pick up.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   StartedServer out;
   builder.AddListeningPort(listen.ToString(), grpc::InsecureServerCredentials(), &out.port);

@@ -22,7 +22,9 @@ struct StartedServer {
 
 // Builds and starts a gRPC server on `listen` serving `services`, with our message size
 // limits and a keepalive policy that lets clients of long streams (WatchJob) detect a dead
-// peer. UNAVAILABLE naming the address when it cannot listen.
+// peer. Every server also answers gRPC health checks (grpc.health.v1.Health: SERVING while it
+// runs) and server reflection (grpc.reflection.v1alpha), so grpcurl, grpc_health_probe and
+// Kubernetes gRPC probes work against it. UNAVAILABLE naming the address when it cannot listen.
 absl::StatusOr<StartedServer> StartServer(const HostPort& listen,
                                           const std::vector<grpc::Service*>& services);
 

@@ -656,6 +656,7 @@ absl::Status JobManager::ReportStep(const v1::ReportStepRequest& req) {
   for (const auto& [peer, bytes] : req.bytes_received_from()) {
     slot->bytes_received_from[peer] += bytes;
   }
+  if (deps_.metrics) deps_.metrics->AddDataPlaneBytes(req.bytes_sent(), req.bytes_received());
   slot->parameters = req.parameters();
   slot->executed_actions.assign(req.executed_actions().begin(), req.executed_actions().end());
   CollectCheckpointFilesLocked(job, req);
@@ -689,6 +690,11 @@ absl::Status JobManager::ReportStep(const v1::ReportStepRequest& req) {
   for (double ratio : agg.bubble_ratios) step->add_bubble_ratios(ratio);
   const double seconds = absl::ToDoubleSeconds(agg.slowest);
   step->set_samples_per_second(seconds > 0 ? job->spec.training.batch_size / seconds : 0.0);
+  if (deps_.metrics) {
+    deps_.metrics->StepCompleted(job->id, agg.slowest,
+                                 forward_only ? std::nullopt : std::optional<double>(step->loss()),
+                                 step->samples_per_second(), agg.bubble_ratios);
+  }
   job->AddEvent(std::move(event), deps_.clock->Now());
   job->partial_steps.erase(req.step());
   return absl::OkStatus();
@@ -811,6 +817,17 @@ void JobManager::Tick() {
     }
   }
   ScheduleLocked();
+  UpdateStateMetricsLocked();
+}
+
+void JobManager::UpdateStateMetricsLocked() {
+  if (deps_.metrics == nullptr) return;
+  std::map<v1::JobState, int> jobs;
+  for (const Job& job : jobs_) ++jobs[job.state];
+  deps_.metrics->SetJobCounts(jobs);
+  std::map<v1::WorkerState, int> workers;
+  for (const WorkerRecord* w : registry_.All()) ++workers[w->state];
+  deps_.metrics->SetWorkerCounts(workers);
 }
 
 void JobManager::LoseWorkerLocked(const std::string& worker_id, const std::string& why) {

@@ -23,6 +23,7 @@
 #include "absl/time/time.h"
 #include "common/util/clock.h"
 #include "common/util/work_queue.h"
+#include "coordinator/coordinator_metrics.h"
 #include "coordinator/job.h"
 #include "coordinator/kv_store.h"
 #include "coordinator/worker_client.h"
@@ -57,6 +58,8 @@ struct JobManagerDeps {
   Clock* clock = Clock::Real();
   WorkerClient* workers = nullptr;  // required
   KvStore* kv = nullptr;            // required
+  // Optional: where steps, bytes and job/worker counts are recorded (the counts each Tick).
+  CoordinatorMetrics* metrics = nullptr;
 };
 
 // Events of a job from a sequence number on, and whether the job has ended (no more events).
@@ -178,6 +181,8 @@ class JobManager {
   // listed (it stays a partial checkpoint, which a resume refuses).
   void CollectCheckpointFilesLocked(Job* job, const v1::ReportStepRequest& req)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sets the metrics' job and worker counts from the current table (when deps_.metrics).
+  void UpdateStateMetricsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Validates that a report comes from the worker holding `rank` in the current attempt.
   absl::StatusOr<RankSlot*> ReportingSlot(Job* job, const std::string& worker_id, int attempt,
                                           int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

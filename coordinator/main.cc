@@ -5,12 +5,14 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/metrics/metrics.h"
 #include "common/rpc/address.h"
 #include "common/rpc/server.h"
 #include "common/util/config_file.h"
 #include "common/util/logging.h"
 #include "common/util/signals.h"
 #include "coordinator/artifact_store.h"
+#include "coordinator/coordinator_metrics.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/grpc_worker_client.h"
 #include "coordinator/job_manager.h"
@@ -35,6 +37,7 @@ struct Flags {
   std::string log_level = "info";
   std::string data_dir;
   std::string max_upload_bytes = "1073741824";
+  std::string metrics_listen;  // empty: no /metrics endpoint
   bool check_config = false;
 };
 
@@ -76,6 +79,10 @@ int main(int argc, char** argv) {
   auto* max_upload =
       app.add_option("--max-upload-bytes", flags.max_upload_bytes,
                      "largest artifact stagectl may upload, in bytes (default 1 GiB)");
+  auto* metrics_listen = app.add_option(
+      "--metrics-listen", flags.metrics_listen,
+      "serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks a free port; "
+      "default: no metrics endpoint)");
   app.add_flag("--check-config", flags.check_config,
                "validate the configuration and exit (0 when valid)");
   try {
@@ -92,7 +99,8 @@ int main(int argc, char** argv) {
                        {"comm-timeout", &flags.comm_timeout, comm->count() > 0},
                        {"log-level", &flags.log_level, level->count() > 0},
                        {"data-dir", &flags.data_dir, data_dir->count() > 0},
-                       {"max-upload-bytes", &flags.max_upload_bytes, max_upload->count() > 0}});
+                       {"max-upload-bytes", &flags.max_upload_bytes, max_upload->count() > 0},
+                       {"metrics-listen", &flags.metrics_listen, metrics_listen->count() > 0}});
     if (!applied.ok()) return Fail(std::string(applied.message()));
   }
 
@@ -117,6 +125,12 @@ int main(int argc, char** argv) {
     return Fail(absl::StrCat("--max-upload-bytes: must be a positive number of bytes, got '",
                              flags.max_upload_bytes, "'"));
   }
+  if (!flags.metrics_listen.empty()) {
+    if (auto m = stagecoach::rpc::ParseHostPort(flags.metrics_listen, "--metrics-listen");
+        !m.ok()) {
+      return Fail(std::string(m.status().message()));
+    }
+  }
   if (!flags.data_dir.empty()) artifact_options.dir = flags.data_dir + "/artifacts";
   if (auto s = stagecoach::InitLogging("coordinator", flags.log_level); !s.ok()) {
     return Fail(std::string(s.message()));
@@ -132,7 +146,16 @@ int main(int argc, char** argv) {
   if (!artifacts.ok()) return Fail(std::string(artifacts.status().message()));
   KvStore kv;
   GrpcWorkerClient worker_client;
-  JobManager jobs(options, {stagecoach::Clock::Real(), &worker_client, &kv});
+  auto registry = std::make_shared<prometheus::Registry>();
+  stagecoach::metrics::AddBuildInfo(*registry);
+  stagecoach::coordinator::CoordinatorMetrics metrics(*registry);
+  std::unique_ptr<stagecoach::metrics::MetricsServer> metrics_server;
+  if (!flags.metrics_listen.empty()) {
+    auto served = stagecoach::metrics::MetricsServer::Start(flags.metrics_listen, registry);
+    if (!served.ok()) return Fail(std::string(served.status().message()));
+    metrics_server = *std::move(served);
+  }
+  JobManager jobs(options, {stagecoach::Clock::Real(), &worker_client, &kv, &metrics});
   CoordinatorServiceImpl service(&jobs, &kv, artifacts->get());
 
   auto started = stagecoach::rpc::StartServer(*listen_addr, {&service});
@@ -141,6 +164,11 @@ int main(int argc, char** argv) {
   stagecoach::rpc::HostPort actual = *listen_addr;
   actual.port = started->port;
   std::cout << "listening on " << actual.ToString() << std::endl;
+  if (metrics_server) {
+    // Printed after the gRPC address, which tools read from the first line.
+    std::cout << "metrics on " << metrics_server->address() << std::endl;
+    spdlog::info("metrics at http://{}/metrics", metrics_server->address());
+  }
   spdlog::info("coordinator listening on {} (lease {}, heartbeat {})", actual.ToString(),
                flags.lease, flags.heartbeat_interval);
   spdlog::info("artifact store {} (uploads up to {} bytes)", (*artifacts)->dir(),

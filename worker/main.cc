@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/metrics/metrics.h"
 #include "common/rpc/address.h"
 #include "common/rpc/server.h"
 #include "common/util/config_file.h"
@@ -18,6 +19,7 @@
 #include "worker/service/coordinator_session.h"
 #include "worker/service/task_manager.h"
 #include "worker/service/transports.h"
+#include "worker/service/worker_metrics.h"
 #include "worker/service/worker_service.h"
 
 namespace {
@@ -33,6 +35,7 @@ struct Flags {
   std::string config;
   std::string log_level = "info";
   std::string cache_dir;
+  std::string metrics_listen;  // empty: no /metrics endpoint
   bool check_config = false;
 };
 
@@ -66,6 +69,10 @@ int main(int argc, char** argv) {
       "(default: a private directory under $TMPDIR or /tmp, removed at exit)");
   auto* level =
       app.add_option("--log-level", flags.log_level, "trace, debug, info, warn, error or off");
+  auto* metrics_listen = app.add_option(
+      "--metrics-listen", flags.metrics_listen,
+      "serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks a free port; "
+      "default: no metrics endpoint)");
   app.add_flag("--check-config", flags.check_config,
                "validate the configuration and exit (0 when valid)");
   try {
@@ -81,7 +88,8 @@ int main(int argc, char** argv) {
                        {"name", &flags.name, name->count() > 0},
                        {"device", &flags.device, device->count() > 0},
                        {"cache-dir", &flags.cache_dir, cache_dir->count() > 0},
-                       {"log-level", &flags.log_level, level->count() > 0}});
+                       {"log-level", &flags.log_level, level->count() > 0},
+                       {"metrics-listen", &flags.metrics_listen, metrics_listen->count() > 0}});
     if (!applied.ok()) return Fail(std::string(applied.message()));
   }
   if (flags.coordinator.empty()) {
@@ -92,6 +100,11 @@ int main(int argc, char** argv) {
   }
   auto listen_addr = sc::rpc::ParseHostPort(flags.listen, "--listen");
   if (!listen_addr.ok()) return Fail(std::string(listen_addr.status().message()));
+  if (!flags.metrics_listen.empty()) {
+    if (auto m = sc::rpc::ParseHostPort(flags.metrics_listen, "--metrics-listen"); !m.ok()) {
+      return Fail(std::string(m.status().message()));
+    }
+  }
   auto checked_device = sc::runtime::CheckDevice(flags.device, "--device");
   if (!checked_device.ok()) return Fail(std::string(checked_device.status().message()));
   flags.device = *checked_device;
@@ -116,8 +129,18 @@ int main(int argc, char** argv) {
   if (!artifact_cache.ok()) return Fail(std::string(artifact_cache.status().message()));
   std::unique_ptr<sc::worker::CoordinatorSession> session;
   const std::string data_host = flags.advertise_host;
+  auto registry = std::make_shared<prometheus::Registry>();
+  sc::metrics::AddBuildInfo(*registry);
+  sc::worker::WorkerMetrics metrics(*registry);
+  sc::worker::MetricsTaskReporter reporter(&client, &metrics);
+  std::unique_ptr<sc::metrics::MetricsServer> metrics_server;
+  if (!flags.metrics_listen.empty()) {
+    auto served = sc::metrics::MetricsServer::Start(flags.metrics_listen, registry);
+    if (!served.ok()) return Fail(std::string(served.status().message()));
+    metrics_server = *std::move(served);
+  }
   sc::worker::TaskManagerDeps task_deps;
-  task_deps.reporter = &client;
+  task_deps.reporter = &reporter;
   task_deps.store = &client;
   task_deps.worker_id = [&session] { return session ? session->worker_id() : std::string(); };
   sc::worker::TransportConfig transport_config;
@@ -138,6 +161,11 @@ int main(int argc, char** argv) {
   grpc::Server* server = started->server.get();
   sc::rpc::HostPort advertised{flags.advertise_host, started->port};
   std::cout << "listening on " << advertised.ToString() << std::endl;
+  if (metrics_server) {
+    // Printed after the gRPC address, which tools read from the first line.
+    std::cout << "metrics on " << metrics_server->address() << std::endl;
+    spdlog::info("metrics at http://{}/metrics", metrics_server->address());
+  }
 
   sc::worker::SessionOptions session_options;
   session_options.registration.set_name(flags.name.empty() ? advertised.ToString() : flags.name);

@@ -36,11 +36,16 @@ std::string StagectlBinary() { return BinaryDir() + "/client/stagectl"; }
 
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterOptions& options) {
   std::unique_ptr<LocalCluster> c(new LocalCluster());
-  auto coordinator =
-      ChildProcess::Start({CoordinatorBinary(), "--listen", "127.0.0.1:0", "--lease", options.lease,
-                           "--heartbeat-interval", options.heartbeat_interval, "--comm-timeout",
-                           options.comm_timeout, "--log-level", "debug"},
-                          c->dir() + "/coordinator.log");
+  std::vector<std::string> coordinator_args = {CoordinatorBinary(), "--listen", "127.0.0.1:0"};
+  for (const auto& [flag, value] : {std::pair{"--lease", options.lease},
+                                    {"--heartbeat-interval", options.heartbeat_interval},
+                                    {"--comm-timeout", options.comm_timeout},
+                                    {"--log-level", std::string("debug")}}) {
+    coordinator_args.insert(coordinator_args.end(), {flag, value});
+  }
+  coordinator_args.insert(coordinator_args.end(), options.coordinator_args.begin(),
+                          options.coordinator_args.end());
+  auto coordinator = ChildProcess::Start(coordinator_args, c->dir() + "/coordinator.log");
   if (!coordinator.ok()) return coordinator.status();
   c->coordinator_ = *std::move(coordinator);
   auto address = ListeningAddress(*c->coordinator_);

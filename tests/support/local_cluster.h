@@ -21,6 +21,8 @@ struct ClusterOptions {
   std::string comm_timeout = "30s";
   // Extra flags for every worker, e.g. {"--device", "cuda:0"}.
   std::vector<std::string> worker_args;
+  // Extra flags for the coordinator, e.g. {"--metrics-listen", "127.0.0.1:0"}.
+  std::vector<std::string> coordinator_args;
 };
 
 class LocalCluster {
@@ -35,6 +37,8 @@ class LocalCluster {
   // Starts one more worker; returns its index.
   absl::StatusOr<int> AddWorker();
   ChildProcess& worker(int i) { return *workers_[i]; }
+  // The coordinator process (its stdout after the "listening on" line is the test's to read).
+  ChildProcess& coordinator() { return *coordinator_; }
   int num_workers() const { return static_cast<int>(workers_.size()); }
   // The index of the worker process registered under `worker_id` ("w-3"), or -1.
   int WorkerIndex(const std::string& worker_id);

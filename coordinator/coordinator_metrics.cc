@@ -1,0 +1,138 @@
+// The coordinator's Prometheus metrics (see coordinator_metrics.h).
+#include "coordinator/coordinator_metrics.h"
+
+#include <algorithm>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/metrics/metrics.h"
+#include "google/protobuf/descriptor.h"
+
+namespace stagecoach::coordinator {
+namespace {
+
+std::string LowerWithoutPrefix(const std::string& name, absl::string_view prefix) {
+  absl::string_view rest = name;
+  if (absl::StartsWith(rest, prefix)) rest.remove_prefix(prefix.size());
+  return absl::AsciiStrToLower(rest);
+}
+
+template <typename Enum>
+void SetPerState(prometheus::Family<prometheus::Gauge>& family,
+                 const google::protobuf::EnumDescriptor* descriptor,
+                 const std::map<Enum, int>& counts, absl::string_view prefix) {
+  for (int i = 0; i < descriptor->value_count(); ++i) {
+    const auto* value = descriptor->value(i);
+    if (value->number() == 0) continue;  // *_UNSPECIFIED
+    auto it = counts.find(static_cast<Enum>(value->number()));
+    family.Add({{"state", LowerWithoutPrefix(value->name(), prefix)}})
+        .Set(it == counts.end() ? 0 : it->second);
+  }
+}
+
+}  // namespace
+
+std::string CoordinatorMetrics::StateLabel(v1::JobState state) {
+  return LowerWithoutPrefix(v1::JobState_Name(state), "JOB_STATE_");
+}
+
+std::string CoordinatorMetrics::StateLabel(v1::WorkerState state) {
+  return LowerWithoutPrefix(v1::WorkerState_Name(state), "WORKER_STATE_");
+}
+
+CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
+    : jobs_(prometheus::BuildGauge()
+                .Name("stagecoach_jobs")
+                .Help("Jobs known to the coordinator, by state")
+                .Register(registry)),
+      workers_(prometheus::BuildGauge()
+                   .Name("stagecoach_workers")
+                   .Help("Registered workers, by state")
+                   .Register(registry)),
+      steps_(prometheus::BuildCounter()
+                 .Name("stagecoach_steps_total")
+                 .Help("Training or inference steps completed by every rank of a job")
+                 .Register(registry)
+                 .Add({})),
+      step_duration_(prometheus::BuildHistogram()
+                         .Name("stagecoach_step_duration_seconds")
+                         .Help("Wall time of a completed step on its slowest rank")
+                         .Register(registry)
+                         .Add({}, metrics::DurationBucketsSeconds())),
+      loss_(prometheus::BuildGauge()
+                .Name("stagecoach_loss")
+                .Help("Mean microbatch loss of the job's last completed step")
+                .Register(registry)),
+      samples_per_second_(prometheus::BuildGauge()
+                              .Name("stagecoach_samples_per_second")
+                              .Help("Samples per second of the job's last completed step "
+                                    "(batch size over the slowest rank's step time)")
+                              .Register(registry)),
+      bubble_ratio_(prometheus::BuildGauge()
+                        .Name("stagecoach_bubble_ratio")
+                        .Help("Measured idle fraction (0..1) of a rank in the job's last "
+                              "completed step")
+                        .Register(registry)),
+      bytes_(prometheus::BuildCounter()
+                 .Name("stagecoach_data_plane_bytes_total")
+                 .Help("Data-plane bytes the workers reported, by direction")
+                 .Register(registry)),
+      bytes_sent_(bytes_.Add({{"direction", "sent"}})),
+      bytes_received_(bytes_.Add({{"direction", "received"}})) {
+  SetJobCounts({});
+  SetWorkerCounts({});
+}
+
+void CoordinatorMetrics::SetJobCounts(const std::map<v1::JobState, int>& counts) {
+  SetPerState(jobs_, v1::JobState_descriptor(), counts, "JOB_STATE_");
+}
+
+void CoordinatorMetrics::SetWorkerCounts(const std::map<v1::WorkerState, int>& counts) {
+  SetPerState(workers_, v1::WorkerState_descriptor(), counts, "WORKER_STATE_");
+}
+
+void CoordinatorMetrics::StepCompleted(const std::string& job_id, absl::Duration step_time,
+                                       std::optional<double> loss, double samples_per_second,
+                                       const std::vector<double>& bubble_ratios) {
+  steps_.Increment();
+  step_duration_.Observe(absl::ToDoubleSeconds(step_time));
+
+  absl::MutexLock lock(&mu_);
+  auto [it, added] = series_.try_emplace(job_id);
+  JobSeries& s = it->second;
+  if (added) {
+    s.samples_per_second = &samples_per_second_.Add({{"job", job_id}});
+  } else {
+    series_order_.erase(std::find(series_order_.begin(), series_order_.end(), job_id));
+  }
+  series_order_.push_back(job_id);
+  if (loss.has_value()) {
+    if (s.loss == nullptr) s.loss = &loss_.Add({{"job", job_id}});
+    s.loss->Set(*loss);
+  }
+  s.samples_per_second->Set(samples_per_second);
+  for (size_t rank = s.bubble_ratios.size(); rank < bubble_ratios.size(); ++rank) {
+    s.bubble_ratios.push_back(&bubble_ratio_.Add({{"job", job_id}, {"rank", absl::StrCat(rank)}}));
+  }
+  for (size_t rank = 0; rank < bubble_ratios.size(); ++rank) {
+    s.bubble_ratios[rank]->Set(bubble_ratios[rank]);
+  }
+
+  while (series_order_.size() > static_cast<size_t>(kMaxJobSeries)) {
+    auto oldest = series_.find(series_order_.front());
+    series_order_.pop_front();
+    JobSeries& old = oldest->second;
+    if (old.loss != nullptr) loss_.Remove(old.loss);
+    samples_per_second_.Remove(old.samples_per_second);
+    for (prometheus::Gauge* g : old.bubble_ratios) bubble_ratio_.Remove(g);
+    series_.erase(oldest);
+  }
+}
+
+void CoordinatorMetrics::AddDataPlaneBytes(int64_t sent, int64_t received) {
+  if (sent > 0) bytes_sent_.Increment(static_cast<double>(sent));
+  if (received > 0) bytes_received_.Increment(static_cast<double>(received));
+}
+
+}  // namespace stagecoach::coordinator

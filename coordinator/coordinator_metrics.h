@@ -1,0 +1,79 @@
+// The coordinator's Prometheus metrics (STYLE.md rule 13): jobs and workers by state, completed
+// steps, step durations, the last step's loss, throughput and bubble ratios per job, and the
+// data-plane bytes the workers report. JobManager feeds it (JobManagerDeps::metrics); it only
+// records, so tests read it through its registry without HTTP.
+//
+// Series per job (stagecoach_loss, stagecoach_samples_per_second, stagecoach_bubble_ratio) are
+// kept for the kMaxJobSeries jobs that completed a step most recently; older jobs' series are
+// removed, which bounds the cardinality on a long-lived coordinator.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "stagecoach/v1/types.pb.h"
+
+namespace stagecoach::coordinator {
+
+// Thread-safe.
+class CoordinatorMetrics {
+ public:
+  // How many jobs keep their per-job series.
+  static constexpr int kMaxJobSeries = 64;
+
+  // Defines the metrics on `registry`, which must outlive this object, with every known state
+  // pre-initialised to 0 (stagecoach_build_info is the daemon's: metrics::AddBuildInfo).
+  explicit CoordinatorMetrics(prometheus::Registry& registry);
+
+  // stagecoach_jobs{state}: jobs per state; states missing from `counts` are set to 0.
+  void SetJobCounts(const std::map<v1::JobState, int>& counts);
+  // stagecoach_workers{state}: registered workers per state; missing states are set to 0.
+  void SetWorkerCounts(const std::map<v1::WorkerState, int>& counts);
+  // Every rank of `job_id` reported a step: counts it, observes `step_time` (the slowest
+  // rank's), and sets the job's loss (when the job has one: forward-only jobs do not),
+  // samples/s and per-rank bubble ratios (index = rank).
+  void StepCompleted(const std::string& job_id, absl::Duration step_time,
+                     std::optional<double> loss, double samples_per_second,
+                     const std::vector<double>& bubble_ratios);
+  // A rank's step report: data-plane bytes it sent and received in that step.
+  void AddDataPlaneBytes(int64_t sent, int64_t received);
+
+  // The label value of a state: its enum name without the prefix, lower case ("running").
+  static std::string StateLabel(v1::JobState state);
+  static std::string StateLabel(v1::WorkerState state);
+
+ private:
+  struct JobSeries {
+    prometheus::Gauge* loss = nullptr;  // null until the job reports a loss
+    prometheus::Gauge* samples_per_second = nullptr;
+    std::vector<prometheus::Gauge*> bubble_ratios;  // index = rank
+  };
+
+  prometheus::Family<prometheus::Gauge>& jobs_;
+  prometheus::Family<prometheus::Gauge>& workers_;
+  prometheus::Counter& steps_;
+  prometheus::Histogram& step_duration_;
+  prometheus::Family<prometheus::Gauge>& loss_;
+  prometheus::Family<prometheus::Gauge>& samples_per_second_;
+  prometheus::Family<prometheus::Gauge>& bubble_ratio_;
+  prometheus::Family<prometheus::Counter>& bytes_;
+  prometheus::Counter& bytes_sent_;
+  prometheus::Counter& bytes_received_;
+
+  absl::Mutex mu_;
+  std::map<std::string, JobSeries> series_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> series_order_ ABSL_GUARDED_BY(mu_);  // least recently stepped first
+};
+
+}  // namespace stagecoach::coordinator

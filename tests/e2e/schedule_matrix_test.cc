@@ -58,16 +58,9 @@ ReferenceConfig Reference(const Variant& v) {
 }
 
 std::string SpecYaml(const std::string& kind, const Variant& v, const std::string& ckpt_dir) {
-  const ReferenceConfig r = Reference(v);
-  const std::string optimizer = OptimizerYaml(r);
-  return absl::StrCat(
-      "name: ", v.name, "\n", "model:\n  builtin: {family: mlp, sizes: [",
-      absl::StrJoin(r.sizes, ", "), "], seed: ", r.model_seed, "}\n",
-      "split: {stages: ", v.workers * v.stages_per_worker, "}\n", "schedule: {kind: ", kind,
-      ", microbatches: ", v.microbatches, "}\n", "placement: {workers: ", v.workers, "}\n",
-      "training:\n  batch_size: ", r.batch_size, "\n  steps: ", kSteps, "\n  loss: ", r.loss,
-      "\n  optimizer: ", optimizer, "\n  checkpoint: {dir: ", ckpt_dir, "}\n",
-      "data: {kind: synthetic, seed: ", r.data_seed, "}\n");
+  return MlpSpecYaml(Reference(v),
+                     {v.name, kind, v.workers * v.stages_per_worker, v.workers, v.microbatches},
+                     ckpt_dir);
 }
 
 // The variants `kind` accepts: 2 and 4 workers, 1 and 2 stages per worker, SGD and AdamW.

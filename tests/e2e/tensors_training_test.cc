@@ -52,18 +52,8 @@ struct Case {
 };
 
 std::string SpecYaml(const Case& c, const std::string& data, const std::string& ckpt_dir) {
-  const ReferenceConfig& r = c.ref;
-  const std::string optimizer = OptimizerYaml(r);
-  return absl::StrCat("name: ", c.name, "\n",  //
-                      "model:\n  builtin: {family: mlp, sizes: [", absl::StrJoin(r.sizes, ", "),
-                      "], seed: ", r.model_seed, "}\n",     //
-                      "split: {stages: ", c.stages, "}\n",  //
-                      "schedule: {kind: ", c.schedule, ", microbatches: ", c.microbatches, "}\n",
-                      "placement: {workers: ", c.stages, "}\n",  //
-                      "training:\n  batch_size: ", r.batch_size, "\n  steps: ", r.steps,
-                      "\n  loss: ", r.loss, "\n  optimizer: ", optimizer,
-                      "\n  checkpoint: {dir: ", ckpt_dir, "}\n",  //
-                      "data: {kind: tensors, path: ", data, "}\n");
+  return MlpSpecYaml(c.ref, {c.name, c.schedule, c.stages, c.stages, c.microbatches}, ckpt_dir,
+                     absl::StrCat("{kind: tensors, path: ", data, "}"));
 }
 
 ReferenceConfig Ref(std::vector<int64_t> sizes, int64_t batch, int microbatches, std::string loss,

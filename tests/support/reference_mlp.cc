@@ -9,7 +9,9 @@
 #include <fstream>
 #include <iterator>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace stagecoach::testing {
 
@@ -131,6 +133,23 @@ std::string OptimizerYaml(const ReferenceConfig& config) {
                            config.momentum, config.weight_decay);
   }
   return absl::StrFormat("{kind: adamw, lr: %g, weight_decay: %g}", config.lr, config.weight_decay);
+}
+
+std::string MlpSpecYaml(const ReferenceConfig& config, const MlpJobLayout& layout,
+                        const std::string& ckpt_dir, const std::string& data_yaml) {
+  const std::string data = data_yaml.empty()
+                               ? absl::StrCat("{kind: synthetic, seed: ", config.data_seed, "}")
+                               : data_yaml;
+  return absl::StrCat(
+      "name: ", layout.name, "\n",  //
+      "model:\n  builtin: {family: mlp, sizes: [", absl::StrJoin(config.sizes, ", "),
+      "], seed: ", config.model_seed, "}\n", "split: {stages: ", layout.stages, "}\n",       //
+      "schedule: {kind: ", layout.schedule, ", microbatches: ", layout.microbatches, "}\n",  //
+      "placement: {workers: ", layout.workers, "}\n",                                        //
+      "training:\n  batch_size: ", config.batch_size, "\n  steps: ", config.steps,
+      "\n  loss: ", config.loss, "\n  optimizer: ", OptimizerYaml(config),
+      "\n  checkpoint: {dir: ", ckpt_dir, "}\n",  //
+      "data: ", data, "\n");
 }
 
 }  // namespace stagecoach::testing

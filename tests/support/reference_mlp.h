@@ -56,6 +56,22 @@ ReferenceResult TrainReference(const ReferenceConfig& config);
 // weight_decay; adamw with lr and weight_decay), so a test's spec and its reference agree.
 std::string OptimizerYaml(const ReferenceConfig& config);
 
+// Where and how a test runs `config`'s MLP as a job, for MlpSpecYaml.
+struct MlpJobLayout {
+  std::string name;
+  std::string schedule;  // schedule.kind
+  int stages = 1;
+  int workers = 1;
+  int microbatches = 1;
+};
+
+// The job spec that trains `config`'s MLP (sizes, model seed, batch size, steps, loss and
+// optimizer from `config`) as `layout` says, with stage weights written to `ckpt_dir` after the
+// last step. `data_yaml` is the `data` flow map; empty means synthetic data from
+// config.data_seed.
+std::string MlpSpecYaml(const ReferenceConfig& config, const MlpJobLayout& layout,
+                        const std::string& ckpt_dir, const std::string& data_yaml = "");
+
 // The model's output for `inputs` (float32, [rows, sizes[0]]) in one process without a
 // pipeline or microbatches: nn.Linear layers built in order after torch.manual_seed(model_seed),
 // ReLU between them.

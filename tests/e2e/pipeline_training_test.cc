@@ -68,7 +68,7 @@ TEST_P(PipelineTrainingTest, MatchesUnpipelinedReference) {
 
   // Every step's loss.
   ASSERT_EQ(job->losses_size(), kSteps);
-  double max_loss_diff = 0, max_param_diff = 0;
+  double max_loss_diff = 0;
   for (int step = 0; step < kSteps; ++step) {
     max_loss_diff = std::max(max_loss_diff, std::abs(job->losses(step) - ref.losses[step]));
     EXPECT_NEAR(job->losses(step), ref.losses[step], kAtol + kRtol * std::abs(ref.losses[step]))
@@ -76,29 +76,9 @@ TEST_P(PipelineTrainingTest, MatchesUnpipelinedReference) {
   }
 
   // Every stage's final parameters; together the stages hold every parameter exactly once.
-  std::map<std::string, torch::Tensor> all;
-  std::vector<int> last_layer_of_stage(c.stages, -1), first_layer_of_stage(c.stages, 1 << 20);
-  for (int s = 0; s < c.stages; ++s) {
-    const std::string path = StageFilePath(ckpt, kSteps, s);
-    for (auto& [name, tensor] : LoadStageFile(path)) {
-      EXPECT_EQ(all.count(name), 0u) << name << " is in two stages";
-      last_layer_of_stage[s] = std::max(last_layer_of_stage[s], LayerOf(name));
-      first_layer_of_stage[s] = std::min(first_layer_of_stage[s], LayerOf(name));
-      all[name] = tensor;
-    }
-  }
-  ASSERT_EQ(all.size(), ref.params.size());
-  for (const auto& [name, want] : ref.params) {
-    ASSERT_EQ(all.count(name), 1u) << name;
-    const torch::Tensor& got = all[name];
-    ASSERT_EQ(got.sizes(), want.sizes()) << name;
-    const double max_diff = (got - want).abs().max().item<double>();
-    max_param_diff = std::max(max_param_diff, max_diff);
-    EXPECT_TRUE(torch::allclose(got, want, kRtol, kAtol)) << name << " differs by " << max_diff;
-    // Training moved every parameter far beyond the tolerance, so the comparison means something.
-    const double moved = (want - ref.initial_params.at(name)).abs().max().item<double>();
-    EXPECT_GT(moved, 100 * kAtol) << name << " barely changed in training";
-  }
+  std::vector<StageLayers> layers;
+  const double max_param_diff = ExpectParamsMatchReference(
+      LoadAllStageFiles(ckpt, kSteps, c.stages, &layers), ref, kRtol, kAtol);
 
   std::cerr << c.name << ": largest |loss - reference| " << max_loss_diff
             << ", largest |parameter - reference| " << max_param_diff << "\n";
@@ -109,8 +89,8 @@ TEST_P(PipelineTrainingTest, MatchesUnpipelinedReference) {
   for (const v1::RankStatus& rank : job->ranks()) {
     const int s = rank.stages(0);
     int64_t widths = 0;
-    if (s > 0) widths += c.ref.sizes[first_layer_of_stage[s]];
-    if (s + 1 < c.stages) widths += c.ref.sizes[last_layer_of_stage[s] + 1];
+    if (s > 0) widths += c.ref.sizes[layers[s].first];
+    if (s + 1 < c.stages) widths += c.ref.sizes[layers[s].last + 1];
     const int64_t expected = kSteps * c.ref.batch_size * widths * 4;
     EXPECT_EQ(rank.bytes_sent(), expected) << "rank " << rank.rank();
     EXPECT_EQ(rank.bytes_received(), expected) << "rank " << rank.rank();

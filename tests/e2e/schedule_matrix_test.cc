@@ -99,26 +99,8 @@ void CheckJob(const v1::Job& job, const Variant& v, const std::string& ckpt) {
   }
 
   const int stages = v.workers * v.stages_per_worker;
-  std::map<std::string, torch::Tensor> all;
-  std::vector<int> first_layer(stages, 1 << 20), last_layer(stages, -1);
-  for (int s = 0; s < stages; ++s) {
-    for (auto& [name, tensor] : LoadStageFile(StageFilePath(ckpt, kSteps, s))) {
-      EXPECT_EQ(all.count(name), 0u) << name << " is in two stages";
-      first_layer[s] = std::min(first_layer[s], LayerOf(name));
-      last_layer[s] = std::max(last_layer[s], LayerOf(name));
-      all[name] = tensor;
-    }
-  }
-  ASSERT_EQ(all.size(), ref.params.size());
-  for (const auto& [name, want] : ref.params) {
-    ASSERT_EQ(all.count(name), 1u) << name;
-    const torch::Tensor& got = all[name];
-    ASSERT_EQ(got.sizes(), want.sizes()) << name;
-    EXPECT_TRUE(torch::allclose(got, want, kRtol, kAtol))
-        << name << " differs by " << (got - want).abs().max().item<double>();
-    EXPECT_GT((want - ref.initial_params.at(name)).abs().max().item<double>(), 100 * kAtol)
-        << name << " barely changed in training";
-  }
+  std::vector<StageLayers> layers;
+  ExpectParamsMatchReference(LoadAllStageFiles(ckpt, kSteps, stages, &layers), ref, kRtol, kAtol);
 
   // Which rank holds each stage, from the job's rank table.
   std::vector<int> rank_of(stages, -1);
@@ -131,8 +113,8 @@ void CheckJob(const v1::Job& job, const Variant& v, const std::string& ckpt) {
     // gradient back, the width of the layer input at the boundary, every row, every step.
     int64_t widths = 0;
     for (int s : rank.stages()) {
-      if (s > 0 && rank_of[s - 1] != rank.rank()) widths += kSizes[first_layer[s]];
-      if (s + 1 < stages && rank_of[s + 1] != rank.rank()) widths += kSizes[last_layer[s] + 1];
+      if (s > 0 && rank_of[s - 1] != rank.rank()) widths += kSizes[layers[s].first];
+      if (s + 1 < stages && rank_of[s + 1] != rank.rank()) widths += kSizes[layers[s].last + 1];
     }
     const int64_t expected = kSteps * v.batch * widths * 4;
     EXPECT_EQ(rank.bytes_sent(), expected) << "rank " << rank.rank();

@@ -94,23 +94,7 @@ void CheckJob(const v1::Job& job, const Case& c, const ReferenceConfig& ref_conf
     EXPECT_NEAR(job.losses(step), ref.losses[step], kAtol + kRtol * std::abs(ref.losses[step]))
         << "step " << step;
   }
-  std::map<std::string, torch::Tensor> all;
-  for (int s = 0; s < c.stages; ++s) {
-    for (auto& [name, tensor] : LoadStageFile(StageFilePath(ckpt, kSteps, s))) {
-      EXPECT_EQ(all.count(name), 0u) << name << " is in two stages";
-      all[name] = tensor;
-    }
-  }
-  ASSERT_EQ(all.size(), ref.params.size());
-  for (const auto& [name, want] : ref.params) {
-    ASSERT_EQ(all.count(name), 1u) << name;
-    const torch::Tensor& got = all[name];
-    ASSERT_EQ(got.sizes(), want.sizes()) << name;
-    EXPECT_TRUE(torch::allclose(got, want, kRtol, kAtol))
-        << name << " differs by " << (got - want).abs().max().item<double>();
-    EXPECT_GT((want - ref.initial_params.at(name)).abs().max().item<double>(), 100 * kAtol)
-        << name << " barely changed in training";
-  }
+  ExpectParamsMatchReference(LoadAllStageFiles(ckpt, kSteps, c.stages), ref, kRtol, kAtol);
   for (const v1::RankStatus& rank : job.ranks()) EXPECT_EQ(rank.steps_done(), kSteps);
 }
 

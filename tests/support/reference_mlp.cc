@@ -135,6 +135,29 @@ std::string OptimizerYaml(const ReferenceConfig& config) {
   return absl::StrFormat("{kind: adamw, lr: %g, weight_decay: %g}", config.lr, config.weight_decay);
 }
 
+double ExpectParamsMatchReference(const std::map<std::string, torch::Tensor>& got,
+                                  const ReferenceResult& ref, double rtol, double atol) {
+  double max_diff = 0;
+  EXPECT_EQ(got.size(), ref.params.size());
+  for (const auto& [name, want] : ref.params) {
+    auto it = got.find(name);
+    if (it == got.end()) {
+      ADD_FAILURE() << name << " is in no stage";
+      continue;
+    }
+    if (it->second.sizes() != want.sizes()) {
+      ADD_FAILURE() << name << " has shape " << it->second.sizes() << ", want " << want.sizes();
+      continue;
+    }
+    const double diff = (it->second - want).abs().max().item<double>();
+    max_diff = std::max(max_diff, diff);
+    EXPECT_TRUE(torch::allclose(it->second, want, rtol, atol)) << name << " differs by " << diff;
+    EXPECT_GT((want - ref.initial_params.at(name)).abs().max().item<double>(), 100 * atol)
+        << name << " barely changed in training";
+  }
+  return max_diff;
+}
+
 std::string MlpSpecYaml(const ReferenceConfig& config, const MlpJobLayout& layout,
                         const std::string& ckpt_dir, const std::string& data_yaml) {
   const std::string data = data_yaml.empty()

@@ -56,6 +56,12 @@ ReferenceResult TrainReference(const ReferenceConfig& config);
 // weight_decay; adamw with lr and weight_decay), so a test's spec and its reference agree.
 std::string OptimizerYaml(const ReferenceConfig& config);
 
+// Checks, as test expectations, that `got` (a job's final weights by name) holds exactly the
+// reference's parameters, each allclose to it (rtol, atol) and moved in training by more than
+// 100 * atol (so the comparison means something). Returns the largest difference.
+double ExpectParamsMatchReference(const std::map<std::string, torch::Tensor>& got,
+                                  const ReferenceResult& ref, double rtol, double atol);
+
 // Where and how a test runs `config`'s MLP as a job, for MlpSpecYaml.
 struct MlpJobLayout {
   std::string name;

@@ -2,6 +2,7 @@
 
 #include <torch/serialize.h>
 
+#include <algorithm>
 #include <fstream>
 #include <iterator>
 #include <vector>
@@ -28,5 +29,23 @@ std::map<std::string, torch::Tensor> LoadStageFile(const std::string& path) {
 }
 
 int LayerOf(const std::string& name) { return std::stoi(name.substr(0, name.find('.'))); }
+
+std::map<std::string, torch::Tensor> LoadAllStageFiles(const std::string& dir, int64_t step,
+                                                       int stages,
+                                                       std::vector<StageLayers>* layers) {
+  std::map<std::string, torch::Tensor> all;
+  if (layers != nullptr) layers->assign(stages, StageLayers{});
+  for (int s = 0; s < stages; ++s) {
+    for (auto& [name, tensor] : LoadStageFile(StageFilePath(dir, step, s))) {
+      EXPECT_EQ(all.count(name), 0u) << name << " is in two stages";
+      if (layers != nullptr) {
+        (*layers)[s].first = std::min((*layers)[s].first, LayerOf(name));
+        (*layers)[s].last = std::max((*layers)[s].last, LayerOf(name));
+      }
+      all[name] = tensor;
+    }
+  }
+  return all;
+}
 
 }  // namespace stagecoach::testing

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace stagecoach::testing {
 
@@ -19,5 +20,15 @@ std::map<std::string, torch::Tensor> LoadStageFile(const std::string& path);
 
 // The MLP layer of a parameter name "{layer}.weight".
 int LayerOf(const std::string& name);
+
+// Every stage's weights after `step` steps, merged by name; a name found in two stages is a test
+// failure. With `layers`, also each MLP stage's first and last layer (LayerOf its names).
+struct StageLayers {
+  int first = 1 << 20;
+  int last = -1;
+};
+std::map<std::string, torch::Tensor> LoadAllStageFiles(const std::string& dir, int64_t step,
+                                                       int stages,
+                                                       std::vector<StageLayers>* layers = nullptr);
 
 }  // namespace stagecoach::testing

@@ -24,12 +24,19 @@ class GrpcWorkerClient : public WorkerClient {
                                                         absl::Duration timeout) override;
   absl::Status RequestCheckpoint(const std::string& address, const std::string& job_id,
                                  int64_t step, absl::Duration timeout) override;
+  absl::StatusOr<v1::ControlTaskResponse> ControlTask(const std::string& address,
+                                                      const v1::ControlTaskRequest& request,
+                                                      absl::Duration timeout) override;
+  void SetSessionToken(const std::string& address, const std::string& token) override;
 
  private:
   v1::WorkerService::Stub* Stub(const std::string& address);
+  // Sets the deadline and the worker's session token on a call's context.
+  void Prepare(grpc::ClientContext* ctx, const std::string& address, absl::Duration timeout);
 
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<v1::WorkerService::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> tokens_ ABSL_GUARDED_BY(mu_);  // by address
 };
 
 }  // namespace stagecoach::coordinator

@@ -42,6 +42,18 @@ class WorkerClient {
   // FAILED_PRECONDITION when the task has already passed that step or runs another job.
   virtual absl::Status RequestCheckpoint(const std::string& address, const std::string& job_id,
                                          int64_t step, absl::Duration timeout) = 0;
+
+  // WorkerService.ControlTask: steers the worker's task at step boundaries (step limit, finish,
+  // checkpoint steps, a client batch step), bounded by `timeout`. FAILED_PRECONDITION when the
+  // task has already passed the step limit, holds at another step than a client step's, or runs
+  // another job or attempt.
+  virtual absl::StatusOr<v1::ControlTaskResponse> ControlTask(
+      const std::string& address, const v1::ControlTaskRequest& request,
+      absl::Duration timeout) = 0;
+
+  // The secret of the worker registered at `address` (RegisterWorkerResponse.session_token):
+  // sent with every later call to it. Empty forgets it.
+  virtual void SetSessionToken(const std::string& address, const std::string& token) = 0;
 };
 
 }  // namespace stagecoach::coordinator

@@ -75,6 +75,41 @@ class FakeWorkerClient : public WorkerClient {
     return checkpoint_requests_[address];
   }
 
+  // Records the request; answers what SetControlAnswer set for the address (OK, with the
+  // request's step limit as the steps done, when nothing was).
+  absl::StatusOr<v1::ControlTaskResponse> ControlTask(const std::string& address,
+                                                      const v1::ControlTaskRequest& request,
+                                                      absl::Duration) override {
+    absl::MutexLock lock(&mu_);
+    if (unreachable_.count(address)) return absl::UnavailableError("connection refused");
+    controls_[address].push_back(request);
+    auto it = control_answers_.find(address);
+    if (it != control_answers_.end()) return it->second(request);
+    v1::ControlTaskResponse response;
+    response.set_global_steps_done(request.step_limit());
+    return response;
+  }
+  void SetControlAnswer(
+      const std::string& address,
+      std::function<absl::StatusOr<v1::ControlTaskResponse>(const v1::ControlTaskRequest&)>
+          answer) {
+    absl::MutexLock lock(&mu_);
+    control_answers_[address] = std::move(answer);
+  }
+  // Every ControlTask request sent to `address`, in order.
+  std::vector<v1::ControlTaskRequest> Controls(const std::string& address) {
+    absl::MutexLock lock(&mu_);
+    return controls_[address];
+  }
+  void SetSessionToken(const std::string& address, const std::string& token) override {
+    absl::MutexLock lock(&mu_);
+    tokens_[address] = token;
+  }
+  std::string SessionToken(const std::string& address) {
+    absl::MutexLock lock(&mu_);
+    return tokens_[address];
+  }
+
   // What InspectModel answers from now on.
   void SetInspection(absl::StatusOr<v1::InspectModelResponse> inspection) {
     absl::MutexLock lock(&mu_);
@@ -107,6 +142,11 @@ class FakeWorkerClient : public WorkerClient {
   std::map<std::string, std::vector<v1::InspectModelRequest>> inspected_;
   std::map<std::string, std::vector<std::pair<std::string, int64_t>>> checkpoint_requests_;
   std::map<std::string, std::function<absl::Status(int64_t)>> checkpoint_answers_;
+  std::map<std::string, std::vector<v1::ControlTaskRequest>> controls_;
+  std::map<std::string,
+           std::function<absl::StatusOr<v1::ControlTaskResponse>(const v1::ControlTaskRequest&)>>
+      control_answers_;
+  std::map<std::string, std::string> tokens_;
 };
 
 // Polls `cond` (the manager works on background threads) until it holds or `timeout` passes.

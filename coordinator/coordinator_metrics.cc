@@ -79,7 +79,12 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
                  .Help("Data-plane bytes the workers reported, by direction")
                  .Register(registry)),
       bytes_sent_(bytes_.Add({{"direction", "sent"}})),
-      bytes_received_(bytes_.Add({{"direction", "received"}})) {
+      bytes_received_(bytes_.Add({{"direction", "received"}})),
+      restarts_(prometheus::BuildCounter()
+                    .Name("stagecoach_job_restarts_total")
+                    .Help("Jobs restarted from their latest checkpoint after a failure")
+                    .Register(registry)
+                    .Add({})) {
   SetJobCounts({});
   SetWorkerCounts({});
 }
@@ -129,6 +134,8 @@ void CoordinatorMetrics::StepCompleted(const std::string& job_id, absl::Duration
     series_.erase(oldest);
   }
 }
+
+void CoordinatorMetrics::JobRestarted() { restarts_.Increment(); }
 
 void CoordinatorMetrics::AddDataPlaneBytes(int64_t sent, int64_t received) {
   if (sent > 0) bytes_sent_.Increment(static_cast<double>(sent));

@@ -1,7 +1,7 @@
 // The coordinator's Prometheus metrics (STYLE.md rule 13): jobs and workers by state, completed
-// steps, step durations, the last step's loss, throughput and bubble ratios per job, and the
-// data-plane bytes the workers report. JobManager feeds it (JobManagerDeps::metrics); it only
-// records, so tests read it through its registry without HTTP.
+// steps, step durations, the last step's loss, throughput and bubble ratios per job, the
+// data-plane bytes the workers report, and job restarts. JobManager feeds it
+// (JobManagerDeps::metrics); it only records, so tests read it through its registry without HTTP.
 //
 // Series per job (stagecoach_loss, stagecoach_samples_per_second, stagecoach_bubble_ratio) are
 // kept for the kMaxJobSeries jobs that completed a step most recently; older jobs' series are
@@ -48,6 +48,9 @@ class CoordinatorMetrics {
                      const std::vector<double>& bubble_ratios);
   // A rank's step report: data-plane bytes it sent and received in that step.
   void AddDataPlaneBytes(int64_t sent, int64_t received);
+  // A job was restarted from its latest checkpoint (restart.max_restarts allowed it): counts it
+  // in stagecoach_job_restarts_total.
+  void JobRestarted();
 
   // The label value of a state: its enum name without the prefix, lower case ("running").
   static std::string StateLabel(v1::JobState state);
@@ -70,6 +73,7 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Counter>& bytes_;
   prometheus::Counter& bytes_sent_;
   prometheus::Counter& bytes_received_;
+  prometheus::Counter& restarts_;
 
   absl::Mutex mu_;
   std::map<std::string, JobSeries> series_ ABSL_GUARDED_BY(mu_);

@@ -7,24 +7,34 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc/channel.h"
+#include "common/rpc/rpc_metrics.h"
 
 namespace stagecoach::rpc {
 
 absl::StatusOr<StartedServer> StartServer(const HostPort& listen,
-                                          const std::vector<grpc::Service*>& services) {
+                                          const std::vector<grpc::Service*>& services,
+                                          const ServerOptions& options) {
   // grpc.health.v1 and server reflection on every server; both are process-wide settings that
   // servers built afterwards pick up.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   StartedServer out;
-  builder.AddListeningPort(listen.ToString(), grpc::InsecureServerCredentials(), &out.port);
-  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  builder.AddListeningPort(
+      listen.ToString(),
+      options.credentials != nullptr ? options.credentials : grpc::InsecureServerCredentials(),
+      &out.port);
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
   // Accept the keepalive pings MakeChannel's clients send on idle streams.
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
                              static_cast<int>(absl::ToInt64Milliseconds(kKeepaliveTime / 2)));
+  if (options.metrics != nullptr) {
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
+    creators.push_back(MakeRpcMetricsFactory(*options.metrics));
+    builder.experimental().SetInterceptorCreators(std::move(creators));
+  }
   for (grpc::Service* service : services) builder.RegisterService(service);
   out.server = builder.BuildAndStart();
   if (out.server == nullptr || out.port == 0) {

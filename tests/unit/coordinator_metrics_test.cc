@@ -182,6 +182,18 @@ TEST_F(CoordinatorMetricsTest, PerJobSeriesAreBoundedToTheMostRecentJobs) {
   EXPECT_EQ(Sample(registry, "stagecoach_steps_total"), CoordinatorMetrics::kMaxJobSeries + 3);
 }
 
+TEST(CoordinatorMetricsRestarts, CountRestartsFromZero) {
+  prometheus::Registry registry;
+  CoordinatorMetrics metrics(registry);
+  // Pre-initialised: the series exists (0, not absent) before any restart.
+  EXPECT_EQ(Sample(registry, "stagecoach_job_restarts_total"), 0);
+  EXPECT_NE(metrics::SerializeText(registry).find("stagecoach_job_restarts_total 0"),
+            std::string::npos);
+  metrics.JobRestarted();
+  metrics.JobRestarted();
+  EXPECT_EQ(Sample(registry, "stagecoach_job_restarts_total"), 2);
+}
+
 TEST(MetricsBuildInfo, CarriesTheProjectVersion) {
   prometheus::Registry registry;
   metrics::AddBuildInfo(registry);

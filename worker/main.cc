@@ -5,10 +5,13 @@
 #include <iostream>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/metrics/metrics.h"
 #include "common/rpc/address.h"
+#include "common/rpc/auth.h"
 #include "common/rpc/server.h"
+#include "common/rpc/tls.h"
 #include "common/util/config_file.h"
 #include "common/util/logging.h"
 #include "common/util/malloc_tuning.h"
@@ -37,6 +40,11 @@ struct Flags {
   std::string cache_dir;
   std::string metrics_listen;  // empty: no /metrics endpoint
   bool check_config = false;
+  // Security (docs/security.md).
+  std::string tls_cert, tls_key, tls_ca, tls_server_name;
+  bool tls_require_client_cert = false;
+  std::string coordinator_token_file;
+  std::string max_message_bytes = std::to_string(sc::rpc::kMaxMessageBytes);
 };
 
 int Fail(const std::string& message) {
@@ -75,6 +83,25 @@ int main(int argc, char** argv) {
       "default: no metrics endpoint)");
   app.add_flag("--check-config", flags.check_config,
                "validate the configuration and exit (0 when valid)");
+  auto* tls_cert = app.add_option(
+      "--tls-cert", flags.tls_cert,
+      "PEM certificate: serve TLS with it, and present it as client certificate to the "
+      "coordinator");
+  auto* tls_key = app.add_option("--tls-key", flags.tls_key, "PEM private key of --tls-cert");
+  auto* tls_ca = app.add_option(
+      "--tls-ca", flags.tls_ca,
+      "PEM CA that signs the peers' certificates: verifies the coordinator (and, with "
+      "--tls-require-client-cert, the clients of this worker)");
+  auto* tls_server_name = app.add_option(
+      "--tls-server-name", flags.tls_server_name,
+      "name the coordinator's certificate must carry (default: the --coordinator host)");
+  app.add_flag("--tls-require-client-cert", flags.tls_require_client_cert,
+               "mutual TLS: refuse clients without a certificate signed by --tls-ca");
+  auto* coordinator_token =
+      app.add_option("--coordinator-token-file", flags.coordinator_token_file,
+                     "file holding the token sent to the coordinator (its --worker-token-file)");
+  auto* max_message = app.add_option("--max-message-bytes", flags.max_message_bytes,
+                                     "largest gRPC message sent or accepted, in bytes");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -82,14 +109,21 @@ int main(int argc, char** argv) {
   }
   if (!flags.config.empty()) {
     absl::Status applied = sc::ApplyConfigFile(
-        flags.config, {{"coordinator", &flags.coordinator, coordinator->count() > 0},
-                       {"listen", &flags.listen, listen->count() > 0},
-                       {"advertise-host", &flags.advertise_host, advertise->count() > 0},
-                       {"name", &flags.name, name->count() > 0},
-                       {"device", &flags.device, device->count() > 0},
-                       {"cache-dir", &flags.cache_dir, cache_dir->count() > 0},
-                       {"log-level", &flags.log_level, level->count() > 0},
-                       {"metrics-listen", &flags.metrics_listen, metrics_listen->count() > 0}});
+        flags.config,
+        {{"coordinator", &flags.coordinator, coordinator->count() > 0},
+         {"listen", &flags.listen, listen->count() > 0},
+         {"advertise-host", &flags.advertise_host, advertise->count() > 0},
+         {"name", &flags.name, name->count() > 0},
+         {"device", &flags.device, device->count() > 0},
+         {"cache-dir", &flags.cache_dir, cache_dir->count() > 0},
+         {"log-level", &flags.log_level, level->count() > 0},
+         {"metrics-listen", &flags.metrics_listen, metrics_listen->count() > 0},
+         {"tls-cert", &flags.tls_cert, tls_cert->count() > 0},
+         {"tls-key", &flags.tls_key, tls_key->count() > 0},
+         {"tls-ca", &flags.tls_ca, tls_ca->count() > 0},
+         {"tls-server-name", &flags.tls_server_name, tls_server_name->count() > 0},
+         {"coordinator-token-file", &flags.coordinator_token_file, coordinator_token->count() > 0},
+         {"max-message-bytes", &flags.max_message_bytes, max_message->count() > 0}});
     if (!applied.ok()) return Fail(std::string(applied.message()));
   }
   if (flags.coordinator.empty()) {
@@ -115,6 +149,27 @@ int main(int argc, char** argv) {
   if (auto s = sc::InitLogging("worker", flags.log_level); !s.ok()) {
     return Fail(std::string(s.message()));
   }
+  // Security: TLS on the server and on the channel to the coordinator, the token for it.
+  sc::rpc::TlsFiles tls{flags.tls_cert, flags.tls_key, flags.tls_ca, flags.tls_require_client_cert};
+  auto server_credentials = sc::rpc::MakeServerCredentials(tls);
+  if (!server_credentials.ok()) return Fail(std::string(server_credentials.status().message()));
+  sc::rpc::ChannelSecurity coordinator_security;
+  auto channel_credentials = sc::rpc::MakeChannelCredentials(tls);
+  if (!channel_credentials.ok()) return Fail(std::string(channel_credentials.status().message()));
+  coordinator_security.credentials = *channel_credentials;
+  coordinator_security.server_name = flags.tls_server_name;
+  if (!flags.coordinator_token_file.empty()) {
+    auto token = sc::rpc::ReadTokenFile(flags.coordinator_token_file, "--coordinator-token-file");
+    if (!token.ok()) return Fail(std::string(token.status().message()));
+    coordinator_security.bearer_token = *token;
+  }
+  sc::rpc::ServerOptions server_options;
+  server_options.credentials = *server_credentials;
+  if (!absl::SimpleAtoi(flags.max_message_bytes, &server_options.max_message_bytes) ||
+      server_options.max_message_bytes < 4096) {
+    return Fail(absl::StrCat("--max-message-bytes: must be a number of bytes >= 4096, got '",
+                             flags.max_message_bytes, "'"));
+  }
   if (flags.check_config) {
     std::cout << "configuration ok\n";
     return 0;
@@ -122,7 +177,7 @@ int main(int argc, char** argv) {
 
   const sigset_t signals = sc::BlockTerminationSignals();
 
-  sc::worker::CoordinatorClient client(flags.coordinator);
+  sc::worker::CoordinatorClient client(flags.coordinator, coordinator_security);
   sc::worker::ArtifactCacheOptions cache_options;
   cache_options.dir = flags.cache_dir;
   auto artifact_cache = sc::worker::ArtifactCache::Open(cache_options, &client);
@@ -154,9 +209,15 @@ int main(int argc, char** argv) {
   sc::worker::WorkerServiceOptions service_options;
   service_options.resolve_file = task_deps.resolve_file;
   service_options.device = flags.device;
+  // Only the coordinator this worker registered with may call it (its session token).
+  sc::worker::SessionToken session_token;
+  service_options.authorize = [&session_token](const grpc::ServerContext& ctx) {
+    return session_token.Check(ctx);
+  };
   sc::worker::WorkerServiceImpl service(&tasks, service_options);
 
-  auto started = sc::rpc::StartServer(*listen_addr, {&service});
+  server_options.metrics = registry.get();
+  auto started = sc::rpc::StartServer(*listen_addr, {&service}, server_options);
   if (!started.ok()) return Fail(std::string(started.status().message()));
   grpc::Server* server = started->server.get();
   sc::rpc::HostPort advertised{flags.advertise_host, started->port};
@@ -171,6 +232,7 @@ int main(int argc, char** argv) {
   session_options.registration.set_name(flags.name.empty() ? advertised.ToString() : flags.name);
   session_options.registration.set_address(advertised.ToString());
   session_options.registration.set_device(flags.device);
+  session_options.token = &session_token;
   for (const std::string& t : task_deps.transports) session_options.registration.add_transports(t);
   session = std::make_unique<sc::worker::CoordinatorSession>(
       session_options, &client, [&tasks] { return tasks.Status().job_id(); },

@@ -18,6 +18,7 @@
 #include "worker/model/torchscript_model.h"
 #include "worker/runtime/checkpoint.h"
 #include "worker/runtime/device.h"
+#include "worker/runtime/forward_actions.h"
 #include "worker/runtime/pipeline_executor.h"
 #include "worker/runtime/tensor_data.h"
 #include "worker/runtime/training_data.h"
@@ -57,7 +58,32 @@ absl::StatusOr<std::vector<torch::Tensor>> InferenceMicrobatches(const v1::Tenso
   return out;
 }
 
+// The shapes and dtypes of stage 0's microbatches, for PipelineExecutor::AgreeShapes (empty on
+// the ranks that do not own stage 0, which pass no microbatches).
+std::vector<TensorMeta> MetasOf(const std::vector<torch::Tensor>& microbatches) {
+  std::vector<TensorMeta> out;
+  for (const auto& mb : microbatches) out.push_back(TensorMeta{mb.sizes().vec(), mb.scalar_type()});
+  return out;
+}
+
+// "[2, 3]".
+std::string ShapeString(absl::Span<const int64_t> shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
 }  // namespace
+
+// A client step as the gate runs it: the request's step, its tensors decoded, converted and split
+// into microbatches.
+struct TaskRunner::ClientBatch {
+  // The timeline step it runs at (the task holds at exactly this many steps).
+  int64_t global_step = 0;
+  bool forward_only = false;
+  // Stage 0's microbatches (only on the rank owning stage 0).
+  std::vector<torch::Tensor> inputs;
+  // The last stage's target microbatches (only on its rank, training client steps).
+  std::vector<torch::Tensor> targets;
+};
 
 // Decorates the task's rendezvous store so that Stop can interrupt its waits: long waits are
 // cut into short slices, and a cancelled store answers CANCELLED.
@@ -112,7 +138,18 @@ class TaskRunner::CancellableStore : public transport::RendezvousStore {
 TaskRunner::TaskRunner(v1::TaskAssignment task, TaskRunnerDeps deps)
     : task_(std::move(task)),
       deps_(std::move(deps)),
-      store_(std::make_unique<CancellableStore>(deps_.store)) {}
+      store_(std::make_unique<CancellableStore>(deps_.store)) {
+  absl::MutexLock lock(&mu_);
+  global_steps_done_ = task_.has_resume() ? task_.resume().step() : 0;
+  step_limit_ = task_.step_limit();
+  finish_at_limit_ = task_.finish_at_limit();
+  if (task_.has_inference()) {
+    // An Infer job runs its one step and ends, whatever the assignment's limit.
+    step_limit_ = global_steps_done_ + 1;
+    finish_at_limit_ = true;
+  }
+  checkpoint_steps_.insert(task_.checkpoint_steps().begin(), task_.checkpoint_steps().end());
+}
 
 TaskRunner::~TaskRunner() = default;
 
@@ -133,8 +170,157 @@ absl::Status TaskRunner::RequestCheckpoint(int64_t global_step) {
         task_.job_id(), " rank ", task_.rank(), ": the task has already done ", global_steps_done_,
         " steps of the timeline; it cannot checkpoint after step ", global_step));
   }
-  requested_checkpoint_ = global_step;
+  checkpoint_steps_.insert(global_step);
   return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ControlTaskResponse> TaskRunner::ControlTask(
+    const v1::ControlTaskRequest& request) {
+  const int rank = task_.rank();
+  const std::string who =
+      absl::StrCat(task_.job_id(), " attempt ", task_.attempt(), " rank ", rank);
+  if (request.job_id() != task_.job_id() || request.attempt() != task_.attempt()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this task is ", who, ", not ", request.job_id(), " attempt ", request.attempt()));
+  }
+  if (task_.has_inference()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(who, ": an Infer job's task runs its one step and takes no ControlTask"));
+  }
+  const bool forward_only_task = task_.forward_only();
+  // A client step's batch, checked and split before the lock is taken.
+  std::unique_ptr<ClientBatch> client;
+  if (request.has_client_step()) {
+    const v1::ClientStep& cs = request.client_step();
+    const int64_t g = cs.global_step();
+    if (g < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("client_step.global_step: must be >= 0, got ", g));
+    }
+    const int64_t want_limit = cs.forward_only() ? g : g + 1;
+    if (request.step_limit() != want_limit) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step_limit: a ", cs.forward_only() ? "forward-only" : "training",
+          " client step needs step_limit = client_step.global_step",
+          cs.forward_only() ? "" : " + 1", " (", want_limit, "), got ", request.step_limit()));
+    }
+    auto spec = spec::ParseJobSpec(task_.spec_yaml(), task_.job_id());
+    if (!spec.ok()) return spec.status();
+    const int m = spec->schedule.microbatches;
+    bool owns_first = false, owns_last = false;
+    for (const v1::StageAssignment& st : task_.stages()) {
+      owns_first = owns_first || st.stage() == 0;
+      owns_last = owns_last || st.stage() == task_.num_stages() - 1;
+    }
+    if (cs.inputs_shape().empty()) {
+      return absl::InvalidArgumentError("client_step.inputs_shape: required");
+    }
+    const int64_t rows = cs.inputs_shape(0);
+    if (rows < m) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("client_step.inputs_shape: ", ShapeString(cs.inputs_shape()), " has ", rows,
+                       " rows, fewer than the job's ", m, " microbatches"));
+    }
+    client = std::make_unique<ClientBatch>();
+    client->global_step = g;
+    client->forward_only = cs.forward_only();
+    if (owns_first != cs.has_inputs()) {
+      return absl::InvalidArgumentError(
+          owns_first
+              ? absl::StrCat("client_step.inputs: required on rank ", rank, ", which owns stage 0")
+              : absl::StrCat("client_step.inputs: only for the rank owning stage 0, not ", "rank ",
+                             rank));
+    }
+    if (owns_first) {
+      ASSIGN_OR_RETURN(torch::Tensor x, FromTensorData(cs.inputs(), "client_step.inputs"));
+      if (x.sizes().vec() !=
+          std::vector<int64_t>(cs.inputs_shape().begin(), cs.inputs_shape().end())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "client_step.inputs: ", rpc::DescribeTensorData(cs.inputs()),
+            " does not have client_step.inputs_shape ", ShapeString(cs.inputs_shape())));
+      }
+      if (x.is_floating_point()) x = x.to(torch::kFloat32);
+      client->inputs = SplitMicrobatches(x, m);
+    }
+    const bool wants_targets = owns_last && !cs.forward_only();
+    if (wants_targets != cs.has_targets()) {
+      return absl::InvalidArgumentError(
+          wants_targets
+              ? absl::StrCat("client_step.targets: required on rank ", rank,
+                             ", which owns the last stage, for a training client step")
+              : absl::StrCat("client_step.targets: only for the rank owning the last stage of a ",
+                             "training client step, not rank ", rank));
+    }
+    if (wants_targets) {
+      ASSIGN_OR_RETURN(torch::Tensor y, FromTensorData(cs.targets(), "client_step.targets"));
+      if (y.dim() < 1 || y.size(0) != rows) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("client_step.targets: ", rpc::DescribeTensorData(cs.targets()),
+                         " must have one row per input row (", rows, ")"));
+      }
+      if (y.is_floating_point()) y = y.to(torch::kFloat32);
+      client->targets = SplitMicrobatches(y, m);
+    }
+  }
+
+  absl::MutexLock lock(&mu_);
+  const int64_t done = global_steps_done_;
+  if (finishing_ || stop_requested_) {
+    return absl::FailedPreconditionError(absl::StrCat(who, ": the task is ending (after ", done,
+                                                      " steps of the timeline) and takes no "
+                                                      "ControlTask"));
+  }
+  const int64_t least = executing_ ? done + 1 : done;
+  if (request.step_limit() < least) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        who, ": step_limit ", request.step_limit(), " is below the ", least, " steps ",
+        executing_ ? absl::StrCat("the task will have done at the end of the step it runs (", done,
+                                  " done)")
+                   : "the task has done"));
+  }
+  if (client != nullptr) {
+    if (pending_client_ != nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          who, ": a client step at step ", pending_client_->global_step, " is already pending"));
+    }
+    const bool holding = !executing_ && done >= step_limit_ && !finish_at_limit_;
+    if (!holding || done != client->global_step) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          who, ": client_step.global_step is ", client->global_step, ", but the task ",
+          holding ? absl::StrCat("holds at step ", done)
+                  : absl::StrCat("does not hold (", done, " steps done, step limit ", step_limit_,
+                                 executing_ ? ", a step running" : "", ")")));
+    }
+    if (!client->forward_only && forward_only_task) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(who, ": a forward-only task cannot run a training client step"));
+    }
+  }
+  step_limit_ = request.step_limit();
+  finish_at_limit_ = request.finish_at_limit();
+  for (int64_t step : request.checkpoint_steps()) {
+    if (step > done) checkpoint_steps_.insert(step);
+  }
+  pending_client_ = std::move(client);
+  ++control_version_;
+  v1::ControlTaskResponse response;
+  response.set_global_steps_done(done);
+  return response;
+}
+
+absl::Status TaskRunner::HoldLocked() {
+  const int64_t version = control_version_;
+  absl::Duration limit = rpc::FromProtoDuration(task_.hold_timeout());
+  if (limit <= absl::ZeroDuration()) limit = absl::Hours(24);
+  spdlog::info("{} rank {}: holding at step {} (step limit {})", task_.job_id(), task_.rank(),
+               global_steps_done_, step_limit_);
+  auto moved = [this, version]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stop_requested_ || control_version_ != version;
+  };
+  if (mu_.AwaitWithTimeout(absl::Condition(&moved), limit)) return absl::OkStatus();
+  return absl::DeadlineExceededError(absl::StrCat(
+      "rank ", task_.rank(), " held at step ", global_steps_done_,
+      " for longer than hold_timeout (", absl::FormatDuration(limit), ") without a ControlTask"));
 }
 
 v1::ReportTaskEndRequest TaskRunner::Run() {
@@ -181,7 +367,6 @@ absl::Status TaskRunner::RunSteps() {
   const int m = spec.schedule.microbatches;
   const bool forward_only = task_.forward_only() || task_.has_inference();
   const bool inference = task_.has_inference();
-  const int64_t num_steps = inference ? 1 : spec.training.steps;
   if (task_.stage_to_rank_size() != num_stages) {
     return absl::InvalidArgumentError(absl::StrCat("stage_to_rank: expected ", num_stages,
                                                    " entries, got ", task_.stage_to_rank_size()));
@@ -307,10 +492,6 @@ absl::Status TaskRunner::RunSteps() {
     spdlog::info("{} rank {}: resumed from {} (step {})", task_.job_id(), rank, resume.directory(),
                  base_step);
   }
-  {
-    absl::MutexLock lock(&mu_);
-    global_steps_done_ = base_step;
-  }
 
   std::vector<schedule::Action> actions;
   for (int i = 0; i < task_.actions_size(); ++i) {
@@ -395,19 +576,18 @@ absl::Status TaskRunner::RunSteps() {
       forget_transport();
       return first.status();
     }
-    for (const auto& mb : *first) {
-      first_inputs.push_back(TensorMeta{mb.sizes().vec(), mb.scalar_type()});
-    }
+    first_inputs = MetasOf(*first);
   }
   absl::Status agreed = executor.AgreeShapes(first_inputs);
   if (!agreed.ok()) {
     forget_transport();
     return agreed;
   }
-  spdlog::info("{} rank {}: stages ready, {} {}steps of {} actions", task_.job_id(), rank,
-               num_steps, forward_only ? "forward-only " : "", actions.size());
+  spdlog::info("{} rank {}: stages ready, {}{} actions, timeline at step {}", task_.job_id(), rank,
+               forward_only ? "forward-only, " : "", actions.size(), base_step);
 
   const std::string ckpt_dir = forward_only ? "" : spec.training.checkpoint.dir;
+  const int64_t every = spec.training.checkpoint.every_steps;
   // Writes every stage of this rank after `global_steps` steps; lists the files in `report`.
   auto checkpoint = [&](int64_t global_steps, v1::ReportStepRequest* report) -> absl::Status {
     for (auto& [s, stage] : stages) {
@@ -420,103 +600,201 @@ absl::Status TaskRunner::RunSteps() {
                  CheckpointStepDir(ckpt_dir, global_steps));
     return absl::OkStatus();
   };
-
-  absl::Status status;
-  for (int64_t step = 0; step < num_steps && status.ok(); ++step) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (stop_requested_) {
-        status = absl::CancelledError(absl::StrCat("stopped: ", stop_reason_));
-        break;
-      }
-    }
-    const int64_t global = base_step + step;  // the step's number in the job's timeline
-    const absl::Time start = absl::Now();
-    const transport::TransferStats before = transport->stats();
-    std::vector<torch::Tensor> inputs, targets;
-    if (inference) {
-      inputs = client_inputs;
-    } else {
-      auto batch = data->Make(global);
-      if (!batch.ok()) {
-        status = batch.status();
-        break;
-      }
-      if (owns_first) inputs = SplitMicrobatches(batch->inputs, m);
-      if (want_targets) targets = SplitMicrobatches(batch->targets, m);
-    }
-    if (!forward_only) optimizer->zero_grad();
-    auto result = executor.RunStep(actions, inputs, targets);
-    if (!result.ok()) {
-      status = result.status();
-      break;
-    }
-    if (!forward_only) optimizer->step();
+  // The report of a step that started at `start` with the transport's stats at `before`.
+  auto make_report = [&](const StepResult& result, absl::Time start,
+                         const transport::TransferStats& before, int64_t step,
+                         int64_t global_step) {
     const transport::TransferStats after = transport->stats();
-    if (inference && owns_last) {
-      const size_t got = std::count_if(result->outputs.begin(), result->outputs.end(),
-                                       [](const torch::Tensor& t) { return t.defined(); });
-      if (got != static_cast<size_t>(m)) {
-        status = absl::InternalError(absl::StrCat("rank ", rank, ": the step produced ", got,
-                                                  " of ", m, " microbatch outputs"));
-        break;
-      }
-      auto merged = ToTensorData(torch::cat(result->outputs, 0));
-      if (!merged.ok()) {
-        status = merged.status();
-        break;
-      }
-      inference_outputs_ = *std::move(merged);
-    }
-
     v1::ReportStepRequest report;
     report.set_worker_id(deps_.worker_id);
     report.set_job_id(task_.job_id());
     report.set_attempt(task_.attempt());
     report.set_rank(rank);
     report.set_step(step);
-    report.set_global_step(global + 1);
-    for (double l : result->microbatch_losses) report.add_microbatch_losses(l);
-    for (const auto& a : result->executed) report.add_executed_actions(a);
+    report.set_global_step(global_step);
+    for (double l : result.microbatch_losses) report.add_microbatch_losses(l);
+    for (const auto& a : result.executed) report.add_executed_actions(a);
     report.set_bytes_sent(after.bytes_sent - before.bytes_sent);
     report.set_bytes_received(after.bytes_received - before.bytes_received);
-    for (const auto& [peer, bytes] : result->bytes_sent_to) {
+    for (const auto& [peer, bytes] : result.bytes_sent_to) {
       (*report.mutable_bytes_sent_to())[peer] = bytes;
     }
-    for (const auto& [peer, bytes] : result->bytes_received_from) {
+    for (const auto& [peer, bytes] : result.bytes_received_from) {
       (*report.mutable_bytes_received_from())[peer] = bytes;
     }
     report.set_parameters(held_parameters);
     *report.mutable_step_time() = rpc::ToProtoDuration(absl::Now() - start);
-    for (const ActionTiming& t : result->timings) {
+    for (const ActionTiming& t : result.timings) {
       v1::ActionTiming* timing = report.add_action_timings();
       timing->set_start_us(absl::ToInt64Microseconds(t.start));
       timing->set_end_us(absl::ToInt64Microseconds(t.end));
       timing->set_wait_us(absl::ToInt64Microseconds(t.wait));
     }
-    *report.mutable_step_start_time() = rpc::ToProtoTimestamp(result->start);
-    report.set_bubble_ratio(result->bubble_ratio);
-    // A checkpoint every training.checkpoint.every_steps steps of the timeline, at the end of
-    // the task, and when the coordinator asked for one after this step; its files go with the
-    // step's report.
+    *report.mutable_step_start_time() = rpc::ToProtoTimestamp(result.start);
+    report.set_bubble_ratio(result.bubble_ratio);
+    return report;
+  };
+  auto send_report = [&](const v1::ReportStepRequest& report) {
+    absl::Status reported = deps_.reporter->ReportStep(report);
+    if (!reported.ok()) {
+      spdlog::warn("{} rank {}: reporting step {}: {}", task_.job_id(), rank, report.step(),
+                   reported.message());
+    }
+  };
+  // The last stage's outputs of a forward-only step, merged along dim 0.
+  auto merged_outputs = [&](const StepResult& result) -> absl::StatusOr<v1::TensorData> {
+    const size_t got = std::count_if(result.outputs.begin(), result.outputs.end(),
+                                     [](const torch::Tensor& t) { return t.defined(); });
+    if (got != static_cast<size_t>(m)) {
+      return absl::InternalError(absl::StrCat("rank ", rank, ": the step produced ", got, " of ", m,
+                                              " microbatch outputs"));
+    }
+    return ToTensorData(torch::cat(result.outputs, 0));
+  };
+
+  // A step that counts in the timeline (a data step or a training client step) on `inputs`
+  // (stage 0's microbatches) and `targets` (the last stage's).
+  auto counted_step = [&](const std::vector<torch::Tensor>& inputs,
+                          const std::vector<torch::Tensor>& targets,
+                          bool client_batch) -> absl::Status {
+    const int64_t step = steps_done_.load();  // the task's count
+    int64_t global = 0;                       // the step's number in the job's timeline
+    {
+      absl::MutexLock lock(&mu_);
+      global = global_steps_done_;
+    }
+    const absl::Time start = absl::Now();
+    const transport::TransferStats before = transport->stats();
+    if (!forward_only) optimizer->zero_grad();
+    ASSIGN_OR_RETURN(StepResult result, executor.RunStep(actions, inputs, targets));
+    if (!forward_only) optimizer->step();
+    if (inference && owns_last) {
+      ASSIGN_OR_RETURN(inference_outputs_, merged_outputs(result));
+    }
+    v1::ReportStepRequest report = make_report(result, start, before, step, global + 1);
+    report.set_client_batch(client_batch);
+    // A checkpoint every training.checkpoint.every_steps steps of the timeline and after the
+    // requested steps; its files go with the step's report.
     bool requested = false;
     {
       absl::MutexLock lock(&mu_);
       global_steps_done_ = global + 1;
-      requested = requested_checkpoint_ == global + 1;
+      executing_ = false;
+      requested = checkpoint_steps_.count(global + 1) > 0;
     }
-    const int64_t every = spec.training.checkpoint.every_steps;
-    if (!ckpt_dir.empty() &&
-        (requested || step + 1 == num_steps || (every > 0 && (global + 1) % every == 0))) {
-      status = checkpoint(global + 1, &report);
-      if (!status.ok()) break;
+    if (!ckpt_dir.empty() && (requested || (every > 0 && (global + 1) % every == 0))) {
+      RETURN_IF_ERROR(checkpoint(global + 1, &report));
     }
-    absl::Status reported = deps_.reporter->ReportStep(report);
-    if (!reported.ok()) {
-      spdlog::warn("{} rank {}: reporting step {}: {}", task_.job_id(), rank, step,
-                   reported.message());
-    }
+    send_report(report);
     steps_done_.store(step + 1);
+    return absl::OkStatus();
+  };
+
+  // Whether the executor's agreed shapes are the data's (a training client step of another
+  // shape changes them until the next data step agrees them again).
+  bool data_shapes = true;
+  auto data_step = [&]() -> absl::Status {
+    std::vector<torch::Tensor> inputs, targets;
+    if (inference) {
+      inputs = client_inputs;
+    } else {
+      int64_t global = 0;
+      {
+        absl::MutexLock lock(&mu_);
+        global = global_steps_done_;
+      }
+      ASSIGN_OR_RETURN(Batch batch, data->Make(global));
+      if (owns_first) inputs = SplitMicrobatches(batch.inputs, m);
+      if (want_targets) targets = SplitMicrobatches(batch.targets, m);
+    }
+    if (!data_shapes) {
+      RETURN_IF_ERROR(executor.AgreeShapes(MetasOf(inputs)));
+      data_shapes = true;
+    }
+    return counted_step(inputs, targets, /*client_batch=*/false);
+  };
+
+  // Forward-only client steps run the forward actions of the training list on an executor of
+  // their own (a forward-only task's list and executor already are).
+  std::unique_ptr<PipelineExecutor> forward_executor;
+  std::vector<schedule::Action> forward_actions;
+  auto forward_client_step = [&](const ClientBatch& batch) -> absl::Status {
+    PipelineExecutor* fx = &executor;
+    const std::vector<schedule::Action>* fa = &actions;
+    if (!forward_only) {
+      if (forward_executor == nullptr) {
+        ExecutorOptions forward_options = options;
+        forward_options.forward_only = true;
+        forward_executor =
+            std::make_unique<PipelineExecutor>(forward_options, transport.get(), stages);
+        forward_actions = ForwardActions(actions);
+      }
+      fx = forward_executor.get();
+      fa = &forward_actions;
+    } else {
+      data_shapes = false;
+    }
+    RETURN_IF_ERROR(fx->AgreeShapes(MetasOf(batch.inputs)));
+    int64_t global = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      global = global_steps_done_;
+    }
+    const absl::Time start = absl::Now();
+    const transport::TransferStats before = transport->stats();
+    ASSIGN_OR_RETURN(StepResult result, fx->RunStep(*fa, batch.inputs, {}));
+    v1::ReportStepRequest report = make_report(result, start, before, steps_done_.load(), global);
+    report.set_client_batch(true);
+    report.set_forward_only_step(true);
+    if (owns_last) {
+      ASSIGN_OR_RETURN(*report.mutable_outputs(), merged_outputs(result));
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      executing_ = false;
+    }
+    send_report(report);
+    return absl::OkStatus();
+  };
+  auto training_client_step = [&](const ClientBatch& batch) -> absl::Status {
+    RETURN_IF_ERROR(executor.AgreeShapes(MetasOf(batch.inputs)));
+    data_shapes = false;
+    return counted_step(batch.inputs, batch.targets, /*client_batch=*/true);
+  };
+
+  // The step gate (see the file comment).
+  absl::Status status;
+  while (status.ok()) {
+    std::unique_ptr<ClientBatch> client;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_requested_) {
+        status = absl::CancelledError(absl::StrCat("stopped: ", stop_reason_));
+        break;
+      }
+      if (pending_client_ != nullptr) {
+        client = std::move(pending_client_);
+      } else if (global_steps_done_ >= step_limit_) {
+        if (finish_at_limit_) {
+          finishing_ = true;
+          break;
+        }
+        status = HoldLocked();
+        continue;
+      }
+      executing_ = true;
+    }
+    if (client == nullptr) {
+      status = data_step();
+    } else if (client->forward_only) {
+      status = forward_client_step(*client);
+    } else {
+      status = training_client_step(*client);
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    finishing_ = true;
   }
   if (status.ok()) {
     // Every rank is done with the data plane before any tears it down.

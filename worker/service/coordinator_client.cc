@@ -8,10 +8,11 @@
 #include "common/rpc/time_conversion.h"
 
 namespace stagecoach::worker {
-CoordinatorClient::CoordinatorClient(const std::string& address)
+CoordinatorClient::CoordinatorClient(const std::string& address,
+                                     const rpc::ChannelSecurity& security)
     : address_(address),
       peer_(absl::StrCat("coordinator ", address)),
-      stub_(v1::CoordinatorService::NewStub(rpc::MakeChannel(address))) {}
+      stub_(v1::CoordinatorService::NewStub(rpc::MakeChannel(address, security))) {}
 
 absl::StatusOr<v1::RegisterWorkerResponse> CoordinatorClient::Register(
     const v1::RegisterWorkerRequest& req) {

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/rpc/channel.h"
 #include "stagecoach/v1/coordinator.grpc.pb.h"
 #include "worker/runtime/task_runner.h"
 #include "worker/service/artifact_cache.h"
@@ -24,7 +25,9 @@ class CoordinatorClient : public runtime::TaskReporter,
   // Bound on calls that do not wait on purpose.
   static constexpr absl::Duration kCallTimeout = absl::Seconds(10);
 
-  explicit CoordinatorClient(const std::string& address);
+  // `security`: TLS credentials for the coordinator and the worker's token for it
+  // (--coordinator-token-file), sent on every call; plaintext without a token by default.
+  explicit CoordinatorClient(const std::string& address, const rpc::ChannelSecurity& security = {});
 
   const std::string& address() const { return address_; }
 

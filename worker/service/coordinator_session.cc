@@ -2,10 +2,31 @@
 
 #include <algorithm>
 
+#include "common/rpc/auth.h"
 #include "common/rpc/time_conversion.h"
 #include "common/util/logging.h"
 
 namespace stagecoach::worker {
+
+void SessionToken::Set(const std::string& token) {
+  absl::MutexLock lock(&mu_);
+  token_ = token;
+}
+
+absl::Status SessionToken::Check(const grpc::ServerContext& ctx) {
+  std::string token;
+  {
+    absl::MutexLock lock(&mu_);
+    token = token_;
+  }
+  if (token.empty()) {
+    return absl::UnauthenticatedError(
+        "call not from this worker's coordinator (missing or wrong session token): the worker "
+        "is not registered yet");
+  }
+  return rpc::CheckBearer(
+      ctx, token, "call not from this worker's coordinator (missing or wrong session token)");
+}
 
 CoordinatorSession::CoordinatorSession(SessionOptions options, CoordinatorClient* client,
                                        std::function<std::string()> current_job,
@@ -52,6 +73,15 @@ void CoordinatorSession::Loop() {
                             absl::Milliseconds(10));
         spdlog::info("registered with coordinator {} as {} (heartbeat every {})",
                      client_->address(), registered->worker_id(), absl::FormatDuration(interval));
+        if (options_.token != nullptr) {
+          if (registered->session_token().empty()) {
+            spdlog::warn(
+                "coordinator {} issued no session token: this worker refuses every "
+                "WorkerService call until it does",
+                client_->address());
+          }
+          options_.token->Set(registered->session_token());
+        }
         absl::MutexLock lock(&mu_);
         worker_id_ = registered->worker_id();
         backoff = absl::Milliseconds(100);
@@ -69,6 +99,7 @@ void CoordinatorSession::Loop() {
       absl::Status beat = client_->Heartbeat(id, current_job_());
       if (absl::IsNotFound(beat)) {
         spdlog::warn("coordinator forgot this worker: {}", beat.message());
+        if (options_.token != nullptr) options_.token->Set("");
         forgotten_(std::string(beat.message()));
         absl::MutexLock lock(&mu_);
         worker_id_.clear();

@@ -1,23 +1,47 @@
 // Keeps the worker registered with its coordinator: registers (retrying with backoff until the
 // coordinator answers), heartbeats at the interval the coordinator asked for, and registers
 // again when the coordinator no longer knows the worker (it declared it lost, or restarted) —
-// after stopping any task, since the coordinator has failed that task's job by then.
+// after stopping any task, since the coordinator has failed that task's job by then. Keeps the
+// session token of the current registration, which WorkerService requires on every call.
 #pragma once
+
+#include <grpcpp/server_context.h>
 
 #include <functional>
 #include <string>
 #include <thread>
 
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "worker/service/coordinator_client.h"
 
 namespace stagecoach::worker {
 
+// The secret of the current registration (RegisterWorkerResponse.session_token), written by
+// the session and checked by WorkerService on every call. Thread-safe.
+class SessionToken {
+ public:
+  // Replaces the token; an empty one refuses every call (not registered).
+  void Set(const std::string& token);
+
+  // OK when `ctx` carries "authorization: Bearer <token>" of the current registration;
+  // UNAUTHENTICATED "call not from this worker's coordinator (...)" otherwise, and for every
+  // call before the first registration.
+  absl::Status Check(const grpc::ServerContext& ctx);
+
+ private:
+  absl::Mutex mu_;
+  std::string token_ ABSL_GUARDED_BY(mu_);
+};
+
 struct SessionOptions {
   v1::RegisterWorkerRequest registration;
   // Longest pause between registration attempts.
   absl::Duration max_backoff = absl::Seconds(5);
+  // Receives each registration's session token (and is cleared when the coordinator forgets
+  // the worker). May be null.
+  SessionToken* token = nullptr;
 };
 
 // Thread-safe.

@@ -45,8 +45,18 @@ absl::Status ValidateAssignment(const v1::TaskAssignment& task) {
 
 TaskManager::~TaskManager() { StopAll("worker shutting down", absl::Seconds(30)); }
 
-void TaskManager::ReapLocked() {
-  if (!running_ && thread_.joinable()) thread_.join();
+namespace {
+
+// Joins `thread` if it runs.
+void JoinIfJoinable(std::thread& thread) {
+  if (thread.joinable()) thread.join();
+}
+
+}  // namespace
+
+std::thread TaskManager::ReapLocked() {
+  if (!running_ && thread_.joinable()) return std::move(thread_);
+  return std::thread();
 }
 
 absl::Status TaskManager::Start(const v1::TaskAssignment& task) {
@@ -57,8 +67,15 @@ absl::Status TaskManager::Start(const v1::TaskAssignment& task) {
                                                    absl::StrJoin(deps_.transports, ", "), ", not '",
                                                    task.transport(), "'"));
   }
+  std::thread finished;  // a previous task's thread, joined after mu_ is released
+  absl::Status started = Launch(task, finished);
+  JoinIfJoinable(finished);
+  return started;
+}
+
+absl::Status TaskManager::Launch(const v1::TaskAssignment& task, std::thread& finished) {
   absl::MutexLock lock(&mu_);
-  ReapLocked();
+  finished = ReapLocked();
   if (running_) {
     const v1::TaskAssignment& current = runner_->task();
     if (current.job_id() == task.job_id() && current.attempt() == task.attempt() &&
@@ -96,19 +113,23 @@ absl::Status TaskManager::Start(const v1::TaskAssignment& task) {
 
 absl::Status TaskManager::Stop(const std::string& job_id, const std::string& reason,
                                absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
-  if (!running_ || runner_->task().job_id() != job_id) {
-    ReapLocked();
-    return absl::OkStatus();
+  std::thread finished;  // joined after mu_ is released (ReapLocked)
+  {
+    absl::MutexLock lock(&mu_);
+    if (!running_ || runner_->task().job_id() != job_id) {
+      finished = ReapLocked();
+    } else {
+      spdlog::info("stopping {}: {}", job_id, reason);
+      runner_->Stop(reason);
+      auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !running_; };
+      if (!mu_.AwaitWithTimeout(absl::Condition(&ended), timeout)) {
+        return absl::DeadlineExceededError(absl::StrCat("task of ", job_id, " did not stop within ",
+                                                        absl::FormatDuration(timeout)));
+      }
+      finished = ReapLocked();
+    }
   }
-  spdlog::info("stopping {}: {}", job_id, reason);
-  runner_->Stop(reason);
-  auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !running_; };
-  if (!mu_.AwaitWithTimeout(absl::Condition(&ended), timeout)) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("task of ", job_id, " did not stop within ", absl::FormatDuration(timeout)));
-  }
-  ReapLocked();
+  JoinIfJoinable(finished);
   return absl::OkStatus();
 }
 
@@ -121,6 +142,22 @@ absl::Status TaskManager::RequestCheckpoint(const std::string& job_id, int64_t s
   return runner_->RequestCheckpoint(step);
 }
 
+absl::StatusOr<v1::ControlTaskResponse> TaskManager::Control(
+    const v1::ControlTaskRequest& request) {
+  absl::MutexLock lock(&mu_);
+  if (!running_ || runner_->task().job_id() != request.job_id() ||
+      runner_->task().attempt() != request.attempt()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", deps_.worker_id(), " runs no task of ", request.job_id(),
+                     " attempt ", request.attempt(),
+                     running_ ? absl::StrCat(" (it runs ", runner_->task().job_id(), " attempt ",
+                                             runner_->task().attempt(), ")")
+                              : std::string()));
+  }
+  // TaskRunner::ControlTask only takes the runner's own lock briefly; it never waits for a step.
+  return runner_->ControlTask(request);
+}
+
 void TaskManager::StopAll(const std::string& reason, absl::Duration timeout) {
   std::string job_id;
   {
@@ -131,8 +168,12 @@ void TaskManager::StopAll(const std::string& reason, absl::Duration timeout) {
     absl::Status stopped = Stop(job_id, reason, timeout);
     if (!stopped.ok()) spdlog::error("{}", stopped.message());
   }
-  absl::MutexLock lock(&mu_);
-  if (!running_ && thread_.joinable()) thread_.join();
+  std::thread finished;
+  {
+    absl::MutexLock lock(&mu_);
+    finished = ReapLocked();
+  }
+  JoinIfJoinable(finished);
 }
 
 v1::GetWorkerStatusResponse TaskManager::Status() {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "stagecoach/v1/worker.pb.h"
@@ -47,9 +48,14 @@ class TaskManager {
   absl::Status Stop(const std::string& job_id, const std::string& reason, absl::Duration timeout);
 
   // Asks the running task of `job_id` to write a checkpoint after the step that brings the
-  // job's timeline to `step` steps (TaskRunner::RequestCheckpoint). FAILED_PRECONDITION when no
-  // task of that job runs here or it has already passed that step.
+  // job's timeline to `step` steps (TaskRunner::RequestCheckpoint; requests add up).
+  // FAILED_PRECONDITION when no task of that job runs here or it has already passed that step.
   absl::Status RequestCheckpoint(const std::string& job_id, int64_t step);
+
+  // Steers the running task of request.job_id and request.attempt at step boundaries
+  // (TaskRunner::ControlTask, WorkerService.ControlTask). FAILED_PRECONDITION naming the job
+  // when no task of that job and attempt runs here; otherwise the task's answer.
+  absl::StatusOr<v1::ControlTaskResponse> Control(const v1::ControlTaskRequest& request);
 
   // Stops whatever runs (shutdown, or the coordinator forgot this worker).
   void StopAll(const std::string& reason, absl::Duration timeout);
@@ -57,8 +63,13 @@ class TaskManager {
   v1::GetWorkerStatusResponse Status();
 
  private:
-  // Joins the thread of a task that has ended, if any.
-  void ReapLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The thread of a task that has ended, if any, for the caller to join once it has released
+  // mu_: the thread may still be reporting the task's end to the coordinator (a network call),
+  // and Status, which heartbeats use, must never wait for that.
+  std::thread ReapLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Start's part under mu_ (it takes it); hands a previous task's thread to join in `finished`.
+  absl::Status Launch(const v1::TaskAssignment& task, std::thread& finished)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   const TaskManagerDeps deps_;
   absl::Mutex mu_;

@@ -30,6 +30,11 @@ absl::StatusOr<std::string> ResolveRef(const runtime::FileResolver& resolve,
 
 }  // namespace
 
+grpc::Status WorkerServiceImpl::Authorize(const grpc::ServerContext& ctx) const {
+  if (!options_.authorize) return grpc::Status::OK;
+  return rpc::ToGrpcStatus(options_.authorize(ctx));
+}
+
 // One inspection's result, shared by its thread and the call waiting for it.
 struct WorkerServiceImpl::Inspection {
   absl::Notification done;
@@ -44,6 +49,7 @@ WorkerServiceImpl::~WorkerServiceImpl() {
 grpc::Status WorkerServiceImpl::InspectModel(grpc::ServerContext* ctx,
                                              const v1::InspectModelRequest* req,
                                              v1::InspectModelResponse* resp) {
+  if (auto refused = Authorize(*ctx); !refused.ok()) return refused;
   auto parsed = spec::ParseJobSpec(req->spec_yaml(), "spec_yaml");
   if (!parsed.ok()) return rpc::ToGrpcStatus(parsed.status());
   spec::JobSpec spec = *std::move(parsed);
@@ -98,29 +104,33 @@ grpc::Status WorkerServiceImpl::InspectModel(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerServiceImpl::StartTask(grpc::ServerContext*, const v1::StartTaskRequest* req,
+grpc::Status WorkerServiceImpl::StartTask(grpc::ServerContext* ctx, const v1::StartTaskRequest* req,
                                           v1::StartTaskResponse*) {
+  if (auto refused = Authorize(*ctx); !refused.ok()) return refused;
   return rpc::ToGrpcStatus(tasks_->Start(req->assignment()));
 }
 
-grpc::Status WorkerServiceImpl::StopTask(grpc::ServerContext*, const v1::StopTaskRequest* req,
+grpc::Status WorkerServiceImpl::StopTask(grpc::ServerContext* ctx, const v1::StopTaskRequest* req,
                                          v1::StopTaskResponse*) {
+  if (auto refused = Authorize(*ctx); !refused.ok()) return refused;
   if (req->job_id().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "job_id: required");
   }
   return rpc::ToGrpcStatus(tasks_->Stop(req->job_id(), req->reason(), kStopTimeout));
 }
 
-grpc::Status WorkerServiceImpl::GetWorkerStatus(grpc::ServerContext*,
+grpc::Status WorkerServiceImpl::GetWorkerStatus(grpc::ServerContext* ctx,
                                                 const v1::GetWorkerStatusRequest*,
                                                 v1::GetWorkerStatusResponse* resp) {
+  if (auto refused = Authorize(*ctx); !refused.ok()) return refused;
   *resp = tasks_->Status();
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerServiceImpl::RequestCheckpoint(grpc::ServerContext*,
+grpc::Status WorkerServiceImpl::RequestCheckpoint(grpc::ServerContext* ctx,
                                                   const v1::RequestCheckpointRequest* req,
                                                   v1::RequestCheckpointResponse*) {
+  if (auto refused = Authorize(*ctx); !refused.ok()) return refused;
   if (req->job_id().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "job_id: required");
   }
@@ -129,6 +139,23 @@ grpc::Status WorkerServiceImpl::RequestCheckpoint(grpc::ServerContext*,
                         "step: must be >= 1 (steps of the job's timeline)");
   }
   return rpc::ToGrpcStatus(tasks_->RequestCheckpoint(req->job_id(), req->step()));
+}
+
+grpc::Status WorkerServiceImpl::ControlTask(grpc::ServerContext* ctx,
+                                            const v1::ControlTaskRequest* req,
+                                            v1::ControlTaskResponse* resp) {
+  if (auto refused = Authorize(*ctx); !refused.ok()) return refused;
+  if (req->job_id().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "job_id: required");
+  }
+  if (req->attempt() < 1) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("attempt: must be >= 1, got ", req->attempt()));
+  }
+  auto controlled = tasks_->Control(*req);
+  if (!controlled.ok()) return rpc::ToGrpcStatus(controlled.status());
+  *resp = *std::move(controlled);
+  return grpc::Status::OK;
 }
 
 }  // namespace stagecoach::worker

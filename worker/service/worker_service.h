@@ -2,6 +2,7 @@
 // model::InspectModel (worker/model/inspect.h).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -22,6 +23,10 @@ struct WorkerServiceOptions {
   // The worker's device, "cpu" or "cuda:N": InspectModel profiles a job placed on cuda there
   // (on the CPU when the worker has no GPU, and for cpu jobs).
   std::string device = "cpu";
+  // Checks every call's caller before anything else (the worker: its coordinator's session
+  // token, SessionToken::Check); a refusal is returned as it is. Unset: every caller accepted
+  // (in-process tests only).
+  std::function<absl::Status(const grpc::ServerContext&)> authorize;
 };
 
 class WorkerServiceImpl final : public v1::WorkerService::Service {
@@ -42,6 +47,10 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
                                v1::GetWorkerStatusResponse* resp) override;
   grpc::Status RequestCheckpoint(grpc::ServerContext* ctx, const v1::RequestCheckpointRequest* req,
                                  v1::RequestCheckpointResponse* resp) override;
+  // TaskManager::Control: steers the running task of the job at step boundaries.
+  // INVALID_ARGUMENT for a missing job_id or attempt.
+  grpc::Status ControlTask(grpc::ServerContext* ctx, const v1::ControlTaskRequest* req,
+                           v1::ControlTaskResponse* resp) override;
   // Parses the spec, resolves its files and runs model::InspectModel on a thread of its own
   // (no lock held; a running task is not disturbed), while the call waits for it or for the
   // caller to go away (deadline, cancellation). INVALID_ARGUMENT naming the field for a spec,
@@ -51,6 +60,9 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
 
  private:
   struct Inspection;
+
+  // options_.authorize's verdict on the caller of `ctx`.
+  grpc::Status Authorize(const grpc::ServerContext& ctx) const;
 
   TaskManager* tasks_;
   const WorkerServiceOptions options_;

@@ -8,7 +8,7 @@ namespace stagecoach::coordinator {
 v1::WorkerService::Stub* GrpcWorkerClient::Stub(const std::string& address) {
   absl::MutexLock lock(&mu_);
   auto& stub = stubs_[address];
-  if (stub == nullptr) stub = v1::WorkerService::NewStub(rpc::MakeChannel(address));
+  if (stub == nullptr) stub = v1::WorkerService::NewStub(rpc::MakeChannel(address, security_));
   return stub.get();
 }
 

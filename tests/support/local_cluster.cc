@@ -5,8 +5,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/rpc/auth.h"
 #include "common/rpc/channel.h"
 #include "common/rpc/status_conversion.h"
+#include "common/rpc/tls.h"
 #include "tests/support/test_paths.h"
 
 namespace stagecoach::testing {
@@ -43,6 +45,31 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
                                     {"--log-level", std::string("debug")}}) {
     coordinator_args.insert(coordinator_args.end(), {flag, value});
   }
+  // Security flags: the daemons' TLS, the tokens; the same for the cluster's calls and stagectl.
+  std::vector<std::string> daemon_tls;
+  if (!options.tls_ca.empty()) {
+    daemon_tls = {"--tls-ca",  options.tls_ca,        "--tls-cert", options.tls_server_cert,
+                  "--tls-key", options.tls_server_key};
+    if (options.tls_require_client_cert) daemon_tls.push_back("--tls-require-client-cert");
+    c->stagectl_args_ = {"--tls-ca", options.tls_ca};
+    if (!options.tls_client_cert.empty()) {
+      c->stagectl_args_.insert(c->stagectl_args_.end(), {"--tls-cert", options.tls_client_cert,
+                                                         "--tls-key", options.tls_client_key});
+    }
+  }
+  coordinator_args.insert(coordinator_args.end(), daemon_tls.begin(), daemon_tls.end());
+  c->worker_args_ = daemon_tls;
+  if (!options.client_token_file.empty()) {
+    coordinator_args.insert(coordinator_args.end(),
+                            {"--client-token-file", options.client_token_file});
+    c->stagectl_args_.insert(c->stagectl_args_.end(), {"--token-file", options.client_token_file});
+  }
+  if (!options.worker_token_file.empty()) {
+    coordinator_args.insert(coordinator_args.end(),
+                            {"--worker-token-file", options.worker_token_file});
+    c->worker_args_.insert(c->worker_args_.end(),
+                           {"--coordinator-token-file", options.worker_token_file});
+  }
   coordinator_args.insert(coordinator_args.end(), options.coordinator_args.begin(),
                           options.coordinator_args.end());
   auto coordinator = ChildProcess::Start(coordinator_args, c->dir() + "/coordinator.log");
@@ -51,8 +78,19 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
   auto address = ListeningAddress(*c->coordinator_);
   if (!address.ok()) return address.status();
   c->coordinator_address_ = *address;
-  c->stub_ = v1::CoordinatorService::NewStub(rpc::MakeChannel(c->coordinator_address_));
-  c->worker_args_ = options.worker_args;
+  rpc::ChannelSecurity security;
+  auto credentials = rpc::MakeChannelCredentials(
+      {options.tls_client_cert, options.tls_client_key, options.tls_ca});
+  if (!credentials.ok()) return credentials.status();
+  security.credentials = *credentials;
+  if (!options.client_token_file.empty()) {
+    auto token = rpc::ReadTokenFile(options.client_token_file, "client_token_file");
+    if (!token.ok()) return token.status();
+    security.bearer_token = *token;
+  }
+  c->stub_ = v1::CoordinatorService::NewStub(rpc::MakeChannel(c->coordinator_address_, security));
+  c->worker_args_.insert(c->worker_args_.end(), options.worker_args.begin(),
+                         options.worker_args.end());
   for (int i = 0; i < options.workers; ++i) {
     auto added = c->AddWorker();
     if (!added.ok()) return added.status();
@@ -69,9 +107,10 @@ LocalCluster::~LocalCluster() {
 
 absl::StatusOr<int> LocalCluster::AddWorker() {
   const int index = static_cast<int>(workers_.size());
-  std::vector<std::string> args = {WorkerBinary(), "--coordinator", coordinator_address_,
-                                   "--listen",     "127.0.0.1:0", "--name",
-                                   absl::StrCat("worker-", index), "--log-level", "debug"};
+  std::vector<std::string> args = {
+      WorkerBinary(), "--coordinator", coordinator_address_,           "--listen",
+      "127.0.0.1:0",  "--name",        absl::StrCat("worker-", index), "--log-level",
+      "debug"};
   args.insert(args.end(), worker_args_.begin(), worker_args_.end());
   auto worker = ChildProcess::Start(args, absl::StrCat(dir(), "/worker-", index, ".log"));
   if (!worker.ok()) return worker.status();
@@ -112,6 +151,7 @@ absl::Status LocalCluster::WaitForIdleWorkers(int n, absl::Duration timeout) {
 
 CommandResult LocalCluster::Stagectl(const std::vector<std::string>& args, absl::Duration timeout) {
   std::vector<std::string> argv = {StagectlBinary(), "--coordinator", coordinator_address_};
+  argv.insert(argv.end(), stagectl_args_.begin(), stagectl_args_.end());
   argv.insert(argv.end(), args.begin(), args.end());
   return RunCommand(argv, timeout);
 }

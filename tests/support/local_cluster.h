@@ -23,6 +23,19 @@ struct ClusterOptions {
   std::vector<std::string> worker_args;
   // Extra flags for the coordinator, e.g. {"--metrics-listen", "127.0.0.1:0"}.
   std::vector<std::string> coordinator_args;
+
+  // Security (docs/security.md); empty paths leave it off. With `tls_ca`, the coordinator and
+  // workers serve TLS with `tls_server_cert`/`tls_server_key` (also their client certificate when
+  // they call each other) and verify peers against `tls_ca`; the cluster's own calls and
+  // Stagectl() present `tls_client_cert`/`tls_client_key` when set.
+  std::string tls_ca;
+  std::string tls_server_cert, tls_server_key;
+  std::string tls_client_cert, tls_client_key;
+  bool tls_require_client_cert = false;  // mutual TLS on every daemon
+  // The coordinator's --client-token-file (the cluster's calls and Stagectl() send it) and
+  // --worker-token-file (the workers' --coordinator-token-file).
+  std::string client_token_file;
+  std::string worker_token_file;
 };
 
 class LocalCluster {
@@ -73,6 +86,7 @@ class LocalCluster {
   std::vector<std::string> worker_addresses_;
   std::unique_ptr<v1::CoordinatorService::Stub> stub_;
   std::vector<std::string> worker_args_;
+  std::vector<std::string> stagectl_args_;  // TLS and token flags
 };
 
 // Paths of the binaries under test.

@@ -1,5 +1,6 @@
 #include "client/commands.h"
 
+#include <sys/ioctl.h>
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
@@ -16,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "client/npy.h"
+#include "client/watch.h"
 #include "common/rpc/channel.h"
 #include "common/rpc/tensor_data.h"
 #include "common/rpc/time_conversion.h"
@@ -29,17 +31,22 @@ bool IsTerminal(std::ostream& s) {
   return (&s == &std::cout && isatty(STDOUT_FILENO)) || (&s == &std::cerr && isatty(STDERR_FILENO));
 }
 
-std::string ProgressBar(int64_t done, int64_t total, int width) {
-  const int filled = total > 0 ? static_cast<int>(width * done / total) : 0;
-  return absl::StrCat("[", std::string(filled, '#'), std::string(width - filled, '.'), "]");
+// Columns of the terminal behind `s` (80 when unknown).
+int TerminalWidth(std::ostream& s) {
+  const int fd = &s == &std::cerr ? STDERR_FILENO : STDOUT_FILENO;
+  winsize size{};
+  if (ioctl(fd, TIOCGWINSZ, &size) == 0 && size.ws_col > 0) return size.ws_col;
+  return 80;
 }
 
-std::string FormatEta(double seconds) {
-  if (seconds < 0 || seconds > 1e7) return "?";
-  const int64_t s = static_cast<int64_t>(seconds + 0.5);
-  if (s < 60) return absl::StrCat(s, "s");
-  if (s < 3600) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
-  return absl::StrFormat("%dh%02dm", s / 3600, (s / 60) % 60);
+// The contents of an .npy file named by `flag`, for `command`'s messages.
+absl::StatusOr<v1::TensorData> ReadTensorFlag(const std::string& path, const std::string& flag) {
+  absl::StatusOr<v1::TensorData> tensor = ReadNpy(path);
+  if (!tensor.ok()) {
+    return absl::Status(tensor.status().code(),
+                        absl::StrCat(flag, ": ", tensor.status().message()));
+  }
+  return tensor;
 }
 
 // `text` as a YAML double-quoted scalar, on one line.
@@ -177,17 +184,48 @@ bool HasBuiltinModel(const std::string& spec_text) {
 
 }  // namespace
 
+absl::StatusOr<absl::Duration> ValidateStepOptions(const StepOptions& options) {
+  if (options.inputs.empty()) {
+    return absl::InvalidArgumentError("--inputs: required (stage 0's batch, an .npy file)");
+  }
+  if (options.forward_only && !options.targets.empty()) {
+    return absl::InvalidArgumentError(
+        "--targets: not used with --forward-only (a forward-only step computes no loss)");
+  }
+  if (!options.forward_only && options.targets.empty()) {
+    return absl::InvalidArgumentError(
+        "--targets: required for a training step (an .npy file, one row per input row); pass "
+        "--forward-only for inference");
+  }
+  if (!options.forward_only && !options.save_outputs.empty()) {
+    return absl::InvalidArgumentError(
+        "--save-outputs: only with --forward-only (a training step returns losses, not outputs)");
+  }
+  absl::Duration timeout;
+  if (!absl::ParseDuration(options.timeout, &timeout) || timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--timeout: must be a positive duration such as 30s or 5m, got '", options.timeout, "'"));
+  }
+  return timeout;
+}
+
 Commands::Commands(ClientOptions options, std::ostream& out, std::ostream& err)
     : options_(std::move(options)),
       out_(out),
       err_(err),
-      stub_(v1::CoordinatorService::NewStub(rpc::MakeChannel(options_.coordinator))) {}
+      stub_(v1::CoordinatorService::NewStub(
+          rpc::MakeChannel(options_.coordinator, options_.security))) {}
 
 int Commands::RpcError(const grpc::Status& status, const std::string& what) {
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
     err_ << "stagectl: cannot reach the coordinator at " << options_.coordinator << " ("
          << status.error_message() << ")\n"
          << "Point stagectl at it with --coordinator HOST:PORT or STAGECOACH_COORDINATOR.\n";
+  } else if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+    err_ << "stagectl: " << what << ": the coordinator at " << options_.coordinator
+         << " does not implement this call"
+         << (status.error_message().empty() ? "" : absl::StrCat(" (", status.error_message(), ")"))
+         << "; it may be older than this stagectl\n";
   } else {
     err_ << "stagectl: " << what << ": " << status.error_message() << "\n";
   }
@@ -258,7 +296,8 @@ int Commands::UploadFile(const std::string& path, const std::string& flag, std::
   return 0;
 }
 
-int Commands::Submit(const std::string& spec_path, bool wait, const SubmitUploads& uploads) {
+int Commands::Submit(const std::string& spec_path, bool wait, const SubmitUploads& uploads,
+                     bool paused) {
   std::ifstream in(spec_path);
   if (!in) {
     err_ << "stagectl: submit: cannot read spec file '" << spec_path << "'\n";
@@ -310,6 +349,7 @@ int Commands::Submit(const std::string& spec_path, bool wait, const SubmitUpload
   v1::SubmitJobRequest req;
   req.set_spec_yaml(*spec_yaml);
   req.set_spec_origin(spec_path);
+  req.set_start_paused(paused);
   v1::SubmitJobResponse resp;
   grpc::ClientContext ctx;
   // Planning a TorchScript model asks a worker to load (and, for split.policy profiled, time)
@@ -326,7 +366,7 @@ int Commands::Submit(const std::string& spec_path, bool wait, const SubmitUpload
   }
   out_ << resp.job_id() << std::endl;
   if (!wait) return 0;
-  return Follow(resp.job_id(), err_);
+  return Follow(resp.job_id(), err_, OutputFormat::kTable);
 }
 
 int Commands::List() {
@@ -354,30 +394,26 @@ int Commands::Status(const std::string& job_id) {
   rpc::SetDeadline(&ctx, options_.timeout);
   grpc::Status status = stub_->GetJob(&ctx, req, &resp);
   if (!status.ok()) return RpcError(status, absl::StrCat("status ", job_id));
-  switch (options_.format) {
-    case OutputFormat::kTable:
-      out_ << JobDetails(resp.job());
-      break;
-    case OutputFormat::kJson:
-      out_ << JobJson(resp.job()).dump(2) << "\n";
-      break;
-    case OutputFormat::kYaml:
-      out_ << ToYaml(JobJson(resp.job()));
-      break;
-  }
+  return Print(JobJson(resp.job()), JobDetails(resp.job()));
+}
+
+int Commands::Print(const nlohmann::json& json, const std::string& table) {
+  out_ << Render(options_.format, json, table) << std::flush;
   return 0;
 }
 
-int Commands::Follow(const std::string& job_id, std::ostream& progress) {
-  const bool tty = IsTerminal(progress);
+int Commands::Follow(const std::string& job_id, std::ostream& progress, OutputFormat format) {
+  const bool live = format == OutputFormat::kTable && IsTerminal(progress);
+  const absl::TimeZone zone = absl::LocalTimeZone();
   v1::WatchJobRequest req;
   req.set_job_id(job_id);
   int64_t next = 0;
-  v1::JobState final_state = v1::JOB_STATE_UNSPECIFIED;
+  WatchState view;
+  view.job_id = job_id;
   std::string final_reason;
-  bool bar_open = false;
+  bool line_open = false;  // the live line is on screen, without its newline
   // A stream can break (coordinator restart, network); resume from the last event seen.
-  for (int attempt = 0; attempt < 5 && final_state == v1::JOB_STATE_UNSPECIFIED; ++attempt) {
+  for (int attempt = 0; attempt < 5 && !IsFinalState(view.state); ++attempt) {
     grpc::ClientContext ctx;  // no deadline: a job runs as long as it runs
     req.set_from_sequence(next);
     auto reader = stub_->WatchJob(&ctx, req);
@@ -385,60 +421,53 @@ int Commands::Follow(const std::string& job_id, std::ostream& progress) {
     while (reader->Read(&event)) {
       attempt = 0;
       next = event.sequence() + 1;
-      if (event.has_state_change()) {
-        const auto& change = event.state_change();
-        if (bar_open) progress << "\n";
-        bar_open = false;
-        progress << job_id << " " << StateName(change.state());
-        if (!change.reason().empty()) progress << ": " << change.reason();
-        progress << std::endl;
-        if (change.state() == v1::JOB_STATE_SUCCEEDED || change.state() == v1::JOB_STATE_FAILED ||
-            change.state() == v1::JOB_STATE_CANCELLED) {
-          final_state = change.state();
-          final_reason = change.reason();
-        }
-      } else if (event.has_step_completed()) {
-        const auto& step = event.step_completed();
-        const int64_t done = step.step() + 1;
-        const double step_seconds = absl::ToDoubleSeconds(rpc::FromProtoDuration(step.step_time()));
-        const double bubble =
-            step.bubble_ratios().empty()
-                ? 0.0
-                : *std::max_element(step.bubble_ratios().begin(), step.bubble_ratios().end());
-        const std::string line = absl::StrFormat(
-            "step %d/%d  loss %s  %.0f samples/s  %.3fs/step  bubble %.2f  ETA %s", done,
-            step.steps_total(), step.has_loss() ? absl::StrFormat("%.6f", step.loss()) : "-",
-            step.samples_per_second(), step_seconds, bubble,
-            FormatEta(step_seconds * static_cast<double>(step.steps_total() - done)));
-        if (tty) {
-          progress << "\r" << ProgressBar(done, step.steps_total(), 30) << " " << line << "\x1b[K"
-                   << std::flush;
-          bar_open = true;
-        } else {
-          progress << line << std::endl;
-        }
+      ApplyEvent(event, &view);
+      if (event.has_state_change() && IsFinalState(event.state_change().state())) {
+        final_reason = event.state_change().reason();
       }
+      if (format == OutputFormat::kJson) {
+        progress << EventJson(event).dump() << std::endl;
+        continue;
+      }
+      if (format == OutputFormat::kYaml) {
+        progress << "---\n" << ToYaml(EventJson(event)) << std::flush;
+        continue;
+      }
+      if (event.has_state_change()) {
+        if (line_open) progress << "\r\x1b[K";
+        progress << StateLine(event.state_change(), zone) << "\n";
+        line_open = false;
+      } else if (event.has_step_completed() && !live) {
+        progress << StepLine(view) << "\n";
+      }
+      if (live && view.has_step && !IsFinalState(view.state)) {
+        progress << "\r" << ProgressLine(view, TerminalWidth(progress)) << "\x1b[K";
+        line_open = true;
+      }
+      progress << std::flush;
     }
     grpc::Status status = reader->Finish();
-    if (final_state != v1::JOB_STATE_UNSPECIFIED) break;
+    if (IsFinalState(view.state)) break;
     if (!status.ok()) {
+      if (line_open) progress << "\n";
+      line_open = false;
       if (status.error_code() != grpc::StatusCode::UNAVAILABLE || attempt == 4) {
         return RpcError(status, absl::StrCat("watch ", job_id));
       }
       usleep(500 * 1000);
     }
   }
-  if (bar_open) progress << "\n";
-  if (final_state == v1::JOB_STATE_SUCCEEDED) return 0;
-  if (final_state == v1::JOB_STATE_UNSPECIFIED) {
+  if (line_open) progress << "\n" << std::flush;
+  if (view.state == v1::JOB_STATE_SUCCEEDED) return 0;
+  if (!IsFinalState(view.state)) {
     err_ << "stagectl: watch " << job_id << ": the event stream ended before the job did\n";
     return 1;
   }
-  err_ << "stagectl: " << job_id << " " << StateName(final_state) << ": " << final_reason << "\n";
+  err_ << "stagectl: " << job_id << " " << StateName(view.state) << ": " << final_reason << "\n";
   return 1;
 }
 
-int Commands::Watch(const std::string& job_id) { return Follow(job_id, out_); }
+int Commands::Watch(const std::string& job_id) { return Follow(job_id, out_, options_.format); }
 
 int Commands::Infer(const std::string& spec_path, const std::string& input_path,
                     const std::string& out_path, absl::Duration timeout) {
@@ -513,8 +542,8 @@ int Commands::Cancel(const std::string& job_id) {
   rpc::SetDeadline(&ctx, options_.timeout);
   grpc::Status status = stub_->CancelJob(&ctx, req, &resp);
   if (!status.ok()) return RpcError(status, absl::StrCat("cancel ", job_id));
-  out_ << resp.job().id() << " " << StateName(resp.job().state()) << "\n";
-  return 0;
+  return Print({{"job_id", resp.job().id()}, {"state", StateName(resp.job().state())}},
+               absl::StrCat(resp.job().id(), " ", StateName(resp.job().state()), "\n"));
 }
 
 int Commands::Checkpoint(const std::string& job_id) {
@@ -525,20 +554,8 @@ int Commands::Checkpoint(const std::string& job_id) {
   rpc::SetDeadline(&ctx, options_.timeout);
   grpc::Status status = stub_->CheckpointJob(&ctx, req, &resp);
   if (!status.ok()) return RpcError(status, absl::StrCat("checkpoint ", job_id));
-  const nlohmann::json json = {
-      {"job_id", job_id}, {"step", resp.step()}, {"directory", resp.directory()}};
-  switch (options_.format) {
-    case OutputFormat::kTable:
-      out_ << "step " << resp.step() << ": " << resp.directory() << "\n";
-      break;
-    case OutputFormat::kJson:
-      out_ << json.dump(2) << "\n";
-      break;
-    case OutputFormat::kYaml:
-      out_ << ToYaml(json);
-      break;
-  }
-  return 0;
+  return Print({{"job_id", job_id}, {"step", resp.step()}, {"directory", resp.directory()}},
+               absl::StrCat("step ", resp.step(), ": ", resp.directory(), "\n"));
 }
 
 int Commands::Workers() {
@@ -556,6 +573,189 @@ int Commands::Workers() {
   for (const auto& w : workers) all.push_back(WorkerJson(w));
   out_ << (options_.format == OutputFormat::kJson ? all.dump(2) + "\n" : ToYaml(all));
   return 0;
+}
+
+int Commands::Pause(const std::string& job_id) {
+  v1::PauseJobRequest req;
+  req.set_job_id(job_id);
+  v1::PauseJobResponse resp;
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(&ctx, options_.timeout);
+  grpc::Status status = stub_->PauseJob(&ctx, req, &resp);
+  if (!status.ok()) return RpcError(status, absl::StrCat("pause ", job_id));
+  const bool held = resp.job().state() == v1::JOB_STATE_PAUSED;
+  return Print({{"job_id", job_id},
+                {"global_step", resp.global_step()},
+                {"state", StateName(resp.job().state())}},
+               absl::StrCat(job_id, held ? " PAUSED: holds" : " pausing: will hold",
+                            " at global step ", resp.global_step(), "\n"));
+}
+
+int Commands::Resume(const std::string& job_id) {
+  v1::ResumeJobRequest req;
+  req.set_job_id(job_id);
+  v1::ResumeJobResponse resp;
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(&ctx, options_.timeout);
+  grpc::Status status = stub_->ResumeJob(&ctx, req, &resp);
+  if (!status.ok()) return RpcError(status, absl::StrCat("resume ", job_id));
+  const v1::Job& job = resp.job();
+  return Print({{"job_id", job_id},
+                {"state", StateName(job.state())},
+                {"global_steps_done", job.global_steps_done()},
+                {"steps_done", job.steps_done()},
+                {"steps_total", job.steps_total()}},
+               absl::StrCat(job_id, " ", StateName(job.state()), " from global step ",
+                            job.global_steps_done(), " (steps ", job.steps_done(), "/",
+                            job.steps_total(), ")\n"));
+}
+
+int Commands::RunSteps(const std::string& job_id, int64_t steps) {
+  if (steps < 1) {
+    err_ << "stagectl: run: --steps: must be >= 1, got " << steps << "\n";
+    return 2;
+  }
+  v1::RunStepsRequest req;
+  req.set_job_id(job_id);
+  req.set_steps(steps);
+  v1::RunStepsResponse resp;
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(&ctx, options_.timeout);
+  grpc::Status status = stub_->RunSteps(&ctx, req, &resp);
+  if (!status.ok()) return RpcError(status, absl::StrCat("run ", job_id));
+  return Print({{"job_id", job_id},
+                {"until_global_step", resp.until_global_step()},
+                {"state", StateName(resp.job().state())},
+                {"steps_total", resp.job().steps_total()}},
+               absl::StrCat(job_id, " runs until global step ", resp.until_global_step(), "\n"));
+}
+
+int Commands::Step(const std::string& job_id, const StepOptions& options) {
+  absl::StatusOr<absl::Duration> timeout = ValidateStepOptions(options);
+  if (!timeout.ok()) {
+    err_ << "stagectl: step: " << timeout.status().message() << "\n";
+    return 2;
+  }
+  v1::StepJobRequest req;
+  req.set_job_id(job_id);
+  req.set_forward_only(options.forward_only);
+  *req.mutable_timeout() = rpc::ToProtoDuration(*timeout);
+  absl::StatusOr<v1::TensorData> inputs = ReadTensorFlag(options.inputs, "--inputs");
+  if (!inputs.ok()) {
+    err_ << "stagectl: step: " << inputs.status().message() << "\n";
+    return 2;
+  }
+  *req.mutable_inputs() = *std::move(inputs);
+  if (!options.forward_only) {
+    absl::StatusOr<v1::TensorData> targets = ReadTensorFlag(options.targets, "--targets");
+    if (!targets.ok()) {
+      err_ << "stagectl: step: " << targets.status().message() << "\n";
+      return 2;
+    }
+    *req.mutable_targets() = *std::move(targets);
+  }
+  v1::StepJobResponse resp;
+  grpc::ClientContext ctx;
+  // The coordinator answers DEADLINE_EXCEEDED at `timeout`; the margin lets that answer arrive.
+  rpc::SetDeadline(&ctx, *timeout + options_.timeout);
+  grpc::Status status = stub_->StepJob(&ctx, req, &resp);
+  if (!status.ok()) return RpcError(status, absl::StrCat("step ", job_id));
+  const double seconds = absl::ToDoubleSeconds(rpc::FromProtoDuration(resp.step_time()));
+  nlohmann::json json = {
+      {"job_id", job_id}, {"global_step", resp.global_step()}, {"step_time_seconds", seconds}};
+  if (!options.forward_only) {
+    json["loss"] = resp.has_loss() ? nlohmann::json(resp.loss()) : nlohmann::json(nullptr);
+    json["microbatch_losses"] =
+        std::vector<double>(resp.microbatch_losses().begin(), resp.microbatch_losses().end());
+    return Print(json, absl::StrFormat("%s step %d: loss %s (%.3fs)\n", job_id, resp.global_step(),
+                                       resp.has_loss() ? absl::StrFormat("%.6f", resp.loss())
+                                                       : std::string("-"),
+                                       seconds));
+  }
+  const v1::TensorData& outputs = resp.outputs();
+  if (absl::Status valid = rpc::ValidateTensorData(outputs, "outputs"); !valid.ok()) {
+    err_ << "stagectl: step: " << job_id << " returned " << valid.message() << "\n";
+    return 1;
+  }
+  const std::string where = absl::StrFormat("%s forward-only at global step %d (%.3fs)", job_id,
+                                            resp.global_step(), seconds);
+  if (!options.save_outputs.empty()) {
+    if (absl::Status written = WriteNpy(options.save_outputs, outputs); !written.ok()) {
+      err_ << "stagectl: step: --save-outputs: " << written.message() << "\n";
+      return 1;
+    }
+    json["dtype"] = outputs.dtype();
+    json["shape"] = std::vector<int64_t>(outputs.shape().begin(), outputs.shape().end());
+    json["outputs_file"] = options.save_outputs;
+    return Print(json, absl::StrCat(where, ": ", rpc::DescribeTensorData(outputs), " written to ",
+                                    options.save_outputs, "\n"));
+  }
+  nlohmann::json values = TensorJson(job_id, outputs);
+  values["global_step"] = resp.global_step();
+  values["step_time_seconds"] = seconds;
+  return Print(values, absl::StrCat(where, "\n", TensorSummary(job_id, outputs)));
+}
+
+int Commands::JobSchedule(const std::string& job_id, bool lowered, const std::string& out_path) {
+  v1::GetJobScheduleRequest req;
+  req.set_job_id(job_id);
+  v1::GetJobScheduleResponse resp;
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(&ctx, options_.timeout);
+  grpc::Status status = stub_->GetJobSchedule(&ctx, req, &resp);
+  if (!status.ok()) return RpcError(status, absl::StrCat("schedule --job ", job_id));
+  std::string grid = lowered ? resp.lowered_grid() : resp.grid();
+  if (!grid.empty() && grid.back() != '\n') grid += '\n';
+  const std::string text = Render(options_.format, JobScheduleJson(job_id, resp), grid);
+  if (out_path.empty()) {
+    out_ << text << std::flush;
+    return 0;
+  }
+  std::ofstream file(out_path, std::ios::binary | std::ios::trunc);
+  file << text;
+  file.close();
+  if (!file) {
+    err_ << "stagectl: schedule: --out: cannot write '" << out_path << "'\n";
+    return 1;
+  }
+  return 0;
+}
+
+int Commands::Trace(const std::string& job_id, int64_t global_step, const std::string& out_path) {
+  if (global_step < -1) {
+    err_ << "stagectl: trace: --step: must be a global step >= 0, or -1 for the latest; got "
+         << global_step << "\n";
+    return 2;
+  }
+  if (out_path.empty()) {
+    err_ << "stagectl: trace: --out: required (the Chrome trace JSON file to write)\n";
+    return 2;
+  }
+  v1::GetStepTraceRequest req;
+  req.set_job_id(job_id);
+  req.set_global_step(global_step);
+  v1::GetStepTraceResponse resp;
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(&ctx, options_.timeout);
+  grpc::Status status = stub_->GetStepTrace(&ctx, req, &resp);
+  if (!status.ok()) return RpcError(status, absl::StrCat("trace ", job_id));
+  std::ofstream file(out_path, std::ios::binary | std::ios::trunc);
+  file << resp.trace_json();
+  file.close();
+  if (!file) {
+    err_ << "stagectl: trace: --out: cannot write '" << out_path << "'\n";
+    return 1;
+  }
+  const auto bytes = static_cast<int64_t>(resp.trace_json().size());
+  return Print({{"job_id", job_id},
+                {"global_step", resp.global_step()},
+                {"first_kept_step", resp.first_kept_step()},
+                {"last_kept_step", resp.last_kept_step()},
+                {"out", out_path},
+                {"bytes", bytes}},
+               absl::StrCat(job_id, " step ", resp.global_step(), ": trace written to ", out_path,
+                            " (", FormatBytes(bytes), "); steps ", resp.first_kept_step(), "..",
+                            resp.last_kept_step(), " kept\n"));
 }
 
 }  // namespace stagecoach::client

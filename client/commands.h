@@ -7,8 +7,11 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/render.h"
+#include "common/rpc/channel.h"
 #include "stagecoach/v1/coordinator.grpc.pb.h"
 
 namespace stagecoach::client {
@@ -18,6 +21,9 @@ struct ClientOptions {
   OutputFormat format = OutputFormat::kTable;
   // Bound on every unary call (SubmitJob gets kSubmitInspectionAllowance more).
   absl::Duration timeout = absl::Seconds(15);
+  // TLS credentials and the client token (--tls-*, --token-file) for the coordinator channel;
+  // plaintext without a token by default.
+  rpc::ChannelSecurity security;
 };
 
 // How much longer than other calls SubmitJob may take: the coordinator may inspect (and profile)
@@ -31,6 +37,21 @@ struct SubmitUploads {
   std::string data;   // --data: replaces data.path
 };
 
+// The command line of `stagectl step`, as parsed (checked by ValidateStepOptions).
+struct StepOptions {
+  std::string inputs;          // --inputs: stage 0's batch (.npy), required
+  std::string targets;         // --targets: the loss targets (.npy); required unless forward_only
+  bool forward_only = false;   // --forward-only: inference on the job's current weights
+  std::string save_outputs;    // --save-outputs: write the outputs here (forward-only only)
+  std::string timeout = "5m";  // --timeout: how long to wait for the step
+};
+
+// Checks a `step` command line and returns its timeout. INVALID_ARGUMENT whose message starts
+// with the flag at fault: --inputs missing, --targets missing for a training step (or given with
+// --forward-only), --save-outputs without --forward-only, or a --timeout that is not a positive
+// duration (30s, 5m).
+absl::StatusOr<absl::Duration> ValidateStepOptions(const StepOptions& options);
+
 class Commands {
  public:
   // Bytes per UploadArtifact message.
@@ -40,12 +61,40 @@ class Commands {
 
   // Submits the spec in `spec_path`, first uploading the files in `uploads` (each reported on
   // `err` as "uploaded NAME (SIZE, N chunks) as artifact:<sha256>"). A file that cannot be
-  // read, or --model with a spec whose model is builtin, is a usage error (2).
-  int Submit(const std::string& spec_path, bool wait, const SubmitUploads& uploads = {});
+  // read, or --model with a spec whose model is builtin, is a usage error (2). `paused` submits
+  // the job paused (start_paused): it is placed and started, then holds before its first step.
+  int Submit(const std::string& spec_path, bool wait, const SubmitUploads& uploads = {},
+             bool paused = false);
   int List();
   int Status(const std::string& job_id);
+  // Follows the job until it ends: a redrawn progress line with state changes above it on a
+  // terminal (table format), one plain line per event otherwise, one JSON object per line with
+  // -o json, one YAML document per event with -o yaml. 0 when the job SUCCEEDED, else 1.
   int Watch(const std::string& job_id);
+  // Cancels the job; prints "ID STATE" (json/yaml: {job_id, state}).
   int Cancel(const std::string& job_id);
+  // Pauses a running job after the current step and prints the global step every rank holds at
+  // (json/yaml: {job_id, global_step, state}).
+  int Pause(const std::string& job_id);
+  // Resumes a paused job; prints its state and position (json/yaml: {job_id, state,
+  // global_steps_done, steps_done, steps_total}).
+  int Resume(const std::string& job_id);
+  // Runs `steps` more steps (>= 1, else a usage error naming --steps) and prints the global step
+  // the job runs until (json/yaml: {job_id, until_global_step, state, steps_total}).
+  int RunSteps(const std::string& job_id, int64_t steps);
+  // One step of a paused job on a client batch (StepJob). Training: prints the global step and
+  // loss (json/yaml add microbatch_losses). Forward-only: writes the outputs to
+  // options.save_outputs, or prints them (a summary, or the values with -o json|yaml). A command
+  // line ValidateStepOptions refuses, or an .npy file that cannot be read, is a usage error (2).
+  int Step(const std::string& job_id, const StepOptions& options);
+  // A running job's schedule from the coordinator: the compute grid (the lowered one with
+  // `lowered`), or GetJobSchedule's answer with -o json|yaml (JobScheduleJson). Written to
+  // `out_path` instead of stdout when it is set.
+  int JobSchedule(const std::string& job_id, bool lowered, const std::string& out_path);
+  // Writes the Chrome trace of one step (`global_step`; -1 = the latest) to `out_path` and prints
+  // the step and the range of steps still kept (json/yaml: {job_id, global_step,
+  // first_kept_step, last_kept_step, out, bytes}).
+  int Trace(const std::string& job_id, int64_t global_step, const std::string& out_path);
   // Asks a running job for a checkpoint now and prints the step it is taken after and its
   // directory (table: "step N: DIR"; json/yaml: {job_id, step, directory}). The checkpoint is
   // complete once `status` lists it.
@@ -62,9 +111,11 @@ class Commands {
   // Prints a failed call's error and returns 1. UNAVAILABLE becomes a message saying the
   // coordinator cannot be reached and how to point stagectl at it.
   int RpcError(const grpc::Status& status, const std::string& what);
-  // Streams the job's events to the terminal until it ends; returns the exit code for its
-  // final state. `progress_only` prints a compact progress line (submit --wait).
-  int Follow(const std::string& job_id, std::ostream& progress);
+  // Streams the job's events to `progress` in `format` (see Watch) until it ends; returns the
+  // exit code for its final state.
+  int Follow(const std::string& job_id, std::ostream& progress, OutputFormat format);
+  // Prints `table` or `json` in the chosen output format; returns 0.
+  int Print(const nlohmann::json& json, const std::string& table);
   // Uploads the file at `path` (named by option `flag` in messages) and sets `*uri` to the
   // artifact's uri. Returns 0, 2 when the file cannot be read, or 1 when the upload fails.
   int UploadFile(const std::string& path, const std::string& flag, std::string* uri);

@@ -24,10 +24,6 @@ std::string StripPrefix(const std::string& name, absl::string_view prefix) {
   return name;
 }
 
-std::string TimeString(const google::protobuf::Timestamp& t) {
-  return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", rpc::FromProtoTimestamp(t), absl::UTCTimeZone());
-}
-
 std::string Age(const google::protobuf::Timestamp& t) {
   const absl::Duration age = absl::Now() - rpc::FromProtoTimestamp(t);
   const int64_t s = absl::ToInt64Seconds(age);
@@ -103,6 +99,10 @@ double MaxOf(const google::protobuf::RepeatedField<double>& values) {
 
 }  // namespace
 
+std::string TimestampString(const google::protobuf::Timestamp& t) {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", rpc::FromProtoTimestamp(t), absl::UTCTimeZone());
+}
+
 absl::StatusOr<OutputFormat> ParseOutputFormat(const std::string& text) {
   if (text == "table") return OutputFormat::kTable;
   if (text == "json") return OutputFormat::kJson;
@@ -113,6 +113,11 @@ absl::StatusOr<OutputFormat> ParseOutputFormat(const std::string& text) {
 
 std::string StateName(v1::JobState state) {
   return StripPrefix(v1::JobState_Name(state), "JOB_STATE_");
+}
+
+bool IsFinalState(v1::JobState state) {
+  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
+         state == v1::JOB_STATE_CANCELLED;
 }
 
 std::string StateName(v1::WorkerState state) {
@@ -142,11 +147,12 @@ nlohmann::json JobJson(const v1::Job& job) {
   out["num_stages"] = job.num_stages();
   out["num_ranks"] = job.num_ranks();
   out["microbatches"] = job.microbatches();
-  out["created_time"] = TimeString(job.created_time());
+  out["created_time"] = TimestampString(job.created_time());
   nlohmann::json history = nlohmann::json::array();
   for (const auto& t : job.history()) {
-    history.push_back(
-        {{"state", StateName(t.state())}, {"reason", t.reason()}, {"time", TimeString(t.time())}});
+    history.push_back({{"state", StateName(t.state())},
+                       {"reason", t.reason()},
+                       {"time", TimestampString(t.time())}});
   }
   out["history"] = history;
   nlohmann::json ranks = nlohmann::json::array();
@@ -194,7 +200,63 @@ nlohmann::json JobJson(const v1::Job& job) {
     out["resumed_from"] = {{"step", job.resumed_from().step()},
                            {"directory", job.resumed_from().directory()}};
   }
+  out["global_steps_done"] = job.global_steps_done();
+  out["pause_at_global_step"] = job.pause_at_global_step();
+  out["attempt"] = job.attempt();
+  out["restarts"] = job.restarts();
+  out["max_restarts"] = job.max_restarts();
+  if (job.has_failure()) out["failure"] = FailureJson(job.failure());
   return out;
+}
+
+nlohmann::json FailureJson(const v1::JobFailure& failure) {
+  return {{"rank", failure.rank()},
+          {"worker_id", failure.worker_id()},
+          {"action", failure.action()},
+          {"error", failure.error()},
+          {"time", TimestampString(failure.time())}};
+}
+
+std::string FailureText(const v1::JobFailure& failure) {
+  std::string out = failure.rank() >= 0 ? absl::StrCat("rank ", failure.rank()) : "no rank";
+  if (!failure.worker_id().empty()) absl::StrAppend(&out, " on ", failure.worker_id());
+  if (!failure.action().empty()) absl::StrAppend(&out, " at ", failure.action());
+  if (!failure.error().empty()) absl::StrAppend(&out, ": ", failure.error());
+  return out;
+}
+
+nlohmann::json JobScheduleJson(const std::string& job_id, const v1::GetJobScheduleResponse& s) {
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const auto& r : s.ranks()) {
+    ranks.push_back({{"rank", r.rank()},
+                     {"stages", std::vector<int>(r.stages().begin(), r.stages().end())},
+                     {"compute_actions", std::vector<std::string>(r.compute_actions().begin(),
+                                                                  r.compute_actions().end())},
+                     {"lowered_actions", std::vector<std::string>(r.lowered_actions().begin(),
+                                                                  r.lowered_actions().end())}});
+  }
+  nlohmann::json out;
+  out["job_id"] = job_id;
+  out["schedule"] = s.schedule();
+  out["num_stages"] = s.num_stages();
+  out["num_ranks"] = s.num_ranks();
+  out["microbatches"] = s.microbatches();
+  out["ranks"] = ranks;
+  out["grid"] = s.grid();
+  out["lowered_grid"] = s.lowered_grid();
+  return out;
+}
+
+std::string Render(OutputFormat format, const nlohmann::json& value, const std::string& table) {
+  switch (format) {
+    case OutputFormat::kTable:
+      return table;
+    case OutputFormat::kJson:
+      return value.dump(2) + "\n";
+    case OutputFormat::kYaml:
+      return ToYaml(value);
+  }
+  return table;
 }
 
 nlohmann::json WorkerJson(const v1::WorkerInfo& w) {
@@ -207,7 +269,7 @@ nlohmann::json WorkerJson(const v1::WorkerInfo& w) {
       {"rank", w.rank()},
       {"device", w.device()},
       {"transports", std::vector<std::string>(w.transports().begin(), w.transports().end())},
-      {"last_heartbeat_time", TimeString(w.last_heartbeat_time())},
+      {"last_heartbeat_time", TimestampString(w.last_heartbeat_time())},
       {"reason", w.reason()},
   };
 }
@@ -261,13 +323,20 @@ std::string FormatTable(const std::vector<std::vector<std::string>>& rows) {
 }
 
 std::string JobsTable(const std::vector<v1::Job>& jobs) {
-  std::vector<std::vector<std::string>> rows = {
-      {"ID", "NAME", "STATE", "STEPS", "LOSS", "SCHEDULE", "STAGES", "AGE", "REASON"}};
+  std::vector<std::vector<std::string>> rows = {{"ID", "NAME", "STATE", "STEPS", "GLOBAL", "LOSS",
+                                                 "SCHEDULE", "STAGES", "RESTARTS", "AGE",
+                                                 "REASON"}};
   for (const auto& j : jobs) {
-    rows.push_back({j.id(), j.name(), StateName(j.state()),
-                    absl::StrCat(j.steps_done(), "/", j.steps_total()),
+    std::string state = StateName(j.state());
+    if (j.pause_at_global_step() > 0 && !IsFinalState(j.state())) {
+      absl::StrAppend(&state, "@", j.pause_at_global_step());
+    }
+    rows.push_back({j.id(), j.name(), state, absl::StrCat(j.steps_done(), "/", j.steps_total()),
+                    absl::StrCat(j.global_steps_done()),
                     j.losses().empty() ? "-" : absl::StrFormat("%.4f", *j.losses().rbegin()),
-                    j.schedule(), absl::StrCat(j.num_stages()), Age(j.created_time()), j.reason()});
+                    j.schedule(), absl::StrCat(j.num_stages()),
+                    absl::StrCat(j.restarts(), "/", j.max_restarts()), Age(j.created_time()),
+                    j.reason()});
   }
   return FormatTable(rows);
 }
@@ -295,7 +364,20 @@ std::string JobDetails(const v1::Job& j) {
   if (!j.reason().empty()) out << "Reason:    " << j.reason() << "\n";
   out << "Schedule:  " << j.schedule() << ", " << j.num_stages() << " stages on " << j.num_ranks()
       << " workers, " << j.microbatches() << " microbatches\n";
-  out << "Steps:     " << j.steps_done() << "/" << j.steps_total() << "\n";
+  out << "Steps:     " << j.steps_done() << "/" << j.steps_total() << " (global step "
+      << j.global_steps_done() << ")\n";
+  if (j.pause_at_global_step() > 0 && !IsFinalState(j.state())) {
+    out << "Pause:     " << (j.state() == v1::JOB_STATE_PAUSED ? "holding" : "will hold")
+        << " at global step " << j.pause_at_global_step() << "\n";
+  }
+  if (j.attempt() > 0 || j.max_restarts() > 0) {
+    out << "Attempt:   " << j.attempt() << " (restarts " << j.restarts() << "/" << j.max_restarts()
+        << ")\n";
+  }
+  if (j.has_failure()) {
+    out << "Failure:   " << FailureText(j.failure()) << " (" << TimestampString(j.failure().time())
+        << ")\n";
+  }
   if (!j.losses().empty()) {
     out << "Loss:      " << absl::StrFormat("%.6f", *j.losses().begin()) << " (first) -> "
         << absl::StrFormat("%.6f", *j.losses().rbegin()) << " (latest)\n";
@@ -341,7 +423,7 @@ std::string JobDetails(const v1::Job& j) {
   }
   out << "\nHistory:\n";
   for (const auto& t : j.history()) {
-    out << "  " << TimeString(t.time()) << "  " << StateName(t.state());
+    out << "  " << TimestampString(t.time()) << "  " << StateName(t.state());
     if (!t.reason().empty()) out << "  " << t.reason();
     out << "\n";
   }

@@ -3,10 +3,13 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "absl/strings/ascii.h"
 #include "absl/time/time.h"
 #include "client/commands.h"
 #include "client/schedule_command.h"
 #include "common/rpc/address.h"
+#include "common/rpc/auth.h"
+#include "common/rpc/tls.h"
 
 namespace sc = stagecoach;
 
@@ -22,6 +25,19 @@ int main(int argc, char** argv) {
                  "coordinator address HOST:PORT (default: $STAGECOACH_COORDINATOR or "
                  "127.0.0.1:7070)");
   app.add_option("-o,--output", format, "output format: table, json or yaml");
+  sc::rpc::TlsFiles tls;
+  std::string tls_server_name, token_file;
+  app.add_option("--tls-ca", tls.ca,
+                 "connect with TLS, verifying the coordinator against this PEM CA (default: "
+                 "plaintext; with only --tls-cert, the system's roots)");
+  app.add_option("--tls-cert", tls.cert,
+                 "PEM client certificate presented to the coordinator (mutual TLS)");
+  app.add_option("--tls-key", tls.key, "PEM private key of --tls-cert");
+  app.add_option("--tls-server-name", tls_server_name,
+                 "name the coordinator's certificate must carry (default: the --coordinator host)");
+  app.add_option("--token-file", token_file,
+                 "send the token in this file as 'authorization: Bearer' on every call "
+                 "(default: $STAGECOACH_TOKEN)");
 
   std::string spec_path, job_id;
   bool wait = false;
@@ -36,10 +52,17 @@ int main(int argc, char** argv) {
                      "spec's data.path");
   submit->add_flag("--wait", wait,
                    "wait for the job to end: exit 0 on SUCCEEDED, 1 on FAILED or CANCELLED");
+  bool paused = false;
+  submit->add_flag("--paused", paused,
+                   "start the job paused: placed and started, holding before its first step "
+                   "(then: resume, run --steps N, or step)");
   auto* list = app.add_subcommand("list", "list jobs");
   auto* status = app.add_subcommand("status", "show a job");
   status->add_option("JOB", job_id, "job id")->required();
-  auto* watch = app.add_subcommand("watch", "follow a job's progress until it ends");
+  auto* watch = app.add_subcommand(
+      "watch",
+      "follow a job until it ends: live progress on a terminal, a line (-o json: a JSON object) "
+      "per event otherwise; exit 0 on SUCCEEDED, 1 otherwise");
   watch->add_option("JOB", job_id, "job id")->required();
   auto* cancel = app.add_subcommand("cancel", "cancel a job");
   cancel->add_option("JOB", job_id, "job id")->required();
@@ -49,6 +72,45 @@ int main(int argc, char** argv) {
       "directory");
   checkpoint->add_option("JOB", job_id, "job id")->required();
   auto* workers = app.add_subcommand("workers", "list workers");
+  auto* pause = app.add_subcommand(
+      "pause", "pause a running job after the current step; prints the global step it holds at");
+  pause->add_option("JOB", job_id, "job id")->required();
+  auto* resume = app.add_subcommand("resume", "resume a paused job through to its last step");
+  resume->add_option("JOB", job_id, "job id")->required();
+  int64_t run_steps = 0;
+  auto* run = app.add_subcommand(
+      "run", "run N more steps, then hold (paused); prints the global step it runs until");
+  run->add_option("JOB", job_id, "job id")->required();
+  run->add_option("--steps", run_steps, "how many more steps (>= 1)")->required();
+  sc::client::StepOptions step_options;
+  auto* step = app.add_subcommand(
+      "step",
+      "run one step of a paused job on a client batch (.npy): prints the global step and loss, "
+      "or with --forward-only returns the outputs");
+  step->add_option("JOB", job_id, "job id")->required();
+  step->add_option("--inputs,--input", step_options.inputs,
+                   "stage 0's batch: a NumPy .npy file, rows first (at least as many rows as "
+                   "the job's microbatches)")
+      ->required();
+  step->add_option("--targets", step_options.targets,
+                   "the loss targets: an .npy file, one row per input row (required unless "
+                   "--forward-only)");
+  step->add_flag("--forward-only", step_options.forward_only,
+                 "inference on the job's current weights instead of a training step");
+  step->add_option("--save-outputs", step_options.save_outputs,
+                   "with --forward-only: write the outputs to this .npy file (default: print a "
+                   "summary, or the values with -o json|yaml)");
+  step->add_option("--timeout", step_options.timeout,
+                   "how long to wait for the step, e.g. 30s, 5m (default 5m)");
+  int64_t trace_step = -1;
+  std::string trace_out;
+  auto* trace = app.add_subcommand(
+      "trace",
+      "write the measured Chrome trace (Perfetto) of a completed step to a file; prints the step "
+      "and the steps still kept");
+  trace->add_option("JOB", job_id, "job id")->required();
+  trace->add_option("--step", trace_step, "global step to trace (default -1: the latest)");
+  trace->add_option("--out", trace_out, "the trace JSON file to write")->required();
   std::string infer_input, infer_out, infer_timeout = "5m";
   auto* infer = app.add_subcommand(
       "infer", "run the spec's model forward-only on a batch (.npy) and return the outputs");
@@ -108,13 +170,32 @@ int main(int argc, char** argv) {
   schedule->add_option("--message-bytes", sched.message_bytes,
                        "simulated size of every activation and gradient message");
   schedule->add_option("--out", sched.out_path, "write the output to this file");
+  std::string schedule_job;
+  auto* job_opt = schedule->add_option(
+      "--job", schedule_job,
+      "show this job's schedule as the coordinator planned it (the grid, the lowered grid with "
+      "--lowered; -o json|yaml: every rank's action lists)");
+  job_opt->excludes(kind_opt)->excludes(csv_opt);
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
-  if (schedule->parsed()) return sc::client::RunSchedule(sched, std::cout, std::cerr);
+  if (schedule->parsed() && schedule_job.empty()) {
+    return sc::client::RunSchedule(sched, std::cout, std::cerr);
+  }
+  if (schedule->parsed()) {
+    // With --job only --lowered and --out apply: the rest describe an offline schedule.
+    for (const CLI::Option* opt : schedule->get_options()) {
+      const std::string name = opt->get_name();
+      if (opt->count() > 0 && opt != job_opt && name != "--lowered" && name != "--out") {
+        std::cerr << "stagectl: schedule: --job: cannot be combined with " << name
+                  << " (only --lowered, --out and -o apply to a job's schedule)\n";
+        return 2;
+      }
+    }
+  }
   auto parsed_format = sc::client::ParseOutputFormat(format);
   if (!parsed_format.ok()) {
     std::cerr << "stagectl: " << parsed_format.status().message() << "\n";
@@ -127,14 +208,42 @@ int main(int argc, char** argv) {
   sc::client::ClientOptions options;
   options.coordinator = coordinator;
   options.format = *parsed_format;
+  auto credentials = sc::rpc::MakeChannelCredentials(tls);
+  if (!credentials.ok()) {
+    std::cerr << "stagectl: " << credentials.status().message() << "\n";
+    return 2;
+  }
+  options.security.credentials = *credentials;
+  options.security.server_name = tls_server_name;
+  if (!token_file.empty()) {
+    auto token = sc::rpc::ReadTokenFile(token_file, "--token-file");
+    if (!token.ok()) {
+      std::cerr << "stagectl: " << token.status().message() << "\n";
+      return 2;
+    }
+    options.security.bearer_token = *token;
+  } else if (const char* env = std::getenv("STAGECOACH_TOKEN"); env != nullptr && *env != '\0') {
+    std::string token(absl::StripAsciiWhitespace(env));
+    if (auto s = sc::rpc::ValidateToken(token, "$STAGECOACH_TOKEN"); !s.ok()) {
+      std::cerr << "stagectl: " << s.message() << "\n";
+      return 2;
+    }
+    options.security.bearer_token = token;
+  }
   sc::client::Commands commands(options, std::cout, std::cerr);
-  if (submit->parsed()) return commands.Submit(spec_path, wait, uploads);
+  if (submit->parsed()) return commands.Submit(spec_path, wait, uploads, paused);
   if (list->parsed()) return commands.List();
   if (status->parsed()) return commands.Status(job_id);
   if (watch->parsed()) return commands.Watch(job_id);
   if (cancel->parsed()) return commands.Cancel(job_id);
   if (checkpoint->parsed()) return commands.Checkpoint(job_id);
   if (workers->parsed()) return commands.Workers();
+  if (pause->parsed()) return commands.Pause(job_id);
+  if (resume->parsed()) return commands.Resume(job_id);
+  if (run->parsed()) return commands.RunSteps(job_id, run_steps);
+  if (step->parsed()) return commands.Step(job_id, step_options);
+  if (trace->parsed()) return commands.Trace(job_id, trace_step, trace_out);
+  if (schedule->parsed()) return commands.JobSchedule(schedule_job, sched.lowered, sched.out_path);
   if (infer->parsed()) {
     absl::Duration timeout;
     if (!absl::ParseDuration(infer_timeout, &timeout) || timeout <= absl::ZeroDuration()) {

@@ -4,6 +4,8 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc/address.h"
+#include "common/rpc/auth.h"
 #include "common/rpc/status_conversion.h"
 #include "common/rpc/time_conversion.h"
 #include "common/util/logging.h"
@@ -23,30 +25,91 @@ grpc::Status Required(const std::string& value, const char* field) {
   return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(field) + ": required");
 }
 
+// INVALID_ARGUMENT naming `field` when `value` is longer than `max_bytes`.
+grpc::Status Bounded(const std::string& value, const char* field, size_t max_bytes) {
+  if (value.size() <= max_bytes) return grpc::Status::OK;
+  return grpc::Status(
+      grpc::StatusCode::INVALID_ARGUMENT,
+      absl::StrCat(field, ": ", value.size(), " bytes, more than the ", max_bytes, " allowed"));
+}
+
+// An identifier or name: non-empty, at most `max_bytes`, printable ASCII (no spaces or control
+// characters, which would garble logs and tables).
+grpc::Status RequiredId(const std::string& value, const char* field,
+                        size_t max_bytes = CoordinatorServiceImpl::kMaxIdBytes) {
+  if (auto s = Required(value, field); !s.ok()) return s;
+  if (auto s = Bounded(value, field, max_bytes); !s.ok()) return s;
+  for (char c : value) {
+    if (c < 0x21 || c > 0x7e) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat(field, ": must be printable ASCII without spaces"));
+    }
+  }
+  return grpc::Status::OK;
+}
+
 }  // namespace
 
-grpc::Status CoordinatorServiceImpl::SubmitJob(grpc::ServerContext*,
+grpc::Status CoordinatorServiceImpl::ClientAuth(const grpc::ServerContext& ctx,
+                                                const char* method) const {
+  if (auth_.client_token.empty()) return grpc::Status::OK;
+  return ToGrpcStatus(rpc::CheckBearer(
+      ctx, auth_.client_token,
+      absl::StrCat(method,
+                   ": needs the client token (the coordinator's --client-token-file; "
+                   "stagectl --token-file or $STAGECOACH_TOKEN)")));
+}
+
+grpc::Status CoordinatorServiceImpl::WorkerAuth(const grpc::ServerContext& ctx,
+                                                const char* method) const {
+  if (auth_.worker_token.empty()) return grpc::Status::OK;
+  return ToGrpcStatus(rpc::CheckBearer(
+      ctx, auth_.worker_token,
+      absl::StrCat(method,
+                   ": needs the worker token (the coordinator's --worker-token-file; "
+                   "the worker's --coordinator-token-file)")));
+}
+
+grpc::Status CoordinatorServiceImpl::ArtifactAuth(const grpc::ServerContext& ctx) const {
+  if (auth_.client_token.empty() || auth_.worker_token.empty()) {
+    // A token that is not required lets anyone in; the other one then adds nothing.
+    return grpc::Status::OK;
+  }
+  if (ClientAuth(ctx, "FetchArtifact").ok()) return grpc::Status::OK;
+  if (WorkerAuth(ctx, "FetchArtifact").ok()) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                      "FetchArtifact: needs the worker token (--worker-token-file) or the client "
+                      "token (--client-token-file): missing or wrong bearer token");
+}
+
+grpc::Status CoordinatorServiceImpl::SubmitJob(grpc::ServerContext* ctx,
                                                const v1::SubmitJobRequest* req,
                                                v1::SubmitJobResponse* resp) {
+  if (auto s = ClientAuth(*ctx, "SubmitJob"); !s.ok()) return s;
   if (auto s = Required(req->spec_yaml(), "spec_yaml"); !s.ok()) return s;
+  if (auto s = Bounded(req->spec_yaml(), "spec_yaml", kMaxSpecBytes); !s.ok()) return s;
+  if (auto s = Bounded(req->spec_origin(), "spec_origin", kMaxNameBytes); !s.ok()) return s;
   auto id =
-      jobs_->SubmitJob(req->spec_yaml(), req->spec_origin().empty() ? "spec" : req->spec_origin());
+      jobs_->SubmitJob(req->spec_yaml(), req->spec_origin().empty() ? "spec" : req->spec_origin(),
+                       req->start_paused());
   if (!id.ok()) return ToGrpcStatus(id.status());
   resp->set_job_id(*id);
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobRequest* req,
+grpc::Status CoordinatorServiceImpl::GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
                                             v1::GetJobResponse* resp) {
-  if (auto s = Required(req->job_id(), "job_id"); !s.ok()) return s;
+  if (auto s = ClientAuth(*ctx, "GetJob"); !s.ok()) return s;
+  if (auto s = RequiredId(req->job_id(), "job_id"); !s.ok()) return s;
   auto job = jobs_->GetJob(req->job_id());
   if (!job.ok()) return ToGrpcStatus(job.status());
   *resp->mutable_job() = *std::move(job);
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*,
+grpc::Status CoordinatorServiceImpl::ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest*,
                                               v1::ListJobsResponse* resp) {
+  if (auto s = ClientAuth(*ctx, "ListJobs"); !s.ok()) return s;
   for (auto& job : jobs_->ListJobs()) *resp->add_jobs() = std::move(job);
   return grpc::Status::OK;
 }
@@ -54,7 +117,8 @@ grpc::Status CoordinatorServiceImpl::ListJobs(grpc::ServerContext*, const v1::Li
 grpc::Status CoordinatorServiceImpl::WatchJob(grpc::ServerContext* ctx,
                                               const v1::WatchJobRequest* req,
                                               grpc::ServerWriter<v1::JobEvent>* writer) {
-  if (auto s = Required(req->job_id(), "job_id"); !s.ok()) return s;
+  if (auto s = ClientAuth(*ctx, "WatchJob"); !s.ok()) return s;
+  if (auto s = RequiredId(req->job_id(), "job_id"); !s.ok()) return s;
   int64_t next = std::max<int64_t>(req->from_sequence(), 0);
   while (!ctx->IsCancelled()) {
     auto batch = jobs_->WaitForEvents(req->job_id(), next, kWatchPoll);
@@ -68,36 +132,43 @@ grpc::Status CoordinatorServiceImpl::WatchJob(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorServiceImpl::CancelJob(grpc::ServerContext*,
+grpc::Status CoordinatorServiceImpl::CancelJob(grpc::ServerContext* ctx,
                                                const v1::CancelJobRequest* req,
                                                v1::CancelJobResponse* resp) {
-  if (auto s = Required(req->job_id(), "job_id"); !s.ok()) return s;
+  if (auto s = ClientAuth(*ctx, "CancelJob"); !s.ok()) return s;
+  if (auto s = Bounded(req->reason(), "reason", kMaxTextBytes); !s.ok()) return s;
+  if (auto s = RequiredId(req->job_id(), "job_id"); !s.ok()) return s;
   auto job = jobs_->CancelJob(req->job_id(), req->reason());
   if (!job.ok()) return ToGrpcStatus(job.status());
   *resp->mutable_job() = *std::move(job);
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorServiceImpl::CheckpointJob(grpc::ServerContext*,
+grpc::Status CoordinatorServiceImpl::CheckpointJob(grpc::ServerContext* ctx,
                                                    const v1::CheckpointJobRequest* req,
                                                    v1::CheckpointJobResponse* resp) {
-  if (auto s = Required(req->job_id(), "job_id"); !s.ok()) return s;
+  if (auto s = ClientAuth(*ctx, "CheckpointJob"); !s.ok()) return s;
+  if (auto s = RequiredId(req->job_id(), "job_id"); !s.ok()) return s;
   auto checkpoint = jobs_->CheckpointJob(req->job_id());
   if (!checkpoint.ok()) return ToGrpcStatus(checkpoint.status());
   *resp = *std::move(checkpoint);
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorServiceImpl::ListWorkers(grpc::ServerContext*,
+grpc::Status CoordinatorServiceImpl::ListWorkers(grpc::ServerContext* ctx,
                                                  const v1::ListWorkersRequest*,
                                                  v1::ListWorkersResponse* resp) {
+  if (auto s = ClientAuth(*ctx, "ListWorkers"); !s.ok()) return s;
   for (auto& w : jobs_->ListWorkers()) *resp->add_workers() = std::move(w);
   return grpc::Status::OK;
 }
 
 grpc::Status CoordinatorServiceImpl::Infer(grpc::ServerContext* ctx, const v1::InferRequest* req,
                                            v1::InferResponse* resp) {
+  if (auto s = ClientAuth(*ctx, "Infer"); !s.ok()) return s;
   if (auto s = Required(req->spec_yaml(), "spec_yaml"); !s.ok()) return s;
+  if (auto s = Bounded(req->spec_yaml(), "spec_yaml", kMaxSpecBytes); !s.ok()) return s;
+  if (auto s = Bounded(req->spec_origin(), "spec_origin", kMaxNameBytes); !s.ok()) return s;
   absl::Duration timeout = rpc::FromProtoDuration(req->timeout());
   if (timeout < absl::ZeroDuration()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "timeout: must not be negative");
@@ -113,58 +184,167 @@ grpc::Status CoordinatorServiceImpl::Infer(grpc::ServerContext* ctx, const v1::I
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorServiceImpl::RegisterWorker(grpc::ServerContext*,
+grpc::Status CoordinatorServiceImpl::PauseJob(grpc::ServerContext* ctx,
+                                              const v1::PauseJobRequest* req,
+                                              v1::PauseJobResponse* resp) {
+  if (auto s = ClientAuth(*ctx, "PauseJob"); !s.ok()) return s;
+  if (auto s = RequiredId(req->job_id(), "job_id"); !s.ok()) return s;
+  auto out = jobs_->PauseJob(req->job_id());
+  if (!out.ok()) return ToGrpcStatus(out.status());
+  *resp = *std::move(out);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorServiceImpl::ResumeJob(grpc::ServerContext* ctx,
+                                               const v1::ResumeJobRequest* req,
+                                               v1::ResumeJobResponse* resp) {
+  if (auto s = ClientAuth(*ctx, "ResumeJob"); !s.ok()) return s;
+  if (auto s = RequiredId(req->job_id(), "job_id"); !s.ok()) return s;
+  auto job = jobs_->ResumeJob(req->job_id());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  *resp->mutable_job() = *std::move(job);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorServiceImpl::RunSteps(grpc::ServerContext* ctx,
+                                              const v1::RunStepsRequest* req,
+                                              v1::RunStepsResponse* resp) {
+  if (auto s = ClientAuth(*ctx, "RunSteps"); !s.ok()) return s;
+  if (auto s = RequiredId(req->job_id(), "job_id"); !s.ok()) return s;
+  if (req->steps() < 1) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("steps: must be >= 1, got ", req->steps()));
+  }
+  auto out = jobs_->RunSteps(req->job_id(), req->steps());
+  if (!out.ok()) return ToGrpcStatus(out.status());
+  *resp = *std::move(out);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorServiceImpl::StepJob(grpc::ServerContext* ctx,
+                                             const v1::StepJobRequest* req,
+                                             v1::StepJobResponse* resp) {
+  if (auto s = ClientAuth(*ctx, "StepJob"); !s.ok()) return s;
+  if (auto s = RequiredId(req->job_id(), "job_id"); !s.ok()) return s;
+  absl::Duration timeout = rpc::FromProtoDuration(req->timeout());
+  if (timeout < absl::ZeroDuration()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "timeout: must not be negative");
+  }
+  if (timeout == absl::ZeroDuration()) timeout = kDefaultStepTimeout;
+  timeout = std::min(timeout, kMaxStepTimeout);
+  auto out = jobs_->StepJob(*req, timeout, [ctx] { return ctx->IsCancelled(); });
+  if (!out.ok()) return ToGrpcStatus(out.status());
+  *resp = *std::move(out);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorServiceImpl::GetJobSchedule(grpc::ServerContext* ctx,
+                                                    const v1::GetJobScheduleRequest* req,
+                                                    v1::GetJobScheduleResponse* resp) {
+  if (auto s = ClientAuth(*ctx, "GetJobSchedule"); !s.ok()) return s;
+  if (auto s = RequiredId(req->job_id(), "job_id"); !s.ok()) return s;
+  auto out = jobs_->GetJobSchedule(req->job_id());
+  if (!out.ok()) return ToGrpcStatus(out.status());
+  *resp = *std::move(out);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorServiceImpl::GetStepTrace(grpc::ServerContext* ctx,
+                                                  const v1::GetStepTraceRequest* req,
+                                                  v1::GetStepTraceResponse* resp) {
+  if (auto s = ClientAuth(*ctx, "GetStepTrace"); !s.ok()) return s;
+  if (auto s = RequiredId(req->job_id(), "job_id"); !s.ok()) return s;
+  if (req->global_step() < -1) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("global_step: must be a step number or -1 (latest), got ",
+                                     req->global_step()));
+  }
+  auto out = jobs_->GetStepTrace(req->job_id(), req->global_step());
+  if (!out.ok()) return ToGrpcStatus(out.status());
+  *resp = *std::move(out);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorServiceImpl::RegisterWorker(grpc::ServerContext* ctx,
                                                     const v1::RegisterWorkerRequest* req,
                                                     v1::RegisterWorkerResponse* resp) {
+  if (auto s = WorkerAuth(*ctx, "RegisterWorker"); !s.ok()) return s;
+  if (auto s = Required(req->name(), "name"); !s.ok()) return s;
+  if (auto s = Bounded(req->name(), "name", kMaxNameBytes); !s.ok()) return s;
+  if (auto s = RequiredId(req->address(), "address", kMaxAddressBytes); !s.ok()) return s;
+  if (auto address = rpc::ParseHostPort(req->address(), "address"); !address.ok()) {
+    return ToGrpcStatus(absl::InvalidArgumentError(address.status().message()));
+  }
+  if (auto s = Bounded(req->device(), "device", kMaxNameBytes); !s.ok()) return s;
+  if (req->transports_size() > 64) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("transports: ", req->transports_size(), " given, at most 64"));
+  }
+  for (const std::string& t : req->transports()) {
+    if (auto s = RequiredId(t, "transports[]", kMaxNameBytes); !s.ok()) return s;
+  }
   auto out = jobs_->RegisterWorker(*req);
   if (!out.ok()) return ToGrpcStatus(out.status());
   *resp = *std::move(out);
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorServiceImpl::Heartbeat(grpc::ServerContext*,
+grpc::Status CoordinatorServiceImpl::Heartbeat(grpc::ServerContext* ctx,
                                                const v1::HeartbeatRequest* req,
                                                v1::HeartbeatResponse*) {
-  if (auto s = Required(req->worker_id(), "worker_id"); !s.ok()) return s;
+  if (auto s = WorkerAuth(*ctx, "Heartbeat"); !s.ok()) return s;
+  if (auto s = Bounded(req->job_id(), "job_id", kMaxIdBytes); !s.ok()) return s;
+  if (auto s = RequiredId(req->worker_id(), "worker_id"); !s.ok()) return s;
   return ToGrpcStatus(jobs_->Heartbeat(*req));
 }
 
-grpc::Status CoordinatorServiceImpl::ReportStep(grpc::ServerContext*,
+grpc::Status CoordinatorServiceImpl::ReportStep(grpc::ServerContext* ctx,
                                                 const v1::ReportStepRequest* req,
                                                 v1::ReportStepResponse*) {
-  if (auto s = Required(req->job_id(), "job_id"); !s.ok()) return s;
+  if (auto s = WorkerAuth(*ctx, "ReportStep"); !s.ok()) return s;
+  if (auto s = RequiredId(req->job_id(), "job_id"); !s.ok()) return s;
   return ToGrpcStatus(jobs_->ReportStep(*req));
 }
 
-grpc::Status CoordinatorServiceImpl::ReportTaskEnd(grpc::ServerContext*,
+grpc::Status CoordinatorServiceImpl::ReportTaskEnd(grpc::ServerContext* ctx,
                                                    const v1::ReportTaskEndRequest* req,
                                                    v1::ReportTaskEndResponse*) {
-  if (auto s = Required(req->job_id(), "job_id"); !s.ok()) return s;
+  if (auto s = WorkerAuth(*ctx, "ReportTaskEnd"); !s.ok()) return s;
+  if (auto s = RequiredId(req->job_id(), "job_id"); !s.ok()) return s;
   return ToGrpcStatus(jobs_->ReportTaskEnd(*req));
 }
 
-grpc::Status CoordinatorServiceImpl::SetKey(grpc::ServerContext*, const v1::SetKeyRequest* req,
+grpc::Status CoordinatorServiceImpl::SetKey(grpc::ServerContext* ctx, const v1::SetKeyRequest* req,
                                             v1::SetKeyResponse*) {
+  if (auto s = WorkerAuth(*ctx, "SetKey"); !s.ok()) return s;
+  if (auto s = RequiredId(req->key(), "key", kMaxKeyBytes); !s.ok()) return s;
   return ToGrpcStatus(kv_->Set(req->key(), req->value()));
 }
 
-grpc::Status CoordinatorServiceImpl::GetKey(grpc::ServerContext*, const v1::GetKeyRequest* req,
+grpc::Status CoordinatorServiceImpl::GetKey(grpc::ServerContext* ctx, const v1::GetKeyRequest* req,
                                             v1::GetKeyResponse* resp) {
-  if (auto s = Required(req->key(), "key"); !s.ok()) return s;
+  if (auto s = WorkerAuth(*ctx, "GetKey"); !s.ok()) return s;
+  if (auto s = RequiredId(req->key(), "key", kMaxKeyBytes); !s.ok()) return s;
   auto value = kv_->Get(req->key(), ClampWait(req->wait()));
   if (!value.ok()) return ToGrpcStatus(value.status());
   resp->set_value(*std::move(value));
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorServiceImpl::WaitKeys(grpc::ServerContext*, const v1::WaitKeysRequest* req,
+grpc::Status CoordinatorServiceImpl::WaitKeys(grpc::ServerContext* ctx,
+                                              const v1::WaitKeysRequest* req,
                                               v1::WaitKeysResponse*) {
+  if (auto s = WorkerAuth(*ctx, "WaitKeys"); !s.ok()) return s;
+  for (const std::string& key : req->keys()) {
+    if (auto s = RequiredId(key, "keys[]", kMaxKeyBytes); !s.ok()) return s;
+  }
   return ToGrpcStatus(kv_->Wait({req->keys().begin(), req->keys().end()}, ClampWait(req->wait())));
 }
 
 grpc::Status CoordinatorServiceImpl::UploadArtifact(
-    grpc::ServerContext*, grpc::ServerReader<v1::UploadArtifactRequest>* reader,
+    grpc::ServerContext* ctx, grpc::ServerReader<v1::UploadArtifactRequest>* reader,
     v1::UploadArtifactResponse* resp) {
+  if (auto s = ClientAuth(*ctx, "UploadArtifact"); !s.ok()) return s;
   if (artifacts_ == nullptr) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         "this coordinator has no artifact store");
@@ -207,11 +387,12 @@ grpc::Status CoordinatorServiceImpl::UploadArtifact(
 grpc::Status CoordinatorServiceImpl::FetchArtifact(
     grpc::ServerContext* ctx, const v1::FetchArtifactRequest* req,
     grpc::ServerWriter<v1::FetchArtifactResponse>* writer) {
+  if (auto s = ArtifactAuth(*ctx); !s.ok()) return s;
   if (artifacts_ == nullptr) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         "this coordinator has no artifact store");
   }
-  if (auto s = Required(req->artifact_id(), "artifact_id"); !s.ok()) return s;
+  if (auto s = RequiredId(req->artifact_id(), "artifact_id"); !s.ok()) return s;
   auto info = artifacts_->Lookup(req->artifact_id());
   if (!info.ok()) return ToGrpcStatus(info.status());
   std::ifstream in(info->path, std::ios::binary);

@@ -2,12 +2,25 @@
 // their Status to grpc::Status. No logic of its own.
 #pragma once
 
+#include <string>
+#include <utility>
+
 #include "coordinator/artifact_store.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/kv_store.h"
 #include "stagecoach/v1/coordinator.grpc.pb.h"
 
 namespace stagecoach::coordinator {
+
+// Bearer tokens the service requires ("authorization: Bearer <token>" metadata); an empty one
+// is not required. Wrong or missing: UNAUTHENTICATED naming the token expected.
+struct CoordinatorAuth {
+  // On client RPCs (stagectl: SubmitJob ... UploadArtifact); --client-token-file.
+  std::string client_token;
+  // On worker RPCs (RegisterWorker, Heartbeat, ReportStep, ReportTaskEnd, SetKey, GetKey,
+  // WaitKeys); --worker-token-file. FetchArtifact accepts either token.
+  std::string worker_token;
+};
 
 class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
  public:
@@ -18,13 +31,26 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
   // How long Infer waits for its job when the request gives no timeout, and at most.
   static constexpr absl::Duration kDefaultInferTimeout = absl::Minutes(5);
   static constexpr absl::Duration kMaxInferTimeout = absl::Hours(24);
+  // The same for StepJob.
+  static constexpr absl::Duration kDefaultStepTimeout = absl::Minutes(5);
+  static constexpr absl::Duration kMaxStepTimeout = absl::Hours(24);
 
   // Artifacts are sent and received in chunks of this many bytes (the last may be shorter).
   static constexpr int kArtifactChunkBytes = 1 << 20;
 
+  // Bounds on request fields the coordinator stores or looks up (INVALID_ARGUMENT naming the
+  // field beyond them).
+  static constexpr size_t kMaxIdBytes = 256;         // job, worker and artifact ids
+  static constexpr size_t kMaxNameBytes = 256;       // worker names, spec origins
+  static constexpr size_t kMaxAddressBytes = 512;    // worker addresses (host:port)
+  static constexpr size_t kMaxKeyBytes = 1024;       // rendezvous store keys
+  static constexpr size_t kMaxSpecBytes = 8 << 20;   // spec_yaml
+  static constexpr size_t kMaxTextBytes = 64 << 10;  // reasons, free text
+
   // `artifacts` may be null: UploadArtifact / FetchArtifact then answer FAILED_PRECONDITION.
-  CoordinatorServiceImpl(JobManager* jobs, KvStore* kv, ArtifactStore* artifacts = nullptr)
-      : jobs_(jobs), kv_(kv), artifacts_(artifacts) {}
+  CoordinatorServiceImpl(JobManager* jobs, KvStore* kv, ArtifactStore* artifacts = nullptr,
+                         CoordinatorAuth auth = {})
+      : jobs_(jobs), kv_(kv), artifacts_(artifacts), auth_(std::move(auth)) {}
 
   grpc::Status SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
                          v1::SubmitJobResponse* resp) override;
@@ -42,6 +68,18 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
                            v1::ListWorkersResponse* resp) override;
   grpc::Status Infer(grpc::ServerContext* ctx, const v1::InferRequest* req,
                      v1::InferResponse* resp) override;
+  grpc::Status PauseJob(grpc::ServerContext* ctx, const v1::PauseJobRequest* req,
+                        v1::PauseJobResponse* resp) override;
+  grpc::Status ResumeJob(grpc::ServerContext* ctx, const v1::ResumeJobRequest* req,
+                         v1::ResumeJobResponse* resp) override;
+  grpc::Status RunSteps(grpc::ServerContext* ctx, const v1::RunStepsRequest* req,
+                        v1::RunStepsResponse* resp) override;
+  grpc::Status StepJob(grpc::ServerContext* ctx, const v1::StepJobRequest* req,
+                       v1::StepJobResponse* resp) override;
+  grpc::Status GetJobSchedule(grpc::ServerContext* ctx, const v1::GetJobScheduleRequest* req,
+                              v1::GetJobScheduleResponse* resp) override;
+  grpc::Status GetStepTrace(grpc::ServerContext* ctx, const v1::GetStepTraceRequest* req,
+                            v1::GetStepTraceResponse* resp) override;
   grpc::Status RegisterWorker(grpc::ServerContext* ctx, const v1::RegisterWorkerRequest* req,
                               v1::RegisterWorkerResponse* resp) override;
   grpc::Status Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
@@ -63,9 +101,16 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
                              grpc::ServerWriter<v1::FetchArtifactResponse>* writer) override;
 
  private:
+  // OK when the call carries the client (worker) token or none is required.
+  grpc::Status ClientAuth(const grpc::ServerContext& ctx, const char* method) const;
+  grpc::Status WorkerAuth(const grpc::ServerContext& ctx, const char* method) const;
+  // FetchArtifact: either token.
+  grpc::Status ArtifactAuth(const grpc::ServerContext& ctx) const;
+
   JobManager* jobs_;
   KvStore* kv_;
   ArtifactStore* artifacts_;
+  const CoordinatorAuth auth_;
 };
 
 }  // namespace stagecoach::coordinator

@@ -12,18 +12,36 @@ bool IsFinal(v1::JobState state) {
 }
 
 absl::Status CheckTransition(v1::JobState from, v1::JobState to) {
+  using S = v1::JobState;
   bool allowed = false;
-  switch (from) {
-    case v1::JOB_STATE_PENDING:
-      allowed = to == v1::JOB_STATE_RUNNING || to == v1::JOB_STATE_FAILED ||
-                to == v1::JOB_STATE_CANCELLED;
-      break;
-    case v1::JOB_STATE_RUNNING:
-      allowed = to == v1::JOB_STATE_SUCCEEDED || to == v1::JOB_STATE_FAILED ||
-                to == v1::JOB_STATE_CANCELLED;
-      break;
-    default:
-      allowed = false;
+  if (!IsFinal(from) && from != v1::JOB_STATE_UNSPECIFIED &&
+      (to == S::JOB_STATE_FAILED || to == S::JOB_STATE_CANCELLED)) {
+    allowed = true;
+  } else {
+    switch (from) {
+      case S::JOB_STATE_PLANNING:
+        allowed = to == S::JOB_STATE_PENDING;
+        break;
+      case S::JOB_STATE_PENDING:
+        allowed = to == S::JOB_STATE_STARTING;
+        break;
+      case S::JOB_STATE_STARTING:
+        allowed = to == S::JOB_STATE_RUNNING || to == S::JOB_STATE_PAUSED ||
+                  to == S::JOB_STATE_RESTARTING;
+        break;
+      case S::JOB_STATE_RUNNING:
+        allowed = to == S::JOB_STATE_PAUSED || to == S::JOB_STATE_SUCCEEDED ||
+                  to == S::JOB_STATE_RESTARTING;
+        break;
+      case S::JOB_STATE_PAUSED:
+        allowed = to == S::JOB_STATE_RUNNING || to == S::JOB_STATE_RESTARTING;
+        break;
+      case S::JOB_STATE_RESTARTING:
+        allowed = to == S::JOB_STATE_STARTING;
+        break;
+      default:
+        allowed = false;
+    }
   }
   if (allowed) return absl::OkStatus();
   return absl::FailedPreconditionError(
@@ -73,7 +91,7 @@ void Job::ToProto(v1::Job* out) const {
   out->set_reason(reason);
   for (const auto& t : history) *out->add_history() = t;
   out->set_steps_done(steps_done());
-  out->set_steps_total(spec.training.steps);
+  out->set_steps_total(finish_step - base_step);
   for (double loss : losses) out->add_losses(loss);
   for (double ratio : max_bubble_ratios) out->add_max_bubble_ratios(ratio);
   out->set_num_stages(plan.num_stages);
@@ -101,6 +119,12 @@ void Job::ToProto(v1::Job* out) const {
   *out->mutable_created_time() = rpc::ToProtoTimestamp(created);
   for (const v1::JobCheckpoint& c : checkpoints) *out->add_checkpoints() = c;
   if (resumed_from.has_value()) *out->mutable_resumed_from() = *resumed_from;
+  out->set_restarts(restarts);
+  out->set_max_restarts(spec.restart.max_restarts);
+  if (failure.has_value()) *out->mutable_failure() = *failure;
+  out->set_global_steps_done(global_done());
+  out->set_pause_at_global_step(hold_step >= 0 ? hold_step : 0);
+  out->set_attempt(attempt);
 }
 
 }  // namespace stagecoach::coordinator

@@ -3,20 +3,39 @@
 //
 // State machine (one enum, v1::JobState; one transition function, Job::TransitionTo):
 //
-//          (1)              (2)
-//   PENDING ----> RUNNING ------> SUCCEEDED
-//      |  \          |
-//      |   \(3)      |(3)
-//      |    `----> FAILED
-//      |(4)          |(4)
-//      `---------> CANCELLED <-'
+//   PLANNING --(1)--> PENDING --(2)--> STARTING --(3)--> RUNNING --(5)--> SUCCEEDED
+//                                        |   ^  \         |  ^
+//                                        |   |   `(3)-.   (4)  (4)
+//                                        |   |         v   v  |
+//                                        |   |         PAUSED
+//                                        |  (7)          |
+//                                        |   |    (6)    |
+//                                        `---+-------> RESTARTING <-- RUNNING (6)
+//                                            `-----------'
+//   Any state that is not final --(8)--> FAILED, --(9)--> CANCELLED.
 //
-//   (1) every rank accepted its task (StartTask succeeded on each placed worker)
-//   (2) every rank reported its task SUCCEEDED (all steps done)
-//   (3) a rank failed, a worker was lost, or a task could not be started; the reason is the
-//       root cause (which worker and rank, which action, what error)
-//   (4) a client cancelled it
-// SUCCEEDED, FAILED and CANCELLED are final. While PENDING, `reason` says what the job waits for.
+//   (1) the model was inspected and split; the job is queued for workers (gang semantics:
+//       all of its ranks start together or it waits; strict FIFO)
+//   (2) free workers were found and assigned; StartTask is being sent to each
+//   (3) every rank accepted its task: RUNNING, or PAUSED when the job starts held
+//       (SubmitJob start_paused, or a restart whose hold step is where it resumes)
+//   (4) PauseJob: every rank holds at one step boundary (PAUSED); ResumeJob, RunSteps or a
+//       client batch step (StepJob) set it running again (RUNNING)
+//   (5) every rank reported its task SUCCEEDED (all steps done, told to finish)
+//   (6) a rank failed or its worker was lost (missed heartbeats, killed, unreachable, a
+//       transport error) and restart.max_restarts allows another attempt; or the coordinator
+//       restarted while the job ran (not counted as a restart). Its tasks are stopped.
+//   (7) free workers were found again: the next attempt starts from the latest checkpoint
+//   (8) a failure with no restart left, or a task that could not be started; the reason and
+//       Job.failure name the root cause (rank, worker, action, error)
+//   (9) a client cancelled it
+// SUCCEEDED, FAILED and CANCELLED are final. Every transition is kept in `history` with its
+// reason and time, and streamed by WatchJob as a state-change event. While PENDING or
+// RESTARTING, `reason` says what the job waits for.
+//
+// Timeline: steps are numbered globally across attempts and resumes ("global steps"): a job
+// resumed from a checkpoint after 10 steps starts at global step 10 (base_step), and an
+// attempt restarted from the checkpoint after step 25 starts at 25 (attempt_base).
 #pragma once
 
 #include <cstdint>
@@ -29,6 +48,7 @@
 #include "absl/time/time.h"
 #include "common/spec/job_spec.h"
 #include "coordinator/planner.h"
+#include "coordinator/step_trace.h"
 #include "stagecoach/v1/coordinator.pb.h"
 #include "stagecoach/v1/types.pb.h"
 
@@ -68,6 +88,7 @@ struct StepAggregate {
   std::vector<double> microbatch_losses;  // from the rank that owns the last stage
   absl::Duration slowest = absl::ZeroDuration();
   std::vector<double> bubble_ratios;  // indexed by rank
+  bool client_batch = false;          // a StepJob step
 };
 
 struct Job {
@@ -81,12 +102,43 @@ struct Job {
   std::string reason;
   std::vector<v1::JobTransition> history;
 
-  int attempt = 0;              // incremented each time the job is placed
+  int attempt = 0;  // incremented each time the job is placed
+  // Global step where the current attempt started (the checkpoint it restored, else base_step).
+  int64_t attempt_base = 0;
+  // Global step at which the job ends: base_step + training.steps (+ RunSteps extensions).
+  int64_t finish_step = 0;
+  // Global step where the ranks hold (PAUSED there) or will hold; -1 for none.
+  int64_t hold_step = -1;
+  // A PauseJob is choosing its hold step (its ControlTask calls are in flight): the job neither
+  // finishes nor turns PAUSED meanwhile.
+  bool pausing = false;
+  // The ranks were told to finish at finish_step (no more RunSteps extensions).
+  bool finishing = false;
+  // Restarts so far (restart.max_restarts), and the root cause of the latest failure.
+  int restarts = 0;
+  std::optional<v1::JobFailure> failure;
+  // The checkpoint the current attempt restored (the latest one when it was placed); unset when
+  // it started from the model's initial parameters.
+  std::optional<v1::JobCheckpoint> restored;
+  // A StepJob in flight: its global step, and what the ranks reported for it.
+  struct ClientStepState {
+    int64_t global_step = 0;
+    bool forward_only = false;
+    int64_t rows = 0;        // of the client's inputs
+    int ranks_reported = 0;  // forward-only steps: ranks that reported it
+    absl::Duration slowest = absl::ZeroDuration();
+    std::optional<v1::TensorData> outputs;
+    std::vector<double> losses;
+    bool done = false;
+  };
+  std::optional<ClientStepState> client_step;
   bool starting = false;        // StartTask calls of the current attempt are in flight
   std::vector<RankSlot> ranks;  // empty until placed
   std::map<int64_t, StepAggregate> partial_steps;
-  int64_t steps_completed = 0;            // steps every rank has finished
-  std::vector<double> losses;             // one per completed step, unless forward-only
+  int64_t steps_completed = 0;  // steps of this attempt every rank has finished
+  // One per completed step since base_step (index = global step - base_step), unless
+  // forward-only; a restart drops those after the checkpoint it restores.
+  std::vector<double> losses;
   std::vector<double> max_bubble_ratios;  // one per completed step: the largest over ranks
 
   // Infer jobs (forward-only, one step on a client batch). The inputs are dropped when the job
@@ -103,16 +155,23 @@ struct Job {
   // Steps of the job's timeline before its first step: resumed_from's step, else 0. Global
   // step numbers (ReportStepRequest.global_step, checkpoint steps) count from it.
   int64_t base_step = 0;
+  // Files of every complete checkpoint, by global step, then by stage (to restart from).
+  std::map<int64_t, std::vector<std::vector<v1::StageCheckpointFile>>> checkpoint_stage_files;
   // Stage files reported for checkpoints that are not complete yet: global step -> stage ->
   // that stage's files.
   std::map<int64_t, std::map<int, std::vector<v1::StageCheckpointFile>>> checkpoint_files;
   // Complete checkpoints (every stage's files and the manifest written), oldest first.
   std::vector<v1::JobCheckpoint> checkpoints;
 
-  int64_t steps_done() const { return steps_completed; }
+  // Global steps every rank has finished.
+  int64_t global_done() const { return attempt_base + steps_completed; }
+  // Steps of this job (since base_step) every rank has finished.
+  int64_t steps_done() const { return global_done() - base_step; }
   bool forward_only() const { return !plan.has_backward; }
 
   std::vector<v1::JobEvent> events;
+  // Action timings of the latest steps, by global step (GetStepTrace).
+  StepTraceStore traces;
 
   // Moves to `to` if the state machine allows it, recording history and a state-change event.
   absl::Status TransitionTo(v1::JobState to, const std::string& why, absl::Time now);

@@ -25,6 +25,7 @@
 #include "common/util/work_queue.h"
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/job.h"
+#include "coordinator/job_store.h"
 #include "coordinator/kv_store.h"
 #include "coordinator/worker_client.h"
 #include "coordinator/worker_registry.h"
@@ -52,6 +53,9 @@ struct JobManagerOptions {
   absl::Duration inspect_timeout = absl::Seconds(120);
   // Timed repetitions of each layer when profiling; 0 lets the worker choose (3).
   int profile_iterations = 0;
+  // Longest a task holds at a step boundary (a PAUSED job) before it gives up and fails
+  // (TaskAssignment.hold_timeout).
+  absl::Duration hold_timeout = absl::Hours(24);
 };
 
 struct JobManagerDeps {
@@ -60,6 +64,9 @@ struct JobManagerDeps {
   KvStore* kv = nullptr;            // required
   // Optional: where steps, bytes and job/worker counts are recorded (the counts each Tick).
   CoordinatorMetrics* metrics = nullptr;
+  // Optional: the job table on disk (--data-dir). Jobs are saved on every state change,
+  // checkpoint and step target change, and Recover() reloads them.
+  JobStore* store = nullptr;
 };
 
 // Events of a job from a sequence number on, and whether the job has ended (no more events).
@@ -85,6 +92,15 @@ class JobManager {
   // Starts the background thread (lease expiry, scheduling). Tests may call Tick() instead.
   void Start();
 
+  // Reloads the job table from deps.store (call before Start). Final jobs come back as they
+  // were. Jobs that were PENDING stay queued. Jobs that were STARTING, RUNNING, PAUSED or
+  // RESTARTING go RESTARTING ("the coordinator restarted"; not counted against
+  // restart.max_restarts) and continue from their latest checkpoint once enough workers have
+  // registered again, holding where they held. An Infer job that had not ended FAILS (its
+  // client's batch was not kept). Returns the problems met (unreadable records, specs or
+  // checkpoints), each naming the job or file; the rest is still loaded.
+  std::vector<std::string> Recover() ABSL_LOCKS_EXCLUDED(mu_);
+
   // --- Clients ---
 
   // Parses, validates and plans the spec, then queues the job. INVALID_ARGUMENT (naming the
@@ -93,7 +109,9 @@ class JobManager {
   // one of the spec's device if any; see InspectModel): FAILED_PRECONDITION when no worker is
   // registered and alive, INVALID_ARGUMENT with the worker's message when it cannot load or run
   // the model, UNAVAILABLE / DEADLINE_EXCEEDED (options.inspect_timeout) when it does not answer.
-  absl::StatusOr<std::string> SubmitJob(const std::string& spec_yaml, const std::string& origin);
+  // With `start_paused` the job's ranks set up and hold before its first step (PAUSED).
+  absl::StatusOr<std::string> SubmitJob(const std::string& spec_yaml, const std::string& origin,
+                                        bool start_paused = false);
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
   // Every job, oldest first, without its spec and per-rank action lists (GetJob has them).
   std::vector<v1::Job> ListJobs();
@@ -120,6 +138,22 @@ class JobManager {
   // passing the step asked for; a worker's own error (naming its rank) otherwise.
   absl::StatusOr<v1::CheckpointJobResponse> CheckpointJob(const std::string& job_id)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Step control (CoordinatorService.PauseJob, ResumeJob, RunSteps, StepJob; see their
+  // contracts in coordinator.proto).
+  absl::StatusOr<v1::PauseJobResponse> PauseJob(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<v1::Job> ResumeJob(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<v1::RunStepsResponse> RunSteps(const std::string& job_id, int64_t steps)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits up to `timeout` for the step; `caller_gone` (optional) is polled meanwhile.
+  absl::StatusOr<v1::StepJobResponse> StepJob(const v1::StepJobRequest& request,
+                                              absl::Duration timeout,
+                                              const std::function<bool()>& caller_gone = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The job's planned schedule (CoordinatorService.GetJobSchedule).
+  absl::StatusOr<v1::GetJobScheduleResponse> GetJobSchedule(const std::string& job_id);
+  // The measured Chrome trace of a completed step; -1 for the latest (GetStepTrace).
+  absl::StatusOr<v1::GetStepTraceResponse> GetStepTrace(const std::string& job_id,
+                                                        int64_t global_step);
   // FAILED_PRECONDITION when the job has already ended.
   absl::StatusOr<v1::Job> CancelJob(const std::string& job_id, const std::string& reason);
   // Waits up to `timeout` for events with sequence >= from_sequence; returns those (possibly
@@ -183,6 +217,37 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sets the metrics' job and worker counts from the current table (when deps_.metrics).
   void UpdateStateMetricsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Handles the failure of a job that is not final (root cause in `failure`): RESTARTING when
+  // restart.max_restarts allows one more attempt (RestartLocked), else FAILED.
+  void FailOrRestartLocked(Job* job, v1::JobFailure failure, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the job to RESTARTING: stops its live tasks; ScheduleLocked places it again once its
+  // workers are released and enough are free.
+  void RestartLocked(Job* job, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Turns a RUNNING job PAUSED once every rank holds at its hold step.
+  void MaybePauseLocked(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells the ranks of a RUNNING job that every rank brought to finish_step (and that holds
+  // nowhere else) to finish.
+  void MaybeFinishLocked(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends `requests[r]` to rank r's worker, each on the work queue; a failed call fails (or
+  // restarts) the job, naming the rank.
+  void SendControlLocked(Job* job, std::vector<v1::ControlTaskRequest> requests)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends `requests[r]` to every rank now, in rank order, and returns the first error (naming the
+  // rank) and that rank. Takes no lock: the caller holds control_mu_.
+  absl::Status CallControl(const std::vector<std::pair<int, std::string>>& ranks,
+                           const std::vector<v1::ControlTaskRequest>& requests, int* failed_rank);
+  // The ControlTask request that sets a job's attempt's step limit.
+  v1::ControlTaskRequest ControlRequest(const Job& job, int64_t step_limit) const;
+  // Saves the job to deps.store (when set); an I/O error is logged.
+  void PersistLocked(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job as GetJob returns it (with the plan's layers and stages).
+  v1::Job FullProtoLocked(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A forward-only client step's report (ReportStepRequest.forward_only_step).
+  absl::Status ReportForwardOnlyStepLocked(Job* job, RankSlot* slot,
+                                           const v1::ReportStepRequest& req)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // Validates that a report comes from the worker holding `rank` in the current attempt.
   absl::StatusOr<RankSlot*> ReportingSlot(Job* job, const std::string& worker_id, int attempt,
                                           int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -190,6 +255,9 @@ class JobManager {
   const JobManagerOptions options_;
   const JobManagerDeps deps_;
 
+  // Serialises the step-control calls (PauseJob, ResumeJob, RunSteps, StepJob), which call
+  // workers without holding mu_. Acquired before mu_, never while holding it.
+  absl::Mutex control_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   absl::Mutex mu_;
   WorkerRegistry registry_ ABSL_GUARDED_BY(mu_);
   std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);  // oldest first; deque keeps pointers stable

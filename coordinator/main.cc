@@ -1,13 +1,16 @@
 // stagecoach-coordinator: the control plane. See DESIGN.md "Command-line contract".
 #include <CLI/CLI.hpp>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/metrics/metrics.h"
 #include "common/rpc/address.h"
+#include "common/rpc/auth.h"
 #include "common/rpc/server.h"
+#include "common/rpc/tls.h"
 #include "common/util/config_file.h"
 #include "common/util/logging.h"
 #include "common/util/signals.h"
@@ -34,11 +37,17 @@ struct Flags {
   std::string lease = "10s";
   std::string heartbeat_interval = "2s";
   std::string comm_timeout = "60s";
+  std::string hold_timeout = "24h";
   std::string log_level = "info";
   std::string data_dir;
   std::string max_upload_bytes = "1073741824";
   std::string metrics_listen;  // empty: no /metrics endpoint
   bool check_config = false;
+  // Security (docs/security.md).
+  std::string tls_cert, tls_key, tls_ca, tls_server_name;
+  bool tls_require_client_cert = false;
+  std::string client_token_file, worker_token_file;
+  std::string max_message_bytes = std::to_string(stagecoach::rpc::kMaxMessageBytes);
 };
 
 int Fail(const std::string& message) {
@@ -70,12 +79,16 @@ int main(int argc, char** argv) {
                                    "how often workers heartbeat");
   auto* comm = app.add_option("--comm-timeout", flags.comm_timeout,
                               "bound on every data-plane wait in a job's tasks");
+  auto* hold = app.add_option("--hold-timeout", flags.hold_timeout,
+                              "longest a PAUSED job's tasks hold before they give up and fail");
   auto* level =
       app.add_option("--log-level", flags.log_level, "trace, debug, info, warn, error or off");
   auto* data_dir = app.add_option(
       "--data-dir", flags.data_dir,
-      "directory for the coordinator's state; uploaded artifacts live in DIR/artifacts (default: "
-      "a private temporary directory, removed at exit)");
+      "directory for the coordinator's state: the job table in DIR/jobs (kept across restarts: "
+      "running jobs continue from their latest checkpoint) and uploaded artifacts in "
+      "DIR/artifacts (default: a private temporary directory for artifacts, removed at exit, "
+      "and no job table)");
   auto* max_upload =
       app.add_option("--max-upload-bytes", flags.max_upload_bytes,
                      "largest artifact stagectl may upload, in bytes (default 1 GiB)");
@@ -85,6 +98,28 @@ int main(int argc, char** argv) {
       "default: no metrics endpoint)");
   app.add_flag("--check-config", flags.check_config,
                "validate the configuration and exit (0 when valid)");
+  auto* tls_cert = app.add_option(
+      "--tls-cert", flags.tls_cert,
+      "PEM certificate: serve TLS with it, and present it as client certificate to workers");
+  auto* tls_key = app.add_option("--tls-key", flags.tls_key, "PEM private key of --tls-cert");
+  auto* tls_ca =
+      app.add_option("--tls-ca", flags.tls_ca,
+                     "PEM CA that signs the peers' certificates: verifies the workers (and, with "
+                     "--tls-require-client-cert, the clients of this coordinator)");
+  auto* tls_server_name = app.add_option(
+      "--tls-server-name", flags.tls_server_name,
+      "name every worker's certificate must carry (default: the host of its address)");
+  app.add_flag("--tls-require-client-cert", flags.tls_require_client_cert,
+               "mutual TLS: refuse clients (stagectl, workers) without a certificate signed by "
+               "--tls-ca");
+  auto* client_token = app.add_option(
+      "--client-token-file", flags.client_token_file,
+      "require the token in this file as 'authorization: Bearer' on client RPCs (stagectl)");
+  auto* worker_token =
+      app.add_option("--worker-token-file", flags.worker_token_file,
+                     "require the token in this file as 'authorization: Bearer' on worker RPCs");
+  auto* max_message = app.add_option("--max-message-bytes", flags.max_message_bytes,
+                                     "largest gRPC message sent or accepted, in bytes");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -97,10 +132,18 @@ int main(int argc, char** argv) {
                        {"lease", &flags.lease, lease->count() > 0},
                        {"heartbeat-interval", &flags.heartbeat_interval, heartbeat->count() > 0},
                        {"comm-timeout", &flags.comm_timeout, comm->count() > 0},
+                       {"hold-timeout", &flags.hold_timeout, hold->count() > 0},
                        {"log-level", &flags.log_level, level->count() > 0},
                        {"data-dir", &flags.data_dir, data_dir->count() > 0},
                        {"max-upload-bytes", &flags.max_upload_bytes, max_upload->count() > 0},
-                       {"metrics-listen", &flags.metrics_listen, metrics_listen->count() > 0}});
+                       {"metrics-listen", &flags.metrics_listen, metrics_listen->count() > 0},
+                       {"tls-cert", &flags.tls_cert, tls_cert->count() > 0},
+                       {"tls-key", &flags.tls_key, tls_key->count() > 0},
+                       {"tls-ca", &flags.tls_ca, tls_ca->count() > 0},
+                       {"tls-server-name", &flags.tls_server_name, tls_server_name->count() > 0},
+                       {"client-token-file", &flags.client_token_file, client_token->count() > 0},
+                       {"worker-token-file", &flags.worker_token_file, worker_token->count() > 0},
+                       {"max-message-bytes", &flags.max_message_bytes, max_message->count() > 0}});
     if (!applied.ok()) return Fail(std::string(applied.message()));
   }
 
@@ -110,7 +153,8 @@ int main(int argc, char** argv) {
   for (auto [text, flag, into] :
        {std::tuple{&flags.lease, "lease", &options.lease},
         std::tuple{&flags.heartbeat_interval, "heartbeat-interval", &options.heartbeat_interval},
-        std::tuple{&flags.comm_timeout, "comm-timeout", &options.comm_timeout}}) {
+        std::tuple{&flags.comm_timeout, "comm-timeout", &options.comm_timeout},
+        std::tuple{&flags.hold_timeout, "hold-timeout", &options.hold_timeout}}) {
     auto d = ParsePositiveDuration(*text, flag);
     if (!d.ok()) return Fail(std::string(d.status().message()));
     *into = *d;
@@ -135,6 +179,32 @@ int main(int argc, char** argv) {
   if (auto s = stagecoach::InitLogging("coordinator", flags.log_level); !s.ok()) {
     return Fail(std::string(s.message()));
   }
+  // Security: TLS on the server and on the channels to workers, the tokens required.
+  stagecoach::rpc::TlsFiles tls{flags.tls_cert, flags.tls_key, flags.tls_ca,
+                                flags.tls_require_client_cert};
+  auto server_credentials = stagecoach::rpc::MakeServerCredentials(tls);
+  if (!server_credentials.ok()) return Fail(std::string(server_credentials.status().message()));
+  auto channel_credentials = stagecoach::rpc::MakeChannelCredentials(tls);
+  if (!channel_credentials.ok()) return Fail(std::string(channel_credentials.status().message()));
+  stagecoach::rpc::ChannelSecurity worker_security;
+  worker_security.credentials = *channel_credentials;
+  worker_security.server_name = flags.tls_server_name;
+  stagecoach::coordinator::CoordinatorAuth auth;
+  for (auto [path, flag, into] :
+       {std::tuple{&flags.client_token_file, "--client-token-file", &auth.client_token},
+        std::tuple{&flags.worker_token_file, "--worker-token-file", &auth.worker_token}}) {
+    if (path->empty()) continue;
+    auto token = stagecoach::rpc::ReadTokenFile(*path, flag);
+    if (!token.ok()) return Fail(std::string(token.status().message()));
+    *into = *token;
+  }
+  stagecoach::rpc::ServerOptions server_options;
+  server_options.credentials = *server_credentials;
+  if (!absl::SimpleAtoi(flags.max_message_bytes, &server_options.max_message_bytes) ||
+      server_options.max_message_bytes < 4096) {
+    return Fail(absl::StrCat("--max-message-bytes: must be a number of bytes >= 4096, got '",
+                             flags.max_message_bytes, "'"));
+  }
   if (flags.check_config) {
     std::cout << "configuration ok\n";
     return 0;
@@ -145,7 +215,7 @@ int main(int argc, char** argv) {
   auto artifacts = ArtifactStore::Open(artifact_options);
   if (!artifacts.ok()) return Fail(std::string(artifacts.status().message()));
   KvStore kv;
-  GrpcWorkerClient worker_client;
+  GrpcWorkerClient worker_client(worker_security);
   auto registry = std::make_shared<prometheus::Registry>();
   stagecoach::metrics::AddBuildInfo(*registry);
   stagecoach::coordinator::CoordinatorMetrics metrics(*registry);
@@ -155,10 +225,21 @@ int main(int argc, char** argv) {
     if (!served.ok()) return Fail(std::string(served.status().message()));
     metrics_server = *std::move(served);
   }
-  JobManager jobs(options, {stagecoach::Clock::Real(), &worker_client, &kv, &metrics});
-  CoordinatorServiceImpl service(&jobs, &kv, artifacts->get());
+  // The job table lives with the artifacts under --data-dir; without it jobs are not kept
+  // across restarts.
+  std::optional<stagecoach::coordinator::JobStore> job_store;
+  if (!flags.data_dir.empty()) {
+    auto opened = stagecoach::coordinator::JobStore::Open(flags.data_dir + "/jobs");
+    if (!opened.ok()) return Fail(std::string(opened.status().message()));
+    job_store = *std::move(opened);
+  }
+  JobManager jobs(options, {stagecoach::Clock::Real(), &worker_client, &kv, &metrics,
+                            job_store.has_value() ? &*job_store : nullptr});
+  for (const std::string& problem : jobs.Recover()) spdlog::error("job table: {}", problem);
+  CoordinatorServiceImpl service(&jobs, &kv, artifacts->get(), auth);
 
-  auto started = stagecoach::rpc::StartServer(*listen_addr, {&service});
+  server_options.metrics = registry.get();
+  auto started = stagecoach::rpc::StartServer(*listen_addr, {&service}, server_options);
   if (!started.ok()) return Fail(std::string(started.status().message()));
   grpc::Server* server = started->server.get();
   stagecoach::rpc::HostPort actual = *listen_addr;

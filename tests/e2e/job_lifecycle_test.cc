@@ -76,9 +76,13 @@ TEST(JobLifecycle, PendingJobShowsWhatItWaitsForAndStartsWhenWorkersJoin) {
   EXPECT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->reason() << c.Logs();
   EXPECT_EQ(done->steps_done(), 5);
   EXPECT_EQ(done->losses_size(), 5);
-  // History: PENDING (submitted), RUNNING, SUCCEEDED.
-  ASSERT_EQ(done->history_size(), 3);
-  EXPECT_EQ(done->history(1).state(), v1::JOB_STATE_RUNNING);
+  // History: PLANNING (submitted), PENDING (planned), STARTING, RUNNING, SUCCEEDED.
+  ASSERT_EQ(done->history_size(), 5);
+  EXPECT_EQ(done->history(0).state(), v1::JOB_STATE_PLANNING);
+  EXPECT_EQ(done->history(1).state(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(done->history(2).state(), v1::JOB_STATE_STARTING);
+  EXPECT_EQ(done->history(3).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(done->history(4).state(), v1::JOB_STATE_SUCCEEDED);
 }
 
 TEST(JobLifecycle, BadSpecsAreRefusedAtSubmitWithTheFieldAndNothingIsQueued) {

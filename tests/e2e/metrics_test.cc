@@ -76,7 +76,8 @@ TEST(Metrics, ScrapedValuesFollowARealJob) {
   auto done = c.WaitForJob(
       job_id,
       [](const v1::Job& j) {
-        return j.state() != v1::JOB_STATE_PENDING && j.state() != v1::JOB_STATE_RUNNING;
+        return j.state() == v1::JOB_STATE_SUCCEEDED || j.state() == v1::JOB_STATE_FAILED ||
+               j.state() == v1::JOB_STATE_CANCELLED;
       },
       absl::Seconds(90));
   ASSERT_TRUE(done.ok()) << done.status() << c.Logs();

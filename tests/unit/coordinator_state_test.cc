@@ -1,5 +1,6 @@
 // The coordinator's small stateful parts: the rendezvous store, the worker registry and the
 // job state machine.
+#include <algorithm>
 #include <thread>
 
 #include "coordinator/job.h"
@@ -89,21 +90,47 @@ TEST(WorkerRegistry, AssignAndReleaseAndDeviceMatching) {
 }
 
 TEST(JobStateMachine, OnlyTheDiagramsTransitionsAreAllowed) {
-  EXPECT_TRUE(CheckTransition(v1::JOB_STATE_PENDING, v1::JOB_STATE_RUNNING).ok());
-  EXPECT_TRUE(CheckTransition(v1::JOB_STATE_PENDING, v1::JOB_STATE_CANCELLED).ok());
-  EXPECT_TRUE(CheckTransition(v1::JOB_STATE_RUNNING, v1::JOB_STATE_FAILED).ok());
-  EXPECT_FALSE(CheckTransition(v1::JOB_STATE_PENDING, v1::JOB_STATE_SUCCEEDED).ok());
-  EXPECT_FALSE(CheckTransition(v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED).ok());
-  EXPECT_FALSE(CheckTransition(v1::JOB_STATE_CANCELLED, v1::JOB_STATE_RUNNING).ok());
+  using S = v1::JobState;
+  const std::vector<std::pair<S, S>> edges = {
+      {S::JOB_STATE_PLANNING, S::JOB_STATE_PENDING},
+      {S::JOB_STATE_PENDING, S::JOB_STATE_STARTING},
+      {S::JOB_STATE_STARTING, S::JOB_STATE_RUNNING},
+      {S::JOB_STATE_STARTING, S::JOB_STATE_PAUSED},
+      {S::JOB_STATE_STARTING, S::JOB_STATE_RESTARTING},
+      {S::JOB_STATE_RUNNING, S::JOB_STATE_PAUSED},
+      {S::JOB_STATE_RUNNING, S::JOB_STATE_SUCCEEDED},
+      {S::JOB_STATE_RUNNING, S::JOB_STATE_RESTARTING},
+      {S::JOB_STATE_PAUSED, S::JOB_STATE_RUNNING},
+      {S::JOB_STATE_PAUSED, S::JOB_STATE_RESTARTING},
+      {S::JOB_STATE_RESTARTING, S::JOB_STATE_STARTING},
+  };
+  const std::vector<S> all = {S::JOB_STATE_PLANNING,   S::JOB_STATE_PENDING,
+                              S::JOB_STATE_STARTING,   S::JOB_STATE_RUNNING,
+                              S::JOB_STATE_PAUSED,     S::JOB_STATE_RESTARTING,
+                              S::JOB_STATE_SUCCEEDED,  S::JOB_STATE_FAILED,
+                              S::JOB_STATE_CANCELLED};
+  for (S from : all) {
+    for (S to : all) {
+      const bool final_from = IsFinal(from);
+      const bool expected =
+          !final_from && ((to == S::JOB_STATE_FAILED || to == S::JOB_STATE_CANCELLED) ||
+                          std::find(edges.begin(), edges.end(), std::make_pair(from, to)) !=
+                              edges.end());
+      EXPECT_EQ(CheckTransition(from, to).ok(), expected)
+          << JobStateName(from) << " -> " << JobStateName(to);
+    }
+  }
   Job job;
   job.id = "job-1";
   const absl::Time t = absl::FromUnixSeconds(5);
-  ASSERT_TRUE(job.TransitionTo(v1::JOB_STATE_RUNNING, "go", t).ok());
-  ASSERT_TRUE(job.TransitionTo(v1::JOB_STATE_FAILED, "worker w-2 (rank 1) lost", t).ok());
-  absl::Status again = job.TransitionTo(v1::JOB_STATE_RUNNING, "", t);
+  job.state = S::JOB_STATE_PENDING;
+  ASSERT_TRUE(job.TransitionTo(S::JOB_STATE_STARTING, "placed", t).ok());
+  ASSERT_TRUE(job.TransitionTo(S::JOB_STATE_RUNNING, "go", t).ok());
+  ASSERT_TRUE(job.TransitionTo(S::JOB_STATE_FAILED, "worker w-2 (rank 1) lost", t).ok());
+  absl::Status again = job.TransitionTo(S::JOB_STATE_RUNNING, "", t);
   EXPECT_THAT(std::string(again.message()), HasSubstr("cannot go from FAILED to RUNNING"));
-  EXPECT_EQ(job.history.size(), 2u);
-  EXPECT_EQ(job.events.size(), 2u);
+  EXPECT_EQ(job.history.size(), 3u);
+  EXPECT_EQ(job.events.size(), 3u);
   EXPECT_EQ(job.reason, "worker w-2 (rank 1) lost");
 }
 

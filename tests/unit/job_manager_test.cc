@@ -118,6 +118,13 @@ TEST_F(JobManagerTest, StepsCompleteWhenEveryRankReportedAndTheJobSucceeds) {
   ASSERT_TRUE(Step(*id, w1, 0, 1).ok());
   ASSERT_TRUE(Step(*id, w2, 1, 1, {0.5, 0.5, 0.5, 0.5}).ok());
   EXPECT_THAT(Job(*id).losses(), ElementsAre(3.0, 0.5));
+  // Every rank holds at the job's last step until the coordinator tells it to finish.
+  for (const std::string& address : {Address(1), Address(2)}) {
+    ASSERT_TRUE(Eventually([&] { return !workers_.Controls(address).empty(); }));
+    const v1::ControlTaskRequest finish = workers_.Controls(address).back();
+    EXPECT_TRUE(finish.finish_at_limit());
+    EXPECT_EQ(finish.step_limit(), 2);
+  }
   EXPECT_EQ(Job(*id).ranks(0).bytes_sent(), 200);
   // Listing gives summaries: no spec, no action lists; GetJob has them.
   const v1::Job listed = manager_->ListJobs().at(0);
@@ -138,10 +145,12 @@ TEST_F(JobManagerTest, StepsCompleteWhenEveryRankReportedAndTheJobSucceeds) {
   auto events = manager_->WaitForEvents(*id, 0, absl::ZeroDuration());
   ASSERT_TRUE(events.ok());
   EXPECT_TRUE(events->ended);
-  // PENDING, RUNNING, 2 steps, SUCCEEDED.
-  ASSERT_EQ(events->events.size(), 5u);
-  EXPECT_EQ(events->events[2].step_completed().loss(), 3.0);
-  EXPECT_EQ(events->events[4].state_change().state(), v1::JOB_STATE_SUCCEEDED);
+  // PLANNING, PENDING, STARTING, RUNNING, 2 steps, SUCCEEDED.
+  ASSERT_EQ(events->events.size(), 7u);
+  EXPECT_EQ(events->events[0].state_change().state(), v1::JOB_STATE_PLANNING);
+  EXPECT_EQ(events->events[2].state_change().state(), v1::JOB_STATE_STARTING);
+  EXPECT_EQ(events->events[4].step_completed().loss(), 3.0);
+  EXPECT_EQ(events->events[6].state_change().state(), v1::JOB_STATE_SUCCEEDED);
   for (size_t i = 0; i < events->events.size(); ++i) {
     EXPECT_EQ(events->events[i].sequence(), static_cast<int64_t>(i));
   }

@@ -1,0 +1,151 @@
+// Rendering of a job's event stream for `stagectl watch` and `submit --wait`.
+#include "client/watch.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/render.h"
+#include "common/rpc/time_conversion.h"
+
+namespace stagecoach::client {
+
+void ApplyEvent(const v1::JobEvent& event, WatchState* state) {
+  if (state->job_id.empty()) state->job_id = event.job_id();
+  if (event.has_state_change()) {
+    state->state = event.state_change().state();
+    return;
+  }
+  if (!event.has_step_completed()) return;
+  const v1::StepCompleted& step = event.step_completed();
+  state->has_step = true;
+  state->steps_done = step.step() + 1;
+  state->steps_total = step.steps_total();
+  state->global_step = step.global_step();
+  state->loss = step.has_loss() ? std::optional<double>(step.loss()) : std::nullopt;
+  state->samples_per_second = step.samples_per_second();
+  state->step_time = rpc::FromProtoDuration(step.step_time());
+  state->max_bubble_ratio =
+      step.bubble_ratios().empty()
+          ? 0.0
+          : *std::max_element(step.bubble_ratios().begin(), step.bubble_ratios().end());
+  state->client_batch = step.client_batch();
+  state->recent_step_times.push_back(state->step_time);
+  while (state->recent_step_times.size() > WatchState::kRecentSteps) {
+    state->recent_step_times.pop_front();
+  }
+  // A step is only reported while the job runs (a replayed log may not say so yet).
+  if (state->state == v1::JOB_STATE_UNSPECIFIED) state->state = v1::JOB_STATE_RUNNING;
+}
+
+std::optional<absl::Duration> EstimateRemaining(const WatchState& state) {
+  if (!state.has_step || state.recent_step_times.empty() || state.state != v1::JOB_STATE_RUNNING) {
+    return std::nullopt;
+  }
+  absl::Duration sum = absl::ZeroDuration();
+  for (absl::Duration d : state.recent_step_times) sum += d;
+  const absl::Duration mean = sum / static_cast<int64_t>(state.recent_step_times.size());
+  return mean * std::max<int64_t>(state.steps_total - state.steps_done, 0);
+}
+
+std::string FormatEta(absl::Duration remaining) {
+  if (remaining < absl::ZeroDuration() || remaining > absl::Hours(1000)) return "?";
+  const int64_t s = absl::ToInt64Seconds(remaining + absl::Milliseconds(500));
+  if (s < 60) return absl::StrCat(s, "s");
+  if (s < 3600) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
+  return absl::StrFormat("%dh%02dm", s / 3600, (s / 60) % 60);
+}
+
+std::string StepLine(const WatchState& state) {
+  if (!state.has_step) return "";
+  const std::optional<absl::Duration> eta = EstimateRemaining(state);
+  std::string line = absl::StrFormat(
+      "step %d/%d  loss %s  %.0f samples/s  %.3fs/step  bubble %.2f  ETA %s", state.steps_done,
+      state.steps_total, state.loss.has_value() ? absl::StrFormat("%.6f", *state.loss) : "-",
+      state.samples_per_second, absl::ToDoubleSeconds(state.step_time), state.max_bubble_ratio,
+      eta.has_value() ? FormatEta(*eta) : "-");
+  // Coordinators that predate global steps leave it 0.
+  if (state.global_step > state.steps_done - 1) {
+    absl::StrAppend(&line, "  global ", state.global_step);
+  }
+  if (state.client_batch) absl::StrAppend(&line, "  (client batch)");
+  return line;
+}
+
+std::string ProgressLine(const WatchState& state, int width) {
+  const size_t limit = static_cast<size_t>(std::max(width - 1, 1));
+  if (!state.has_step) {
+    std::string text = absl::StrCat(state.job_id, " ", StateName(state.state));
+    if (text.size() > limit) text.resize(limit);
+    return text;
+  }
+  const std::string suffix =
+      state.state == v1::JOB_STATE_RUNNING ? "" : absl::StrCat("  ", StateName(state.state));
+  std::string text = StepLine(state) + suffix;
+  // The bar takes what the text leaves: 10 to 40 cells, plus its brackets and a space. When the
+  // full text leaves less, a compact one is tried.
+  constexpr int kMinCells = 10, kMaxCells = 40;
+  auto room = [&](const std::string& t) {
+    return static_cast<int>(limit) - static_cast<int>(t.size()) - 3;
+  };
+  if (room(text) < kMinCells) {
+    const std::optional<absl::Duration> eta = EstimateRemaining(state);
+    text = absl::StrFormat("%d/%d loss %s %.0f/s %.3fs/step bubble %.2f ETA %s%s", state.steps_done,
+                           state.steps_total,
+                           state.loss.has_value() ? absl::StrFormat("%.4f", *state.loss) : "-",
+                           state.samples_per_second, absl::ToDoubleSeconds(state.step_time),
+                           state.max_bubble_ratio, eta.has_value() ? FormatEta(*eta) : "-", suffix);
+  }
+  std::string line;
+  if (room(text) >= kMinCells) {
+    const int cells = std::min(room(text), kMaxCells);
+    const int64_t total = std::max<int64_t>(state.steps_total, 1);
+    const int filled =
+        static_cast<int>(cells * std::clamp<int64_t>(state.steps_done, 0, total) / total);
+    line = absl::StrCat("[", std::string(filled, '#'), std::string(cells - filled, '.'), "] ");
+  }
+  line += text;
+  if (line.size() > limit) line.resize(limit);
+  return line;
+}
+
+std::string StateLine(const v1::JobTransition& transition, absl::TimeZone zone) {
+  std::string line =
+      absl::StrCat(absl::FormatTime("%H:%M:%S", rpc::FromProtoTimestamp(transition.time()), zone),
+                   " ", StateName(transition.state()));
+  if (!transition.reason().empty()) absl::StrAppend(&line, "  ", transition.reason());
+  return line;
+}
+
+nlohmann::json EventJson(const v1::JobEvent& event) {
+  nlohmann::json out;
+  out["job_id"] = event.job_id();
+  out["sequence"] = event.sequence();
+  out["time"] = TimestampString(event.time());
+  if (event.has_state_change()) {
+    out["event"] = "state_change";
+    out["state"] = StateName(event.state_change().state());
+    out["reason"] = event.state_change().reason();
+  } else if (event.has_step_completed()) {
+    const v1::StepCompleted& step = event.step_completed();
+    out["event"] = "step_completed";
+    out["step"] = step.step();
+    out["global_step"] = step.global_step();
+    out["steps_total"] = step.steps_total();
+    out["loss"] = step.has_loss() ? nlohmann::json(step.loss()) : nlohmann::json(nullptr);
+    out["step_time_seconds"] = absl::ToDoubleSeconds(rpc::FromProtoDuration(step.step_time()));
+    out["samples_per_second"] = step.samples_per_second();
+    out["bubble_ratios"] =
+        std::vector<double>(step.bubble_ratios().begin(), step.bubble_ratios().end());
+    out["max_bubble_ratio"] =
+        step.bubble_ratios().empty()
+            ? 0.0
+            : *std::max_element(step.bubble_ratios().begin(), step.bubble_ratios().end());
+    out["client_batch"] = step.client_batch();
+  } else {
+    out["event"] = "unknown";
+  }
+  return out;
+}
+
+}  // namespace stagecoach::client

@@ -1032,7 +1032,9 @@ void JobManager::ScheduleLocked() {
     std::vector<const WorkerRecord*> idle =
         registry_.Idle(job.spec.placement.device, job.plan.transport);
     const std::string device = job.spec.placement.device;
-    const std::string waiting = restarting ? "restarting: " : "";
+    // A restarting job keeps its cause in view while it waits.
+    const std::string waiting =
+        restarting && !job.history.empty() ? absl::StrCat(job.history.back().reason(), "; ") : "";
     if (blocked) {
       job.reason = absl::StrCat(waiting, "queued behind ", blocker, "; needs ", needed, " ", device,
                                 " workers");

@@ -294,6 +294,15 @@ absl::StatusOr<v1::ControlTaskResponse> TaskRunner::ControlTask(
     if (!client->forward_only && forward_only_task) {
       return absl::FailedPreconditionError(
           absl::StrCat(who, ": a forward-only task cannot run a training client step"));
+    }  // A batch stage 0 cannot take is refused here, while every rank still holds, rather than
+    // failing the job in the middle of the step.
+    if (stage0_ != nullptr) {
+      auto checked = InferenceMicrobatches(request.client_step().inputs(),
+                                           static_cast<int>(client->inputs.size()), *stage0_);
+      if (!checked.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("client_step.inputs (rank ", rank, "): ", checked.status().message()));
+      }
     }
   }
   step_limit_ = request.step_limit();
@@ -529,11 +538,13 @@ absl::Status TaskRunner::RunSteps() {
   {
     absl::MutexLock lock(&mu_);
     transport_ = transport.get();
+    stage0_ = stages.count(0) > 0 ? stages.at(0) : nullptr;
     if (stop_requested_) transport_->Abort();
   }
   auto forget_transport = [&] {
     absl::MutexLock lock(&mu_);
     transport_ = nullptr;
+    stage0_ = nullptr;
   };
 
   ExecutorOptions options;

@@ -49,6 +49,10 @@
 #include "worker/transport/rendezvous_store.h"
 #include "worker/transport/transport.h"
 
+namespace stagecoach::model {
+class StageModel;
+}  // namespace stagecoach::model
+
 namespace stagecoach::runtime {
 
 // Where a task's progress goes (the coordinator, in production). Thread-safe.
@@ -173,6 +177,9 @@ class TaskRunner {
   std::string stop_reason_ ABSL_GUARDED_BY(mu_);
   // The transport in use, so that Stop can abort it; owned by RunSteps.
   transport::Transport* transport_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // Stage 0, on the rank owning it, while RunSteps has it: ControlTask runs a client batch
+  // through it (the task holds then) to refuse a batch it cannot take before any rank starts.
+  model::StageModel* stage0_ ABSL_GUARDED_BY(mu_) = nullptr;
   // The rendezvous store wrapper in use, so that Stop can cancel its waits.
   class CancellableStore;
   std::unique_ptr<CancellableStore> store_;

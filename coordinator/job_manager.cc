@@ -1443,6 +1443,18 @@ void JobManager::RestartLocked(Job* job, const std::string& why) {
 
 // --- Step control ---
 
+void JobManager::ControlFailedLocked(Job* job, int rank, const absl::Status& error,
+                                     const std::string& doing) {
+  v1::JobFailure cause;
+  cause.set_rank(rank);
+  if (rank >= 0 && rank < static_cast<int>(job->ranks.size())) {
+    cause.set_worker_id(job->ranks[rank].worker_id);
+  }
+  cause.set_error(absl::StrCat("ControlTask: ", error.message()));
+  FailOrRestartLocked(job, cause, absl::StrCat(doing, ": ", error.message()));
+  ScheduleLocked();
+}
+
 void JobManager::MaybePauseLocked(Job* job) {
   if (job->state != v1::JOB_STATE_RUNNING || job->pausing || job->hold_step < 0 ||
       job->global_done() < job->hold_step) {
@@ -1593,13 +1605,7 @@ absl::StatusOr<v1::PauseJobResponse> JobManager::PauseJob(const std::string& job
       return absl::AbortedError(
           absl::StrCat("job ", job_id, ": no step boundary to pause at (", failure.message(), ")"));
     }
-    const RankSlot& slot = job->ranks[failed_rank];
-    v1::JobFailure cause;
-    cause.set_rank(failed_rank);
-    cause.set_worker_id(slot.worker_id);
-    cause.set_error(absl::StrCat("ControlTask: ", failure.message()));
-    FailOrRestartLocked(job, cause, absl::StrCat("pausing ", job_id, ": ", failure.message()));
-    ScheduleLocked();
+    ControlFailedLocked(job, failed_rank, failure, absl::StrCat("pausing ", job_id));
     return failure;
   }
   job->hold_step = boundary;
@@ -1633,13 +1639,7 @@ absl::StatusOr<v1::Job> JobManager::ResumeJob(const std::string& job_id) {
                                            " while it was being resumed: ", job->reason));
   }
   if (!sent.ok()) {
-    const RankSlot& slot = job->ranks[failed_rank];
-    v1::JobFailure cause;
-    cause.set_rank(failed_rank);
-    cause.set_worker_id(slot.worker_id);
-    cause.set_error(absl::StrCat("ControlTask: ", sent.message()));
-    FailOrRestartLocked(job, cause, absl::StrCat("resuming ", job_id, ": ", sent.message()));
-    ScheduleLocked();
+    ControlFailedLocked(job, failed_rank, sent, absl::StrCat("resuming ", job_id));
     return sent;
   }
   job->hold_step = -1;
@@ -1710,13 +1710,7 @@ absl::StatusOr<v1::RunStepsResponse> JobManager::RunSteps(const std::string& job
         absl::StrCat("job ", job_id, " became ", JobStateName(job->state), ": ", job->reason));
   }
   if (!sent.ok()) {
-    const RankSlot& slot = job->ranks[failed_rank];
-    v1::JobFailure cause;
-    cause.set_rank(failed_rank);
-    cause.set_worker_id(slot.worker_id);
-    cause.set_error(absl::StrCat("ControlTask: ", sent.message()));
-    FailOrRestartLocked(job, cause, absl::StrCat("running ", job_id, ": ", sent.message()));
-    ScheduleLocked();
+    ControlFailedLocked(job, failed_rank, sent, absl::StrCat("running ", job_id));
     return sent;
   }
   if (was_paused) {
@@ -1821,13 +1815,7 @@ absl::StatusOr<v1::StepJobResponse> JobManager::StepJob(const v1::StepJobRequest
                                                                  ControlRequest(*job, global)));
       return sent;
     }
-    const RankSlot& slot = job->ranks[failed_rank];
-    v1::JobFailure cause;
-    cause.set_rank(failed_rank);
-    cause.set_worker_id(slot.worker_id);
-    cause.set_error(absl::StrCat("ControlTask: ", sent.message()));
-    FailOrRestartLocked(job, cause, absl::StrCat("client step of ", job_id, ": ", sent.message()));
-    ScheduleLocked();
+    ControlFailedLocked(job, failed_rank, sent, absl::StrCat("client step of ", job_id));
     return sent;
   }
   if (!forward_only) {

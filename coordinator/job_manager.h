@@ -224,6 +224,10 @@ class JobManager {
   // Moves the job to RESTARTING: stops its live tasks; ScheduleLocked places it again once its
   // workers are released and enough are free.
   void RestartLocked(Job* job, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A control call to `rank` failed with `error` while `doing` (e.g. "pausing job-3"): the
+  // job fails or restarts, naming the rank and its worker.
+  void ControlFailedLocked(Job* job, int rank, const absl::Status& error, const std::string& doing)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Turns a RUNNING job PAUSED once every rank holds at its hold step.
   void MaybePauseLocked(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tells the ranks of a RUNNING job that every rank brought to finish_step (and that holds

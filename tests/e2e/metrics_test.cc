@@ -141,8 +141,33 @@ TEST(Metrics, ScrapedValuesFollowARealJob) {
     EXPECT_EQ(Value(w, "stagecoach_action_duration_seconds_count{type=\"W\"}"), 0) << i;
     EXPECT_EQ(Value(w, "stagecoach_build_info{version=\"0.1.0\"}"), 1) << i;
     workers_sent += Value(w, "stagecoach_worker_bytes_total{direction=\"sent\"}");
+    // RPC latency by method: the coordinator started the task and told it to finish.
+    EXPECT_EQ(
+        Value(w,
+              "stagecoach_rpc_server_duration_seconds_count{code=\"OK\",method=\"WorkerService/"
+              "StartTask\"}"),
+        1)
+        << i;
+    EXPECT_GE(
+        Value(w,
+              "stagecoach_rpc_server_duration_seconds_count{code=\"OK\",method=\"WorkerService/"
+              "ControlTask\"}"),
+        1)
+        << i;
   }
   EXPECT_EQ(workers_sent, coord_sent);
+  // The coordinator's RPCs: one submission, a step report per rank and step, no restart.
+  EXPECT_EQ(
+      Value(coord,
+            "stagecoach_rpc_server_duration_seconds_count{code=\"OK\",method=\"CoordinatorService/"
+            "SubmitJob\"}"),
+      1);
+  EXPECT_EQ(
+      Value(coord,
+            "stagecoach_rpc_server_duration_seconds_count{code=\"OK\",method=\"CoordinatorService/"
+            "ReportStep\"}"),
+      2 * kSteps);
+  EXPECT_EQ(Value(coord, "stagecoach_job_restarts_total"), 0);
 }
 
 TEST(Metrics, ABadMetricsAddressIsRefusedNamingTheFlag) {

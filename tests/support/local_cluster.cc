@@ -1,5 +1,7 @@
 #include "tests/support/local_cluster.h"
 
+#include <signal.h>
+
 #include <fstream>
 
 #include "absl/strings/match.h"
@@ -75,6 +77,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
   auto coordinator = ChildProcess::Start(coordinator_args, c->dir() + "/coordinator.log");
   if (!coordinator.ok()) return coordinator.status();
   c->coordinator_ = *std::move(coordinator);
+  c->coordinator_argv_ = coordinator_args;
+  c->coordinator_starts_ = 1;
   auto address = ListeningAddress(*c->coordinator_);
   if (!address.ok()) return address.status();
   c->coordinator_address_ = *address;
@@ -88,6 +92,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
     if (!token.ok()) return token.status();
     security.bearer_token = *token;
   }
+  c->security_ = security;
   c->stub_ = v1::CoordinatorService::NewStub(rpc::MakeChannel(c->coordinator_address_, security));
   c->worker_args_.insert(c->worker_args_.end(), options.worker_args.begin(),
                          options.worker_args.end());
@@ -103,6 +108,30 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
 LocalCluster::~LocalCluster() {
   for (auto& w : workers_) w->Stop();
   if (coordinator_) coordinator_->Stop();
+}
+
+absl::Status LocalCluster::RestartCoordinator() {
+  coordinator_->Signal(SIGKILL);
+  absl::StatusOr<int> exited = coordinator_->Wait(kStartTimeout);
+  if (!exited.ok()) return exited.status();
+  std::vector<std::string> argv = coordinator_argv_;
+  for (size_t i = 0; i + 1 < argv.size(); ++i) {
+    if (argv[i] == "--listen") argv[i + 1] = coordinator_address_;  // the same port again
+  }
+  ++coordinator_starts_;
+  auto coordinator =
+      ChildProcess::Start(argv, absl::StrCat(dir(), "/coordinator-", coordinator_starts_, ".log"));
+  if (!coordinator.ok()) return coordinator.status();
+  coordinator_ = *std::move(coordinator);
+  auto address = ListeningAddress(*coordinator_);
+  if (!address.ok()) return address.status();
+  if (*address != coordinator_address_) {
+    return absl::InternalError(absl::StrCat("restarted coordinator listens on ", *address,
+                                            ", not on ", coordinator_address_));
+  }
+  // A fresh channel: the old one may be waiting out its reconnect backoff.
+  stub_ = v1::CoordinatorService::NewStub(rpc::MakeChannel(coordinator_address_, security_));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int> LocalCluster::AddWorker() {

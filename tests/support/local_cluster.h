@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/rpc/channel.h"
 #include "stagecoach/v1/coordinator.grpc.pb.h"
 #include "tests/support/process.h"
 
@@ -52,6 +53,11 @@ class LocalCluster {
   ChildProcess& worker(int i) { return *workers_[i]; }
   // The coordinator process (its stdout after the "listening on" line is the test's to read).
   ChildProcess& coordinator() { return *coordinator_; }
+  // Kills the coordinator (SIGKILL: no shutdown work) and starts a new one with the same flags on
+  // the same address, which the workers keep calling; its stderr goes to coordinator-<n>.log.
+  // The cluster's calls go to the new process. Keep state across it with --data-dir in
+  // ClusterOptions::coordinator_args.
+  absl::Status RestartCoordinator();
   int num_workers() const { return static_cast<int>(workers_.size()); }
   // The index of the worker process registered under `worker_id` ("w-3"), or -1.
   int WorkerIndex(const std::string& worker_id);
@@ -82,6 +88,9 @@ class LocalCluster {
   TempDir dir_;
   std::string coordinator_address_;
   std::unique_ptr<ChildProcess> coordinator_;
+  std::vector<std::string> coordinator_argv_;  // as first started (--listen 127.0.0.1:0)
+  int coordinator_starts_ = 0;
+  rpc::ChannelSecurity security_;  // of the cluster's own calls
   std::vector<std::unique_ptr<ChildProcess>> workers_;
   std::vector<std::string> worker_addresses_;
   std::unique_ptr<v1::CoordinatorService::Stub> stub_;

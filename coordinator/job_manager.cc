@@ -488,6 +488,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
   out.set_session_token(NewSessionToken());
   // Set before any task can be placed on the worker, so that every call to it carries the token.
   deps_.workers->SetSessionToken(req.address(), out.session_token());
+  registry_.SetSessionToken(id, out.session_token());
   ScheduleLocked();
   out.set_worker_id(id);
   *out.mutable_heartbeat_interval() = rpc::ToProtoDuration(options_.heartbeat_interval);
@@ -497,7 +498,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
 
 absl::Status JobManager::Heartbeat(const v1::HeartbeatRequest& req) {
   absl::MutexLock lock(&mu_);
-  return registry_.Heartbeat(req.worker_id(), deps_.clock->Now());
+  return registry_.Heartbeat(req.worker_id(), deps_.clock->Now(), req.session_token());
 }
 
 absl::StatusOr<RankSlot*> JobManager::ReportingSlot(Job* job, const std::string& worker_id,

@@ -55,12 +55,21 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const std::string& name,
   return w.id;
 }
 
-absl::Status WorkerRegistry::Heartbeat(const std::string& id, absl::Time now) {
+void WorkerRegistry::SetSessionToken(const std::string& id, const std::string& token) {
+  if (WorkerRecord* w = Mutable(id); w != nullptr) w->session_token = token;
+}
+
+absl::Status WorkerRegistry::Heartbeat(const std::string& id, absl::Time now,
+                                       const std::string& session_token) {
   WorkerRecord* w = Mutable(id);
   if (w == nullptr || w->state == v1::WORKER_STATE_LOST) {
     return absl::NotFoundError(absl::StrCat("worker ", id, " is not registered",
                                             w ? absl::StrCat(" (lost: ", w->reason, ")") : "",
                                             "; register again"));
+  }
+  if (!w->session_token.empty() && session_token != w->session_token) {
+    return absl::NotFoundError(absl::StrCat("worker ", id, " is registered by another process (",
+                                            w->name, " at ", w->address, "); register again"));
   }
   w->last_heartbeat = now;
   return absl::OkStatus();

@@ -32,6 +32,8 @@ struct WorkerRecord {
   int rank = -1;       // set while BUSY
   absl::Time last_heartbeat;
   std::string reason;  // why LOST
+  // Secret of the registration (RegisterWorkerResponse.session_token); heartbeats must carry it.
+  std::string session_token;
 
   void ToProto(v1::WorkerInfo* out) const;
 };
@@ -55,7 +57,12 @@ class WorkerRegistry {
                                        const std::vector<std::string>& transports, absl::Time now);
 
   // Renews the lease. NOT_FOUND for an unknown or LOST worker.
-  absl::Status Heartbeat(const std::string& id, absl::Time now);
+  // NOT_FOUND as well when the worker has a session token and `session_token` differs: the
+  // heartbeat comes from another process than the registered one.
+  absl::Status Heartbeat(const std::string& id, absl::Time now,
+                         const std::string& session_token = "");
+  // Records the secret of `id`'s registration (no-op for an unknown id).
+  void SetSessionToken(const std::string& id, const std::string& token);
 
   // Marks every live worker whose lease ran out by `now` as LOST and returns their ids.
   std::vector<std::string> ExpireLeases(absl::Time now);
@@ -79,7 +86,6 @@ class WorkerRegistry {
 
   // Every worker, in registration order.
   std::vector<const WorkerRecord*> All() const;
-
 
  private:
   WorkerRecord* Mutable(const std::string& id);

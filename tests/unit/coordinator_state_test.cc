@@ -104,18 +104,16 @@ TEST(JobStateMachine, OnlyTheDiagramsTransitionsAreAllowed) {
       {S::JOB_STATE_PAUSED, S::JOB_STATE_RESTARTING},
       {S::JOB_STATE_RESTARTING, S::JOB_STATE_STARTING},
   };
-  const std::vector<S> all = {S::JOB_STATE_PLANNING,   S::JOB_STATE_PENDING,
-                              S::JOB_STATE_STARTING,   S::JOB_STATE_RUNNING,
-                              S::JOB_STATE_PAUSED,     S::JOB_STATE_RESTARTING,
-                              S::JOB_STATE_SUCCEEDED,  S::JOB_STATE_FAILED,
-                              S::JOB_STATE_CANCELLED};
+  const std::vector<S> all = {S::JOB_STATE_PLANNING,  S::JOB_STATE_PENDING, S::JOB_STATE_STARTING,
+                              S::JOB_STATE_RUNNING,   S::JOB_STATE_PAUSED,  S::JOB_STATE_RESTARTING,
+                              S::JOB_STATE_SUCCEEDED, S::JOB_STATE_FAILED,  S::JOB_STATE_CANCELLED};
   for (S from : all) {
     for (S to : all) {
       const bool final_from = IsFinal(from);
       const bool expected =
-          !final_from && ((to == S::JOB_STATE_FAILED || to == S::JOB_STATE_CANCELLED) ||
-                          std::find(edges.begin(), edges.end(), std::make_pair(from, to)) !=
-                              edges.end());
+          !final_from &&
+          ((to == S::JOB_STATE_FAILED || to == S::JOB_STATE_CANCELLED) ||
+           std::find(edges.begin(), edges.end(), std::make_pair(from, to)) != edges.end());
       EXPECT_EQ(CheckTransition(from, to).ok(), expected)
           << JobStateName(from) << " -> " << JobStateName(to);
     }

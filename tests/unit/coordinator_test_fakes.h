@@ -178,7 +178,15 @@ class JobManagerFixture : public ::testing::Test {
     req.set_device("cpu");
     auto resp = manager_->RegisterWorker(req);
     EXPECT_TRUE(resp.ok()) << resp.status();
+    tokens_[resp->worker_id()] = resp->session_token();
     return resp->worker_id();
+  }
+  // A heartbeat of the registered worker `id`, with its session token.
+  absl::Status Beat(const std::string& id) {
+    v1::HeartbeatRequest req;
+    req.set_worker_id(id);
+    req.set_session_token(tokens_[id]);
+    return manager_->Heartbeat(req);
   }
   static std::string Address(int n) { return absl::StrCat("10.0.0.", n, ":7000"); }
 
@@ -186,6 +194,7 @@ class JobManagerFixture : public ::testing::Test {
   FakeWorkerClient workers_;
   KvStore kv_;
   std::unique_ptr<JobManager> manager_;
+  std::map<std::string, std::string> tokens_;  // session token by worker id
 };
 
 }  // namespace stagecoach::coordinator

@@ -174,11 +174,7 @@ TEST_F(JobManagerControlTest, ALostWorkerRestartsTheJobOnAFreeWorkerUntilNoResta
   StepBoth(*id, w1, w2, 1);
   // w2 (rank 1) stops heartbeating; w1 and w3 keep theirs.
   clock_.Advance(absl::Seconds(4));
-  for (const std::string& w : {w1, w3}) {
-    v1::HeartbeatRequest beat;
-    beat.set_worker_id(w);
-    ASSERT_TRUE(manager_->Heartbeat(beat).ok());
-  }
+  for (const std::string& w : {w1, w3}) ASSERT_TRUE(Beat(w).ok());
   clock_.Advance(absl::Seconds(2));
   manager_->Tick();
   v1::Job job = Job(*id);
@@ -204,10 +200,8 @@ TEST_F(JobManagerControlTest, ALostWorkerRestartsTheJobOnAFreeWorkerUntilNoResta
   EXPECT_EQ(Job(*id).steps_done(), 0);
 
   // Losing a worker again: no restart left.
-  v1::HeartbeatRequest beat;
-  beat.set_worker_id(w1);
   clock_.Advance(absl::Seconds(4));
-  ASSERT_TRUE(manager_->Heartbeat(beat).ok());
+  ASSERT_TRUE(Beat(w1).ok());
   clock_.Advance(absl::Seconds(2));
   manager_->Tick();
   job = Job(*id);

@@ -175,13 +175,12 @@ TEST_F(JobManagerTest, ALostWorkerFailsItsJobNamingItAndTheOthersAreStopped) {
   auto id = manager_->SubmitJob(Spec(2), "spec.yaml");
   ASSERT_TRUE(Eventually([&] { return State(*id) == v1::JOB_STATE_RUNNING; }));
   clock_.Advance(absl::Seconds(4));
-  ASSERT_TRUE(manager_
-                  ->Heartbeat([&] {
-                    v1::HeartbeatRequest h;
-                    h.set_worker_id(w1);
-                    return h;
-                  }())
-                  .ok());
+  ASSERT_TRUE(Beat(w1).ok());
+  // A heartbeat under w1's id from another process (another session token) is refused.
+  v1::HeartbeatRequest other;
+  other.set_worker_id(w1);
+  other.set_session_token("0123");
+  EXPECT_TRUE(absl::IsNotFound(manager_->Heartbeat(other)));
   clock_.Advance(absl::Seconds(2));  // w2 is now 6s without a heartbeat; the lease is 5s
   manager_->Tick();
   v1::Job job = Job(*id);
@@ -191,9 +190,7 @@ TEST_F(JobManagerTest, ALostWorkerFailsItsJobNamingItAndTheOthersAreStopped) {
   ASSERT_TRUE(Eventually([&] { return WorkerState(w1) == v1::WORKER_STATE_IDLE; }));
   EXPECT_THAT(workers_.Stopped(Address(1)), ElementsAre(*id));
   // The lost worker's heartbeat is refused so that it registers again.
-  v1::HeartbeatRequest h;
-  h.set_worker_id(w2);
-  EXPECT_TRUE(absl::IsNotFound(manager_->Heartbeat(h)));
+  EXPECT_TRUE(absl::IsNotFound(Beat(w2)));
 }
 
 TEST_F(JobManagerTest, ARankFailureNamesALostPeerAsTheRootCause) {

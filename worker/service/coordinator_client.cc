@@ -24,12 +24,14 @@ absl::StatusOr<v1::RegisterWorkerResponse> CoordinatorClient::Register(
   return resp;
 }
 
-absl::Status CoordinatorClient::Heartbeat(const std::string& worker_id, const std::string& job_id) {
+absl::Status CoordinatorClient::Heartbeat(const std::string& worker_id, const std::string& job_id,
+                                          const std::string& session_token) {
   grpc::ClientContext ctx;
   rpc::SetDeadline(&ctx, kCallTimeout);
   v1::HeartbeatRequest req;
   req.set_worker_id(worker_id);
   req.set_job_id(job_id);
+  req.set_session_token(session_token);
   v1::HeartbeatResponse resp;
   return rpc::CallError(stub_->Heartbeat(&ctx, req, &resp), "Heartbeat", peer_);
 }

@@ -32,7 +32,9 @@ class CoordinatorClient : public runtime::TaskReporter,
   const std::string& address() const { return address_; }
 
   absl::StatusOr<v1::RegisterWorkerResponse> Register(const v1::RegisterWorkerRequest& req);
-  absl::Status Heartbeat(const std::string& worker_id, const std::string& job_id);
+  // `session_token` is the registration's (RegisterWorkerResponse.session_token).
+  absl::Status Heartbeat(const std::string& worker_id, const std::string& job_id,
+                         const std::string& session_token);
 
   // runtime::TaskReporter
   absl::Status ReportStep(const v1::ReportStepRequest& report) override;

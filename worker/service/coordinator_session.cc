@@ -84,6 +84,7 @@ void CoordinatorSession::Loop() {
         }
         absl::MutexLock lock(&mu_);
         worker_id_ = registered->worker_id();
+        session_token_ = registered->session_token();
         backoff = absl::Milliseconds(100);
         failures = 0;
         pause = interval;
@@ -96,7 +97,12 @@ void CoordinatorSession::Loop() {
         backoff = std::min(backoff * 2, options_.max_backoff);
       }
     } else {
-      absl::Status beat = client_->Heartbeat(id, current_job_());
+      std::string token;
+      {
+        absl::MutexLock lock(&mu_);
+        token = session_token_;
+      }
+      absl::Status beat = client_->Heartbeat(id, current_job_(), token);
       if (absl::IsNotFound(beat)) {
         spdlog::warn("coordinator forgot this worker: {}", beat.message());
         if (options_.token != nullptr) options_.token->Set("");

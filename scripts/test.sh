@@ -7,6 +7,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 install_packages
 build_tree
+# The Helm chart tests (tests/deploy) run $STAGECOACH_HELM; without it they fail, saying so.
+ensure_helm || log "no helm binary: the tests in tests/deploy will fail"
 log "running the tests"
 cd "$BUILD_DIR"
 ctest --output-on-failure --timeout 600 -j "$(nproc 2>/dev/null || echo 2)" "$@"

@@ -141,6 +141,22 @@ TEST(Metrics, ScrapedValuesFollowARealJob) {
     EXPECT_EQ(Value(w, "stagecoach_action_duration_seconds_count{type=\"W\"}"), 0) << i;
     EXPECT_EQ(Value(w, "stagecoach_build_info{version=\"0.1.0\"}"), 1) << i;
     workers_sent += Value(w, "stagecoach_worker_bytes_total{direction=\"sent\"}");
+    // Per peer: a rank of a 2-rank pipeline talks to the other rank only, both ways.
+    for (const char* direction : {"sent", "received"}) {
+      double by_peer = 0;
+      int peers = 0;
+      for (int peer = 0; peer < 2; ++peer) {
+        const double v = Value(w, absl::StrCat("stagecoach_worker_peer_bytes_total{direction=\"",
+                                               direction, "\",peer_rank=\"", peer, "\"}"));
+        if (std::isnan(v)) continue;
+        by_peer += v;
+        ++peers;
+      }
+      EXPECT_EQ(peers, 1) << i << " " << direction;
+      EXPECT_EQ(by_peer, Value(w, absl::StrCat("stagecoach_worker_bytes_total{direction=\"",
+                                               direction, "\"}")))
+          << i << " " << direction;
+    }
     // RPC latency by method: the coordinator started the task and told it to finish.
     EXPECT_EQ(
         Value(w,

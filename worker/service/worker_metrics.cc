@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "common/metrics/metrics.h"
 #include "common/rpc/time_conversion.h"
 #include "common/schedule/action.h"
@@ -33,7 +34,12 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
                  .Help("Data-plane bytes this worker sent and received, by direction")
                  .Register(registry)),
       bytes_sent_(bytes_.Add({{"direction", "sent"}})),
-      bytes_received_(bytes_.Add({{"direction", "received"}})) {
+      bytes_received_(bytes_.Add({{"direction", "received"}})),
+      peer_bytes_(prometheus::BuildCounter()
+                      .Name("stagecoach_worker_peer_bytes_total")
+                      .Help("Data-plane bytes this worker's rank sent to and received from each "
+                            "peer rank of its job, by peer rank and direction")
+                      .Register(registry)) {
   auto& actions = prometheus::BuildHistogram()
                       .Name("stagecoach_action_duration_seconds")
                       .Help(
@@ -51,6 +57,14 @@ void WorkerMetrics::ObserveStep(const v1::ReportStepRequest& report) {
   if (report.bytes_sent() > 0) bytes_sent_.Increment(static_cast<double>(report.bytes_sent()));
   if (report.bytes_received() > 0) {
     bytes_received_.Increment(static_cast<double>(report.bytes_received()));
+  }
+  for (const auto& [direction, by_peer] : {std::pair{"sent", &report.bytes_sent_to()},
+                                           std::pair{"received", &report.bytes_received_from()}}) {
+    for (const auto& [peer, bytes] : *by_peer) {
+      if (bytes <= 0) continue;
+      peer_bytes_.Add({{"peer_rank", absl::StrCat(peer)}, {"direction", direction}})
+          .Increment(static_cast<double>(bytes));
+    }
   }
   const int timed = std::min(report.action_timings_size(), report.executed_actions_size());
   for (int i = 0; i < timed; ++i) {

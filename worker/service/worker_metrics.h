@@ -26,7 +26,8 @@ class WorkerMetrics {
 
   // Records one step of one of this worker's tasks: its step time, each timed executed
   // action's duration (end - start, waits included) under its type ("F", "SEND_F", ...), and
-  // the bytes it sent and received. Actions that do not parse are not recorded.
+  // the bytes it sent and received, in all and to/from each peer rank. Actions that do not
+  // parse are not recorded.
   void ObserveStep(const v1::ReportStepRequest& report);
 
  private:
@@ -36,6 +37,8 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Counter>& bytes_;
   prometheus::Counter& bytes_sent_;
   prometheus::Counter& bytes_received_;
+  // stagecoach_worker_peer_bytes_total{peer_rank, direction}: series appear as peers do.
+  prometheus::Family<prometheus::Counter>& peer_bytes_;
 };
 
 // A TaskReporter that records every step report in a WorkerMetrics, then forwards it (and the

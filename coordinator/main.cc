@@ -42,6 +42,7 @@ struct Flags {
   std::string data_dir;
   std::string max_upload_bytes = "1073741824";
   std::string metrics_listen;  // empty: no /metrics endpoint
+  std::string health_listen;   // empty: health checks on the main server only
   bool check_config = false;
   // Security (docs/security.md).
   std::string tls_cert, tls_key, tls_ca, tls_server_name;
@@ -96,6 +97,10 @@ int main(int argc, char** argv) {
       "--metrics-listen", flags.metrics_listen,
       "serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks a free port; "
       "default: no metrics endpoint)");
+  auto* health_listen = app.add_option(
+      "--health-listen", flags.health_listen,
+      "also answer gRPC health checks in plaintext on HOST:PORT, for probes that cannot speak "
+      "TLS (Kubernetes gRPC probes; default: health checks on --listen only)");
   app.add_flag("--check-config", flags.check_config,
                "validate the configuration and exit (0 when valid)");
   auto* tls_cert = app.add_option(
@@ -137,6 +142,7 @@ int main(int argc, char** argv) {
                        {"data-dir", &flags.data_dir, data_dir->count() > 0},
                        {"max-upload-bytes", &flags.max_upload_bytes, max_upload->count() > 0},
                        {"metrics-listen", &flags.metrics_listen, metrics_listen->count() > 0},
+                       {"health-listen", &flags.health_listen, health_listen->count() > 0},
                        {"tls-cert", &flags.tls_cert, tls_cert->count() > 0},
                        {"tls-key", &flags.tls_key, tls_key->count() > 0},
                        {"tls-ca", &flags.tls_ca, tls_ca->count() > 0},
@@ -175,6 +181,13 @@ int main(int argc, char** argv) {
       return Fail(std::string(m.status().message()));
     }
   }
+  std::optional<stagecoach::rpc::HostPort> health_addr;
+  if (!flags.health_listen.empty()) {
+    auto h = stagecoach::rpc::ParseHostPort(flags.health_listen, "--health-listen");
+    if (!h.ok()) return Fail(std::string(h.status().message()));
+    health_addr = *h;
+  }
+
   if (!flags.data_dir.empty()) artifact_options.dir = flags.data_dir + "/artifacts";
   if (auto s = stagecoach::InitLogging("coordinator", flags.log_level); !s.ok()) {
     return Fail(std::string(s.message()));
@@ -249,6 +262,15 @@ int main(int argc, char** argv) {
     // Printed after the gRPC address, which tools read from the first line.
     std::cout << "metrics on " << metrics_server->address() << std::endl;
     spdlog::info("metrics at http://{}/metrics", metrics_server->address());
+  }
+  stagecoach::rpc::StartedServer health;
+  if (health_addr.has_value()) {
+    auto served = stagecoach::rpc::StartHealthServer(*health_addr);
+    if (!served.ok()) return Fail(std::string(served.status().message()));
+    health = *std::move(served);
+    stagecoach::rpc::HostPort bound = *health_addr;
+    bound.port = health.port;
+    std::cout << "health on " << bound.ToString() << std::endl;
   }
   spdlog::info("coordinator listening on {} (lease {}, heartbeat {})", actual.ToString(),
                flags.lease, flags.heartbeat_interval);

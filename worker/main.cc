@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -39,6 +40,7 @@ struct Flags {
   std::string log_level = "info";
   std::string cache_dir;
   std::string metrics_listen;  // empty: no /metrics endpoint
+  std::string health_listen;   // empty: health checks on the main server only
   bool check_config = false;
   // Security (docs/security.md).
   std::string tls_cert, tls_key, tls_ca, tls_server_name;
@@ -81,6 +83,10 @@ int main(int argc, char** argv) {
       "--metrics-listen", flags.metrics_listen,
       "serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks a free port; "
       "default: no metrics endpoint)");
+  auto* health_listen = app.add_option(
+      "--health-listen", flags.health_listen,
+      "also answer gRPC health checks in plaintext on HOST:PORT, for probes that cannot speak "
+      "TLS (Kubernetes gRPC probes; default: health checks on --listen only)");
   app.add_flag("--check-config", flags.check_config,
                "validate the configuration and exit (0 when valid)");
   auto* tls_cert = app.add_option(
@@ -118,6 +124,7 @@ int main(int argc, char** argv) {
          {"cache-dir", &flags.cache_dir, cache_dir->count() > 0},
          {"log-level", &flags.log_level, level->count() > 0},
          {"metrics-listen", &flags.metrics_listen, metrics_listen->count() > 0},
+         {"health-listen", &flags.health_listen, health_listen->count() > 0},
          {"tls-cert", &flags.tls_cert, tls_cert->count() > 0},
          {"tls-key", &flags.tls_key, tls_key->count() > 0},
          {"tls-ca", &flags.tls_ca, tls_ca->count() > 0},
@@ -139,6 +146,13 @@ int main(int argc, char** argv) {
       return Fail(std::string(m.status().message()));
     }
   }
+  std::optional<sc::rpc::HostPort> health_addr;
+  if (!flags.health_listen.empty()) {
+    auto h = sc::rpc::ParseHostPort(flags.health_listen, "--health-listen");
+    if (!h.ok()) return Fail(std::string(h.status().message()));
+    health_addr = *h;
+  }
+
   auto checked_device = sc::runtime::CheckDevice(flags.device, "--device");
   if (!checked_device.ok()) return Fail(std::string(checked_device.status().message()));
   flags.device = *checked_device;
@@ -226,6 +240,15 @@ int main(int argc, char** argv) {
     // Printed after the gRPC address, which tools read from the first line.
     std::cout << "metrics on " << metrics_server->address() << std::endl;
     spdlog::info("metrics at http://{}/metrics", metrics_server->address());
+  }
+  sc::rpc::StartedServer health;
+  if (health_addr.has_value()) {
+    auto served = sc::rpc::StartHealthServer(*health_addr);
+    if (!served.ok()) return Fail(std::string(served.status().message()));
+    health = *std::move(served);
+    sc::rpc::HostPort bound = *health_addr;
+    bound.port = health.port;
+    std::cout << "health on " << bound.ToString() << std::endl;
   }
 
   sc::worker::SessionOptions session_options;

@@ -43,4 +43,15 @@ absl::StatusOr<StartedServer> StartServer(const HostPort& listen,
   return out;
 }
 
+absl::StatusOr<StartedServer> StartHealthServer(const HostPort& listen) {
+  ServerOptions options;
+  options.max_message_bytes = 64 << 10;  // health requests name a service, nothing more
+  auto started = StartServer(listen, {}, options);
+  if (!started.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("--health-listen: cannot listen on ", listen.ToString()));
+  }
+  return started;
+}
+
 }  // namespace stagecoach::rpc

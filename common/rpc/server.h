@@ -39,12 +39,18 @@ struct ServerOptions {
 };
 
 // Builds and starts a gRPC server on `listen` serving `services`, with `options`' message size
-// limit, credentials and metrics, and a keepalive policy that lets clients of long streams (WatchJob) detect a dead
-// peer. Every server also answers gRPC health checks (grpc.health.v1.Health: SERVING while it
-// runs) and server reflection (grpc.reflection.v1alpha), so grpcurl, grpc_health_probe and
-// Kubernetes gRPC probes work against it. UNAVAILABLE naming the address when it cannot listen.
+// limit, credentials and metrics, and a keepalive policy that lets clients of long streams
+// (WatchJob) detect a dead peer. Every server also answers gRPC health checks
+// (grpc.health.v1.Health: SERVING while it runs) and server reflection (grpc.reflection.v1alpha),
+// so grpcurl, grpc_health_probe and Kubernetes gRPC probes work against it. UNAVAILABLE naming the
+// address when it cannot listen.
 absl::StatusOr<StartedServer> StartServer(const HostPort& listen,
                                           const std::vector<grpc::Service*>& services,
                                           const ServerOptions& options = {});
+
+// A plaintext server on `listen` answering only gRPC health checks (grpc.health.v1: SERVING while
+// the process runs), for probes that cannot speak TLS (Kubernetes' gRPC probes) when the main
+// server requires it (`--health-listen`). UNAVAILABLE naming the address when it cannot listen.
+absl::StatusOr<StartedServer> StartHealthServer(const HostPort& listen);
 
 }  // namespace stagecoach::rpc

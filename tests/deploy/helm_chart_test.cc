@@ -285,8 +285,8 @@ class HelmChartTest : public ::testing::Test {
       EXPECT_TRUE(c["securityContext"]["runAsNonRoot"].as<bool>());
     }
 
-    // Ports by name, and probes on the gRPC port (gRPC health; TCP when TLS, which kubelet's
-    // gRPC probes cannot speak).
+    // Ports by name, and gRPC health probes: on the gRPC port, or with TLS on the plaintext
+    // health port (--health-listen), since kubelet's gRPC probes cannot speak TLS.
     std::map<std::string, int> coord_ports, worker_ports;
     for (const auto& p : coord_c["ports"]) {
       coord_ports[p["name"].as<std::string>()] = p["containerPort"].as<int>();
@@ -295,23 +295,18 @@ class HelmChartTest : public ::testing::Test {
       worker_ports[p["name"].as<std::string>()] = p["containerPort"].as<int>();
     }
     ASSERT_TRUE(coord_ports.count("grpc") && worker_ports.count("grpc"));
-    for (const auto& [c, grpc_port] :
-         {std::pair{coord_c, coord_ports["grpc"]}, std::pair{worker_c, worker_ports["grpc"]}}) {
+    EXPECT_EQ(coord_ports.count("health") + worker_ports.count("health"), x.tls ? 2u : 0u);
+    for (const auto& [c, probe_port] :
+         {std::pair{coord_c, coord_ports[x.tls ? "health" : "grpc"]},
+          std::pair{worker_c, worker_ports[x.tls ? "health" : "grpc"]}}) {
       for (const char* probe : {"livenessProbe", "readinessProbe"}) {
         SCOPED_TRACE(absl::StrCat(c["name"].as<std::string>(), " ", probe));
         const YAML::Node p = c[probe];
         ASSERT_TRUE(p) << "missing";
-        if (x.tls) {
-          ASSERT_TRUE(p["tcpSocket"]);
-          EXPECT_FALSE(p["grpc"]);
-          EXPECT_EQ(p["tcpSocket"]["port"].as<int>(), grpc_port);
-        } else {
-          ASSERT_TRUE(p["grpc"]) << "not a gRPC probe";
-          EXPECT_EQ(p["grpc"]["port"].as<int>(), grpc_port);
-        }
+        ASSERT_TRUE(p["grpc"]) << "not a gRPC probe";
+        EXPECT_EQ(p["grpc"]["port"].as<int>(), probe_port);
       }
     }
-
     // GPU requests and limits only in the GPU variant, on the workers only; --device matches.
     const YAML::Node res = worker_c["resources"];
     if (x.gpu) {
@@ -330,6 +325,17 @@ class HelmChartTest : public ::testing::Test {
     ASSERT_TRUE(cm) << "no ConfigMap";
     const YAML::Node worker_cfg = YAML::Load(cm["data"]["worker.yaml"].as<std::string>());
     EXPECT_EQ(worker_cfg["device"].as<std::string>(), x.gpu ? "cuda" : "cpu");
+    // With TLS the daemons answer the probes' plaintext health checks on the health port.
+    const YAML::Node coord_cfg = YAML::Load(cm["data"]["coordinator.yaml"].as<std::string>());
+    if (x.tls) {
+      EXPECT_EQ(coord_cfg["health-listen"].as<std::string>(),
+                absl::StrCat("0.0.0.0:", coord_ports["health"]));
+      EXPECT_EQ(worker_cfg["health-listen"].as<std::string>(),
+                absl::StrCat("0.0.0.0:", worker_ports["health"]));
+    } else {
+      EXPECT_FALSE(coord_cfg["health-listen"]);
+      EXPECT_FALSE(worker_cfg["health-listen"]);
+    }
     EXPECT_EQ(
         worker_cfg["coordinator"].as<std::string>(),
         absl::StrCat(coord_name, ".", kNamespace, ".svc.cluster.local:", coord_ports["grpc"]));

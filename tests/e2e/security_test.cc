@@ -11,10 +11,12 @@
 #include <grpcpp/security/credentials.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <set>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -265,6 +267,27 @@ TEST_F(SecurityTest, TlsOnEveryHopRunsAJobAndRefusesPlaintext) {
   other_ca.ca = certs_.rogue_ca;
   s = CallEmpty(Channel(c.coordinator_address(), other_ca), kCoordinatorService, "ListJobs");
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+
+  // --health-listen: plaintext health checks for probes that cannot speak TLS (Kubernetes),
+  // next to the TLS server, and nothing else there.
+  auto daemon = ChildProcess::Start(
+      {CoordinatorBinary(), "--listen", "127.0.0.1:0", "--health-listen", "127.0.0.1:0",
+       "--tls-cert", certs_.server_cert, "--tls-key", certs_.server_key, "--tls-ca", certs_.ca},
+      dir_.path() + "/health-coordinator.log");
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto listening = (*daemon)->ReadLine(absl::Seconds(30));
+  ASSERT_TRUE(listening.ok()) << listening.status();
+  auto health_line = (*daemon)->ReadLine(absl::Seconds(30));
+  ASSERT_TRUE(health_line.ok()) << health_line.status();
+  ASSERT_TRUE(absl::StartsWith(*health_line, "health on ")) << *health_line;
+  const std::string health = health_line->substr(strlen("health on "));
+  s = CallEmpty(Channel(health, {}), "grpc.health.v1.Health", "Check");
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  s = CallEmpty(Channel(health, {}), kCoordinatorService, "ListJobs");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED) << s.error_message();
+  const std::string main_address = listening->substr(listening->rfind(' ') + 1);
+  s = CallEmpty(Channel(main_address, {}), "grpc.health.v1.Health", "Check");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << "the main port stays TLS only";
 }
 
 TEST_F(SecurityTest, MutualTlsRefusesRogueAndMissingClientCertificatesOnEveryRpc) {

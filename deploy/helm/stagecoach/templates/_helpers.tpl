@@ -125,16 +125,12 @@ seccompProfile:
   type: RuntimeDefault
 {{- end }}
 
-{{/* A liveness or readiness probe on the gRPC health service: (dict "port" N "tls" B "probe" V).
-     Kubernetes' gRPC probes speak plaintext only, so with TLS the probe is a TCP check. */}}
+{{/* A liveness or readiness probe on the gRPC health service: (dict "port" N "probe" V), N being
+     the gRPC port, or with TLS the plaintext health port (--health-listen), since kubelet's gRPC
+     probes speak plaintext only. */}}
 {{- define "stagecoach.probe" -}}
-{{- if .tls -}}
-tcpSocket:
-  port: {{ .port }}
-{{- else -}}
 grpc:
   port: {{ .port }}
-{{- end }}
 initialDelaySeconds: {{ .probe.initialDelaySeconds }}
 periodSeconds: {{ .probe.periodSeconds }}
 failureThreshold: {{ .probe.failureThreshold }}

@@ -442,7 +442,9 @@ TEST(PlanJob, PyTorchGoldenCsvPlansToExactlyTheFilesLists) {
     EXPECT_EQ(plan->stage_to_rank, *mapping) << file;
     // A generator whose compute order is the file's; with one stage per rank Interleaved1F1B's
     // is 1F1B's.
-    if (name.spr > 1) EXPECT_EQ(plan->kind, *kind) << file;
+    if (name.spr > 1) {
+      EXPECT_EQ(plan->kind, *kind) << file;
+    }
     // Exactly the file's lists: as written (compute_comms), or lowered without UNSHARD/RESHARD.
     auto order = schedule::ParseScheduleCsv(text);
     ASSERT_TRUE(order.ok());

@@ -662,6 +662,14 @@ void JobManager::CollectCheckpointFilesLocked(Job* job, const v1::ReportStepRequ
 
 absl::StatusOr<v1::CheckpointJobResponse> JobManager::CheckpointJob(const std::string& job_id) {
   constexpr int kTries = 5;
+  bool paused = false;
+  {
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(Job * job, FindJobOrError(job_id));
+    paused = job->state == v1::JOB_STATE_PAUSED;
+  }
+  // A paused job writes the state it holds.
+  if (paused) return CheckpointPausedJob(job_id);
   std::vector<std::pair<int, std::string>> ranks;  // rank, worker address
   v1::CheckpointJobResponse response;
   int64_t last = 0;  // the job's final global step
@@ -670,8 +678,9 @@ absl::StatusOr<v1::CheckpointJobResponse> JobManager::CheckpointJob(const std::s
     absl::MutexLock lock(&mu_);
     ASSIGN_OR_RETURN(Job * job, FindJobOrError(job_id));
     if (job->state != v1::JOB_STATE_RUNNING) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job ", job_id, " is ", JobStateName(job->state), "; only a RUNNING job checkpoints"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job_id, " is ", JobStateName(job->state),
+                       "; only a RUNNING or PAUSED job checkpoints"));
     }
     if (job->forward_only()) {
       return absl::FailedPreconditionError(
@@ -732,6 +741,18 @@ absl::Status JobManager::ReportStep(const v1::ReportStepRequest& req) {
   }
   ASSIGN_OR_RETURN(RankSlot * slot, ReportingSlot(job, req.worker_id(), req.attempt(), req.rank()));
   if (req.forward_only_step()) return ReportForwardOnlyStepLocked(job, slot, req);
+  if (req.checkpoint_only()) {
+    // A held rank's checkpoint of where it holds (a paused job's CheckpointJob).
+    if (req.step() != slot->steps_done - 1 || req.checkpoint_files_size() == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint_only: rank ", req.rank(), " must report its files at its last step (",
+          slot->steps_done - 1, "), got step ", req.step(), " with ", req.checkpoint_files_size(),
+          " files"));
+    }
+    RETURN_IF_ERROR(ValidateCheckpointReport(*job, req));
+    CollectCheckpointFilesLocked(job, req);
+    return absl::OkStatus();
+  }
   if (req.step() != slot->steps_done) {
     return absl::InvalidArgumentError(absl::StrCat("step: rank ", req.rank(), " reported step ",
                                                    req.step(), ", expected ", slot->steps_done));
@@ -1868,6 +1889,52 @@ absl::StatusOr<v1::StepJobResponse> JobManager::StepJob(const v1::StepJobRequest
                         static_cast<double>(done.losses.size()));
     }
   }
+  return response;
+}
+
+absl::StatusOr<v1::CheckpointJobResponse> JobManager::CheckpointPausedJob(
+    const std::string& job_id) {
+  absl::MutexLock control(&control_mu_);
+  std::vector<std::pair<int, std::string>> ranks;
+  std::vector<v1::ControlTaskRequest> requests;
+  v1::CheckpointJobResponse response;
+  int attempt = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(Job * job, FindJobOrError(job_id));
+    if (job->state != v1::JOB_STATE_PAUSED) return NotInState(*job, "checkpointing", "PAUSED");
+    if (job->forward_only() || job->spec.training.checkpoint.dir.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job_id,
+                       job->forward_only() ? " is forward-only; it has no training state to save"
+                                           : ": its spec has no training.checkpoint.dir"));
+    }
+    const int64_t step = job->global_done();
+    response.set_step(step);
+    response.set_directory(CheckpointStepDirectory(job->spec.training.checkpoint.dir, step));
+    for (const v1::JobCheckpoint& c : job->checkpoints) {
+      if (c.step() == step) return response;  // already written there
+    }
+    // The ranks stay where they hold and write the checkpoint of that position.
+    v1::ControlTaskRequest request = ControlRequest(*job, job->hold_step);
+    request.add_checkpoint_steps(step);
+    ranks = RankAddresses(*job);
+    requests.assign(ranks.size(), request);
+    attempt = job->attempt;
+  }
+  int failed_rank = -1;
+  const absl::Status sent = CallControl(ranks, requests, &failed_rank);
+  if (!sent.ok()) {
+    absl::MutexLock lock(&mu_);
+    Job* job = FindJob(job_id);
+    if (job != nullptr && job->attempt == attempt && !IsFinal(job->state) &&
+        !absl::IsFailedPrecondition(sent)) {
+      ControlFailedLocked(job, failed_rank, sent, absl::StrCat("checkpointing ", job_id));
+    }
+    return sent;
+  }
+  spdlog::info("{}: checkpoint of the paused job at step {} requested in {}", job_id,
+               response.step(), response.directory());
   return response;
 }
 

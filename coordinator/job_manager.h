@@ -133,7 +133,8 @@ class JobManager {
   // already passed it, a few times), and returns that global step and the checkpoint's
   // directory; the checkpoint is complete once GetJob lists it in `checkpoints`. A job that has
   // run all its steps answers with its final checkpoint, which it writes anyway.
-  // FAILED_PRECONDITION when the job is not RUNNING, is forward-only or has no
+  // A PAUSED job writes the state it holds, at its current global step, and stays PAUSED.
+  // FAILED_PRECONDITION when the job is not RUNNING or PAUSED, is forward-only or has no
   // training.checkpoint.dir; NOT_FOUND for an unknown job; ABORTED when the workers kept
   // passing the step asked for; a worker's own error (naming its rank) otherwise.
   absl::StatusOr<v1::CheckpointJobResponse> CheckpointJob(const std::string& job_id)
@@ -251,6 +252,11 @@ class JobManager {
   absl::Status ReportForwardOnlyStepLocked(Job* job, RankSlot* slot,
                                            const v1::ReportStepRequest& req)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // CheckpointJob of a PAUSED job: every rank writes the state it holds (ControlTask with the
+  // held step as a checkpoint step; the ranks answer with checkpoint_only reports).
+  absl::StatusOr<v1::CheckpointJobResponse> CheckpointPausedJob(const std::string& job_id)
+      ABSL_LOCKS_EXCLUDED(mu_, control_mu_);
 
   // Validates that a report comes from the worker holding `rank` in the current attempt.
   absl::StatusOr<RankSlot*> ReportingSlot(Job* job, const std::string& worker_id, int attempt,

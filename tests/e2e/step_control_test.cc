@@ -536,6 +536,44 @@ TEST_F(StepControl, CheckpointJobOnARunningJobIsComplete) {
   Cancel(id);
 }
 
+TEST_F(StepControl, CheckpointJobOnAPausedJobWritesWhereItHolds) {
+  const std::string id = Submit(Spec("ckpt-paused", 6), true);
+  ASSERT_FALSE(id.empty());
+  CommandResult run = c().Stagectl({"run", id, "--steps", "3"});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  auto held = WaitForState(id, v1::JOB_STATE_PAUSED, 3);
+  ASSERT_TRUE(held.ok()) << held.status();
+  ASSERT_EQ(held->state(), v1::JOB_STATE_PAUSED) << held->reason();
+
+  CommandResult ckpt = c().Stagectl({"checkpoint", id, "-o", "json"});
+  ASSERT_EQ(ckpt.exit_code, 0) << ckpt.err;
+  const nlohmann::json answer = nlohmann::json::parse(ckpt.out);
+  EXPECT_EQ(answer["step"], 3);
+  auto with = c().WaitForJob(
+      id, [](const v1::Job& j) { return IsFinal(j) || j.checkpoints_size() > 0; },
+      absl::Seconds(60));
+  ASSERT_TRUE(with.ok()) << with.status();
+  ASSERT_EQ(with->checkpoints_size(), 1) << with->reason();
+  EXPECT_EQ(with->checkpoints(0).step(), 3);
+  EXPECT_TRUE(fs::exists(with->checkpoints(0).manifest())) << with->checkpoints(0).manifest();
+  EXPECT_EQ(with->state(), v1::JOB_STATE_PAUSED) << "the job stays where it holds";
+  EXPECT_EQ(with->global_steps_done(), 3);
+  // Asking again answers with the same checkpoint; nothing is written twice.
+  CommandResult again = c().Stagectl({"checkpoint", id, "-o", "json"});
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_EQ(nlohmann::json::parse(again.out)["step"], 3);
+
+  CommandResult resume = c().Stagectl({"resume", id});
+  ASSERT_EQ(resume.exit_code, 0) << resume.err;
+  auto done = c().WaitForJob(id, IsFinal, absl::Seconds(60));
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->reason();
+  // The paused checkpoint and the final one; the losses are those of 6 uninterrupted steps.
+  ASSERT_EQ(done->checkpoints_size(), 2);
+  EXPECT_EQ(done->checkpoints(1).step(), 6);
+  ExpectLossesMatch(*done, TrainReference(Config(6)).losses);
+}
+
 // The "type", "stage" and "microbatch" of a trace event's action.
 struct ActionKey {
   std::string type;

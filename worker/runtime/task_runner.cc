@@ -309,6 +309,7 @@ absl::StatusOr<v1::ControlTaskResponse> TaskRunner::ControlTask(
   finish_at_limit_ = request.finish_at_limit();
   for (int64_t step : request.checkpoint_steps()) {
     if (step > done) checkpoint_steps_.insert(step);
+    if (step == done && !executing_) checkpoint_at_hold_ = true;
   }
   pending_client_ = std::move(client);
   ++control_version_;
@@ -599,6 +600,7 @@ absl::Status TaskRunner::RunSteps() {
 
   const std::string ckpt_dir = forward_only ? "" : spec.training.checkpoint.dir;
   const int64_t every = spec.training.checkpoint.every_steps;
+  int64_t last_checkpoint = -1;  // the global step of the latest checkpoint this task wrote
   // Writes every stage of this rank after `global_steps` steps; lists the files in `report`.
   auto checkpoint = [&](int64_t global_steps, v1::ReportStepRequest* report) -> absl::Status {
     for (auto& [s, stage] : stages) {
@@ -695,6 +697,7 @@ absl::Status TaskRunner::RunSteps() {
     }
     if (!ckpt_dir.empty() && (requested || (every > 0 && (global + 1) % every == 0))) {
       RETURN_IF_ERROR(checkpoint(global + 1, &report));
+      last_checkpoint = global + 1;
     }
     send_report(report);
     steps_done_.store(step + 1);
@@ -773,17 +776,46 @@ absl::Status TaskRunner::RunSteps() {
     return counted_step(batch.inputs, batch.targets, /*client_batch=*/true);
   };
 
+  // A checkpoint of the position the task holds at (a paused job's CheckpointJob), reported on
+  // its own; one already written there (every_steps, a requested step) is not written twice.
+  auto checkpoint_at_hold = [&](int64_t global) -> absl::Status {
+    if (ckpt_dir.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", rank,
+                       ": a checkpoint was asked for, but the job has no "
+                       "training.checkpoint.dir"));
+    }
+    if (last_checkpoint == global) return absl::OkStatus();
+    v1::ReportStepRequest report;
+    report.set_worker_id(deps_.worker_id);
+    report.set_job_id(task_.job_id());
+    report.set_attempt(task_.attempt());
+    report.set_rank(rank);
+    report.set_step(steps_done_.load() - 1);
+    report.set_global_step(global);
+    report.set_checkpoint_only(true);
+    report.set_parameters(held_parameters);
+    RETURN_IF_ERROR(checkpoint(global, &report));
+    last_checkpoint = global;
+    send_report(report);
+    return absl::OkStatus();
+  };
+
   // The step gate (see the file comment).
   absl::Status status;
   while (status.ok()) {
     std::unique_ptr<ClientBatch> client;
+    int64_t hold_checkpoint = -1;
     {
       absl::MutexLock lock(&mu_);
       if (stop_requested_) {
         status = absl::CancelledError(absl::StrCat("stopped: ", stop_reason_));
         break;
       }
-      if (pending_client_ != nullptr) {
+      if (checkpoint_at_hold_) {
+        checkpoint_at_hold_ = false;
+        hold_checkpoint = global_steps_done_;
+      } else if (pending_client_ != nullptr) {
         client = std::move(pending_client_);
       } else if (global_steps_done_ >= step_limit_) {
         if (finish_at_limit_) {
@@ -793,7 +825,11 @@ absl::Status TaskRunner::RunSteps() {
         status = HoldLocked();
         continue;
       }
-      executing_ = true;
+      if (hold_checkpoint < 0) executing_ = true;
+    }
+    if (hold_checkpoint >= 0) {
+      status = checkpoint_at_hold(hold_checkpoint);
+      continue;
     }
     if (client == nullptr) {
       status = data_step();

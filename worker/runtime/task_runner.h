@@ -170,6 +170,9 @@ class TaskRunner {
   bool finish_at_limit_ ABSL_GUARDED_BY(mu_) = false;
   // Global steps after which to checkpoint (besides every_steps).
   std::set<int64_t> checkpoint_steps_ ABSL_GUARDED_BY(mu_);
+  // A checkpoint asked for at exactly the steps done, while holding: written by the gate before
+  // it holds again (checkpoint_only report).
+  bool checkpoint_at_hold_ ABSL_GUARDED_BY(mu_) = false;
   // The client step to run at the next boundary, if any.
   std::unique_ptr<ClientBatch> pending_client_ ABSL_GUARDED_BY(mu_);
   // Bumped by every ControlTask, so that a holding task wakes up.

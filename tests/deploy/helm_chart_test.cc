@@ -679,13 +679,13 @@ TEST_F(HelmChartTest, DefaultValues) {
 }
 
 TEST_F(HelmChartTest, CpuClusterExample) {
-  Manifests m = LintAndRender({"-f", ConfigsDir() + "/helm-values-cpu.yaml"});
+  Manifests m = LintAndRender({"-f", ConfigsDir() + "/helm/values-cpu.yaml"});
   CheckManifests(m, Expect().ServiceMonitor());
   CheckCommandLines(m);
 }
 
 TEST_F(HelmChartTest, GpuClusterExample) {
-  Manifests m = LintAndRender({"-f", ConfigsDir() + "/helm-values-gpu.yaml"});
+  Manifests m = LintAndRender({"-f", ConfigsDir() + "/helm/values-gpu.yaml"});
   CheckManifests(m, Expect().Gpu());
   YAML::Node sts = m.Get("StatefulSet", Fullname() + "-worker");
   ASSERT_TRUE(sts);

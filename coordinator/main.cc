@@ -263,15 +263,8 @@ int main(int argc, char** argv) {
     std::cout << "metrics on " << metrics_server->address() << std::endl;
     spdlog::info("metrics at http://{}/metrics", metrics_server->address());
   }
-  stagecoach::rpc::StartedServer health;
-  if (health_addr.has_value()) {
-    auto served = stagecoach::rpc::StartHealthServer(*health_addr);
-    if (!served.ok()) return Fail(std::string(served.status().message()));
-    health = *std::move(served);
-    stagecoach::rpc::HostPort bound = *health_addr;
-    bound.port = health.port;
-    std::cout << "health on " << bound.ToString() << std::endl;
-  }
+  auto health = stagecoach::rpc::ServeHealthChecks(health_addr);
+  if (!health.ok()) return Fail(std::string(health.status().message()));
   spdlog::info("coordinator listening on {} (lease {}, heartbeat {})", actual.ToString(),
                flags.lease, flags.heartbeat_interval);
   spdlog::info("artifact store {} (uploads up to {} bytes)", (*artifacts)->dir(),

@@ -241,15 +241,8 @@ int main(int argc, char** argv) {
     std::cout << "metrics on " << metrics_server->address() << std::endl;
     spdlog::info("metrics at http://{}/metrics", metrics_server->address());
   }
-  sc::rpc::StartedServer health;
-  if (health_addr.has_value()) {
-    auto served = sc::rpc::StartHealthServer(*health_addr);
-    if (!served.ok()) return Fail(std::string(served.status().message()));
-    health = *std::move(served);
-    sc::rpc::HostPort bound = *health_addr;
-    bound.port = health.port;
-    std::cout << "health on " << bound.ToString() << std::endl;
-  }
+  auto health = sc::rpc::ServeHealthChecks(health_addr);
+  if (!health.ok()) return Fail(std::string(health.status().message()));
 
   sc::worker::SessionOptions session_options;
   session_options.registration.set_name(flags.name.empty() ? advertised.ToString() : flags.name);

@@ -5,6 +5,8 @@
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 
+#include <iostream>
+
 #include "absl/strings/str_cat.h"
 #include "common/rpc/channel.h"
 #include "common/rpc/rpc_metrics.h"
@@ -51,6 +53,16 @@ absl::StatusOr<StartedServer> StartHealthServer(const HostPort& listen) {
     return absl::UnavailableError(
         absl::StrCat("--health-listen: cannot listen on ", listen.ToString()));
   }
+  return started;
+}
+
+absl::StatusOr<StartedServer> ServeHealthChecks(const std::optional<HostPort>& listen) {
+  if (!listen.has_value()) return StartedServer{};
+  auto started = StartHealthServer(*listen);
+  if (!started.ok()) return started.status();
+  HostPort bound = *listen;
+  bound.port = started->port;
+  std::cout << "health on " << bound.ToString() << std::endl;
   return started;
 }
 

@@ -4,6 +4,7 @@
 #include <grpcpp/server.h>
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -52,5 +53,9 @@ absl::StatusOr<StartedServer> StartServer(const HostPort& listen,
 // the process runs), for probes that cannot speak TLS (Kubernetes' gRPC probes) when the main
 // server requires it (`--health-listen`). UNAVAILABLE naming the address when it cannot listen.
 absl::StatusOr<StartedServer> StartHealthServer(const HostPort& listen);
+
+// A daemon's --health-listen: when `listen` is set, StartHealthServer on it and print
+// "health on HOST:PORT" (the bound port) to stdout; a StartedServer without a server otherwise.
+absl::StatusOr<StartedServer> ServeHealthChecks(const std::optional<HostPort>& listen);
 
 }  // namespace stagecoach::rpc

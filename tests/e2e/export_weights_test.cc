@@ -22,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/local_cluster.h"
+#include "tests/support/npy_files.h"
 #include "tests/support/python.h"
 #include "tests/support/test_paths.h"
 
@@ -74,37 +75,6 @@ np.save(x_path, torch.randn(5, 16, generator=g).numpy())
 )PY";
 
 bool PythonHasTorchAndNumpy() { return PythonCanImport("torch, numpy"); }
-
-// A float32 C-order .npy file as numpy writes it; an undefined tensor (and a failure) otherwise.
-torch::Tensor ReadNpy(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (bytes.size() < 10 || bytes.substr(0, 6) != "\x93NUMPY") {
-    ADD_FAILURE() << path << " is not a .npy file";
-    return {};
-  }
-  const size_t length = static_cast<unsigned char>(bytes[8]) |
-                        (static_cast<size_t>(static_cast<unsigned char>(bytes[9])) << 8);
-  const std::string header = bytes.substr(10, length);
-  EXPECT_THAT(header, HasSubstr("'descr': '<f4'")) << path;
-  EXPECT_THAT(header, HasSubstr("'fortran_order': False")) << path;
-  const size_t open = header.find("'shape': (") + 10;
-  std::vector<int64_t> shape;
-  for (absl::string_view d : absl::StrSplit(header.substr(open, header.find(')', open) - open), ',',
-                                            absl::SkipWhitespace())) {
-    int64_t v = 0;
-    EXPECT_TRUE(absl::SimpleAtoi(absl::StripAsciiWhitespace(d), &v)) << header;
-    shape.push_back(v);
-  }
-  torch::Tensor t = torch::empty(shape, torch::kFloat32);
-  if (bytes.size() - 10 - length != t.nbytes()) {
-    ADD_FAILURE() << path << ": " << bytes.size() - 10 - length << " data bytes for shape "
-                  << t.sizes();
-    return {};
-  }
-  std::memcpy(t.data_ptr(), bytes.data() + 10 + length, t.nbytes());
-  return t;
-}
 
 std::string SpecYaml(const std::string& name, const std::string& model, const std::string& data,
                      const std::string& ckpt, const std::string& resume_from) {

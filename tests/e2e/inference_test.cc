@@ -24,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/support/local_cluster.h"
+#include "tests/support/npy_files.h"
 #include "tests/support/reference_mlp.h"
 
 namespace stagecoach::testing {
@@ -34,48 +35,6 @@ using ::testing::HasSubstr;
 constexpr double kRtol = 1e-5;
 constexpr double kAtol = 1e-6;
 constexpr uint64_t kSeed = 7;
-
-// A float32 C-order .npy file (format 1.0), written here rather than with stagectl's own
-// writer so that the test does not trust the code under test.
-void WriteNpy(const std::string& path, const torch::Tensor& t, const std::string& descr = "<f4") {
-  const torch::Tensor c = t.contiguous();
-  std::vector<std::string> dims;
-  for (int64_t d : c.sizes()) dims.push_back(std::to_string(d));
-  std::string header =
-      absl::StrCat("{'descr': '", descr, "', 'fortran_order': False, 'shape': (",
-                   absl::StrJoin(dims, ", "), dims.size() == 1 ? ",)" : ")", ", }");
-  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
-  header += '\n';
-  std::ofstream out(path, std::ios::binary);
-  out << "\x93NUMPY" << '\x01' << '\x00' << static_cast<char>(header.size() & 0xff)
-      << static_cast<char>(header.size() >> 8) << header;
-  out.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
-}
-
-// Reads a float32 .npy file as numpy 1.x/2.x lays it out.
-torch::Tensor ReadNpy(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_GE(bytes.size(), 10u) << path;
-  EXPECT_EQ(bytes.substr(0, 6), "\x93NUMPY") << path;
-  const size_t length = static_cast<unsigned char>(bytes[8]) |
-                        (static_cast<size_t>(static_cast<unsigned char>(bytes[9])) << 8);
-  const std::string header = bytes.substr(10, length);
-  EXPECT_THAT(header, HasSubstr("'descr': '<f4'"));
-  EXPECT_THAT(header, HasSubstr("'fortran_order': False"));
-  const size_t open = header.find("'shape': (") + 10;
-  std::vector<int64_t> shape;
-  for (absl::string_view d : absl::StrSplit(header.substr(open, header.find(')', open) - open), ',',
-                                            absl::SkipWhitespace())) {
-    int64_t v = 0;
-    EXPECT_TRUE(absl::SimpleAtoi(absl::StripAsciiWhitespace(d), &v)) << header;
-    shape.push_back(v);
-  }
-  torch::Tensor t = torch::empty(shape, torch::kFloat32);
-  EXPECT_EQ(bytes.size() - 10 - length, t.nbytes()) << path;
-  std::memcpy(t.data_ptr(), bytes.data() + 10 + length, t.nbytes());
-  return t;
-}
 
 std::string MlpSpec(const std::string& name, const std::vector<int64_t>& sizes, int stages,
                     int microbatches, const std::string& extra = "") {

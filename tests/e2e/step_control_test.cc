@@ -29,6 +29,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/support/local_cluster.h"
+#include "tests/support/npy_files.h"
 #include "tests/support/reference_mlp.h"
 
 namespace stagecoach::testing {
@@ -63,48 +64,6 @@ std::string LastLine(const std::string& text) {
 bool IsFinal(const v1::Job& job) {
   return job.state() == v1::JOB_STATE_SUCCEEDED || job.state() == v1::JOB_STATE_FAILED ||
          job.state() == v1::JOB_STATE_CANCELLED;
-}
-
-// A float32 C-order .npy file (format 1.0), written here rather than with stagectl's own writer
-// so that the test does not trust the code under test.
-void WriteNpy(const std::string& path, const torch::Tensor& t) {
-  const torch::Tensor c = t.to(torch::kFloat32).contiguous();
-  std::vector<std::string> dims;
-  for (int64_t d : c.sizes()) dims.push_back(std::to_string(d));
-  std::string header =
-      absl::StrCat("{'descr': '<f4', 'fortran_order': False, 'shape': (", absl::StrJoin(dims, ", "),
-                   dims.size() == 1 ? ",)" : ")", ", }");
-  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
-  header += '\n';
-  std::ofstream out(path, std::ios::binary);
-  out << "\x93NUMPY" << '\x01' << '\x00' << static_cast<char>(header.size() & 0xff)
-      << static_cast<char>(header.size() >> 8) << header;
-  out.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
-}
-
-// Reads a float32 .npy file of shape [rows, cols] (format 1.0, as stagectl writes it).
-torch::Tensor ReadNpy2d(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (bytes.size() < 10 || bytes.substr(0, 6) != "\x93NUMPY") {
-    ADD_FAILURE() << path << ": not a .npy file";
-    return {};
-  }
-  const size_t length = static_cast<unsigned char>(bytes[8]) |
-                        (static_cast<size_t>(static_cast<unsigned char>(bytes[9])) << 8);
-  const std::string header = bytes.substr(10, length);
-  EXPECT_THAT(header, HasSubstr("'descr': '<f4'"));
-  const size_t open = header.find("'shape': (") + 10;
-  std::vector<int64_t> shape;
-  for (absl::string_view d : absl::StrSplit(header.substr(open, header.find(')', open) - open), ',',
-                                            absl::SkipWhitespace())) {
-    shape.push_back(std::stoll(std::string(d)));
-  }
-  torch::Tensor t = torch::empty(shape, torch::kFloat32);
-  EXPECT_EQ(bytes.size() - 10 - length, t.nbytes()) << path;
-  if (bytes.size() - 10 - length != t.nbytes()) return {};
-  std::memcpy(t.data_ptr(), bytes.data() + 10 + length, t.nbytes());
-  return t;
 }
 
 v1::TensorData ToTensorData(const torch::Tensor& t) {
@@ -426,7 +385,7 @@ TEST_F(StepControl, StepJobRunsClientBatchesLikeTheReference) {
       {"step", id, "--inputs", x_path, "--forward-only", "--save-outputs", out0, "-o", "json"});
   ASSERT_EQ(fwd.exit_code, 0) << fwd.out << fwd.err;
   EXPECT_EQ(nlohmann::json::parse(fwd.out)["global_step"], 0);
-  const torch::Tensor got0 = ReadNpy2d(out0);
+  const torch::Tensor got0 = ReadNpy(out0);
   ASSERT_TRUE(got0.defined());
   ASSERT_EQ(got0.sizes(), (std::vector<int64_t>{8, config.sizes.back()}));
   const torch::Tensor want0 = ReferenceForward(config.sizes, config.model_seed, x);

@@ -370,12 +370,18 @@ int Commands::Submit(const std::string& spec_path, bool wait, const SubmitUpload
 }
 
 int Commands::List() {
-  v1::ListJobsResponse resp;
-  grpc::ClientContext ctx;
-  rpc::SetDeadline(&ctx, options_.timeout);
-  grpc::Status status = stub_->ListJobs(&ctx, {}, &resp);
-  if (!status.ok()) return RpcError(status, "list");
-  std::vector<v1::Job> jobs(resp.jobs().begin(), resp.jobs().end());
+  // The coordinator answers a page at a time; every page is fetched.
+  std::vector<v1::Job> jobs;
+  v1::ListJobsRequest req;
+  do {
+    v1::ListJobsResponse resp;
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(&ctx, options_.timeout);
+    grpc::Status status = stub_->ListJobs(&ctx, req, &resp);
+    if (!status.ok()) return RpcError(status, "list");
+    jobs.insert(jobs.end(), resp.jobs().begin(), resp.jobs().end());
+    req.set_page_token(resp.next_page_token());
+  } while (!req.page_token().empty());
   if (options_.format == OutputFormat::kTable) {
     out_ << JobsTable(jobs);
     return 0;
@@ -433,9 +439,11 @@ int Commands::Follow(const std::string& job_id, std::ostream& progress, OutputFo
         progress << "---\n" << ToYaml(EventJson(event)) << std::flush;
         continue;
       }
-      if (event.has_state_change()) {
+      if (event.has_state_change() || event.has_events_dropped()) {
         if (line_open) progress << "\r\x1b[K";
-        progress << StateLine(event.state_change(), zone) << "\n";
+        progress << (event.has_state_change() ? StateLine(event.state_change(), zone)
+                                               : DroppedLine(event.events_dropped()))
+                 << "\n";
         line_open = false;
       } else if (event.has_step_completed() && !live) {
         progress << StepLine(view) << "\n";

@@ -117,6 +117,13 @@ std::string StateLine(const v1::JobTransition& transition, absl::TimeZone zone) 
   return line;
 }
 
+std::string DroppedLine(const v1::EventsDropped& dropped) {
+  return absl::StrFormat(
+      "(events %d..%d are no longer kept by the coordinator, which keeps a job's latest events; "
+      "continuing from %d)",
+      dropped.from_sequence(), dropped.to_sequence() - 1, dropped.to_sequence());
+}
+
 nlohmann::json EventJson(const v1::JobEvent& event) {
   nlohmann::json out;
   out["job_id"] = event.job_id();
@@ -142,6 +149,10 @@ nlohmann::json EventJson(const v1::JobEvent& event) {
             ? 0.0
             : *std::max_element(step.bubble_ratios().begin(), step.bubble_ratios().end());
     out["client_batch"] = step.client_batch();
+  } else if (event.has_events_dropped()) {
+    out["event"] = "events_dropped";
+    out["from_sequence"] = event.events_dropped().from_sequence();
+    out["to_sequence"] = event.events_dropped().to_sequence();
   } else {
     out["event"] = "unknown";
   }

@@ -71,6 +71,9 @@ std::string ProgressLine(const WatchState& state, int width);
 // `zone`; no reason part when the transition has none).
 std::string StateLine(const v1::JobTransition& transition, absl::TimeZone zone);
 
+// The line `watch` prints when the coordinator no longer kept events the watcher asked for.
+std::string DroppedLine(const v1::EventsDropped& dropped);
+
 // One event for programs: {"job_id", "sequence", "time", "event": "state_change" |
 // "step_completed",
 // ...} with, for a state change, "state" and "reason"; for a step, "step", "global_step",

@@ -5,7 +5,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc/address.h"
-#include "common/rpc/auth.h"
 #include "common/rpc/status_conversion.h"
 #include "common/rpc/time_conversion.h"
 #include "common/util/logging.h"
@@ -50,42 +49,9 @@ grpc::Status RequiredId(const std::string& value, const char* field,
 
 }  // namespace
 
-grpc::Status CoordinatorServiceImpl::ClientAuth(const grpc::ServerContext& ctx,
-                                                const char* method) const {
-  if (auth_.client_token.empty()) return grpc::Status::OK;
-  return ToGrpcStatus(rpc::CheckBearer(
-      ctx, auth_.client_token,
-      absl::StrCat(method,
-                   ": needs the client token (the coordinator's --client-token-file; "
-                   "stagectl --token-file or $STAGECOACH_TOKEN)")));
-}
-
-grpc::Status CoordinatorServiceImpl::WorkerAuth(const grpc::ServerContext& ctx,
-                                                const char* method) const {
-  if (auth_.worker_token.empty()) return grpc::Status::OK;
-  return ToGrpcStatus(rpc::CheckBearer(
-      ctx, auth_.worker_token,
-      absl::StrCat(method,
-                   ": needs the worker token (the coordinator's --worker-token-file; "
-                   "the worker's --coordinator-token-file)")));
-}
-
-grpc::Status CoordinatorServiceImpl::ArtifactAuth(const grpc::ServerContext& ctx) const {
-  if (auth_.client_token.empty() || auth_.worker_token.empty()) {
-    // A token that is not required lets anyone in; the other one then adds nothing.
-    return grpc::Status::OK;
-  }
-  if (ClientAuth(ctx, "FetchArtifact").ok()) return grpc::Status::OK;
-  if (WorkerAuth(ctx, "FetchArtifact").ok()) return grpc::Status::OK;
-  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                      "FetchArtifact: needs the worker token (--worker-token-file) or the client "
-                      "token (--client-token-file): missing or wrong bearer token");
-}
-
 grpc::Status CoordinatorServiceImpl::SubmitJob(grpc::ServerContext* ctx,
                                                const v1::SubmitJobRequest* req,
                                                v1::SubmitJobResponse* resp) {
-  if (auto s = ClientAuth(*ctx, "SubmitJob"); !s.ok()) return s;
   if (auto s = Required(req->spec_yaml(), "spec_yaml"); !s.ok()) return s;
   if (auto s = Bounded(req->spec_yaml(), "spec_yaml", kMaxSpecBytes); !s.ok()) return s;
   if (auto s = Bounded(req->spec_origin(), "spec_origin", kMaxNameBytes); !s.ok()) return s;
@@ -99,7 +65,6 @@ grpc::Status CoordinatorServiceImpl::SubmitJob(grpc::ServerContext* ctx,
 
 grpc::Status CoordinatorServiceImpl::GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
                                             v1::GetJobResponse* resp) {
-  if (auto s = ClientAuth(*ctx, "GetJob"); !s.ok()) return s;
   if (auto s = RequiredId(req->job_id(), "job_id"); !s.ok()) return s;
   auto job = jobs_->GetJob(req->job_id());
   if (!job.ok()) return ToGrpcStatus(job.status());
@@ -107,22 +72,34 @@ grpc::Status CoordinatorServiceImpl::GetJob(grpc::ServerContext* ctx, const v1::
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorServiceImpl::ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest*,
+grpc::Status CoordinatorServiceImpl::ListJobs(grpc::ServerContext* ctx,
+                                              const v1::ListJobsRequest* req,
                                               v1::ListJobsResponse* resp) {
-  if (auto s = ClientAuth(*ctx, "ListJobs"); !s.ok()) return s;
-  for (auto& job : jobs_->ListJobs()) *resp->add_jobs() = std::move(job);
+  if (auto s = Bounded(req->page_token(), "page_token", kMaxIdBytes); !s.ok()) return s;
+  auto page = jobs_->ListJobs(req->page_size(), req->page_token());
+  if (!page.ok()) return ToGrpcStatus(page.status());
+  for (auto& job : page->jobs) *resp->add_jobs() = std::move(job);
+  resp->set_next_page_token(page->next_page_token);
   return grpc::Status::OK;
 }
 
 grpc::Status CoordinatorServiceImpl::WatchJob(grpc::ServerContext* ctx,
                                               const v1::WatchJobRequest* req,
                                               grpc::ServerWriter<v1::JobEvent>* writer) {
-  if (auto s = ClientAuth(*ctx, "WatchJob"); !s.ok()) return s;
   if (auto s = RequiredId(req->job_id(), "job_id"); !s.ok()) return s;
   int64_t next = std::max<int64_t>(req->from_sequence(), 0);
   while (!ctx->IsCancelled()) {
     auto batch = jobs_->WaitForEvents(req->job_id(), next, kWatchPoll);
     if (!batch.ok()) return ToGrpcStatus(batch.status());
+    if (batch->dropped_to > batch->dropped_from) {
+      v1::JobEvent dropped;
+      dropped.set_job_id(req->job_id());
+      dropped.set_sequence(batch->dropped_to - 1);
+      dropped.mutable_events_dropped()->set_from_sequence(batch->dropped_from);
+      dropped.mutable_events_dropped()->set_to_sequence(batch->dropped_to);
+      if (!writer->Write(dropped)) return grpc::Status::OK;
+      next = batch->dropped_to;
+    }
     for (const v1::JobEvent& event : batch->events) {
       if (!writer->Write(event)) return grpc::Status::OK;  // client went away
       next = event.sequence() + 1;
@@ -135,7 +112,6 @@ grpc::Status CoordinatorServiceImpl::WatchJob(grpc::ServerContext* ctx,
 grpc::Status CoordinatorServiceImpl::CancelJob(grpc::ServerContext* ctx,
                                                const v1::CancelJobRequest* req,
                                                v1::CancelJobResponse* resp) {
-  if (auto s = ClientAuth(*ctx, "CancelJob"); !s.ok()) return s;
   if (auto s = Bounded(req->reason(), "reason", kMaxTextBytes); !s.ok()) return s;
   if (auto s = RequiredId(req->job_id(), "job_id"); !s.ok()) return s;
   auto job = jobs_->CancelJob(req->job_id(), req->reason());
@@ -147,7 +123,6 @@ grpc::Status CoordinatorServiceImpl::CancelJob(grpc::ServerContext* ctx,
 grpc::Status CoordinatorServiceImpl::CheckpointJob(grpc::ServerContext* ctx,
                                                    const v1::CheckpointJobRequest* req,
                                                    v1::CheckpointJobResponse* resp) {
-  if (auto s = ClientAuth(*ctx, "CheckpointJob"); !s.ok()) return s;
   if (auto s = RequiredId(req->job_id(), "job_id"); !s.ok()) return s;
   auto checkpoint = jobs_->CheckpointJob(req->job_id());
   if (!checkpoint.ok()) return ToGrpcStatus(checkpoint.status());
@@ -158,14 +133,12 @@ grpc::Status CoordinatorServiceImpl::CheckpointJob(grpc::ServerContext* ctx,
 grpc::Status CoordinatorServiceImpl::ListWorkers(grpc::ServerContext* ctx,
                                                  const v1::ListWorkersRequest*,
                                                  v1::ListWorkersResponse* resp) {
-  if (auto s = ClientAuth(*ctx, "ListWorkers"); !s.ok()) return s;
   for (auto& w : jobs_->ListWorkers()) *resp->add_workers() = std::move(w);
   return grpc::Status::OK;
 }
 
 grpc::Status CoordinatorServiceImpl::Infer(grpc::ServerContext* ctx, const v1::InferRequest* req,
                                            v1::InferResponse* resp) {
-  if (auto s = ClientAuth(*ctx, "Infer"); !s.ok()) return s;
   if (auto s = Required(req->spec_yaml(), "spec_yaml"); !s.ok()) return s;
   if (auto s = Bounded(req->spec_yaml(), "spec_yaml", kMaxSpecBytes); !s.ok()) return s;
   if (auto s = Bounded(req->spec_origin(), "spec_origin", kMaxNameBytes); !s.ok()) return s;
@@ -187,7 +160,6 @@ grpc::Status CoordinatorServiceImpl::Infer(grpc::ServerContext* ctx, const v1::I
 grpc::Status CoordinatorServiceImpl::PauseJob(grpc::ServerContext* ctx,
                                               const v1::PauseJobRequest* req,
                                               v1::PauseJobResponse* resp) {
-  if (auto s = ClientAuth(*ctx, "PauseJob"); !s.ok()) return s;
   if (auto s = RequiredId(req->job_id(), "job_id"); !s.ok()) return s;
   auto out = jobs_->PauseJob(req->job_id());
   if (!out.ok()) return ToGrpcStatus(out.status());
@@ -198,7 +170,6 @@ grpc::Status CoordinatorServiceImpl::PauseJob(grpc::ServerContext* ctx,
 grpc::Status CoordinatorServiceImpl::ResumeJob(grpc::ServerContext* ctx,
                                                const v1::ResumeJobRequest* req,
                                                v1::ResumeJobResponse* resp) {
-  if (auto s = ClientAuth(*ctx, "ResumeJob"); !s.ok()) return s;
   if (auto s = RequiredId(req->job_id(), "job_id"); !s.ok()) return s;
   auto job = jobs_->ResumeJob(req->job_id());
   if (!job.ok()) return ToGrpcStatus(job.status());
@@ -209,7 +180,6 @@ grpc::Status CoordinatorServiceImpl::ResumeJob(grpc::ServerContext* ctx,
 grpc::Status CoordinatorServiceImpl::RunSteps(grpc::ServerContext* ctx,
                                               const v1::RunStepsRequest* req,
                                               v1::RunStepsResponse* resp) {
-  if (auto s = ClientAuth(*ctx, "RunSteps"); !s.ok()) return s;
   if (auto s = RequiredId(req->job_id(), "job_id"); !s.ok()) return s;
   if (req->steps() < 1) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -224,7 +194,6 @@ grpc::Status CoordinatorServiceImpl::RunSteps(grpc::ServerContext* ctx,
 grpc::Status CoordinatorServiceImpl::StepJob(grpc::ServerContext* ctx,
                                              const v1::StepJobRequest* req,
                                              v1::StepJobResponse* resp) {
-  if (auto s = ClientAuth(*ctx, "StepJob"); !s.ok()) return s;
   if (auto s = RequiredId(req->job_id(), "job_id"); !s.ok()) return s;
   absl::Duration timeout = rpc::FromProtoDuration(req->timeout());
   if (timeout < absl::ZeroDuration()) {
@@ -241,7 +210,6 @@ grpc::Status CoordinatorServiceImpl::StepJob(grpc::ServerContext* ctx,
 grpc::Status CoordinatorServiceImpl::GetJobSchedule(grpc::ServerContext* ctx,
                                                     const v1::GetJobScheduleRequest* req,
                                                     v1::GetJobScheduleResponse* resp) {
-  if (auto s = ClientAuth(*ctx, "GetJobSchedule"); !s.ok()) return s;
   if (auto s = RequiredId(req->job_id(), "job_id"); !s.ok()) return s;
   auto out = jobs_->GetJobSchedule(req->job_id());
   if (!out.ok()) return ToGrpcStatus(out.status());
@@ -252,7 +220,6 @@ grpc::Status CoordinatorServiceImpl::GetJobSchedule(grpc::ServerContext* ctx,
 grpc::Status CoordinatorServiceImpl::GetStepTrace(grpc::ServerContext* ctx,
                                                   const v1::GetStepTraceRequest* req,
                                                   v1::GetStepTraceResponse* resp) {
-  if (auto s = ClientAuth(*ctx, "GetStepTrace"); !s.ok()) return s;
   if (auto s = RequiredId(req->job_id(), "job_id"); !s.ok()) return s;
   if (req->global_step() < -1) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -268,7 +235,6 @@ grpc::Status CoordinatorServiceImpl::GetStepTrace(grpc::ServerContext* ctx,
 grpc::Status CoordinatorServiceImpl::RegisterWorker(grpc::ServerContext* ctx,
                                                     const v1::RegisterWorkerRequest* req,
                                                     v1::RegisterWorkerResponse* resp) {
-  if (auto s = WorkerAuth(*ctx, "RegisterWorker"); !s.ok()) return s;
   if (auto s = Required(req->name(), "name"); !s.ok()) return s;
   if (auto s = Bounded(req->name(), "name", kMaxNameBytes); !s.ok()) return s;
   if (auto s = RequiredId(req->address(), "address", kMaxAddressBytes); !s.ok()) return s;
@@ -292,7 +258,6 @@ grpc::Status CoordinatorServiceImpl::RegisterWorker(grpc::ServerContext* ctx,
 grpc::Status CoordinatorServiceImpl::Heartbeat(grpc::ServerContext* ctx,
                                                const v1::HeartbeatRequest* req,
                                                v1::HeartbeatResponse*) {
-  if (auto s = WorkerAuth(*ctx, "Heartbeat"); !s.ok()) return s;
   if (auto s = Bounded(req->job_id(), "job_id", kMaxIdBytes); !s.ok()) return s;
   if (auto s = RequiredId(req->worker_id(), "worker_id"); !s.ok()) return s;
   return ToGrpcStatus(jobs_->Heartbeat(*req));
@@ -301,7 +266,6 @@ grpc::Status CoordinatorServiceImpl::Heartbeat(grpc::ServerContext* ctx,
 grpc::Status CoordinatorServiceImpl::ReportStep(grpc::ServerContext* ctx,
                                                 const v1::ReportStepRequest* req,
                                                 v1::ReportStepResponse*) {
-  if (auto s = WorkerAuth(*ctx, "ReportStep"); !s.ok()) return s;
   if (auto s = RequiredId(req->job_id(), "job_id"); !s.ok()) return s;
   return ToGrpcStatus(jobs_->ReportStep(*req));
 }
@@ -309,21 +273,18 @@ grpc::Status CoordinatorServiceImpl::ReportStep(grpc::ServerContext* ctx,
 grpc::Status CoordinatorServiceImpl::ReportTaskEnd(grpc::ServerContext* ctx,
                                                    const v1::ReportTaskEndRequest* req,
                                                    v1::ReportTaskEndResponse*) {
-  if (auto s = WorkerAuth(*ctx, "ReportTaskEnd"); !s.ok()) return s;
   if (auto s = RequiredId(req->job_id(), "job_id"); !s.ok()) return s;
   return ToGrpcStatus(jobs_->ReportTaskEnd(*req));
 }
 
 grpc::Status CoordinatorServiceImpl::SetKey(grpc::ServerContext* ctx, const v1::SetKeyRequest* req,
                                             v1::SetKeyResponse*) {
-  if (auto s = WorkerAuth(*ctx, "SetKey"); !s.ok()) return s;
   if (auto s = RequiredId(req->key(), "key", kMaxKeyBytes); !s.ok()) return s;
   return ToGrpcStatus(kv_->Set(req->key(), req->value()));
 }
 
 grpc::Status CoordinatorServiceImpl::GetKey(grpc::ServerContext* ctx, const v1::GetKeyRequest* req,
                                             v1::GetKeyResponse* resp) {
-  if (auto s = WorkerAuth(*ctx, "GetKey"); !s.ok()) return s;
   if (auto s = RequiredId(req->key(), "key", kMaxKeyBytes); !s.ok()) return s;
   auto value = kv_->Get(req->key(), ClampWait(req->wait()));
   if (!value.ok()) return ToGrpcStatus(value.status());
@@ -334,7 +295,6 @@ grpc::Status CoordinatorServiceImpl::GetKey(grpc::ServerContext* ctx, const v1::
 grpc::Status CoordinatorServiceImpl::WaitKeys(grpc::ServerContext* ctx,
                                               const v1::WaitKeysRequest* req,
                                               v1::WaitKeysResponse*) {
-  if (auto s = WorkerAuth(*ctx, "WaitKeys"); !s.ok()) return s;
   for (const std::string& key : req->keys()) {
     if (auto s = RequiredId(key, "keys[]", kMaxKeyBytes); !s.ok()) return s;
   }
@@ -344,7 +304,6 @@ grpc::Status CoordinatorServiceImpl::WaitKeys(grpc::ServerContext* ctx,
 grpc::Status CoordinatorServiceImpl::UploadArtifact(
     grpc::ServerContext* ctx, grpc::ServerReader<v1::UploadArtifactRequest>* reader,
     v1::UploadArtifactResponse* resp) {
-  if (auto s = ClientAuth(*ctx, "UploadArtifact"); !s.ok()) return s;
   if (artifacts_ == nullptr) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         "this coordinator has no artifact store");
@@ -387,7 +346,6 @@ grpc::Status CoordinatorServiceImpl::UploadArtifact(
 grpc::Status CoordinatorServiceImpl::FetchArtifact(
     grpc::ServerContext* ctx, const v1::FetchArtifactRequest* req,
     grpc::ServerWriter<v1::FetchArtifactResponse>* writer) {
-  if (auto s = ArtifactAuth(*ctx); !s.ok()) return s;
   if (artifacts_ == nullptr) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         "this coordinator has no artifact store");

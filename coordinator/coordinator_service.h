@@ -1,26 +1,19 @@
-// The gRPC adapter of CoordinatorService: converts requests to JobManager / KvStore calls and
-// their Status to grpc::Status. No logic of its own.
+// The gRPC adapter of CoordinatorService: checks request fields, converts requests to
+// JobManager / KvStore / ArtifactStore calls and their Status to grpc::Status. No logic of its
+// own. Who may call which method is not its concern: the daemon serves it behind
+// rpc::AuthorizeEveryCall with CoordinatorCallCheck (coordinator_auth.h).
 #pragma once
 
 #include <string>
 #include <utility>
 
 #include "coordinator/artifact_store.h"
+#include "coordinator/coordinator_auth.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/kv_store.h"
 #include "stagecoach/v1/coordinator.grpc.pb.h"
 
 namespace stagecoach::coordinator {
-
-// Bearer tokens the service requires ("authorization: Bearer <token>" metadata); an empty one
-// is not required. Wrong or missing: UNAUTHENTICATED naming the token expected.
-struct CoordinatorAuth {
-  // On client RPCs (stagectl: SubmitJob ... UploadArtifact); --client-token-file.
-  std::string client_token;
-  // On worker RPCs (RegisterWorker, Heartbeat, ReportStep, ReportTaskEnd, SetKey, GetKey,
-  // WaitKeys); --worker-token-file. FetchArtifact accepts either token.
-  std::string worker_token;
-};
 
 class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
  public:
@@ -48,9 +41,8 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
   static constexpr size_t kMaxTextBytes = 64 << 10;  // reasons, free text
 
   // `artifacts` may be null: UploadArtifact / FetchArtifact then answer FAILED_PRECONDITION.
-  CoordinatorServiceImpl(JobManager* jobs, KvStore* kv, ArtifactStore* artifacts = nullptr,
-                         CoordinatorAuth auth = {})
-      : jobs_(jobs), kv_(kv), artifacts_(artifacts), auth_(std::move(auth)) {}
+  CoordinatorServiceImpl(JobManager* jobs, KvStore* kv, ArtifactStore* artifacts = nullptr)
+      : jobs_(jobs), kv_(kv), artifacts_(artifacts) {}
 
   grpc::Status SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
                          v1::SubmitJobResponse* resp) override;
@@ -101,16 +93,9 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
                              grpc::ServerWriter<v1::FetchArtifactResponse>* writer) override;
 
  private:
-  // OK when the call carries the client (worker) token or none is required.
-  grpc::Status ClientAuth(const grpc::ServerContext& ctx, const char* method) const;
-  grpc::Status WorkerAuth(const grpc::ServerContext& ctx, const char* method) const;
-  // FetchArtifact: either token.
-  grpc::Status ArtifactAuth(const grpc::ServerContext& ctx) const;
-
   JobManager* jobs_;
   KvStore* kv_;
   ArtifactStore* artifacts_;
-  const CoordinatorAuth auth_;
 };
 
 }  // namespace stagecoach::coordinator

@@ -14,8 +14,10 @@ bool IsFinal(v1::JobState state) {
 absl::Status CheckTransition(v1::JobState from, v1::JobState to) {
   using S = v1::JobState;
   bool allowed = false;
-  if (!IsFinal(from) && from != v1::JOB_STATE_UNSPECIFIED &&
-      (to == S::JOB_STATE_FAILED || to == S::JOB_STATE_CANCELLED)) {
+  if (from == S::JOB_STATE_UNSPECIFIED) {
+    allowed = to == S::JOB_STATE_PLANNING;
+  } else if (!IsFinal(from) && from != v1::JOB_STATE_UNSPECIFIED &&
+             (to == S::JOB_STATE_FAILED || to == S::JOB_STATE_CANCELLED)) {
     allowed = true;
   } else {
     switch (from) {
@@ -73,11 +75,11 @@ absl::Status Job::TransitionTo(v1::JobState to, const std::string& why, absl::Ti
   return absl::OkStatus();
 }
 
-void Job::AddEvent(v1::JobEvent event, absl::Time now) {
-  event.set_job_id(id);
-  event.set_sequence(static_cast<int64_t>(events.size()));
-  *event.mutable_time() = rpc::ToProtoTimestamp(now);
-  events.push_back(std::move(event));
+void Job::AddEvent(v1::JobEvent event, absl::Time now) { events.Add(std::move(event), id, now); }
+
+std::optional<absl::Time> Job::FinishedTime() const {
+  if (!IsFinal(state) || history.empty()) return std::nullopt;
+  return rpc::FromProtoTimestamp(history.back().time());
 }
 
 std::string Job::RendezvousPrefix() const {
@@ -125,6 +127,28 @@ void Job::ToProto(v1::Job* out) const {
   out->set_global_steps_done(global_done());
   out->set_pause_at_global_step(hold_step >= 0 ? hold_step : 0);
   out->set_attempt(attempt);
+}
+
+void Job::ToRecord(v1::Job* out) const {
+  ToProto(out);
+  // The plan's partition: the model's layers and each stage's share of them.
+  for (const v1::LayerInfo& layer : plan.layers) *out->add_layers() = layer;
+  for (const StagePlan& stage : plan.stages) {
+    v1::StageAssignment* st = out->add_stages();
+    st->set_stage(stage.stage);
+    st->set_first_layer(stage.first_layer);
+    st->set_end_layer(stage.end_layer);
+    st->set_parameters(stage.parameters);
+  }
+}
+
+void Job::ToSummary(v1::Job* out) const {
+  ToProto(out);
+  out->clear_spec_yaml();
+  for (v1::RankStatus& rank : *out->mutable_ranks()) {
+    rank.clear_assigned_actions();
+    rank.clear_executed_actions();
+  }
 }
 
 }  // namespace stagecoach::coordinator

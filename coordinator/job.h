@@ -1,9 +1,10 @@
 // A job as the coordinator tracks it: its spec and plan, its state machine, its ranks, the
 // steps they reported and the events WatchJob streams.
 //
-// State machine (one enum, v1::JobState; one transition function, Job::TransitionTo):
+// State machine (one enum, v1::JobState; one transition function, Job::TransitionTo: no other
+// code writes Job::state):
 //
-//   PLANNING --(1)--> PENDING --(2)--> STARTING --(3)--> RUNNING --(5)--> SUCCEEDED
+//   (new) --(0)--> PLANNING --(1)--> PENDING --(2)--> STARTING --(3)--> RUNNING --(5)--> SUCCEEDED
 //                                        |   ^  \         |  ^
 //                                        |   |   `(3)-.   (4)  (4)
 //                                        |   |         v   v  |
@@ -14,6 +15,9 @@
 //                                            `-----------'
 //   Any state that is not final --(8)--> FAILED, --(9)--> CANCELLED.
 //
+//   (0) a client submitted it (admission: the spec parsed, the model inspected and split; a
+//       spec that fails there is refused and never becomes a job), or the job table on disk
+//       replays a recorded job's history after a coordinator restart
 //   (1) the model was inspected and split; the job is queued for workers (gang semantics:
 //       all of its ranks start together or it waits; strict FIFO)
 //   (2) free workers were found and assigned; StartTask is being sent to each
@@ -40,13 +44,16 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/spec/job_spec.h"
+#include "coordinator/event_log.h"
 #include "coordinator/planner.h"
 #include "coordinator/step_trace.h"
 #include "stagecoach/v1/coordinator.pb.h"
@@ -57,7 +64,8 @@ namespace stagecoach::coordinator {
 // True for SUCCEEDED, FAILED and CANCELLED.
 bool IsFinal(v1::JobState state);
 
-// OK when the diagram above has an edge from -> to; FAILED_PRECONDITION otherwise.
+// OK when the diagram above has an edge from -> to (JOB_STATE_UNSPECIFIED is a new job);
+// FAILED_PRECONDITION otherwise.
 absl::Status CheckTransition(v1::JobState from, v1::JobState to);
 
 // "PENDING", "RUNNING", ... (the enum name without its prefix).
@@ -91,6 +99,7 @@ struct StepAggregate {
   bool client_batch = false;          // a StepJob step
 };
 
+// Guarded by the job table's lock (JobTable::mu()), except `control_mu`.
 struct Job {
   std::string id;
   spec::JobSpec spec;
@@ -98,7 +107,8 @@ struct Job {
   Plan plan;
   absl::Time created;
 
-  v1::JobState state = v1::JOB_STATE_PENDING;
+  // Written only by TransitionTo.
+  v1::JobState state = v1::JOB_STATE_UNSPECIFIED;
   std::string reason;
   std::vector<v1::JobTransition> history;
 
@@ -132,7 +142,10 @@ struct Job {
     bool done = false;
   };
   std::optional<ClientStepState> client_step;
-  bool starting = false;        // StartTask calls of the current attempt are in flight
+  bool starting = false;  // StartTask calls of the current attempt are in flight
+  // Checkpoints whose manifest is being written (checkpoint collection, off the lock): the job
+  // succeeds, and a restart is placed, only once they are listed.
+  int manifests_in_flight = 0;
   std::vector<RankSlot> ranks;  // empty until placed
   std::map<int64_t, StepAggregate> partial_steps;
   int64_t steps_completed = 0;  // steps of this attempt every rank has finished
@@ -169,9 +182,15 @@ struct Job {
   int64_t steps_done() const { return global_done() - base_step; }
   bool forward_only() const { return !plan.has_backward; }
 
-  std::vector<v1::JobEvent> events;
+  // WatchJob's log, bounded (JobManagerOptions::max_job_events).
+  EventLog events;
   // Action timings of the latest steps, by global step (GetStepTrace).
   StepTraceStore traces;
+
+  // Serialises the job's step control (StepControl): held across calls to its workers and a
+  // client step's wait, never with the job table's lock held, so a stuck job delays only its
+  // own control. Shared so that a caller can hold it while the table drops the job.
+  std::shared_ptr<absl::Mutex> control_mu = std::make_shared<absl::Mutex>();
 
   // Moves to `to` if the state machine allows it, recording history and a state-change event.
   absl::Status TransitionTo(v1::JobState to, const std::string& why, absl::Time now);
@@ -179,10 +198,19 @@ struct Job {
   // Appends an event (sequence numbers from 0).
   void AddEvent(v1::JobEvent event, absl::Time now);
 
+  // When the job reached its final state; nullopt while it is not final.
+  std::optional<absl::Time> FinishedTime() const;
+
   // Key prefix of the current attempt in the rendezvous store.
   std::string RendezvousPrefix() const;
 
+  // The job as ListJobs shows it (state, steps, losses, ranks and their counters).
   void ToProto(v1::Job* out) const;
+  // The job as GetJob returns it and the job table stores it: ToProto plus the plan's layers
+  // and stages.
+  void ToRecord(v1::Job* out) const;
+  // ToProto without the parts that grow with the job (spec text, action lists): a ListJobs row.
+  void ToSummary(v1::Job* out) const;
 };
 
 }  // namespace stagecoach::coordinator

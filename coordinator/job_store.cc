@@ -24,16 +24,33 @@ int64_t JobNumber(const std::string& job_id) {
   return n;
 }
 
-absl::StatusOr<JobStore> JobStore::Open(const std::string& dir) {
+absl::StatusOr<std::unique_ptr<FileJobStore>> FileJobStore::Open(const std::string& dir) {
   if (absl::Status ok = EnsureWritableDirectory(dir, "job table"); !ok.ok()) return ok;
-  return JobStore(dir);
+  return std::unique_ptr<FileJobStore>(new FileJobStore(dir));
 }
 
-absl::Status JobStore::Save(const v1::Job& job) {
+std::string FileJobStore::PathOf(const std::string& job_id) const {
+  return (fs::path(dir_) / (job_id + ".pb")).string();
+}
+
+absl::Status FileJobStore::Remove(const std::string& job_id) {
+  if (JobNumber(job_id) < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("job id '", job_id, "' is not job-<n>"));
+  }
+  std::error_code error;
+  fs::remove(PathOf(job_id), error);
+  if (error) {
+    return absl::InternalError(
+        absl::StrCat("job table: removing ", PathOf(job_id), ": ", error.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FileJobStore::Save(const v1::Job& job) {
   if (JobNumber(job.id()) < 0) {
     return absl::InvalidArgumentError(absl::StrCat("job id '", job.id(), "' is not job-<n>"));
   }
-  const std::string path = (fs::path(dir_) / (job.id() + ".pb")).string();
+  const std::string path = PathOf(job.id());
   const std::string tmp = path + ".tmp";
   std::string bytes;
   if (!job.SerializeToString(&bytes)) {
@@ -66,7 +83,7 @@ absl::Status JobStore::Save(const v1::Job& job) {
   return absl::OkStatus();
 }
 
-std::vector<v1::Job> JobStore::LoadAll(std::vector<std::string>* problems) {
+std::vector<v1::Job> FileJobStore::LoadAll(std::vector<std::string>* problems) {
   std::vector<v1::Job> jobs;
   std::error_code error;
   for (fs::directory_iterator it(dir_, error), end; !error && it != end; it.increment(error)) {

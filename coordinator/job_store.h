@@ -1,12 +1,11 @@
-// The coordinator's job table on disk: one file per job under <data-dir>/jobs, holding the job
-// as GetJob returns it (spec, plan's layers and stages, state, history, losses, checkpoints,
-// restarts). JobManager saves a job whenever its state, checkpoints or step targets change, and
-// reloads the table when the coordinator starts again (JobManager::Recover).
-//
-// Each save writes a temporary file, syncs it and renames it over the job's file, so a crash
-// leaves either the old or the new record, never a torn one.
+// The coordinator's job table on disk: one record per job, holding the job as GetJob returns it
+// (spec, plan's layers and stages, state, history, losses, checkpoints, restarts). The job table
+// (JobTable, through JobWriter) saves a job whenever its state, checkpoints or step targets
+// change and removes the records of jobs that retention drops; JobManager::Recover reloads the
+// records when the coordinator starts again.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -16,24 +15,47 @@
 
 namespace stagecoach::coordinator {
 
-// Thread-compatible: JobManager calls it under its lock.
+// Where job records live. An interface so that tests can inject a slow or failing disk.
+// Implementations are thread-compatible: JobWriter makes one call at a time.
 class JobStore {
  public:
+  virtual ~JobStore() = default;
+
+  // Writes `job`, replacing its earlier record, atomically: a crash leaves the old record or the
+  // new one, never a torn one. INVALID_ARGUMENT for an id that is not job-<n>; INTERNAL naming
+  // the file on an I/O error.
+  virtual absl::Status Save(const v1::Job& job) = 0;
+
+  // Deletes the record of `job_id` (OK when there is none). INTERNAL naming the file on an I/O
+  // error.
+  virtual absl::Status Remove(const std::string& job_id) = 0;
+
+  // Every saved job, ordered by their numeric id ("job-2" before "job-10"). A record that
+  // cannot be read is set aside (never loaded again) and named in `problems`.
+  virtual std::vector<v1::Job> LoadAll(std::vector<std::string>* problems) = 0;
+
+  // Where the records are, for logs.
+  virtual std::string Describe() const = 0;
+};
+
+// Records as files <dir>/<job id>.pb, each written to a temporary file, synced and renamed over
+// the old one. An unreadable file is renamed to <name>.corrupt.
+class FileJobStore : public JobStore {
+ public:
   // Uses (and creates) `dir`. INTERNAL naming the directory when it cannot be created or written.
-  static absl::StatusOr<JobStore> Open(const std::string& dir);
+  static absl::StatusOr<std::unique_ptr<FileJobStore>> Open(const std::string& dir);
 
-  // Writes `job` as <dir>/<job id>.pb. INTERNAL naming the file on an I/O error.
-  absl::Status Save(const v1::Job& job);
-
-  // Every saved job, ordered by their numeric id ("job-2" before "job-10"). A file that cannot
-  // be parsed is renamed to <name>.corrupt (kept for inspection, never loaded again) and named in
-  // `problems`.
-  std::vector<v1::Job> LoadAll(std::vector<std::string>* problems);
+  absl::Status Save(const v1::Job& job) override;
+  absl::Status Remove(const std::string& job_id) override;
+  std::vector<v1::Job> LoadAll(std::vector<std::string>* problems) override;
+  std::string Describe() const override { return dir_; }
 
   const std::string& dir() const { return dir_; }
 
  private:
-  explicit JobStore(std::string dir) : dir_(std::move(dir)) {}
+  explicit FileJobStore(std::string dir) : dir_(std::move(dir)) {}
+  std::string PathOf(const std::string& job_id) const;
+
   std::string dir_;
 };
 

@@ -9,11 +9,13 @@
 #include "common/metrics/metrics.h"
 #include "common/rpc/address.h"
 #include "common/rpc/auth.h"
+#include "common/rpc/authorized_service.h"
 #include "common/rpc/server.h"
 #include "common/rpc/tls.h"
 #include "common/util/config_file.h"
 #include "common/util/logging.h"
 #include "common/util/signals.h"
+#include "common/util/work_queue.h"
 #include "coordinator/artifact_store.h"
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/coordinator_service.h"
@@ -50,6 +52,9 @@ struct Flags {
   std::string client_token_file, worker_token_file;
   std::string max_message_bytes = std::to_string(stagecoach::rpc::kMaxMessageBytes);
 };
+
+// Threads that run the job manager's calls to workers and disk writes.
+constexpr int kBackgroundThreads = 8;
 
 int Fail(const std::string& message) {
   std::cerr << "stagecoach-coordinator: " << message << "\n";
@@ -240,19 +245,27 @@ int main(int argc, char** argv) {
   }
   // The job table lives with the artifacts under --data-dir; without it jobs are not kept
   // across restarts.
-  std::optional<stagecoach::coordinator::JobStore> job_store;
+  std::unique_ptr<stagecoach::coordinator::FileJobStore> job_store;
   if (!flags.data_dir.empty()) {
-    auto opened = stagecoach::coordinator::JobStore::Open(flags.data_dir + "/jobs");
+    auto opened = stagecoach::coordinator::FileJobStore::Open(flags.data_dir + "/jobs");
     if (!opened.ok()) return Fail(std::string(opened.status().message()));
     job_store = *std::move(opened);
   }
+  // Calls to workers and disk writes of the job manager run here, off its locks.
+  stagecoach::WorkQueue background(kBackgroundThreads);
   JobManager jobs(options, {stagecoach::Clock::Real(), &worker_client, &kv, &metrics,
-                            job_store.has_value() ? &*job_store : nullptr});
+                            job_store.get(), &background});
   for (const std::string& problem : jobs.Recover()) spdlog::error("job table: {}", problem);
-  CoordinatorServiceImpl service(&jobs, &kv, artifacts->get(), auth);
+  CoordinatorServiceImpl service(&jobs, &kv, artifacts->get());
+  // Every call passes the token check of its method (coordinator_auth.h) before the service.
+  auto authorized = stagecoach::rpc::AuthorizeEveryCall(
+      &service, stagecoach::v1::CoordinatorService::service_full_name(),
+      stagecoach::coordinator::CoordinatorCallCheck(auth));
+  if (!authorized.ok()) return Fail(std::string(authorized.status().message()));
 
   server_options.metrics = registry.get();
-  auto started = stagecoach::rpc::StartServer(*listen_addr, {&service}, server_options);
+  auto started =
+      stagecoach::rpc::StartServer(*listen_addr, {authorized->get()}, server_options);
   if (!started.ok()) return Fail(std::string(started.status().message()));
   grpc::Server* server = started->server.get();
   stagecoach::rpc::HostPort actual = *listen_addr;

@@ -5,6 +5,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/rpc/time_conversion.h"
+#include "common/transport/backends.h"
 
 namespace stagecoach::coordinator {
 
@@ -32,6 +33,7 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const std::string& name,
                                                      const std::string& device,
                                                      const std::vector<std::string>& transports,
                                                      absl::Time now) {
+  absl::MutexLock lock(&mu_);
   for (auto it = workers_.begin(); it != workers_.end();) {
     if (it->second.address != address) {
       ++it;
@@ -56,12 +58,14 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const std::string& name,
 }
 
 void WorkerRegistry::SetSessionToken(const std::string& id, const std::string& token) {
-  if (WorkerRecord* w = Mutable(id); w != nullptr) w->session_token = token;
+  absl::MutexLock lock(&mu_);
+  if (WorkerRecord* w = MutableLocked(id); w != nullptr) w->session_token = token;
 }
 
 absl::Status WorkerRegistry::Heartbeat(const std::string& id, absl::Time now,
                                        const std::string& session_token) {
-  WorkerRecord* w = Mutable(id);
+  absl::MutexLock lock(&mu_);
+  WorkerRecord* w = MutableLocked(id);
   if (w == nullptr || w->state == v1::WORKER_STATE_LOST) {
     return absl::NotFoundError(absl::StrCat("worker ", id, " is not registered",
                                             w ? absl::StrCat(" (lost: ", w->reason, ")") : "",
@@ -76,6 +80,7 @@ absl::Status WorkerRegistry::Heartbeat(const std::string& id, absl::Time now,
 }
 
 std::vector<std::string> WorkerRegistry::ExpireLeases(absl::Time now) {
+  absl::MutexLock lock(&mu_);
   std::vector<std::string> expired;
   for (auto& [n, w] : workers_) {
     if (w.state == v1::WORKER_STATE_LOST) continue;
@@ -91,15 +96,18 @@ std::vector<std::string> WorkerRegistry::ExpireLeases(absl::Time now) {
   return expired;
 }
 
-void WorkerRegistry::MarkLost(const std::string& id, const std::string& reason) {
-  WorkerRecord* w = Mutable(id);
-  if (w == nullptr || w->state == v1::WORKER_STATE_LOST) return;
+bool WorkerRegistry::MarkLost(const std::string& id, const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  WorkerRecord* w = MutableLocked(id);
+  if (w == nullptr || w->state == v1::WORKER_STATE_LOST) return false;
   w->state = v1::WORKER_STATE_LOST;
   w->reason = reason;
+  return true;
 }
 
 absl::Status WorkerRegistry::Assign(const std::string& id, const std::string& job_id, int rank) {
-  WorkerRecord* w = Mutable(id);
+  absl::MutexLock lock(&mu_);
+  WorkerRecord* w = MutableLocked(id);
   if (w == nullptr || w->state != v1::WORKER_STATE_IDLE) {
     return absl::FailedPreconditionError(absl::StrCat("worker ", id, " is not idle"));
   }
@@ -110,41 +118,60 @@ absl::Status WorkerRegistry::Assign(const std::string& id, const std::string& jo
 }
 
 void WorkerRegistry::Release(const std::string& id, const std::string& job_id) {
-  WorkerRecord* w = Mutable(id);
+  absl::MutexLock lock(&mu_);
+  WorkerRecord* w = MutableLocked(id);
   if (w == nullptr || w->state != v1::WORKER_STATE_BUSY || w->job_id != job_id) return;
   w->state = v1::WORKER_STATE_IDLE;
   w->job_id.clear();
   w->rank = -1;
 }
 
-std::vector<const WorkerRecord*> WorkerRegistry::Idle(const std::string& placement_device,
-                                                      const std::string& transport) const {
-  std::vector<const WorkerRecord*> out;
+std::vector<WorkerRecord> WorkerRegistry::Idle(const std::string& placement_device,
+                                               const std::string& transport) const {
+  // A worker that registered no transports offers the backends every worker has.
+  const absl::StatusOr<transport::BackendDescriptor> backend =
+      transport::BackendRegistry::Global().Find(transport);
+  const bool on_every_worker = backend.ok() && backend->capabilities.on_every_worker;
+  absl::MutexLock lock(&mu_);
+  std::vector<WorkerRecord> out;
   for (const auto& [n, w] : workers_) {
-    const bool offers = w.transports.empty() ? transport == "gloo"
+    const bool offers = w.transports.empty() ? on_every_worker
                                              : std::find(w.transports.begin(), w.transports.end(),
                                                          transport) != w.transports.end();
     if (w.state == v1::WORKER_STATE_IDLE && DeviceMatches(placement_device, w.device) && offers) {
-      out.push_back(&w);
+      out.push_back(w);
     }
   }
   return out;
 }
 
-const WorkerRecord* WorkerRegistry::Find(const std::string& id) const {
+bool WorkerRegistry::AnyBusyWith(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
   for (const auto& [n, w] : workers_) {
+    if (w.state == v1::WORKER_STATE_BUSY && w.job_id == job_id) return true;
+  }
+  return false;
+}
+
+std::optional<WorkerRecord> WorkerRegistry::Find(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [n, w] : workers_) {
+    if (w.id == id) return w;
+  }
+  return std::nullopt;
+}
+
+WorkerRecord* WorkerRegistry::MutableLocked(const std::string& id) {
+  for (auto& [n, w] : workers_) {
     if (w.id == id) return &w;
   }
   return nullptr;
 }
 
-WorkerRecord* WorkerRegistry::Mutable(const std::string& id) {
-  return const_cast<WorkerRecord*>(Find(id));
-}
-
-std::vector<const WorkerRecord*> WorkerRegistry::All() const {
-  std::vector<const WorkerRecord*> out;
-  for (const auto& [n, w] : workers_) out.push_back(&w);
+std::vector<WorkerRecord> WorkerRegistry::All() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<WorkerRecord> out;
+  for (const auto& [n, w] : workers_) out.push_back(w);
   return out;
 }
 

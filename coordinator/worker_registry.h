@@ -11,11 +11,13 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "stagecoach/v1/types.pb.h"
 
@@ -42,7 +44,10 @@ struct WorkerRecord {
 // `placement_device` ("cpu" or "cuda").
 bool DeviceMatches(const std::string& placement_device, const std::string& worker_device);
 
-// Not thread-safe: the JobManager owns it and serialises access under its own lock.
+// Thread-safe, with a lock of its own that nothing else is taken under: heartbeats take only this
+// lock, so no job work, disk write or remote call ever delays a worker's lease. Callers holding
+// the job table's lock may call it (lock order: job table, then registry). Records are returned
+// as copies.
 class WorkerRegistry {
  public:
   explicit WorkerRegistry(absl::Duration lease) : lease_(lease) {}
@@ -67,8 +72,8 @@ class WorkerRegistry {
   // Marks every live worker whose lease ran out by `now` as LOST and returns their ids.
   std::vector<std::string> ExpireLeases(absl::Time now);
 
-  // Marks a worker LOST with `reason` (no-op if unknown or already LOST).
-  void MarkLost(const std::string& id, const std::string& reason);
+  // Marks a worker LOST with `reason`; false (no-op) if unknown or already LOST.
+  bool MarkLost(const std::string& id, const std::string& reason);
 
   // IDLE -> BUSY on (job_id, rank). FAILED_PRECONDITION unless IDLE.
   absl::Status Assign(const std::string& id, const std::string& job_id, int rank);
@@ -78,22 +83,26 @@ class WorkerRegistry {
 
   // Idle workers whose device matches and that offer `transport` ("gloo", "nccl"; a worker
   // that registered no transports offers gloo), in registration order.
-  std::vector<const WorkerRecord*> Idle(const std::string& placement_device,
-                                        const std::string& transport) const;
+  std::vector<WorkerRecord> Idle(const std::string& placement_device,
+                                 const std::string& transport) const;
 
-  // nullptr when unknown.
-  const WorkerRecord* Find(const std::string& id) const;
+  // Whether a worker is BUSY on `job_id` (a restarting job waits until none is).
+  bool AnyBusyWith(const std::string& job_id) const;
+
+  // nullopt when unknown.
+  std::optional<WorkerRecord> Find(const std::string& id) const;
 
   // Every worker, in registration order.
-  std::vector<const WorkerRecord*> All() const;
+  std::vector<WorkerRecord> All() const;
 
  private:
-  WorkerRecord* Mutable(const std::string& id);
+  WorkerRecord* MutableLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  absl::Duration lease_;
-  int64_t next_id_ = 1;
+  const absl::Duration lease_;
+  mutable absl::Mutex mu_;
+  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   // Keyed by registration number so that iteration is in registration order.
-  std::map<int64_t, WorkerRecord> workers_;
+  std::map<int64_t, WorkerRecord> workers_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace stagecoach::coordinator

@@ -1,5 +1,5 @@
-// A fixed pool of threads running closures in FIFO order; used to call remote services
-// without holding locks.
+// A fixed pool of threads running closures in FIFO order: the daemons' Executor, which runs
+// calls to remote services and disk I/O without holding locks.
 #pragma once
 
 #include <deque>
@@ -8,11 +8,12 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "common/util/executor.h"
 
 namespace stagecoach {
 
 // Thread-safe.
-class WorkQueue {
+class WorkQueue : public Executor {
  public:
   explicit WorkQueue(int threads);
   // Runs what is queued, then joins the threads.
@@ -23,6 +24,7 @@ class WorkQueue {
 
   // Queues `fn`. After shutdown started, `fn` is dropped.
   void Enqueue(std::function<void()> fn);
+  void Run(std::function<void()> fn) override { Enqueue(std::move(fn)); }
 
  private:
   void Loop();

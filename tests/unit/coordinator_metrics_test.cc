@@ -45,8 +45,9 @@ class CoordinatorMetricsTest : public ::testing::Test {
     JobManagerOptions options;
     options.lease = absl::Seconds(5);
     options.heartbeat_interval = absl::Seconds(1);
-    manager_ =
-        std::make_unique<JobManager>(options, JobManagerDeps{&clock_, &workers_, &kv_, &metrics_});
+    JobManagerDeps deps{&clock_, &workers_, &kv_, &metrics_};
+    deps.executor = &executor_;
+    manager_ = std::make_unique<JobManager>(options, deps);
   }
 
   std::string Register(int n) {
@@ -73,6 +74,11 @@ class CoordinatorMetricsTest : public ::testing::Test {
     r.set_bubble_ratio(bubble);
     return manager_->ReportStep(r);
   }
+  // Runs what the manager queued (calls to the fake workers), then checks `cond`.
+  bool Eventually(const std::function<bool()>& cond) {
+    executor_.RunUntilIdle();
+    return cond();
+  }
   v1::JobState State(const std::string& id) {
     auto job = manager_->GetJob(id);
     return job.ok() ? job->state() : v1::JOB_STATE_UNSPECIFIED;
@@ -91,6 +97,7 @@ class CoordinatorMetricsTest : public ::testing::Test {
   FakeClock clock_;
   FakeWorkerClient workers_;
   KvStore kv_;
+  ManualExecutor executor_;
   std::unique_ptr<JobManager> manager_;
 };
 

@@ -60,7 +60,7 @@ TEST(WorkerRegistry, LeasesExpireAndLostWorkersMustRegisterAgain) {
   auto again = registry.Register("b", "h:2", "cuda:0", {}, t0 + absl::Seconds(6));
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(*again, "w-3");
-  EXPECT_EQ(registry.Find(*b), nullptr);
+  EXPECT_EQ(registry.Find(*b), std::nullopt);
 }
 
 TEST(WorkerRegistry, AssignAndReleaseAndDeviceMatching) {
@@ -83,7 +83,7 @@ TEST(WorkerRegistry, AssignAndReleaseAndDeviceMatching) {
   auto nccl = registry.Register("c", "h:3", "cuda:0", {"gloo", "nccl"}, t0);
   ASSERT_TRUE(nccl.ok());
   ASSERT_EQ(registry.Idle("cuda", "nccl").size(), 1u);
-  EXPECT_EQ(registry.Idle("cuda", "nccl")[0]->id, *nccl);
+  EXPECT_EQ(registry.Idle("cuda", "nccl")[0].id, *nccl);
   EXPECT_EQ(registry.Idle("cuda", "gloo").size(), 2u);
   EXPECT_TRUE(DeviceMatches("cuda", "cuda:3"));
   (void)gpu;

@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/util/clock.h"
+#include "common/util/executor.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/kv_store.h"
 #include "coordinator/worker_client.h"
@@ -149,26 +150,44 @@ class FakeWorkerClient : public WorkerClient {
   std::map<std::string, std::string> tokens_;
 };
 
-// Polls `cond` (the manager works on background threads) until it holds or `timeout` passes.
-inline bool Eventually(const std::function<bool()>& cond,
-                       absl::Duration timeout = absl::Seconds(2)) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    if (cond()) return true;
-    absl::SleepFor(absl::Milliseconds(2));
-  }
-  return cond();
-}
-
-// A JobManager over a fake clock, fake workers and a real KV store, with CPU workers that
-// register at 10.0.0.N:7000.
+// A JobManager over a fake clock, fake workers, a real KV store and a manual executor (the
+// manager's calls to workers and disk writes run when the test settles it), with CPU workers
+// that register at 10.0.0.N:7000.
 class JobManagerFixture : public ::testing::Test {
  protected:
   JobManagerFixture() {
     JobManagerOptions options;
     options.lease = absl::Seconds(5);
     options.heartbeat_interval = absl::Seconds(1);
-    manager_ = std::make_unique<JobManager>(options, JobManagerDeps{&clock_, &workers_, &kv_});
+    manager_ = std::make_unique<JobManager>(options, Deps());
+  }
+  ~JobManagerFixture() override {
+    manager_.reset();
+    executor_.RunUntilIdle();  // closures of the manager's, now no-ops
+  }
+
+  JobManagerDeps Deps(JobStore* store = nullptr) {
+    JobManagerDeps deps{&clock_, &workers_, &kv_};
+    deps.store = store;
+    deps.executor = &executor_;
+    return deps;
+  }
+
+  // Runs what the manager queued (calls to the fake workers, manifest and record writes) and
+  // what that queued in turn, on this thread.
+  void Settle() { executor_.RunUntilIdle(); }
+
+  // Settles, then checks `cond`. Only a test that calls the manager on another thread of its
+  // own (Infer, StepJob) waits beyond that, up to `timeout`, for that thread's progress.
+  bool Eventually(const std::function<bool()>& cond, absl::Duration timeout = absl::Seconds(10)) {
+    Settle();
+    const absl::Time deadline = absl::Now() + timeout;
+    while (!cond()) {
+      if (absl::Now() > deadline) return false;
+      absl::SleepFor(absl::Milliseconds(1));
+      Settle();
+    }
+    return true;
   }
 
   std::string Register(int n) {
@@ -193,6 +212,7 @@ class JobManagerFixture : public ::testing::Test {
   FakeClock clock_;
   FakeWorkerClient workers_;
   KvStore kv_;
+  ManualExecutor executor_;
   std::unique_ptr<JobManager> manager_;
   std::map<std::string, std::string> tokens_;  // session token by worker id
 };

@@ -214,13 +214,12 @@ TEST_F(JobManagerControlTest, ARestartedCoordinatorContinuesItsJobsFromTheJobTab
   const std::string dir =
       (std::filesystem::temp_directory_path() / absl::StrCat("jobtable-", getpid())).string();
   std::filesystem::remove_all(dir);
-  auto store = JobStore::Open(dir);
+  auto store = FileJobStore::Open(dir);
   ASSERT_TRUE(store.ok()) << store.status();
   JobManagerOptions options;
   options.lease = absl::Seconds(5);
   options.heartbeat_interval = absl::Seconds(1);
-  manager_ = std::make_unique<JobManager>(
-      options, JobManagerDeps{&clock_, &workers_, &kv_, nullptr, &*store});
+  manager_ = std::make_unique<JobManager>(options, Deps(store->get()));
   const std::string w1 = Register(1), w2 = Register(2);
   auto done = manager_->SubmitJob(Spec(1), "a.yaml");
   ASSERT_TRUE(done.ok());
@@ -239,7 +238,10 @@ TEST_F(JobManagerControlTest, ARestartedCoordinatorContinuesItsJobsFromTheJobTab
   manager_.reset();
   FakeWorkerClient fresh_workers;
   KvStore fresh_kv;
-  JobManager again(options, JobManagerDeps{&clock_, &fresh_workers, &fresh_kv, nullptr, &*store});
+  JobManagerDeps fresh{&clock_, &fresh_workers, &fresh_kv};
+  fresh.store = store->get();
+  fresh.executor = &executor_;
+  JobManager again(options, fresh);
   EXPECT_THAT(again.Recover(), ::testing::IsEmpty());
   auto finished = again.GetJob(*done);
   ASSERT_TRUE(finished.ok());

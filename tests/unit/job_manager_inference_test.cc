@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/spec/spec_parser.h"
 #include "coordinator/job_manager.h"
 #include "gmock/gmock.h"
@@ -50,10 +51,18 @@ class JobManagerInferenceTest : public JobManagerFixture {
   // Calls Infer on a thread (it blocks until the job ends); Result() joins it.
   void StartInfer(std::string spec, v1::TensorData inputs, absl::Duration timeout,
                   std::function<bool()> caller_gone = nullptr) {
-    call_ = std::thread(
-        [=, this] { result_ = manager_->Infer(spec, "infer.yaml", inputs, timeout, caller_gone); });
+    call_ = std::thread([=, this] {
+      result_ = manager_->Infer(spec, "infer.yaml", inputs, timeout, caller_gone);
+      returned_.Notify();
+    });
   }
+  // Runs the manager's queued work (failure investigations, stops) until the call returns.
   absl::StatusOr<InferenceResult> Result() {
+    const absl::Time deadline = absl::Now() + kPoll;
+    while (!returned_.WaitForNotificationWithTimeout(absl::Milliseconds(1)) &&
+           absl::Now() < deadline) {
+      Settle();
+    }
     call_.join();
     return result_;
   }
@@ -91,6 +100,7 @@ class JobManagerInferenceTest : public JobManagerFixture {
     return manager_->ReportTaskEnd(r);
   }
   std::thread call_;
+  absl::Notification returned_;
   absl::StatusOr<InferenceResult> result_ = absl::UnknownError("not called");
 };
 
@@ -172,6 +182,9 @@ TEST_F(JobManagerInferenceTest, BadInputsAreRefusedNamingTheFieldAndNothingIsQue
 TEST_F(JobManagerInferenceTest, AJobThatDoesNotEndInTimeIsCancelled) {
   // No workers: the job waits in the queue until the call gives up.
   StartInfer(Spec(2), Floats(8, 4), absl::Milliseconds(300));
+  // The call's deadline is on the manager's clock: it passes once the job is queued.
+  ASSERT_TRUE(Eventually([&] { return manager_->ListJobs().size() == 1; }, kPoll));
+  clock_.Advance(absl::Milliseconds(300));
   auto result = Result();
   EXPECT_TRUE(absl::IsDeadlineExceeded(result.status())) << result.status();
   EXPECT_THAT(result.status().message(), HasSubstr("did not finish within 300ms"));

@@ -3,6 +3,7 @@
 // split points are checked against those layers; no worker, a worker that refuses the model and
 // a worker that does not answer are errors and nothing is queued.
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -204,8 +205,14 @@ TEST_F(JobManagerInspectTest, InferPlansATorchScriptModelWithoutItsDataSection) 
   inputs.add_shape(1);
   inputs.set_data(std::string(8, '\0'));
   // Two stages, one worker: the job is queued, then the call times out and cancels it.
-  auto result =
-      manager_->Infer(TorchScriptSpec("{stages: 2}"), "t", inputs, absl::Milliseconds(50));
+  absl::StatusOr<InferenceResult> result = absl::UnknownError("not called");
+  std::thread call([&] {
+    result = manager_->Infer(TorchScriptSpec("{stages: 2}"), "t", inputs, absl::Milliseconds(50));
+  });
+  // The call's deadline is on the manager's clock: it passes once the job is queued.
+  ASSERT_TRUE(Eventually([&] { return manager_->ListJobs().size() == 1; }));
+  clock_.Advance(absl::Milliseconds(50));
+  call.join();
   EXPECT_TRUE(absl::IsDeadlineExceeded(result.status())) << result.status();
   const auto requests = workers_.Inspected(Address(1));
   ASSERT_EQ(requests.size(), 1u);

@@ -29,7 +29,9 @@ std::string Spec(int stages, const std::string& schedule = "GPipe", int steps = 
 
 class JobManagerTest : public JobManagerFixture {
  protected:
+  // The job once the manager's queued work (calls to workers, checkpoint manifests) has run.
   v1::Job Job(const std::string& id) {
+    Settle();
     auto job = manager_->GetJob(id);
     EXPECT_TRUE(job.ok()) << job.status();
     return *job;

@@ -1,0 +1,142 @@
+#include "coordinator/admission.h"
+
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc/tensor_data.h"
+#include "common/spec/spec_overrides.h"
+#include "common/spec/spec_parser.h"
+#include "common/util/logging.h"
+#include "common/util/status_macros.h"
+#include "coordinator/checkpoint_collection.h"
+
+namespace stagecoach::coordinator {
+namespace {
+
+// The spec of an Infer job: `spec_yaml` with a ForwardOnly schedule, `batch_size` rows and one
+// step; schedule files, checkpoints and the data section do not apply to inference.
+// With `keep_data` the data section stays (what profiling the model's layers measures on).
+absl::StatusOr<std::string> InferenceSpecYaml(const std::string& spec_yaml,
+                                              const std::string& origin, int64_t batch_size,
+                                              bool keep_data = false) {
+  spec::SpecOverrides overrides;
+  overrides.set = {{"schedule.kind", "ForwardOnly"},
+                   {"training.batch_size", absl::StrCat(batch_size)},
+                   {"training.steps", "1"}};
+  overrides.remove = {"schedule.csv", "schedule.csv_format", "schedule.csv_text",
+                      "training.checkpoint"};
+  if (!keep_data) overrides.remove.push_back("data");
+  return spec::ApplySpecOverrides(spec_yaml, origin, overrides);
+}
+
+// The worker to inspect the model on: a live one, preferring the job's device (profiled times
+// are measured there), then an idle one. nullopt when none is alive.
+std::optional<WorkerRecord> InspectingWorker(const WorkerRegistry& registry,
+                                             const std::string& device) {
+  std::optional<WorkerRecord> best;
+  int best_score = -1;
+  for (WorkerRecord& w : registry.All()) {
+    if (w.state == v1::WORKER_STATE_LOST) continue;
+    const int score =
+        (DeviceMatches(device, w.device) ? 2 : 0) + (w.state == v1::WORKER_STATE_IDLE ? 1 : 0);
+    if (score > best_score) {
+      best_score = score;
+      best = std::move(w);
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+Admission::Admission(AdmissionOptions options, const WorkerRegistry* registry,
+                     WorkerClient* workers)
+    : options_(options), registry_(registry), workers_(workers) {}
+
+absl::StatusOr<std::vector<v1::LayerInfo>> Admission::ModelLayers(const spec::JobSpec& spec,
+                                                                  const std::string& inspect_yaml,
+                                                                  const PlanOptions& plan_options) {
+  if (!NeedsInspection(spec)) return BuiltinLayers(*spec.model.builtin);
+  // What the planner refuses anyway is refused before a worker is troubled.
+  RETURN_IF_ERROR(CheckPlannable(spec, plan_options));
+  const bool profile = NeedsProfile(spec);
+  const std::string what = spec.model.torchscript.has_value()
+                               ? "inspect model.torchscript"
+                               : "profile the model's layers (split.policy profiled)";
+  std::optional<WorkerRecord> worker = InspectingWorker(*registry_, spec.placement.device);
+  if (!worker.has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no live worker to ", what, "; start a worker first"));
+  }
+  v1::InspectModelRequest request;
+  request.set_spec_yaml(inspect_yaml);
+  request.set_profile(profile);
+  request.set_profile_iterations(options_.profile_iterations);
+  auto inspected = workers_->InspectModel(worker->address, request, options_.inspect_timeout);
+  if (!inspected.ok()) {
+    const absl::Status& error = inspected.status();
+    if (absl::IsInvalidArgument(error)) {
+      // The worker's verdict on the spec (it names the field).
+      return absl::InvalidArgumentError(
+          absl::StrCat(error.message(), " (inspected by worker ", worker->id, ")"));
+    }
+    return absl::Status(error.code(), absl::StrCat("could not ", what, " on worker ", worker->id,
+                                                   " at ", worker->address, ": ", error.message()));
+  }
+  spdlog::info("worker {} inspected the model: {} layers{}", worker->id, inspected->layers_size(),
+               profile ? ", profiled" : "");
+  return std::vector<v1::LayerInfo>(inspected->layers().begin(), inspected->layers().end());
+}
+
+absl::StatusOr<AdmittedJob> Admission::AdmitTraining(const std::string& spec_yaml,
+                                                     const std::string& origin) {
+  AdmittedJob out;
+  ASSIGN_OR_RETURN(out.spec, spec::ParseJobSpec(spec_yaml, origin));
+  ASSIGN_OR_RETURN(std::vector<v1::LayerInfo> layers, ModelLayers(out.spec, spec_yaml, {}));
+  ASSIGN_OR_RETURN(out.plan, PlanJob(out.spec, std::move(layers)));
+  ASSIGN_OR_RETURN(out.resume, VerifyResumeFrom(out.spec, out.plan));
+  RETURN_IF_ERROR(
+      CheckCheckpointTargetsFree(out.spec, out.resume.has_value() ? out.resume->step : 0));
+  out.spec_yaml = spec_yaml;
+  return out;
+}
+
+absl::StatusOr<AdmittedJob> Admission::AdmitInference(const std::string& spec_yaml,
+                                                      const std::string& origin,
+                                                      const v1::TensorData& inputs) {
+  RETURN_IF_ERROR(rpc::ValidateTensorData(inputs, "inputs"));
+  if (inputs.shape_size() < 1 || inputs.shape(0) < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("inputs.shape: needs at least one row (dim 0 is the batch), got ",
+                     rpc::DescribeTensorData(inputs)));
+  }
+  const int64_t rows = inputs.shape(0);
+  // Parsed first with the largest batch size, so that the microbatch count is checked against
+  // the input's rows here rather than against a batch size the user never wrote.
+  ASSIGN_OR_RETURN(std::string probe_yaml,
+                   InferenceSpecYaml(spec_yaml, origin, std::numeric_limits<int64_t>::max()));
+  ASSIGN_OR_RETURN(spec::JobSpec probe, spec::ParseJobSpec(probe_yaml, origin));
+  if (probe.schedule.microbatches > rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("schedule.microbatches: must be <= the rows of inputs (",
+                     rpc::DescribeTensorData(inputs), "), got ", probe.schedule.microbatches));
+  }
+  AdmittedJob out;
+  ASSIGN_OR_RETURN(out.spec_yaml, InferenceSpecYaml(spec_yaml, origin, rows));
+  ASSIGN_OR_RETURN(out.spec, spec::ParseJobSpec(out.spec_yaml, origin));
+  // The batch is the client's; profiled layer times are measured on the spec's own data.
+  PlanOptions plan_options;
+  plan_options.client_batches = true;
+  std::string inspect_yaml = out.spec_yaml;
+  if (NeedsProfile(out.spec)) {
+    ASSIGN_OR_RETURN(inspect_yaml, InferenceSpecYaml(spec_yaml, origin, rows, /*keep_data=*/true));
+  }
+  ASSIGN_OR_RETURN(std::vector<v1::LayerInfo> layers,
+                   ModelLayers(out.spec, inspect_yaml, plan_options));
+  ASSIGN_OR_RETURN(out.plan, PlanJob(out.spec, std::move(layers), plan_options));
+  // Inference on a checkpoint's weights (training.resume_from).
+  ASSIGN_OR_RETURN(out.resume, VerifyResumeFrom(out.spec, out.plan));
+  return out;
+}
+
+}  // namespace stagecoach::coordinator

@@ -1,0 +1,78 @@
+// Admission: a submitted spec becomes a job ready to queue, or a refusal that names the field.
+// It parses the spec, gets the model's layers (from the spec for a built-in model, else from a
+// live worker's InspectModel), plans stages, ranks and the schedule, and verifies the checkpoint
+// the job resumes from. Nothing is queued here: on any error the caller queues nothing.
+//
+// No lock of its own; thread-safe (it reads the worker registry, which has its own lock, and
+// calls a worker without holding any lock). Calls may take as long as a worker's inspection
+// (AdmissionOptions::inspect_timeout).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/spec/job_spec.h"
+#include "coordinator/checkpoint_manifest.h"
+#include "coordinator/planner.h"
+#include "coordinator/worker_client.h"
+#include "coordinator/worker_registry.h"
+#include "stagecoach/v1/types.pb.h"
+
+namespace stagecoach::coordinator {
+
+struct AdmissionOptions {
+  // Bound on the InspectModel call that gives the planner a TorchScript model's layers (or
+  // profiles a model's layers for split.policy profiled).
+  absl::Duration inspect_timeout = absl::Seconds(120);
+  // Timed repetitions of each layer when profiling; 0 lets the worker choose.
+  int profile_iterations = 0;
+};
+
+// A job that passed admission.
+struct AdmittedJob {
+  spec::JobSpec spec;
+  std::string spec_yaml;  // as the job's tasks get it (for Infer: rewritten, see AdmitInference)
+  Plan plan;
+  // training.resume_from, verified; nullopt without one.
+  std::optional<CheckpointManifest> resume;
+};
+
+class Admission {
+ public:
+  // `registry` and `workers` must outlive it.
+  Admission(AdmissionOptions options, const WorkerRegistry* registry, WorkerClient* workers);
+
+  // A training (or ForwardOnly-schedule) job. INVALID_ARGUMENT naming the field path when the
+  // spec is invalid, cannot be planned, resumes from a checkpoint that does not verify or would
+  // overwrite a checkpoint. A TorchScript model, or split.policy profiled, is first inspected by
+  // a live worker (one of the spec's device if any, idle before busy): FAILED_PRECONDITION when
+  // no worker is alive, INVALID_ARGUMENT with the worker's message when it cannot load or run
+  // the model, UNAVAILABLE / DEADLINE_EXCEEDED when it does not answer in time.
+  absl::StatusOr<AdmittedJob> AdmitTraining(const std::string& spec_yaml,
+                                            const std::string& origin);
+
+  // An Infer job: `spec_yaml` planned as a ForwardOnly job of one step whose batch is `inputs`
+  // (the spec's schedule files, checkpoints and data section do not apply; profiled layer times
+  // are measured on the spec's own data). Errors as AdmitTraining, plus INVALID_ARGUMENT naming
+  // `inputs...` or `schedule.microbatches` when the batch does not fit.
+  absl::StatusOr<AdmittedJob> AdmitInference(const std::string& spec_yaml,
+                                             const std::string& origin,
+                                             const v1::TensorData& inputs);
+
+ private:
+  // The model's layers to plan `spec` by (see AdmitTraining); `inspect_yaml` is what the worker
+  // inspects.
+  absl::StatusOr<std::vector<v1::LayerInfo>> ModelLayers(const spec::JobSpec& spec,
+                                                         const std::string& inspect_yaml,
+                                                         const PlanOptions& plan_options);
+
+  const AdmissionOptions options_;
+  const WorkerRegistry* const registry_;
+  WorkerClient* const workers_;
+};
+
+}  // namespace stagecoach::coordinator

@@ -1,0 +1,158 @@
+#include "coordinator/step_aggregation.h"
+
+#include <algorithm>
+#include <numeric>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc/tensor_data.h"
+#include "common/rpc/time_conversion.h"
+#include "common/util/status_macros.h"
+
+namespace stagecoach::coordinator {
+namespace {
+
+bool OwnsLastStage(const Job& job, int rank) {
+  return job.plan.stage_to_rank[job.plan.num_stages - 1] == rank;
+}
+
+}  // namespace
+
+absl::Status StepAggregator::CheckLocked(const Job& job, const RankSlot& slot,
+                                         const v1::ReportStepRequest& req) const {
+  if (req.step() != slot.steps_done) {
+    return absl::InvalidArgumentError(absl::StrCat("step: rank ", req.rank(), " reported step ",
+                                                   req.step(), ", expected ", slot.steps_done));
+  }
+  if (OwnsLastStage(job, req.rank()) && !job.forward_only() &&
+      req.microbatch_losses_size() != job.plan.num_microbatches) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("microbatch_losses: the last stage's rank must report ",
+                     job.plan.num_microbatches, " losses, got ", req.microbatch_losses_size()));
+  }
+  if (req.action_timings_size() != 0 && req.action_timings_size() != req.executed_actions_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("action_timings: expected one per executed action (",
+                     req.executed_actions_size(), "), got ", req.action_timings_size()));
+  }
+  return absl::OkStatus();
+}
+
+bool StepAggregator::AddLocked(Job& job, RankSlot& slot, const v1::ReportStepRequest& req,
+                               absl::Time now) {
+  slot.steps_done = req.step() + 1;
+  slot.bytes_sent += req.bytes_sent();
+  slot.bytes_received += req.bytes_received();
+  for (const auto& [peer, bytes] : req.bytes_sent_to()) slot.bytes_sent_to[peer] += bytes;
+  for (const auto& [peer, bytes] : req.bytes_received_from()) {
+    slot.bytes_received_from[peer] += bytes;
+  }
+  if (metrics_ != nullptr) metrics_->AddDataPlaneBytes(req.bytes_sent(), req.bytes_received());
+  slot.parameters = req.parameters();
+  slot.executed_actions.assign(req.executed_actions().begin(), req.executed_actions().end());
+  const int64_t global = job.attempt_base + req.step();  // the step's number in the timeline
+  if (req.action_timings_size() > 0) {
+    job.traces.Add(global,
+                   RankStepTiming{req.rank(),
+                                  {req.executed_actions().begin(), req.executed_actions().end()},
+                                  {req.action_timings().begin(), req.action_timings().end()},
+                                  rpc::FromProtoTimestamp(req.step_start_time())});
+  }
+  StepAggregate& agg = job.partial_steps[req.step()];
+  ++agg.ranks_reported;
+  agg.slowest = std::max(agg.slowest, rpc::FromProtoDuration(req.step_time()));
+  if (OwnsLastStage(job, req.rank()) && !job.forward_only()) {
+    agg.microbatch_losses.assign(req.microbatch_losses().begin(), req.microbatch_losses().end());
+  }
+  agg.bubble_ratios.resize(job.plan.num_ranks, 0.0);
+  agg.bubble_ratios[req.rank()] = req.bubble_ratio();
+  if (req.client_batch()) agg.client_batch = true;
+  if (agg.ranks_reported < job.plan.num_ranks) return false;
+  CompleteStepLocked(job, req.step(), now);
+  return true;
+}
+
+void StepAggregator::CompleteStepLocked(Job& job, int64_t step_index, absl::Time now) {
+  const StepAggregate agg = std::move(job.partial_steps[step_index]);
+  job.partial_steps.erase(step_index);
+  const bool forward_only = job.forward_only();
+  const int64_t global = job.attempt_base + step_index;
+  ++job.steps_completed;
+  // Steps after a restart's checkpoint replace those the failed attempt had recorded.
+  const size_t index = static_cast<size_t>(global - job.base_step);
+  job.max_bubble_ratios.resize(index);
+  job.max_bubble_ratios.push_back(
+      *std::max_element(agg.bubble_ratios.begin(), agg.bubble_ratios.end()));
+  v1::JobEvent event;
+  v1::StepCompleted* step = event.mutable_step_completed();
+  step->set_step(global - job.base_step);
+  step->set_global_step(global);
+  step->set_steps_total(job.finish_step - job.base_step);
+  step->set_client_batch(agg.client_batch);
+  if (!forward_only) {
+    const double loss =
+        std::accumulate(agg.microbatch_losses.begin(), agg.microbatch_losses.end(), 0.0) /
+        static_cast<double>(agg.microbatch_losses.size());
+    job.losses.resize(index);
+    job.losses.push_back(loss);
+    step->set_loss(loss);
+  }
+  *step->mutable_step_time() = rpc::ToProtoDuration(agg.slowest);
+  for (double ratio : agg.bubble_ratios) step->add_bubble_ratios(ratio);
+  const double seconds = absl::ToDoubleSeconds(agg.slowest);
+  step->set_samples_per_second(seconds > 0 ? job.spec.training.batch_size / seconds : 0.0);
+  if (metrics_ != nullptr) {
+    metrics_->StepCompleted(job.id, agg.slowest,
+                            forward_only ? std::nullopt : std::optional<double>(step->loss()),
+                            step->samples_per_second(), agg.bubble_ratios);
+  }
+  // A client batch step (StepJob) hands its losses to its caller.
+  if (job.client_step.has_value() && !job.client_step->forward_only &&
+      job.client_step->global_step == global) {
+    job.client_step->losses = agg.microbatch_losses;
+    job.client_step->slowest = agg.slowest;
+    job.client_step->done = true;
+  }
+  job.AddEvent(std::move(event), now);
+}
+
+absl::Status StepAggregator::AddForwardOnlyLocked(Job& job, const RankSlot& slot,
+                                                  const v1::ReportStepRequest& req) {
+  if (!job.client_step.has_value() || !job.client_step->forward_only ||
+      req.global_step() != job.client_step->global_step) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("forward_only_step: rank ", req.rank(), " of ", job.id,
+                     " reported a forward-only client step at global step ", req.global_step(),
+                     ", but none is in flight there"));
+  }
+  Job::ClientStepState& cs = *job.client_step;
+  if (OwnsLastStage(job, slot.rank)) {
+    if (!req.has_outputs()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "outputs: rank ", req.rank(), " owns the last stage and must send its outputs"));
+    }
+    RETURN_IF_ERROR(rpc::ValidateTensorData(req.outputs(), "outputs"));
+    if (req.outputs().shape_size() < 1 || req.outputs().shape(0) != cs.rows) {
+      return absl::InvalidArgumentError(absl::StrCat("outputs: expected ", cs.rows,
+                                                     " rows (one per input row), got ",
+                                                     rpc::DescribeTensorData(req.outputs())));
+    }
+    cs.outputs = req.outputs();
+  }
+  cs.slowest = std::max(cs.slowest, rpc::FromProtoDuration(req.step_time()));
+  if (++cs.ranks_reported == job.plan.num_ranks) cs.done = true;
+  return absl::OkStatus();
+}
+
+absl::Status StepAggregator::CheckCheckpointOnly(const RankSlot& slot,
+                                                 const v1::ReportStepRequest& req) {
+  if (req.step() != slot.steps_done - 1 || req.checkpoint_files_size() == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint_only: rank ", req.rank(),
+                     " must report its files at its last step (", slot.steps_done - 1,
+                     "), got step ", req.step(), " with ", req.checkpoint_files_size(), " files"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace stagecoach::coordinator

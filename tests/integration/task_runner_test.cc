@@ -613,6 +613,39 @@ TEST(TaskRunnerStepControl, MalformedClientStepsAreInvalidArguments) {
   EXPECT_EQ(reporter.StepsReported(), 0);
 }
 
+// A batch stage 0 cannot take (13 features for a 12-feature model) is refused by the rank
+// owning stage 0 with INVALID_ARGUMENT, checked while every rank holds (the check waits for the
+// rank's set-up); nothing changes: the same step then takes a batch that fits.
+TEST(TaskRunnerStepControl, ABatchStageZeroCannotTakeIsRefusedWhileEveryRankHolds) {
+  const std::string spec = Spec(2, "GPipe", 4, 8, 1);
+  RecordingReporter reporter;
+  const auto tasks = HeldAssignments(spec, 0);
+  ASSERT_TRUE(OwnsStage(tasks[0], 0));
+  RunAll(tasks, &reporter, [&](std::vector<std::unique_ptr<TaskRunner>>& runners) {
+    const torch::Tensor y = torch::zeros({8}, torch::kInt64);
+    auto refused =
+        runners[0]->ControlTask(ClientStepRequest(tasks[0], 0, torch::zeros({8, 13}), y));
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+    EXPECT_THAT(refused.status().message(),
+                HasSubstr("client_step.inputs (rank 0): stage 0 cannot take microbatch 0 of "
+                          "shape [2, 13]"));
+    EXPECT_EQ(reporter.StepsReported(), 0);
+    for (size_t r = 0; r < runners.size(); ++r) {
+      auto taken =
+          runners[r]->ControlTask(ClientStepRequest(tasks[r], 0, torch::zeros({8, 12}), y));
+      ASSERT_TRUE(taken.ok()) << taken.status();
+      EXPECT_EQ(taken->global_steps_done(), 0);
+    }
+    ASSERT_TRUE(WaitFor([&] { return reporter.StepsReported() == 2; }));
+    for (auto& r : runners) ASSERT_TRUE(r->ControlTask(Control(1, true)).ok());
+  });
+  ASSERT_EQ(reporter.Ends().size(), 2u);
+  for (const auto& end : reporter.Ends()) {
+    EXPECT_EQ(end.outcome(), v1::TASK_OUTCOME_SUCCEEDED) << end.error();
+  }
+  for (const auto& step : reporter.Steps(1)) EXPECT_TRUE(step.client_batch());
+}
+
 TEST(TaskRunnerStepControl, HoldingLongerThanHoldTimeoutFailsTheTask) {
   RecordingReporter reporter;
   auto tasks = HeldAssignments(Spec(2, "GPipe", 2, 8, 3), 1);

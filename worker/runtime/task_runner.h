@@ -1,27 +1,25 @@
 // Runs one rank of one job attempt (a TaskAssignment) from start to end: builds the rank's
-// stages, bootstraps the data plane through the rendezvous store, agrees shapes with the other
-// ranks, runs steps with the schedule's action list, reports every step, writes checkpoints,
-// and reports how the task ended.
+// stages (task_setup.h), bootstraps the data plane through the rendezvous store, agrees shapes
+// with the other ranks, runs steps with the schedule's action list, reports every step
+// (step_reports.h), writes checkpoints (checkpoint_steps.h), and reports how the task ended.
 //
-// The step gate. Steps are counted in the job's timeline ("global steps", counting the resumed
-// checkpoint's resume.step). At every step boundary, with `done` global steps done, the task:
-//   1. runs the pending client step (ControlTask's ClientStep) for `done`, if there is one;
-//   2. else, when done < step_limit, runs a data step (the spec's batch for step `done`);
-//   3. else, with finish_at_limit, ends: every rank meets at a final barrier, then SUCCEEDED;
-//   4. else holds: keeps its stages, optimizer state and data plane and waits (no busy loop)
-//      until ControlTask moves it on or Stop is called; a hold longer than
-//      TaskAssignment.hold_timeout (24 h when unset) fails the task.
-// step_limit and finish_at_limit start as the assignment's and ControlTask replaces them;
-// step_limit == resume.step starts the task held (after its set-up and shape agreement).
-// A checkpoint is written after a training step whose new global step count is a multiple of
-// training.checkpoint.every_steps or one of the requested checkpoint steps
-// (TaskAssignment.checkpoint_steps, ControlTask.checkpoint_steps and RequestCheckpoint calls).
+// The step gate (step_gate.h, where its rules are stated) decides at every step boundary what
+// the task does: a data step (data_steps.h), a client step (client_steps.h), a checkpoint at
+// hold, the end, or a hold. The task's step_limit, finish_at_limit and checkpoint steps start as
+// the assignment's (TaskAssignment.checkpoint_steps); ControlTask and RequestCheckpoint move
+// them. step_limit == resume.step starts the task held (after its set-up and shape agreement).
+// A hold longer than TaskAssignment.hold_timeout (24 h when unset) fails the task. A checkpoint
+// is written after a training step whose new global step count is a multiple of
+// training.checkpoint.every_steps or one of the requested checkpoint steps.
 //
 // Client steps. A training client step runs like a data step on the client's batch (stage 0's
 // rank splits the inputs, the last stage's rank the targets) and counts in the timeline; a
 // forward-only one runs the F, SEND_F and RECV_F actions of the rank's list (ForwardActions) on
 // a forward-only executor, does not count, and the last stage's rank reports the outputs. Every
-// rank agrees shapes again before a client step and before the first data step after one.
+// rank agrees shapes again before a client step and before the first data step after one. On
+// the rank owning stage 0, ControlTask first runs the batch through stage 0 (outside the task's
+// lock, once the task is at its step boundary; the gate starts no step meanwhile), so that a
+// batch stage 0 cannot take is refused with INVALID_ARGUMENT while every rank still holds.
 //
 // Forward-only tasks (TaskAssignment.forward_only) run F actions only: no targets, losses,
 // optimizer steps or checkpoints. An Infer job's task (TaskAssignment.inference) runs one such
@@ -46,14 +44,14 @@
 #include "stagecoach/v1/types.pb.h"
 #include "stagecoach/v1/worker.pb.h"
 #include "worker/runtime/message_tags.h"
+#include "worker/runtime/step_gate.h"
 #include "worker/transport/rendezvous_store.h"
 #include "worker/transport/transport.h"
 
-namespace stagecoach::model {
-class StageModel;
-}  // namespace stagecoach::model
-
 namespace stagecoach::runtime {
+
+struct TaskSetup;
+struct TaskStages;
 
 // Where a task's progress goes (the coordinator, in production). Thread-safe.
 class TaskReporter {
@@ -126,63 +124,56 @@ class TaskRunner {
   absl::Status RequestCheckpoint(int64_t global_step);
 
   // Steers the task at step boundaries (WorkerService.ControlTask, whose semantics it
-  // implements): replaces the step limit and finish_at_limit (always: a request that only adds
-  // checkpoint steps repeats the current ones), adds checkpoint steps (steps the task has
-  // already passed are ignored) and hands over at most one client step. Returns the
-  // global steps done when the request was taken. FAILED_PRECONDITION (naming job, rank and
-  // steps) for another job or attempt, a task that has ended or is finishing, a step_limit
-  // below the steps done (or below done + 1 while a step runs), a client step when the task
-  // does not hold at exactly client_step.global_step or one is already pending, and a training
-  // client step on a forward-only task; INVALID_ARGUMENT naming the field for a malformed
-  // client step. Thread-safe; does not wait for the step.
+  // implements, through StepGate::Apply): replaces the step limit and finish_at_limit (always: a
+  // request that only adds checkpoint steps repeats the current ones), adds checkpoint steps
+  // (steps the task has already passed are ignored) and hands over at most one client step (a
+  // request without one withdraws a pending one that has not started). Returns the global
+  // steps done when the request was taken. FAILED_PRECONDITION (naming job, rank and steps) for
+  // another job or attempt, an Infer job's task, a task that has ended or is finishing, a
+  // step_limit below the steps done (or below done + 1 while a step runs), a client step when
+  // the task does not hold at exactly client_step.global_step or one is already pending or being
+  // checked, a training client step on a forward-only task, and a client step overtaken by
+  // another ControlTask or Stop while stage 0 checked it; INVALID_ARGUMENT naming the field for a
+  // malformed client step or one stage 0 cannot take; DEADLINE_EXCEEDED when the task's thread
+  // does not come back to its step boundary within comm_timeout for that check. Nothing changes
+  // on an error. Thread-safe; never waits for a step. With a client step, on the rank owning
+  // stage 0, it waits for the task to reach its step boundary (the end of its set-up, or of the
+  // last step's checkpoint and report), then for stage 0's run on the batch.
   absl::StatusOr<v1::ControlTaskResponse> ControlTask(const v1::ControlTaskRequest& request);
 
   const v1::TaskAssignment& task() const { return task_; }
   int64_t steps_done() const { return steps_done_.load(); }
 
  private:
+  // Sets up, connects the data plane, runs the steps; the task's end.
   absl::Status RunSteps();
-  // Waits at the gate until ControlTask changes something or Stop is called, at most the
-  // hold timeout; DEADLINE_EXCEEDED (which fails the task) when that expires.
-  absl::Status HoldLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The steps on a connected data plane, until the gate ends the task; then the final barrier
+  // (or, after an error, Abort).
+  absl::Status RunOnDataPlane(TaskSetup& setup, transport::Transport& transport);
+  // Makes the data plane and the stages known to Stop and ControlTask (nullptr: forgets them).
+  void UseDataPlane(transport::Transport* transport, std::shared_ptr<TaskStages> stages);
+  // ControlTask's check of a client step's batch on stage 0, on the rank owning it (none on
+  // the others). It runs when the gate lets it: at the task's step boundary, after its set-up.
+  StepGate::Check Stage0Check(const StepGate::ClientStep& client);
 
   const v1::TaskAssignment task_;
   TaskRunnerDeps deps_;
   // Infer jobs, on the rank owning the last stage: the merged outputs, for ReportTaskEnd.
   // Written by RunSteps and read by Run, on Run's thread.
   std::optional<v1::TensorData> inference_outputs_;
+  // The task's count of counted steps.
   std::atomic<int64_t> steps_done_{0};
+  StepGate gate_;
 
-  // A client step handed over by ControlTask, its tensors decoded (defined in the .cc file).
-  struct ClientBatch;
-
+  // Guards what Stop and ControlTask reach of the task's thread's objects. Taken before the
+  // gate's lock, never across a wait.
   absl::Mutex mu_;
-  bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
-  // Steps of the job's timeline done (a resumed checkpoint's step plus this task's counted
-  // steps).
-  int64_t global_steps_done_ ABSL_GUARDED_BY(mu_) = 0;
-  // A step is running (between the gate's decision and its report).
-  bool executing_ ABSL_GUARDED_BY(mu_) = false;
-  // The gate decided to end the task (finish_at_limit reached), or it has ended.
-  bool finishing_ ABSL_GUARDED_BY(mu_) = false;
-  // The gate's parameters (see the file comment).
-  int64_t step_limit_ ABSL_GUARDED_BY(mu_) = 0;
-  bool finish_at_limit_ ABSL_GUARDED_BY(mu_) = false;
-  // Global steps after which to checkpoint (besides every_steps).
-  std::set<int64_t> checkpoint_steps_ ABSL_GUARDED_BY(mu_);
-  // A checkpoint asked for at exactly the steps done, while holding: written by the gate before
-  // it holds again (checkpoint_only report).
-  bool checkpoint_at_hold_ ABSL_GUARDED_BY(mu_) = false;
-  // The client step to run at the next boundary, if any.
-  std::unique_ptr<ClientBatch> pending_client_ ABSL_GUARDED_BY(mu_);
-  // Bumped by every ControlTask, so that a holding task wakes up.
-  int64_t control_version_ ABSL_GUARDED_BY(mu_) = 0;
-  std::string stop_reason_ ABSL_GUARDED_BY(mu_);
   // The transport in use, so that Stop can abort it; owned by RunSteps.
   transport::Transport* transport_ ABSL_GUARDED_BY(mu_) = nullptr;
-  // Stage 0, on the rank owning it, while RunSteps has it: ControlTask runs a client batch
-  // through it (the task holds then) to refuse a batch it cannot take before any rank starts.
-  model::StageModel* stage0_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // The rank's stages while RunSteps has them, when it owns stage 0: a client step's check
+  // runs a batch through stage 0 (the gate lets it only while the task holds) and shares them,
+  // so that they outlive a check that a task ending meanwhile does not wait for.
+  std::shared_ptr<TaskStages> checkable_stages_ ABSL_GUARDED_BY(mu_);
   // The rendezvous store wrapper in use, so that Stop can cancel its waits.
   class CancellableStore;
   std::unique_ptr<CancellableStore> store_;

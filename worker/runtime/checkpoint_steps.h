@@ -1,0 +1,61 @@
+// Checkpoint steps: when a task writes its checkpoints, and the reports that carry them.
+//   - After a counted step (a data step or a training client step) whose new global step count
+//     is a multiple of training.checkpoint.every_steps or one of the requested checkpoint steps
+//     (the step gate says which): every stage of the rank is written and the files go with that
+//     step's report.
+//   - At hold (a paused job's CheckpointJob, StepGate::Action::kCheckpointAtHold): the position
+//     the task holds at, reported on its own (checkpoint_only); one already written there is not
+//     written twice.
+// Forward-only tasks have no checkpoint directory: they write nothing after steps and refuse a
+// checkpoint at hold.
+//
+// Not thread-safe: the task's thread only, between steps. The stages, optimizer and reports
+// must outlive it. Errors are WriteStageCheckpoint's (which fail the task).
+#pragma once
+
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "absl/status/status.h"
+#include "stagecoach/v1/coordinator.pb.h"
+#include "worker/model/stage_model.h"
+#include "worker/runtime/step_reports.h"
+
+namespace stagecoach::runtime {
+
+class CheckpointSteps {
+ public:
+  // `dir`: training.checkpoint.dir, empty for none (forward-only tasks); `every_steps`:
+  // training.checkpoint.every_steps (0 for none).
+  CheckpointSteps(std::string dir, int64_t every_steps, int rank,
+                  const std::map<int, model::StageModel*>& stages,
+                  const torch::optim::Optimizer* optimizer, const StepReports* reports);
+
+  // After a counted step that brought the timeline to `global_steps` steps (`requested`: one of
+  // the requested checkpoint steps): writes the checkpoint when due and lists its files in
+  // `report`.
+  absl::Status AfterStep(int64_t global_steps, bool requested, v1::ReportStepRequest* report);
+
+  // A checkpoint of the position the task holds at (`global_steps`; `task_step`: the report's
+  // step, the task's last counted step), sent in a checkpoint_only report.
+  // FAILED_PRECONDITION naming the rank when the job has no training.checkpoint.dir.
+  absl::Status AtHold(int64_t global_steps, int64_t task_step);
+
+ private:
+  // Writes every stage of the rank after `global_steps` steps; lists the files in `report`.
+  absl::Status Write(int64_t global_steps, v1::ReportStepRequest* report);
+
+  const std::string dir_;
+  const int64_t every_steps_;
+  const int rank_;
+  const std::map<int, model::StageModel*>& stages_;
+  const torch::optim::Optimizer* optimizer_;
+  const StepReports* reports_;
+  // The global step of the latest checkpoint this task wrote.
+  int64_t last_ = -1;
+};
+
+}  // namespace stagecoach::runtime

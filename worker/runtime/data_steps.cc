@@ -1,0 +1,99 @@
+#include "worker/runtime/data_steps.h"
+
+#include <utility>
+
+#include "common/rpc/time_conversion.h"
+#include "common/util/status_macros.h"
+
+namespace stagecoach::runtime {
+
+std::vector<TensorMeta> MetasOf(const std::vector<torch::Tensor>& microbatches) {
+  std::vector<TensorMeta> out;
+  for (const auto& mb : microbatches) out.push_back(TensorMeta{mb.sizes().vec(), mb.scalar_type()});
+  return out;
+}
+
+DataSteps::DataSteps(const StepEnv& env) : env_(env) {
+  const v1::TaskAssignment& task = *env.task;
+  const TaskSetup& setup = *env.setup;
+  options_.rank = task.rank();
+  options_.num_stages = task.num_stages();
+  options_.num_microbatches = setup.spec.schedule.microbatches;
+  options_.stage_to_rank.assign(task.stage_to_rank().begin(), task.stage_to_rank().end());
+  options_.comm_timeout = rpc::FromProtoDuration(task.comm_timeout());
+  options_.scale_grads = setup.spec.training.scale_grads;
+  options_.loss = setup.loss;
+  options_.forward_only = setup.forward_only;
+  options_.device = setup.device;
+  options_.wiring = setup.stages->wiring;
+  executor_ = std::make_unique<PipelineExecutor>(options_, env.transport, setup.stages->by_index);
+  owns_first_ = setup.stages->Owns(0);
+  owns_last_ = setup.stages->Owns(task.num_stages() - 1);
+  want_targets_ = owns_last_ && !setup.forward_only;
+}
+
+absl::StatusOr<std::unique_ptr<DataSteps>> DataSteps::Create(const StepEnv& env) {
+  std::unique_ptr<DataSteps> steps(new DataSteps(env));
+  const TaskSetup& setup = *env.setup;
+  if (!setup.inference) {
+    ASSIGN_OR_RETURN(steps->data_,
+                     BatchSource::Open(setup.spec, steps->owns_first_, steps->want_targets_));
+  }
+  std::vector<TensorMeta> first_inputs;
+  if (steps->owns_first_) {
+    if (setup.inference) {
+      first_inputs = MetasOf(setup.inference_inputs);
+    } else {
+      ASSIGN_OR_RETURN(Batch batch, steps->data_->Make(setup.base_step));
+      first_inputs = MetasOf(SplitMicrobatches(batch.inputs, steps->options_.num_microbatches));
+    }
+  }
+  RETURN_IF_ERROR(steps->executor_->AgreeShapes(first_inputs));
+  return steps;
+}
+
+absl::Status DataSteps::RunDataStep(int64_t global_step) {
+  std::vector<torch::Tensor> inputs, targets;
+  if (env_.setup->inference) {
+    inputs = env_.setup->inference_inputs;
+  } else {
+    ASSIGN_OR_RETURN(Batch batch, data_->Make(global_step));
+    const int m = options_.num_microbatches;
+    if (owns_first_) inputs = SplitMicrobatches(batch.inputs, m);
+    if (want_targets_) targets = SplitMicrobatches(batch.targets, m);
+  }
+  if (!data_shapes_) {
+    RETURN_IF_ERROR(executor_->AgreeShapes(MetasOf(inputs)));
+    data_shapes_ = true;
+  }
+  return RunCounted(inputs, targets, /*client_batch=*/false, global_step);
+}
+
+absl::Status DataSteps::RunCounted(const std::vector<torch::Tensor>& inputs,
+                                   const std::vector<torch::Tensor>& targets, bool client_batch,
+                                   int64_t global_step) {
+  const TaskSetup& setup = *env_.setup;
+  const int64_t step = env_.steps_done->load();  // the task's count
+  const StepMark mark = env_.reports->Mark();
+  if (!setup.forward_only) setup.optimizer->zero_grad();
+  ASSIGN_OR_RETURN(StepResult result, executor_->RunStep(setup.actions, inputs, targets));
+  if (!setup.forward_only) setup.optimizer->step();
+  if (setup.inference && owns_last_) {
+    ASSIGN_OR_RETURN(*env_.inference_outputs,
+                     MergedOutputs(result, options_.num_microbatches, options_.rank));
+  }
+  v1::ReportStepRequest report = env_.reports->Step(result, mark, step, global_step + 1);
+  report.set_client_batch(client_batch);
+  const StepGate::StepEnd end = env_.gate->EndCountedStep();
+  RETURN_IF_ERROR(env_.checkpoints->AfterStep(end.steps_done, end.checkpoint_requested, &report));
+  env_.reports->Send(report);
+  env_.steps_done->store(step + 1);
+  return absl::OkStatus();
+}
+
+absl::Status DataSteps::AgreeOtherShapes(const std::vector<torch::Tensor>& inputs) {
+  data_shapes_ = false;
+  return executor_->AgreeShapes(MetasOf(inputs));
+}
+
+}  // namespace stagecoach::runtime

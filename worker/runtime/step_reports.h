@@ -1,0 +1,64 @@
+// Step reports: the ReportStepRequest of each step a task runs (losses, executed actions and
+// their timings, bytes moved, parameters held, step time), built from the executor's StepResult
+// and the transport's counters, and sent to the task's TaskReporter. A failed send is logged,
+// never fatal (the coordinator learns of a lost worker otherwise).
+//
+// Not thread-safe: the task's thread only. The transport and the reporter must outlive it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "stagecoach/v1/coordinator.pb.h"
+#include "stagecoach/v1/types.pb.h"
+#include "worker/runtime/pipeline_executor.h"
+#include "worker/runtime/task_runner.h"
+#include "worker/transport/transport.h"
+
+namespace stagecoach::runtime {
+
+// Where a step started: the wall-clock time and the transport's byte counters then.
+struct StepMark {
+  absl::Time start;
+  transport::TransferStats stats;
+};
+
+class StepReports {
+ public:
+  // `held_parameters`: the parameter elements the rank holds (ReportStepRequest.parameters).
+  StepReports(const v1::TaskAssignment& task, std::string worker_id, int64_t held_parameters,
+              const transport::Transport* transport, TaskReporter* reporter);
+
+  // Marks the start of a step (now, and the transport's counters).
+  StepMark Mark() const;
+
+  // The report of a step that started at `mark` and produced `result`: `step` is the task's
+  // count of counted steps before it, `global_step` the timeline's step count it reports. The
+  // step time runs until this call.
+  v1::ReportStepRequest Step(const StepResult& result, const StepMark& mark, int64_t step,
+                             int64_t global_step) const;
+
+  // A checkpoint_only report (a checkpoint written while holding at `global_step`).
+  v1::ReportStepRequest CheckpointOnly(int64_t step, int64_t global_step) const;
+
+  // Sends `report`; logs a failure.
+  void Send(const v1::ReportStepRequest& report) const;
+
+ private:
+  // The report's identity fields (worker, job, attempt, rank, steps, parameters).
+  v1::ReportStepRequest Header(int64_t step, int64_t global_step) const;
+
+  const v1::TaskAssignment& task_;
+  const std::string worker_id_;
+  const int64_t held_parameters_;
+  const transport::Transport* transport_;
+  TaskReporter* reporter_;
+};
+
+// The last stage's outputs of a forward-only step, merged along dim 0 (one row per input row).
+// INTERNAL naming `rank` when the step produced fewer than `microbatches` outputs.
+absl::StatusOr<v1::TensorData> MergedOutputs(const StepResult& result, int microbatches, int rank);
+
+}  // namespace stagecoach::runtime

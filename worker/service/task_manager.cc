@@ -144,18 +144,24 @@ absl::Status TaskManager::RequestCheckpoint(const std::string& job_id, int64_t s
 
 absl::StatusOr<v1::ControlTaskResponse> TaskManager::Control(
     const v1::ControlTaskRequest& request) {
-  absl::MutexLock lock(&mu_);
-  if (!running_ || runner_->task().job_id() != request.job_id() ||
-      runner_->task().attempt() != request.attempt()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("worker ", deps_.worker_id(), " runs no task of ", request.job_id(),
-                     " attempt ", request.attempt(),
-                     running_ ? absl::StrCat(" (it runs ", runner_->task().job_id(), " attempt ",
-                                             runner_->task().attempt(), ")")
-                              : std::string()));
+  std::shared_ptr<runtime::TaskRunner> runner;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!running_ || runner_->task().job_id() != request.job_id() ||
+        runner_->task().attempt() != request.attempt()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("worker ", deps_.worker_id(), " runs no task of ", request.job_id(),
+                       " attempt ", request.attempt(),
+                       running_ ? absl::StrCat(" (it runs ", runner_->task().job_id(), " attempt ",
+                                               runner_->task().attempt(), ")")
+                                : std::string()));
+    }
+    runner = runner_;
   }
-  // TaskRunner::ControlTask only takes the runner's own lock briefly; it never waits for a step.
-  return runner_->ControlTask(request);
+  // TaskRunner::ControlTask never waits for a step, but a client step's check on stage 0 runs
+  // the batch through the stage: without mu_, so that Status (heartbeats) and Stop go on. A
+  // task that ends meanwhile refuses the request.
+  return runner->ControlTask(request);
 }
 
 void TaskManager::StopAll(const std::string& reason, absl::Duration timeout) {

@@ -145,6 +145,8 @@ class PipelineExecutor {
 
  private:
   struct StepState;
+  // The shape messages AgreeShapes posted (pipeline_executor_shapes.cc).
+  struct ShapeSends;
   // One value crossing from a producer stage to a consumer stage (a wiring input of stage >= 1).
   struct ValueEdge {
     int producer = 0;
@@ -153,11 +155,49 @@ class PipelineExecutor {
     int input = 0;  // index among the consumer's inputs
   };
 
+  // Shape agreement (pipeline_executor_shapes.cc). The wiring's own checks.
+  absl::Status CheckWiring() const;
+  // Stage s's input metas per microbatch (`in`): the batch's, a local producer's, or received.
+  absl::Status InputMetas(int s, const std::vector<TensorMeta>& first_stage_inputs,
+                          const std::string& where, std::vector<std::vector<TensorMeta>>& in);
+  // Receives producer p's pair message to stage s into `in`.
+  absl::Status ReceivePairMetas(int p, int s, const std::string& where,
+                                std::vector<std::vector<TensorMeta>>& in);
+  // Stage s's output metas per microbatch, inferred by probe forwards on `in`.
+  absl::Status OutputMetas(int s, const std::vector<std::vector<TensorMeta>>& in,
+                           const std::string& where, std::vector<std::vector<TensorMeta>>& out);
+  // Posts stage s's pair messages to its consumers on other ranks.
+  absl::Status SendOutputMetas(int s, const std::string& where, ShapeSends& sends);
+
+  // One step (pipeline_executor.cc): its arguments, its actions in order (adding each one's
+  // own work to `busy`), the wait for its sends, and what a complete step leaves behind.
+  absl::Status CheckStepInputs(const std::vector<torch::Tensor>& inputs,
+                               const std::vector<torch::Tensor>& targets) const;
+  absl::Status RunActions(const std::vector<schedule::Action>& actions, StepState& state,
+                          absl::Duration& busy);
+  absl::Status WaitSends(StepState& state);
+  absl::Status CheckStepComplete(const StepState& state) const;
   absl::Status Execute(const schedule::Action& action, StepState& state);
+  absl::Status ExecuteOverlap(const schedule::Action& action, const std::string& where,
+                              StepState& state);
+  // Whether this rank can run `action` at all (its stage, microbatch, kind of step).
+  absl::Status CheckAction(const schedule::Action& action, const std::string& where) const;
+
+  // Forward and backward (pipeline_executor_forward.cc, pipeline_executor_backward.cc).
   absl::Status Forward(int stage, int microbatch, const std::string& where, StepState& state);
   // B (split = false) or I (split = true).
   absl::Status Backward(int stage, int microbatch, bool split, const std::string& where,
                         StepState& state);
+  // The outputs B or I runs from and their gradients: the loss on the last stage, else each
+  // output's gradients from its consumers (handed over or received), summed.
+  absl::Status OutputGradients(int stage, int microbatch, const std::string& where,
+                               StepState& state, std::vector<torch::Tensor>& outputs,
+                               std::vector<torch::Tensor>& grads);
+  absl::Status BackwardWeight(int stage, int microbatch, const std::string& where,
+                              StepState& state);
+  absl::Status ReduceGrad(int stage, const std::string& where);
+
+  // Transfers (pipeline_executor_transfers.cc).
   // Posts the receives of stage s's inputs (activations) or of its outputs' gradients from other
   // ranks that are not posted yet.
   absl::Status PostActivationRecvs(int stage, int microbatch, const std::string& where,
@@ -181,6 +221,8 @@ class PipelineExecutor {
                                          const std::string& where, StepState& state);
   // Whether the transport moves device memory itself (NCCL) rather than host memory.
   bool TransportTakesDeviceMemory() const;
+  // Where transfer buffers live: the stages' device for a device-memory transport, else the CPU.
+  torch::Device TransferDevice() const;
   bool Local(int stage) const;
   int RankOf(int stage) const { return options_.stage_to_rank[stage]; }
   // Whether the lowered list has a SEND_F / RECV_F / SEND_B / RECV_B action for stage s (it

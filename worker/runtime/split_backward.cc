@@ -54,6 +54,79 @@ std::unordered_map<Node*, bool> NodesReaching(const edge_list& roots,
   return reaches;
 }
 
+// The graph's roots for `outputs` that require grad, and the gradient arriving at each (ones for
+// an undefined one: a scalar loss).
+void GradientRoots(const std::vector<torch::Tensor>& outputs,
+                   const std::vector<torch::Tensor>& output_grads, edge_list& roots,
+                   std::vector<torch::Tensor>& grads) {
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (!outputs[i].requires_grad()) continue;
+    roots.push_back(torch::autograd::impl::gradient_edge(outputs[i]));
+    grads.push_back(output_grads[i].defined() ? output_grads[i] : torch::ones_like(outputs[i]));
+  }
+}
+
+bool OnPath(const std::unordered_map<Node*, bool>& on_path, Node* node) {
+  auto it = on_path.find(node);
+  return it != on_path.end() && it->second;
+}
+
+// Split nodes: on the input path and feeding something off it (parameters), each with the
+// indices of its edges that stay on the input path.
+struct SplitNodes {
+  std::vector<std::shared_ptr<Node>> nodes;
+  std::vector<std::vector<size_t>> input_path_edges;
+};
+
+SplitNodes FindSplitNodes(const std::unordered_map<Node*, bool>& on_path,
+                          const std::unordered_set<Node*>& targets) {
+  SplitNodes split;
+  for (const auto& [node, reaches] : on_path) {
+    if (!reaches || targets.count(node) > 0) continue;
+    std::vector<size_t> input_path_edges;
+    bool feeds_off_path = false;
+    for (size_t i = 0; i < node->num_outputs(); ++i) {
+      Node* child = node->next_edge(i).function.get();
+      if (child == nullptr) continue;
+      if (OnPath(on_path, child)) {
+        input_path_edges.push_back(i);
+      } else {
+        feeds_off_path = true;
+      }
+    }
+    if (!feeds_off_path) continue;
+    // `node` is in the graph, so it is owned by a shared_ptr; keep it for W.
+    split.nodes.push_back(node->shared_from_this());
+    split.input_path_edges.push_back(std::move(input_path_edges));
+  }
+  return split;
+}
+
+// A captured edge that is itself a root (a split node, or an input the stage returns as an
+// output) receives the root's gradient, not a captured one.
+void FillRootCaptures(const edge_list& roots, const std::vector<torch::Tensor>& grads,
+                      const edge_list& captures, torch::autograd::variable_list& captured) {
+  for (size_t c = 0; c < captures.size(); ++c) {
+    if (captured[c].defined()) continue;
+    for (size_t r = 0; r < roots.size(); ++r) {
+      if (roots[r].function == captures[c].function && roots[r].input_nr == captures[c].input_nr) {
+        captured[c] = grads[r];
+      }
+    }
+  }
+}
+
+// Nodes on the input path that W will not run: their saved tensors can go now.
+void ReleaseInputPath(const std::unordered_map<Node*, bool>& on_path,
+                      const std::vector<std::shared_ptr<Node>>& split_nodes,
+                      const std::unordered_set<Node*>& targets) {
+  std::unordered_set<Node*> split(split_nodes.size());
+  for (const auto& node : split_nodes) split.insert(node.get());
+  for (const auto& [node, reaches] : on_path) {
+    if (reaches && split.count(node) == 0 && targets.count(node) == 0) node->release_variables();
+  }
+}
+
 }  // namespace
 
 torch::Tensor SplitBackward::BackwardInput(const std::vector<torch::Tensor>& outputs,
@@ -70,11 +143,7 @@ std::vector<torch::Tensor> SplitBackward::BackwardInputs(
               " outputs but ", output_grads.size(), " gradients");
   edge_list roots;
   std::vector<torch::Tensor> grads;
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    if (!outputs[i].requires_grad()) continue;
-    roots.push_back(torch::autograd::impl::gradient_edge(outputs[i]));
-    grads.push_back(output_grads[i].defined() ? output_grads[i] : torch::ones_like(outputs[i]));
-  }
+  GradientRoots(outputs, output_grads, roots, grads);
   *pending = PendingWeightGrad();
   // The inputs that need a gradient, and their nodes.
   std::vector<size_t> wanted;
@@ -99,17 +168,13 @@ std::vector<torch::Tensor> SplitBackward::BackwardInputs(
   }
 
   const std::unordered_map<Node*, bool> on_path = NodesReaching(roots, targets);
-  auto is_on_path = [&](Node* node) {
-    auto it = on_path.find(node);
-    return it != on_path.end() && it->second;
-  };
 
   // Roots off the input path (a parameter the stage passes on as a value, a branch that does
   // not depend on any input) are W's alone.
   edge_list input_roots;
   std::vector<torch::Tensor> input_root_grads;
   for (size_t r = 0; r < roots.size(); ++r) {
-    if (is_on_path(roots[r].function.get())) {
+    if (OnPath(on_path, roots[r].function.get())) {
       input_roots.push_back(roots[r]);
       input_root_grads.push_back(grads[r]);
     } else {
@@ -124,54 +189,26 @@ std::vector<torch::Tensor> SplitBackward::BackwardInputs(
     return result;
   }
 
-  // Split nodes: on the input path and feeding something off it (parameters).
+  // The gradients arriving at the split nodes are captured for W.
   const size_t num_input_captures = captures.size();
-  for (const auto& [node, reaches] : on_path) {
-    if (!reaches || targets.count(node) > 0) continue;
-    std::vector<size_t> input_path_edges;
-    bool feeds_off_path = false;
-    for (size_t i = 0; i < node->num_outputs(); ++i) {
-      Node* child = node->next_edge(i).function.get();
-      if (child == nullptr) continue;
-      if (is_on_path(child)) {
-        input_path_edges.push_back(i);
-      } else {
-        feeds_off_path = true;
-      }
-    }
-    if (!feeds_off_path) continue;
-    // `node` is in the graph, so it is owned by a shared_ptr; keep it for W.
-    std::shared_ptr<Node> shared = node->shared_from_this();
-    for (uint32_t i = 0; i < node->num_inputs(); ++i) captures.emplace_back(shared, i);
-    pending->split_nodes_.push_back(std::move(shared));
-    pending->input_path_edges_.push_back(std::move(input_path_edges));
+  SplitNodes split = FindSplitNodes(on_path, targets);
+  for (const std::shared_ptr<Node>& node : split.nodes) {
+    for (uint32_t i = 0; i < node->num_inputs(); ++i) captures.emplace_back(node, i);
   }
+  pending->split_nodes_ = std::move(split.nodes);
+  pending->input_path_edges_ = std::move(split.input_path_edges);
 
   torch::autograd::variable_list captured = torch::autograd::Engine::get_default_engine().execute(
       roots, grads, /*keep_graph=*/true, /*create_graph=*/false, /*accumulate_grad=*/false,
       captures);
 
-  // A captured edge that is itself a root (a split node, or an input the stage returns as an
-  // output) receives the root's gradient, not a captured one.
-  for (size_t c = 0; c < captures.size(); ++c) {
-    if (captured[c].defined()) continue;
-    for (size_t r = 0; r < roots.size(); ++r) {
-      if (roots[r].function == captures[c].function && roots[r].input_nr == captures[c].input_nr) {
-        captured[c] = grads[r];
-      }
-    }
-  }
+  FillRootCaptures(roots, grads, captures, captured);
   for (size_t c = num_input_captures; c < captures.size(); ++c) {
     if (!captured[c].defined()) continue;
     pending->roots_.push_back(captures[c]);
     pending->grads_.push_back(std::move(captured[c]));
   }
-  // Nodes on the input path that W will not run: their saved tensors can go now.
-  std::unordered_set<Node*> split(pending->split_nodes_.size());
-  for (const auto& node : pending->split_nodes_) split.insert(node.get());
-  for (const auto& [node, reaches] : on_path) {
-    if (reaches && split.count(node) == 0 && targets.count(node) == 0) node->release_variables();
-  }
+  ReleaseInputPath(on_path, pending->split_nodes_, targets);
   for (size_t w = 0; w < wanted.size(); ++w) {
     const size_t i = wanted[w];
     result[i] = captured[w].defined() ? captured[w] : torch::zeros_like(inputs[i]);

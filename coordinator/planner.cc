@@ -12,6 +12,7 @@
 #include "common/schedule/build.h"
 #include "common/schedule/csv.h"
 #include "common/spec/spec_parser.h"
+#include "common/transport/backends.h"
 #include "common/util/status_macros.h"
 
 namespace stagecoach::coordinator {
@@ -118,22 +119,13 @@ struct StageRequest {
   bool from_points() const { return field == "split.points"; }
 };
 
-// placement.transport with "auto" resolved: nccl for cuda, gloo for cpu.
+// placement.transport checked against the registered backends' capabilities, "auto" resolved
+// to the backend the registry picks for placement.device (common/transport/backends.h).
 absl::StatusOr<std::string> ResolveTransport(const spec::PlacementSpec& placement) {
-  const std::string& transport = placement.transport;
-  if (transport.empty() || transport == "auto") {
-    return std::string(placement.device == "cuda" ? "nccl" : "gloo");
-  }
-  if (transport != "gloo" && transport != "nccl") {
-    return FieldError("placement.transport",
-                      absl::StrCat("must be one of auto, gloo, nccl, got '", transport, "'"));
-  }
-  if (transport == "nccl" && placement.device != "cuda") {
-    return FieldError("placement.transport",
-                      absl::StrCat("nccl needs placement.device cuda (device is ", placement.device,
-                                   "; use gloo or auto)"));
-  }
-  return transport;
+  absl::StatusOr<std::string> resolved =
+      transport::BackendRegistry::Global().Resolve(placement.transport, placement.device);
+  if (!resolved.ok()) return FieldError("placement.transport", resolved.status().message());
+  return resolved;
 }
 
 // "0, 3" for the stages `stage_to_rank` puts on `rank`.

@@ -65,7 +65,8 @@ struct PlacementSpec {
   std::string device = "cpu";
   // "" (the schedule's own), "loop" or "v".
   std::string style;
-  // Data-plane transport: "auto" (default: nccl for cuda, gloo for cpu), "gloo" or "nccl".
+  // Data-plane transport: "auto" (default: the backend common/transport/backends.h picks for
+  // the device, nccl for cuda, gloo for cpu) or a registered backend's name.
   std::string transport = "auto";
 };
 

@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
+#include "common/transport/backends.h"
 
 namespace stagecoach::spec {
 namespace {
@@ -722,12 +723,15 @@ class SpecParser {
     placement->Int("workers", 1, kIntMax, &spec_.placement.workers);
     const Read device = placement->Enum("device", {"cpu", "cuda"}, &spec_.placement.device);
     placement->Enum("style", {"loop", "v"}, &spec_.placement.style);
-    if (placement->Enum("transport", {"auto", "gloo", "nccl"}, &spec_.placement.transport) ==
-            Read::kOk &&
-        device != Read::kInvalid && spec_.placement.transport == "nccl" &&
-        spec_.placement.device == "cpu") {
-      v_.Error(placement->Path("transport"),
-               "nccl needs placement.device cuda (device is cpu; use gloo or auto)");
+    // "auto" or a registered backend; one that needs CUDA only with device cuda.
+    const transport::BackendRegistry& backends = transport::BackendRegistry::Global();
+    std::vector<std::string> transports = {"auto"};
+    for (std::string& name : backends.Names()) transports.push_back(std::move(name));
+    if (placement->Enum("transport", transports, &spec_.placement.transport) == Read::kOk &&
+        device != Read::kInvalid) {
+      const absl::Status usable =
+          backends.CheckDevice(spec_.placement.transport, spec_.placement.device);
+      if (!usable.ok()) v_.Error(placement->Path("transport"), usable.message());
     }
   }
 

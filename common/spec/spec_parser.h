@@ -45,8 +45,9 @@
 //               csv_format: compute_only (default) | compute_comms, and csv_text (string, the
 //               file's contents inlined by stagectl) only with csv.
 //   placement   workers: integer >= 1 (0 when absent); device: cpu (default) | cuda;
-//               style: loop | v (empty when absent); transport: auto (default) | gloo | nccl,
-//               nccl only with device cuda.
+//               style: loop | v (empty when absent); transport: auto (default) | a backend
+//               registered in common/transport/backends.h (gloo, nccl), one that needs CUDA
+//               (nccl) only with device cuda.
 //   training    batch_size: integer >= 1, required; steps: integer >= 1, default 1;
 //               loss: mse (default) | cross_entropy; scale_grads: bool, default true;
 //               optimizer.kind: sgd (default) | adamw;

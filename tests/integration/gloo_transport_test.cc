@@ -46,25 +46,14 @@ absl::StatusOr<std::vector<std::unique_ptr<Transport>>> CreateGlooGroup(int worl
   static std::atomic<int> groups{0};
   const std::string prefix = absl::StrCat("group", groups++, "/");
   InMemoryStore store;
-  std::vector<absl::StatusOr<std::unique_ptr<Transport>>> created(world_size);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world_size; ++rank) {
-    threads.emplace_back([&, rank] {
-      GlooOptions options;
-      options.rank = rank;
-      options.world_size = world_size;
-      options.key_prefix = prefix;
-      options.connect_timeout = absl::Seconds(20);
-      created[rank] = CreateGlooTransport(options, &store);
-    });
-  }
-  for (std::thread& thread : threads) thread.join();
-  std::vector<std::unique_ptr<Transport>> group;
-  for (auto& transport : created) {
-    if (!transport.ok()) return transport.status();
-    group.push_back(std::move(transport).value());
-  }
-  return group;
+  return CreateGroupOnThreads(world_size, [&](int rank) {
+    GlooOptions options;
+    options.rank = rank;
+    options.world_size = world_size;
+    options.key_prefix = prefix;
+    options.connect_timeout = absl::Seconds(20);
+    return CreateGlooTransport(options, &store);
+  });
 }
 
 TransportBackend GlooBackend() {
@@ -73,6 +62,7 @@ TransportBackend GlooBackend() {
   backend.create_group = CreateGlooGroup;
   backend.allocate = AllocateHostBuffer;
   backend.max_world_size = 8;
+  backend.capabilities = GlooDescriptor().capabilities;
   return backend;
 }
 
@@ -93,6 +83,9 @@ class GlooTransportTest : public ::testing::Test {
 TEST_F(GlooTransportTest, BackendIsGloo) {
   ASSERT_NO_FATAL_FAILURE(Connect(2));
   EXPECT_EQ(t_[0]->backend(), "gloo");
+  EXPECT_FALSE(t_[0]->capabilities().takes_device_memory);
+  EXPECT_TRUE(t_[0]->capabilities().matches_tags);
+  EXPECT_TRUE(t_[0]->capabilities().on_every_worker);
 }
 
 TEST_F(GlooTransportTest, RejectsBadOptions) {

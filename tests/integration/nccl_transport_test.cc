@@ -161,27 +161,16 @@ absl::StatusOr<std::vector<std::unique_ptr<Transport>>> CreateNcclGroup(
   static std::atomic<int> groups{0};
   const std::string prefix = absl::StrCat("nccl_group", groups++, "/");
   InMemoryStore store;
-  std::vector<absl::StatusOr<std::unique_ptr<Transport>>> created(world_size);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world_size; ++rank) {
-    threads.emplace_back([&, rank] {
-      NcclOptions options;
-      options.rank = rank;
-      options.world_size = world_size;
-      options.cuda_device = rank;
-      options.key_prefix = prefix;
-      options.connect_timeout = kConnect;
-      if (links != nullptr) options.links = links(rank);
-      created[rank] = CreateNcclTransport(options, &store);
-    });
-  }
-  for (std::thread& thread : threads) thread.join();
-  std::vector<std::unique_ptr<Transport>> group;
-  for (auto& transport : created) {
-    if (!transport.ok()) return transport.status();
-    group.push_back(std::move(transport).value());
-  }
-  return group;
+  return CreateGroupOnThreads(world_size, [&](int rank) {
+    NcclOptions options;
+    options.rank = rank;
+    options.world_size = world_size;
+    options.cuda_device = rank;
+    options.key_prefix = prefix;
+    options.connect_timeout = kConnect;
+    if (links != nullptr) options.links = links(rank);
+    return CreateNcclTransport(options, &store);
+  });
 }
 
 TransportBackend NcclBackend() {
@@ -191,9 +180,7 @@ TransportBackend NcclBackend() {
   backend.allocate = AllocateDeviceBuffer;
   backend.max_world_size = CudaDeviceCount();  // NCCL refuses two ranks on one GPU.
   backend.unavailable = UnavailableReason();
-  backend.matches_tags = false;
-  backend.detects_size_mismatch = false;
-  backend.independent_transfers = false;
+  backend.capabilities = NcclDescriptor().capabilities;
   return backend;
 }
 

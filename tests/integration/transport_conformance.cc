@@ -72,11 +72,23 @@ void DestroyGroup(std::vector<std::unique_ptr<Transport>>* group) {
   }                                                                                      \
   ASSERT_NO_FATAL_FAILURE(CreateGroup((world_size), &(group)))
 
-
 }  // namespace
 
 std::unique_ptr<TestBuffer> AllocateHostBuffer(size_t bytes, int /*rank*/) {
   return std::make_unique<HostBuffer>(bytes);
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<Transport>>> CreateGroupOnThreads(
+    int world_size,
+    const std::function<absl::StatusOr<std::unique_ptr<Transport>>(int rank)>& create) {
+  std::vector<absl::StatusOr<std::unique_ptr<Transport>>> created(world_size);
+  RunRanks(world_size, [&](int rank) { created[rank] = create(rank); });
+  std::vector<std::unique_ptr<Transport>> group;
+  for (auto& transport : created) {
+    if (!transport.ok()) return transport.status();
+    group.push_back(std::move(transport).value());
+  }
+  return group;
 }
 
 void PrintTo(const TransportBackend& backend, std::ostream* os) { *os << backend.name; }
@@ -127,7 +139,24 @@ TEST_P(TransportConformanceTest, ReportsRankWorldSizeAndBackend) {
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_EQ(t[rank]->rank(), rank);
     EXPECT_EQ(t[rank]->world_size(), 2);
-    EXPECT_FALSE(t[rank]->backend().empty());
+    // The transport names a registered backend and reports its capabilities.
+    absl::StatusOr<BackendDescriptor> registered =
+        BackendRegistry::Global().Find(t[rank]->backend());
+    if (!registered.ok()) {
+      ADD_FAILURE() << registered.status();
+      continue;
+    }
+    const BackendCapabilities& caps = t[rank]->capabilities();
+    const BackendCapabilities& expected = GetParam().capabilities;
+    const BackendCapabilities* const wanted[] = {&registered->capabilities, &expected};
+    for (const BackendCapabilities* c : wanted) {
+      EXPECT_EQ(caps.takes_device_memory, c->takes_device_memory);
+      EXPECT_EQ(caps.matches_tags, c->matches_tags);
+      EXPECT_EQ(caps.detects_size_mismatch, c->detects_size_mismatch);
+      EXPECT_EQ(caps.independent_transfers, c->independent_transfers);
+      EXPECT_EQ(caps.needs_cuda, c->needs_cuda);
+      EXPECT_EQ(caps.on_every_worker, c->on_every_worker);
+    }
     EXPECT_EQ(t[rank]->stats().bytes_sent, 0);
     EXPECT_EQ(t[rank]->stats().bytes_received, 0);
   }
@@ -221,7 +250,7 @@ TEST_P(TransportConformanceTest, SameTagPairsUpInPostingOrder) {
 }
 
 TEST_P(TransportConformanceTest, DifferentTagsMatchRegardlessOfPostingOrder) {
-  if (!GetParam().matches_tags) {
+  if (!GetParam().capabilities.matches_tags) {
     GTEST_SKIP() << GetParam().name << " pairs transfers in posting order, not by tag";
   }
   std::vector<std::unique_ptr<Transport>> t;
@@ -283,7 +312,7 @@ TEST_P(TransportConformanceTest, ReceivePostedBeforeOrAfterTheSend) {
 // Both ranks post a send and then a receive, and wait for the send first: no deadlock, even
 // with payloads far larger than socket buffers.
 TEST_P(TransportConformanceTest, SimultaneousExchangeDoesNotDeadlock) {
-  if (!GetParam().independent_transfers) {
+  if (!GetParam().capabilities.independent_transfers) {
     GTEST_SKIP() << GetParam().name << " runs a rank's transfers in posting order";
   }
   std::vector<std::unique_ptr<Transport>> t;
@@ -309,7 +338,7 @@ TEST_P(TransportConformanceTest, SimultaneousExchangeDoesNotDeadlock) {
 
 // Four ranks, every rank sends to and receives from every other rank at once.
 TEST_P(TransportConformanceTest, AllPairsConcurrently) {
-  if (!GetParam().independent_transfers) {
+  if (!GetParam().capabilities.independent_transfers) {
     GTEST_SKIP() << GetParam().name << " runs a rank's transfers in posting order";
   }
   constexpr int kRanks = 4;
@@ -464,7 +493,7 @@ TEST_P(TransportConformanceTest, DestroyAfterAbortWithPendingTransfers) {
 }
 
 TEST_P(TransportConformanceTest, SizeMismatchIsAnErrorOnTheReceiver) {
-  if (!GetParam().detects_size_mismatch) {
+  if (!GetParam().capabilities.detects_size_mismatch) {
     GTEST_SKIP() << GetParam().name << " cannot detect a byte-count mismatch";
   }
   std::vector<std::unique_ptr<Transport>> t;
@@ -521,7 +550,7 @@ TEST_P(TransportConformanceTest, StatsCountPayloadBytesOfCompletedTransfers) {
   // barriers.
   auto unmatched = ZeroBuffer(1000, 0);
   std::unique_ptr<Work> lonely_send, lonely_recv;
-  if (GetParam().independent_transfers) {
+  if (GetParam().capabilities.independent_transfers) {
     SC_ASSIGN_WORK(send, t[0]->Send(unmatched->data(), 1000, 1, 98));
     SC_ASSIGN_WORK(recv, t[0]->Recv(unmatched->data(), 1000, 1, 99));
     EXPECT_FALSE(send->Wait(absl::Milliseconds(20)).ok());

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/transport/backends.h"
 #include "gtest/gtest.h"
 #include "worker/transport/transport.h"
 
@@ -62,23 +63,25 @@ struct TransportBackend {
       create_group;
   // Allocates memory the backend can transfer, for the transport of rank `rank` (device
   // memory lives on that rank's device).
-  std::function<std::unique_ptr<TestBuffer>(size_t bytes, int rank)> allocate =
-      AllocateHostBuffer;
+  std::function<std::unique_ptr<TestBuffer>(size_t bytes, int rank)> allocate = AllocateHostBuffer;
   // The largest group create_group supports; tests that need more ranks skip.
   int max_world_size = 4;
   // When not empty, every test skips with this reason (e.g. "no CUDA device").
   std::string unavailable;
 
-  // What the backend provides beyond the interface's common ground; tests of a capability
-  // the backend lacks skip (or skip that part).
-  // Transfers with different tags match by tag, whatever the posting order.
-  bool matches_tags = true;
-  // A byte-count mismatch fails the receive with "expected N bytes from rank p tag t, got M".
-  bool detects_size_mismatch = true;
-  // A transfer that is not matched yet delays no other transfer: e.g. both ranks may send
-  // first and then receive, whatever the size.
-  bool independent_transfers = true;
+  // What the backend provides beyond the interface's common ground: its descriptor's
+  // (common/transport/backends.h). The suite checks that its transports report these and that
+  // the registry holds the same. Tests of a capability the backend lacks (matches_tags,
+  // detects_size_mismatch, independent_transfers) skip, or skip that part.
+  BackendCapabilities capabilities;
 };
+
+// Creates a group of `world_size` transports, calling create(rank) for every rank on a thread
+// of its own (creation blocks until the ranks have met); element i is rank i. The first rank's
+// error when one fails.
+absl::StatusOr<std::vector<std::unique_ptr<Transport>>> CreateGroupOnThreads(
+    int world_size,
+    const std::function<absl::StatusOr<std::unique_ptr<Transport>>(int rank)>& create);
 
 // Prints the backend's name in test output.
 void PrintTo(const TransportBackend& backend, std::ostream* os);

@@ -223,7 +223,7 @@ absl::Status PipelineExecutor::CheckStepComplete(const StepState& state) const {
 }
 
 bool PipelineExecutor::TransportTakesDeviceMemory() const {
-  return transport_->backend() == "nccl";
+  return transport_->capabilities().takes_device_memory;
 }
 
 torch::Device PipelineExecutor::TransferDevice() const {

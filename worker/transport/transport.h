@@ -1,6 +1,8 @@
 // The data-plane transport: point-to-point transfers of raw buffers between the ranks of one
 // job. Backends: Gloo (host memory, TCP; gloo/factory.h) and, where CUDA and NCCL are found,
-// NCCL (device memory). Callers include this header and one backend's factory.h only.
+// NCCL (device memory). Callers include this header and one backend's factory.h only, or create
+// a transport by backend name through registry.h. What a backend does beyond this interface is
+// a capability (common/transport/backends.h), asked with capabilities(), never told by name.
 //
 // Matching: a Send(data, n, peer=q, tag=t) on rank p pairs with the Recv(buf, n, peer=p, tag=t)
 // on rank q. Transfers with the same (peer, tag) pair up in the order they were posted. Both
@@ -16,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/transport/backends.h"
 
 namespace stagecoach::transport {
 
@@ -45,8 +48,10 @@ class Transport {
 
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
-  // "gloo" or "nccl".
+  // The backend's registered name (BackendDescriptor::name), for messages and metrics.
   virtual absl::string_view backend() const = 0;
+  // What the backend does beyond this interface, e.g. whether it takes device memory.
+  virtual const BackendCapabilities& capabilities() const = 0;
 
   // Starts sending `bytes` bytes at `data` to rank `peer`. `data` must stay valid and unchanged
   // until the returned Work's Wait returned OK, or the transport was aborted or destroyed.

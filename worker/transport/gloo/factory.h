@@ -6,33 +6,24 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "absl/time/time.h"
+#include "worker/transport/connect_options.h"
 #include "worker/transport/rendezvous_store.h"
 #include "worker/transport/transport.h"
 
 namespace stagecoach::transport {
 
-struct GlooOptions {
-  // This process's rank, in [0, world_size).
-  int rank = 0;
-
-  // Number of ranks in the job, >= 1.
-  int world_size = 1;
+// ConnectOptions (rank, world_size, key_prefix, connect_timeout) and Gloo's own. key_prefix
+// defaults to "gloo/", e.g. "job/7/attempt/2/gloo/" for an attempt of a job. connect_timeout
+// bounds the wait, in total, for the other ranks to appear in the store; opening the TCP
+// connection to a rank whose address has arrived is bounded separately by the same amount, so
+// a call returns within about twice this at worst.
+struct GlooOptions : ConnectOptions {
+  GlooOptions() { key_prefix = "gloo/"; }
 
   // Address or host name of the local interface to bind. It is also the address this rank
   // advertises, so every other rank must be able to reach it. Each connection listens on its
   // own ephemeral port. The default only works when all ranks run on one machine.
   std::string hostname = "127.0.0.1";
-
-  // Prefix of the keys the rendezvous writes to the store. Transports created over the same
-  // store at the same time, or one after another for the same ranks (a restarted attempt),
-  // each need their own prefix, e.g. "job/7/attempt/2/gloo/".
-  std::string key_prefix = "gloo/";
-
-  // How long CreateGlooTransport waits, in total, for the other ranks to appear in the store.
-  // Opening the TCP connection to a rank whose address has arrived is bounded separately by
-  // the same amount, so a call returns within about twice this at worst.
-  absl::Duration connect_timeout = absl::Seconds(30);
 };
 
 // Creates this rank's endpoint of the job's data plane: publishes this rank's addresses in
@@ -44,15 +35,15 @@ struct GlooOptions {
 // DEADLINE_EXCEEDED (a rank did not publish its address in time; names the missing keys),
 // UNAVAILABLE (a connection failed), or an error the store returned.
 //
-// The transport, beyond transport.h: every uint64 tag is valid. A Wait that timed out leaves
-// the transfer posted, and waiting again may still complete it. A size mismatch fails the
-// receive (INTERNAL, "expected N bytes from rank p tag t, got M") and its send, and writes
-// nothing into the receive buffer. A peer's death or Abort fails waits on that peer with
-// UNAVAILABLE within milliseconds; Abort resets this rank's connections, so peers see it the
-// same way. Works may outlive the transport (Wait then returns CANCELLED). Destroying a
-// transport whose Works all completed closes its connections gracefully: data of completed
-// sends still arrives. It holds a TCP connection and a thread per other rank, and one more
-// thread.
+// The transport, beyond transport.h (its capabilities are GlooDescriptor()'s): every uint64
+// tag is valid. A Wait that timed out leaves the transfer posted, and waiting again may still
+// complete it. A size mismatch fails the receive (INTERNAL, "expected N bytes from rank p tag
+// t, got M") and its send, and writes nothing into the receive buffer. A peer's death or Abort
+// fails waits on that peer with UNAVAILABLE within milliseconds; Abort resets this rank's
+// connections, so peers see it the same way. Works may outlive the transport (Wait then returns
+// CANCELLED). Destroying a transport whose Works all completed closes its connections gracefully:
+// data of completed sends still arrives. It holds a TCP connection and a thread per other rank, and
+// one more thread.
 absl::StatusOr<std::unique_ptr<Transport>> CreateGlooTransport(const GlooOptions& options,
                                                                RendezvousStore* store);
 

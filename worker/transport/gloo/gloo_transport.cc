@@ -57,7 +57,6 @@
 #include <sys/socket.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -78,6 +77,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/util/status_macros.h"
+#include "worker/transport/adapter.h"
 #include "worker/transport/gloo/factory.h"
 #include "worker/transport/gloo/store_adapter.h"
 
@@ -85,6 +85,8 @@ namespace stagecoach::transport {
 namespace {
 
 using GlooBuffer = ::gloo::transport::UnboundBuffer;
+using adapter::Cancelled;
+using adapter::Hex;
 
 constexpr uint64_t kControlSlot = 1;
 constexpr uint64_t kPayloadSlotBase = uint64_t{1} << 63;
@@ -107,7 +109,19 @@ struct ControlMessage {
 };
 static_assert(sizeof(ControlMessage) == 32, "ControlMessage is a wire format");
 
-std::string Hex(uint64_t value) { return absl::StrFormat("0x%x", value); }
+// Runs gloo calls: a gloo::IoException (a connection failed) becomes UNAVAILABLE, anything else
+// they throw INTERNAL, with gloo's message.
+template <typename Fn>
+absl::Status GlooCall(Fn&& fn) {
+  try {
+    fn();
+  } catch (const ::gloo::IoException& e) {
+    return absl::UnavailableError(e.what());
+  } catch (const std::exception& e) {
+    return absl::InternalError(e.what());
+  }
+  return absl::OkStatus();
+}
 
 enum class Direction { kSend, kRecv };
 
@@ -187,12 +201,7 @@ class Endpoint {
   absl::Status Barrier(absl::Duration timeout);
   void Abort();
 
-  TransferStats stats() const {
-    TransferStats stats;
-    stats.bytes_sent = bytes_sent_.load();
-    stats.bytes_received = bytes_received_.load();
-    return stats;
-  }
+  TransferStats stats() const { return counters_.stats(); }
 
  private:
   struct Announcement {
@@ -215,7 +224,9 @@ class Endpoint {
   absl::Status CheckPeer(int peer, const char* verb) const;
   absl::Status CheckUsableLocked(int peer, const std::string& label) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::string Label(const char* what, int peer, uint64_t tag, size_t bytes) const;
+  // Checks a user Send or Recv's arguments and returns its label.
+  absl::StatusOr<std::string> CheckTransfer(Direction direction, const void* data, size_t bytes,
+                                            int peer, uint64_t tag) const;
 
   absl::Status WaitLocked(Op& op, absl::Time deadline, absl::Duration timeout)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -239,6 +250,12 @@ class Endpoint {
   void CompleteLocked(Op& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailLocked(Op& op, absl::StatusCode code, absl::string_view message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fails `op` with `cause`'s code and message; returns op.error.
+  const absl::Status& FailLocked(Op& op, const absl::Status& cause)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    FailLocked(op, cause.code(), cause.message());
+    return op.error;
+  }
   absl::Status TimeoutError(const Op& op, absl::Duration timeout) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetPeerErrorLocked(int peer, const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -269,8 +286,7 @@ class Endpoint {
   std::set<std::pair<uint64_t, uint64_t>> barrier_arrivals_ ABSL_GUARDED_BY(mu_);  // (n, round)
   uint64_t next_barrier_ ABSL_GUARDED_BY(mu_) = 0;
 
-  std::atomic<int64_t> bytes_sent_{0};
-  std::atomic<int64_t> bytes_received_{0};
+  adapter::TransferCounters counters_;
 
   std::vector<std::thread> threads_;  // Only Start and Shutdown touch it.
 };
@@ -349,8 +365,7 @@ absl::Status Endpoint::CheckPeer(int peer, const char* verb) const {
 }
 
 absl::Status Endpoint::CheckUsableLocked(int peer, const std::string& label) const {
-  if (closing_) return absl::CancelledError(label + " cancelled: the transport was destroyed");
-  if (aborted_) return absl::CancelledError(label + " cancelled: the transport was aborted");
+  if (closing_ || aborted_) return Cancelled(label, closing_);
   const absl::Status& error = peers_[peer].error;
   if (!error.ok()) {
     return absl::Status(error.code(), absl::StrFormat("%s failed: %s", label, error.message()));
@@ -358,18 +373,20 @@ absl::Status Endpoint::CheckUsableLocked(int peer, const std::string& label) con
   return absl::OkStatus();
 }
 
-std::string Endpoint::Label(const char* what, int peer, uint64_t tag, size_t bytes) const {
-  return absl::StrFormat("rank %d: %s rank %d (tag %s, %d bytes)", rank_, what, peer, Hex(tag),
-                         bytes);
+absl::StatusOr<std::string> Endpoint::CheckTransfer(Direction direction, const void* data,
+                                                    size_t bytes, int peer, uint64_t tag) const {
+  const char* verb = direction == Direction::kSend ? "send to" : "receive from";
+  RETURN_IF_ERROR(CheckPeer(peer, verb));
+  std::string label = adapter::TransferLabel(rank_, verb, peer, tag, bytes);
+  if (data == nullptr && bytes > 0) {
+    return absl::InvalidArgumentError(label + ": data is null");
+  }
+  return label;
 }
 
 absl::StatusOr<std::shared_ptr<Op>> Endpoint::Send(const void* data, size_t bytes, int peer,
                                                    uint64_t tag) {
-  RETURN_IF_ERROR(CheckPeer(peer, "send to"));
-  std::string label = Label("send to", peer, tag, bytes);
-  if (data == nullptr && bytes > 0) {
-    return absl::InvalidArgumentError(label + ": data is null");
-  }
+  ASSIGN_OR_RETURN(std::string label, CheckTransfer(Direction::kSend, data, bytes, peer, tag));
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckUsableLocked(peer, label));
   auto op = std::make_shared<Op>(Direction::kSend, peer, tag, bytes, const_cast<void*>(data),
@@ -382,7 +399,7 @@ absl::StatusOr<std::shared_ptr<Op>> Endpoint::Send(const void* data, size_t byte
   op->control.id = op->id;
   outstanding_[op.get()] = op;
   op->state = OpState::kPosted;
-  try {
+  const absl::Status posted = GlooCall([&] {
     // The payload first: its receive is posted only after the announcement has arrived, so
     // gloo's event loop writes it, never this thread.
     if (bytes > 0) {
@@ -391,24 +408,15 @@ absl::StatusOr<std::shared_ptr<Op>> Endpoint::Send(const void* data, size_t byte
     }
     op->control_buffer = context_->createUnboundBuffer(&op->control, sizeof(ControlMessage));
     op->control_buffer->send(peer, kControlSlot, 0, sizeof(ControlMessage));
-  } catch (const ::gloo::IoException& e) {
-    FailLocked(*op, absl::StatusCode::kUnavailable, e.what());
-    return op->error;
-  } catch (const std::exception& e) {
-    FailLocked(*op, absl::StatusCode::kInternal, e.what());
-    return op->error;
-  }
+  });
+  if (!posted.ok()) return FailLocked(*op, posted);
   state.sends[op->id] = op.get();
   return op;
 }
 
 absl::StatusOr<std::shared_ptr<Op>> Endpoint::Recv(void* data, size_t bytes, int peer,
                                                    uint64_t tag) {
-  RETURN_IF_ERROR(CheckPeer(peer, "receive from"));
-  std::string label = Label("receive from", peer, tag, bytes);
-  if (data == nullptr && bytes > 0) {
-    return absl::InvalidArgumentError(label + ": data is null");
-  }
+  ASSIGN_OR_RETURN(std::string label, CheckTransfer(Direction::kRecv, data, bytes, peer, tag));
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckUsableLocked(peer, label));
   auto op = std::make_shared<Op>(Direction::kRecv, peer, tag, bytes, data, /*internal=*/false,
@@ -445,17 +453,11 @@ absl::Status Endpoint::MatchLocked(Op& op, const Announcement& announcement) {
   }
   op.state = OpState::kPosted;
   if (op.bytes == 0) return absl::OkStatus();
-  try {
+  const absl::Status posted = GlooCall([&] {
     op.payload = context_->createUnboundBuffer(op.data, op.bytes);
     op.payload->recv(op.peer, kPayloadSlotBase + announcement.id, 0, op.bytes);
-  } catch (const ::gloo::IoException& e) {
-    FailLocked(op, absl::StatusCode::kUnavailable, e.what());
-    return op.error;
-  } catch (const std::exception& e) {
-    FailLocked(op, absl::StatusCode::kInternal, e.what());
-    return op.error;
-  }
-  return absl::OkStatus();
+  });
+  return posted.ok() ? posted : FailLocked(op, posted);
 }
 
 absl::StatusOr<std::shared_ptr<Op>> Endpoint::SendControlLocked(int peer,
@@ -467,28 +469,17 @@ absl::StatusOr<std::shared_ptr<Op>> Endpoint::SendControlLocked(int peer,
   op->control = message;
   op->state = OpState::kPosted;
   outstanding_[op.get()] = op;
-  try {
+  const absl::Status posted = GlooCall([&] {
     op->control_buffer = context_->createUnboundBuffer(&op->control, sizeof(ControlMessage));
     op->control_buffer->send(peer, kControlSlot, 0, sizeof(ControlMessage));
-  } catch (const ::gloo::IoException& e) {
-    FailLocked(*op, absl::StatusCode::kUnavailable, e.what());
-    return op->error;
-  } catch (const std::exception& e) {
-    FailLocked(*op, absl::StatusCode::kInternal, e.what());
-    return op->error;
-  }
+  });
+  if (!posted.ok()) return FailLocked(*op, posted);
   return op;
 }
 
 absl::Status Endpoint::PostControlRecvLocked(int peer) {
-  try {
-    peers_[peer].control_in_buffer->recv(peer, kControlSlot, 0, sizeof(ControlMessage));
-  } catch (const ::gloo::IoException& e) {
-    return absl::UnavailableError(e.what());
-  } catch (const std::exception& e) {
-    return absl::InternalError(e.what());
-  }
-  return absl::OkStatus();
+  return GlooCall(
+      [&] { peers_[peer].control_in_buffer->recv(peer, kControlSlot, 0, sizeof(ControlMessage)); });
 }
 
 absl::Status Endpoint::Wait(Op& op, absl::Duration timeout) {
@@ -501,10 +492,7 @@ absl::Status Endpoint::WaitLocked(Op& op, absl::Time deadline, absl::Duration ti
   for (;;) {
     if (op.state == OpState::kDone) return absl::OkStatus();
     if (op.state == OpState::kFailed) return op.error;
-    if (closing_) {
-      return absl::CancelledError(op.label + " cancelled: the transport was destroyed");
-    }
-    if (aborted_) return absl::CancelledError(op.label + " cancelled: the transport was aborted");
+    if (closing_ || aborted_) return Cancelled(op.label, closing_);
 
     if (op.state == OpState::kUnmatched) {
       const absl::Status& peer_error = peers_[op.peer].error;
@@ -560,14 +548,10 @@ GlooWaitResult Endpoint::WaitGlooLocked(GlooBuffer* buffer, bool send, absl::Tim
   }
   GlooWaitResult result;
   mu_.Unlock();
-  try {
+  result.error = GlooCall([&] {
     result.completed =
         send ? buffer->waitSend(nullptr, kGlooForever) : buffer->waitRecv(nullptr, kGlooForever);
-  } catch (const ::gloo::IoException& e) {
-    result.error = absl::UnavailableError(e.what());
-  } catch (const std::exception& e) {
-    result.error = absl::InternalError(e.what());
-  }
+  });
   mu_.Lock();
   active_waits_.erase(&wait);
   result.interrupt = wait.interrupt;
@@ -590,8 +574,7 @@ absl::Status Endpoint::Barrier(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   const uint64_t number = next_barrier_++;
   const std::string what = absl::StrFormat("rank %d: barrier %d", rank_, number);
-  if (closing_) return absl::CancelledError(what + " cancelled: the transport was destroyed");
-  if (aborted_) return absl::CancelledError(what + " cancelled: the transport was aborted");
+  if (closing_ || aborted_) return Cancelled(what, closing_);
 
   int rounds = 0;
   for (int distance = 1; distance < size_; distance *= 2) ++rounds;
@@ -608,8 +591,7 @@ absl::Status Endpoint::Barrier(absl::Duration timeout) {
         SendControlLocked(to, message, absl::StrFormat("%s: message to rank %d", what, to)));
     messages.push_back(std::move(sent));
     while (barrier_arrivals_.erase({number, round}) == 0) {
-      if (closing_) return absl::CancelledError(what + " cancelled: the transport was destroyed");
-      if (aborted_) return absl::CancelledError(what + " cancelled: the transport was aborted");
+      if (closing_ || aborted_) return Cancelled(what, closing_);
       const absl::Status& peer_error = peers_[from].error;
       if (!peer_error.ok()) {
         return absl::Status(peer_error.code(), absl::StrFormat("%s failed waiting for rank %d: %s",
@@ -719,10 +701,10 @@ void Endpoint::CompleteLocked(Op& op) {
   op.control_buffer.reset();
   if (!op.internal) {
     if (op.direction == Direction::kSend) {
-      bytes_sent_ += static_cast<int64_t>(op.bytes);
+      counters_.CountSent(op.bytes);
       peers_[op.peer].sends.erase(op.id);
     } else {
-      bytes_received_ += static_cast<int64_t>(op.bytes);
+      counters_.CountReceived(op.bytes);
     }
   }
   outstanding_.erase(&op);  // Last: it may hold the last reference to op.
@@ -741,8 +723,7 @@ absl::Status Endpoint::TimeoutError(const Op& op, absl::Duration timeout) const 
   } else {
     hint = "the receiver has not taken it yet";
   }
-  return absl::DeadlineExceededError(
-      absl::StrFormat("%s timed out after %s (%s)", op.label, absl::FormatDuration(timeout), hint));
+  return adapter::TimedOut(op.label, timeout, hint);
 }
 
 void Endpoint::SetPeerErrorLocked(int peer, const absl::Status& status) {
@@ -769,47 +750,6 @@ void Endpoint::WatchdogLoop() {
     watchdog_wake_.WaitWithDeadline(&mu_, next);
   }
 }
-
-class GlooWork final : public Work {
- public:
-  GlooWork(std::shared_ptr<Endpoint> endpoint, std::shared_ptr<Op> op)
-      : endpoint_(std::move(endpoint)), op_(std::move(op)) {}
-
-  absl::Status Wait(absl::Duration timeout) override { return endpoint_->Wait(*op_, timeout); }
-
- private:
-  const std::shared_ptr<Endpoint> endpoint_;
-  const std::shared_ptr<Op> op_;
-};
-
-class GlooTransport final : public Transport {
- public:
-  explicit GlooTransport(std::shared_ptr<Endpoint> endpoint) : endpoint_(std::move(endpoint)) {}
-  ~GlooTransport() override { endpoint_->Shutdown(); }
-
-  int rank() const override { return endpoint_->rank(); }
-  int world_size() const override { return endpoint_->size(); }
-  absl::string_view backend() const override { return "gloo"; }
-
-  absl::StatusOr<std::unique_ptr<Work>> Send(const void* data, size_t bytes, int peer,
-                                             uint64_t tag) override {
-    ASSIGN_OR_RETURN(std::shared_ptr<Op> op, endpoint_->Send(data, bytes, peer, tag));
-    return std::unique_ptr<Work>(new GlooWork(endpoint_, std::move(op)));
-  }
-
-  absl::StatusOr<std::unique_ptr<Work>> Recv(void* data, size_t bytes, int peer,
-                                             uint64_t tag) override {
-    ASSIGN_OR_RETURN(std::shared_ptr<Op> op, endpoint_->Recv(data, bytes, peer, tag));
-    return std::unique_ptr<Work>(new GlooWork(endpoint_, std::move(op)));
-  }
-
-  absl::Status Barrier(absl::Duration timeout) override { return endpoint_->Barrier(timeout); }
-  void Abort() override { endpoint_->Abort(); }
-  TransferStats stats() const override { return endpoint_->stats(); }
-
- private:
-  const std::shared_ptr<Endpoint> endpoint_;
-};
 
 // The numeric addresses `hostname` resolves to, in getaddrinfo's order. gloo resolves names
 // itself, but when a name does not resolve it reads an uninitialized result and crashes; given
@@ -861,16 +801,7 @@ absl::StatusOr<std::shared_ptr<::gloo::transport::Device>> CreateDevice(
 
 absl::StatusOr<std::unique_ptr<Transport>> CreateGlooTransport(const GlooOptions& options,
                                                                RendezvousStore* store) {
-  if (store == nullptr) return absl::InvalidArgumentError("CreateGlooTransport: store is null");
-  if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "CreateGlooTransport: rank %d is not in [0, %d)", options.rank, options.world_size));
-  }
-  if (options.connect_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("CreateGlooTransport: connect_timeout %s is not positive",
-                        absl::FormatDuration(options.connect_timeout)));
-  }
+  RETURN_IF_ERROR(ValidateConnectOptions("CreateGlooTransport", options, store));
 
   absl::StatusOr<std::shared_ptr<::gloo::transport::Device>> device =
       CreateDevice(options.hostname);
@@ -903,7 +834,8 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateGlooTransport(const GlooOptions
 
   auto endpoint = std::make_shared<Endpoint>(options.rank, options.world_size, std::move(context));
   endpoint->Start();
-  return std::unique_ptr<Transport>(new GlooTransport(std::move(endpoint)));
+  return std::unique_ptr<Transport>(
+      new adapter::EndpointTransport<Endpoint, Op>(GlooDescriptor(), std::move(endpoint)));
 }
 
 }  // namespace stagecoach::transport

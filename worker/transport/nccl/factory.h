@@ -11,39 +11,27 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/time/time.h"
+#include "worker/transport/connect_options.h"
 #include "worker/transport/rendezvous_store.h"
 #include "worker/transport/transport.h"
 
 namespace stagecoach::transport {
 
-// A link: one kind of message over one stage boundary, exchanged with one peer rank. A tag t
-// belongs to link t >> NcclOptions::link_shift. Both ranks of a link list it with the same
-// number, each naming the other as peer (the runtime's LinksOfRank gives a rank's links).
-struct NcclLink {
-  uint64_t link = 0;
-  int peer = 0;
-};
+// A link (connect_options.h): a tag t belongs to link t >> NcclOptions::link_shift.
+using NcclLink = Link;
 
-struct NcclOptions {
-  // This process's rank, in [0, world_size).
-  int rank = 0;
-
-  // Number of ranks in the job, >= 1. NCCL refuses two ranks on one GPU.
-  int world_size = 1;
+// ConnectOptions and NCCL's own. world_size: NCCL refuses two ranks on one GPU. key_prefix
+// defaults to "nccl/"; rank 0 publishes the NCCL unique id (hex) under
+// key_prefix + "nccl_unique_id", and every transport, including a restarted attempt of the same
+// job, needs a prefix of its own, e.g. "job/7/attempt/2/nccl/". connect_timeout bounds
+// CreateNcclTransport as a whole: waiting for the unique ids, then for every rank to join the
+// communicator and each peer to join its links' communicators.
+struct NcclOptions : ConnectOptions {
+  NcclOptions() { key_prefix = "nccl/"; }
 
   // The CUDA device (ordinal as this process sees it) the communicator, the buffers and
   // `compute_stream` belong to.
   int cuda_device = 0;
-
-  // Prefix of the rendezvous key; rank 0 publishes the NCCL unique id (hex) under
-  // key_prefix + "nccl_unique_id". Every transport, including a restarted attempt of the same
-  // job, needs a prefix of its own, e.g. "job/7/attempt/2/nccl/".
-  std::string key_prefix = "nccl/";
-
-  // Bounds CreateNcclTransport as a whole: waiting for the unique ids, then for every rank to
-  // join the communicator and each peer to join its links' communicators.
-  absl::Duration connect_timeout = absl::Seconds(30);
 
   // The stream that produces the data sent and consumes the data received (a cudaStream_t on
   // `cuda_device`); nullptr is the legacy default stream, which LibTorch uses by default.
@@ -74,7 +62,7 @@ struct NcclOptions {
 // or UNAVAILABLE (a CUDA or NCCL call failed; the message names the call), UNIMPLEMENTED
 // (built without NCCL).
 //
-// The transport, beyond transport.h:
+// The transport, beyond transport.h (its capabilities are NcclDescriptor()'s):
 //  - Buffers are device memory on cuda_device (or memory NCCL accepts). Send and Recv record
 //    an event on compute_stream when posted, so a transfer moves what the compute stream had
 //    produced by then; a Wait that returns OK makes compute_stream wait for the transfer, so

@@ -55,7 +55,6 @@
 #include <nccl.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -77,6 +76,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/util/status_macros.h"
+#include "worker/transport/adapter.h"
 #include "worker/transport/nccl/factory.h"
 
 #if !defined(NCCL_VERSION_CODE) || NCCL_VERSION_CODE < NCCL_VERSION(2, 14, 0)
@@ -86,13 +87,13 @@
 namespace stagecoach::transport {
 namespace {
 
+using adapter::Hex;
+
 constexpr absl::Duration kWaitPollMin = absl::Microseconds(10);
 constexpr absl::Duration kPumpPollMin = absl::Microseconds(20);
 constexpr absl::Duration kPollMax = absl::Milliseconds(1);
 // How long the destructor lets ncclCommFinalize flush before it aborts instead.
 constexpr absl::Duration kFinalizeTimeout = absl::Seconds(5);
-
-std::string Hex(uint64_t value) { return absl::StrFormat("0x%x", value); }
 
 absl::Status CudaError(absl::string_view call, cudaError_t error) {
   return absl::InternalError(absl::StrFormat("%s failed: %s (%s)", call, cudaGetErrorName(error),
@@ -263,20 +264,22 @@ class Endpoint {
   }
   void Shutdown();
 
-  absl::StatusOr<std::shared_ptr<Op>> Post(Kind kind, void* data, size_t bytes, int peer,
-                                           uint64_t tag);
+  absl::StatusOr<std::shared_ptr<Op>> Send(const void* data, size_t bytes, int peer, uint64_t tag) {
+    // NCCL reads, never writes, a send buffer.
+    return Post(Kind::kSend, const_cast<void*>(data), bytes, peer, tag);
+  }
+  absl::StatusOr<std::shared_ptr<Op>> Recv(void* data, size_t bytes, int peer, uint64_t tag) {
+    return Post(Kind::kRecv, data, bytes, peer, tag);
+  }
   absl::Status Wait(Op& op, absl::Duration timeout);
   absl::Status Barrier(absl::Duration timeout);
   void Abort();
 
-  TransferStats stats() const {
-    TransferStats stats;
-    stats.bytes_sent = bytes_sent_.load();
-    stats.bytes_received = bytes_received_.load();
-    return stats;
-  }
+  TransferStats stats() const { return counters_.stats(); }
 
  private:
+  absl::StatusOr<std::shared_ptr<Op>> Post(Kind kind, void* data, size_t bytes, int peer,
+                                           uint64_t tag);
   Channel& world() const { return *channels_.front(); }
   // The channel of a transfer with `peer` (valid, not this rank unless world_size is 1) and
   // `tag`; INVALID_ARGUMENT when links are set and (link, peer) is not one of them.
@@ -337,8 +340,7 @@ class Endpoint {
   const std::vector<std::unique_ptr<Channel>> channels_;
   std::map<std::pair<uint64_t, int>, Channel*> routes_;  // (link, peer); set in the constructor.
 
-  std::atomic<int64_t> bytes_sent_{0};
-  std::atomic<int64_t> bytes_received_{0};
+  adapter::TransferCounters counters_;
 
   mutable absl::Mutex mu_;
   absl::CondVar pump_wake_;  // Signalled when the pump thread may have work, and on shutdown.
@@ -365,8 +367,8 @@ absl::StatusOr<Channel*> Endpoint::Route(int peer, uint64_t tag, absl::string_vi
 absl::StatusOr<std::shared_ptr<Op>> Endpoint::Post(Kind kind, void* data, size_t bytes, int peer,
                                                    uint64_t tag) {
   const bool send = kind == Kind::kSend;
-  std::string label = absl::StrFormat("rank %d: %s rank %d (tag %s, %d bytes)", rank_,
-                                      send ? "send to" : "receive from", peer, Hex(tag), bytes);
+  std::string label =
+      adapter::TransferLabel(rank_, send ? "send to" : "receive from", peer, tag, bytes);
   if (peer < 0 || peer >= size_ || (peer == rank_ && size_ > 1)) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: peer %d is %s", label, peer,
@@ -588,12 +590,7 @@ void Endpoint::FailCommLocked(const absl::Status& status) {
 std::optional<absl::Status> Endpoint::FinalStatusLocked(const Op& op) const {
   if (op.state == OpState::kDone) return absl::OkStatus();
   if (op.state == OpState::kFailed) return op.error;
-  if (closing_) {
-    return absl::CancelledError(absl::StrCat(op.label, " cancelled: the transport was destroyed"));
-  }
-  if (aborted_) {
-    return absl::CancelledError(absl::StrCat(op.label, " cancelled: the transport was aborted"));
-  }
+  if (closing_ || aborted_) return adapter::Cancelled(op.label, closing_);
   if (!comm_error_.ok()) return WithPrefix(comm_error_, absl::StrCat(op.label, " failed: "));
   return std::nullopt;
 }
@@ -622,8 +619,8 @@ std::optional<absl::Status> Endpoint::PollLocked(Op& op) {
   op.state = OpState::kDone;
   op.ready.reset();
   op.done.reset();
-  if (op.kind == Kind::kSend) bytes_sent_ += static_cast<int64_t>(op.bytes);
-  if (op.kind == Kind::kRecv) bytes_received_ += static_cast<int64_t>(op.bytes);
+  if (op.kind == Kind::kSend) counters_.CountSent(op.bytes);
+  if (op.kind == Kind::kRecv) counters_.CountReceived(op.bytes);
   return absl::OkStatus();
 }
 
@@ -634,8 +631,7 @@ absl::Status Endpoint::TimeoutError(const Op& op, absl::Duration timeout) const 
                       : "not every rank has entered it, or a transfer this rank posted earlier "
                         "is pending";
     if (op.state == OpState::kLaunching) absl::StrAppend(&hint, "; NCCL is still connecting");
-    return absl::DeadlineExceededError(absl::StrFormat("%s timed out after %s (%s)", op.label,
-                                                       absl::FormatDuration(timeout), hint));
+    return adapter::TimedOut(op.label, timeout, hint);
   }
   // With links, the label names the op's link; a channel holds one link with one peer.
   const char* channel = has_links_ ? " on this link" : "";
@@ -662,8 +658,7 @@ absl::Status Endpoint::TimeoutError(const Op& op, absl::Duration timeout) const 
           has_links_ ? "per link" : "per peer");
       break;
   }
-  return absl::DeadlineExceededError(
-      absl::StrFormat("%s timed out after %s (%s)", op.label, absl::FormatDuration(timeout), hint));
+  return adapter::TimedOut(op.label, timeout, hint);
 }
 
 absl::Status Endpoint::Wait(Op& op, absl::Duration timeout) {
@@ -693,7 +688,7 @@ absl::Status Endpoint::Barrier(absl::Duration timeout) {
     DeviceGuard guard(device_);
     absl::MutexLock lock(&mu_);
     const std::string label = absl::StrFormat("rank %d: barrier", rank_);
-    if (aborted_) return absl::CancelledError(label + " cancelled: the transport was aborted");
+    if (aborted_) return adapter::Cancelled(label, /*destroyed=*/false);
     if (!comm_error_.ok()) return WithPrefix(comm_error_, label + " failed: ");
     if (!guard.status().ok()) return WithPrefix(guard.status(), label + ": ");
     op = std::make_shared<Op>(Kind::kBarrier, -1, 0, 0, nullptr, &world(), label);
@@ -803,51 +798,6 @@ void Endpoint::Shutdown() {
     cudaStreamDestroy(channel->stream);
   }
 }
-
-class NcclWork final : public Work {
- public:
-  NcclWork(std::shared_ptr<Endpoint> endpoint, std::shared_ptr<Op> op)
-      : endpoint_(std::move(endpoint)), op_(std::move(op)) {}
-
-  absl::Status Wait(absl::Duration timeout) override { return endpoint_->Wait(*op_, timeout); }
-
- private:
-  const std::shared_ptr<Endpoint> endpoint_;
-  const std::shared_ptr<Op> op_;
-};
-
-class NcclTransport final : public Transport {
- public:
-  explicit NcclTransport(std::shared_ptr<Endpoint> endpoint) : endpoint_(std::move(endpoint)) {}
-  ~NcclTransport() override { endpoint_->Shutdown(); }
-
-  int rank() const override { return endpoint_->rank(); }
-  int world_size() const override { return endpoint_->size(); }
-  absl::string_view backend() const override { return "nccl"; }
-
-  absl::StatusOr<std::unique_ptr<Work>> Send(const void* data, size_t bytes, int peer,
-                                             uint64_t tag) override {
-    // NCCL reads, never writes, a send buffer.
-    return Wrap(endpoint_->Post(Kind::kSend, const_cast<void*>(data), bytes, peer, tag));
-  }
-
-  absl::StatusOr<std::unique_ptr<Work>> Recv(void* data, size_t bytes, int peer,
-                                             uint64_t tag) override {
-    return Wrap(endpoint_->Post(Kind::kRecv, data, bytes, peer, tag));
-  }
-
-  absl::Status Barrier(absl::Duration timeout) override { return endpoint_->Barrier(timeout); }
-  void Abort() override { endpoint_->Abort(); }
-  TransferStats stats() const override { return endpoint_->stats(); }
-
- private:
-  absl::StatusOr<std::unique_ptr<Work>> Wrap(absl::StatusOr<std::shared_ptr<Op>> op) {
-    if (!op.ok()) return op.status();
-    return std::unique_ptr<Work>(new NcclWork(endpoint_, std::move(op).value()));
-  }
-
-  const std::shared_ptr<Endpoint> endpoint_;
-};
 
 std::string EncodeId(const ncclUniqueId& id) {
   static constexpr char kDigits[] = "0123456789abcdef";
@@ -1127,7 +1077,8 @@ absl::StatusOr<std::unique_ptr<Transport>> Create(const NcclOptions& options,
   auto endpoint = std::make_shared<Endpoint>(options, std::move(channels),
                                              static_cast<int*>(barrier_buffer), pools != 0);
   endpoint->Start();
-  return std::unique_ptr<Transport>(new NcclTransport(std::move(endpoint)));
+  return std::unique_ptr<Transport>(
+      new adapter::EndpointTransport<Endpoint, Op>(NcclDescriptor(), std::move(endpoint)));
 }
 
 // INVALID_ARGUMENT when `links` or `link_shift` is unusable.
@@ -1162,16 +1113,7 @@ absl::Status ValidateLinks(const NcclOptions& options) {
 
 absl::StatusOr<std::unique_ptr<Transport>> CreateNcclTransport(const NcclOptions& options,
                                                                RendezvousStore* store) {
-  if (store == nullptr) return absl::InvalidArgumentError("CreateNcclTransport: store is null");
-  if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "CreateNcclTransport: rank %d is not in [0, %d)", options.rank, options.world_size));
-  }
-  if (options.connect_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("CreateNcclTransport: connect_timeout %s is not positive",
-                        absl::FormatDuration(options.connect_timeout)));
-  }
+  RETURN_IF_ERROR(ValidateConnectOptions("CreateNcclTransport", options, store));
   if (absl::Status links = ValidateLinks(options); !links.ok()) {
     return WithPrefix(links, absl::StrFormat("CreateNcclTransport: rank %d: ", options.rank));
   }

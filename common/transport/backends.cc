@@ -82,21 +82,17 @@ absl::Status BackendRegistry::Register(BackendDescriptor descriptor) {
                                                    ": needs CUDA, so not every worker has it"));
   }
   absl::MutexLock lock(&mu_);
-  auto at = std::lower_bound(
-      backends_.begin(), backends_.end(), descriptor.name,
-      [](const BackendDescriptor& b, const std::string& name) { return b.name < name; });
-  if (at != backends_.end() && at->name == descriptor.name) {
+  const std::string name = descriptor.name;
+  if (!backends_.emplace(name, std::move(descriptor)).second) {
     return absl::AlreadyExistsError(
-        absl::StrCat("transport backend ", descriptor.name, " is already registered"));
+        absl::StrCat("transport backend ", name, " is already registered"));
   }
-  backends_.insert(at, std::move(descriptor));
   return absl::OkStatus();
 }
 
 absl::Status BackendRegistry::Unregister(absl::string_view name) {
   absl::MutexLock lock(&mu_);
-  auto it = std::find_if(backends_.begin(), backends_.end(),
-                         [&](const BackendDescriptor& b) { return b.name == name; });
+  auto it = backends_.find(name);
   if (it == backends_.end()) {
     return absl::NotFoundError(absl::StrCat("transport backend ", name, " is not registered"));
   }
@@ -106,11 +102,10 @@ absl::Status BackendRegistry::Unregister(absl::string_view name) {
 
 absl::StatusOr<BackendDescriptor> BackendRegistry::Find(absl::string_view name) const {
   absl::MutexLock lock(&mu_);
-  for (const BackendDescriptor& backend : backends_) {
-    if (backend.name == name) return backend;
-  }
+  auto it = backends_.find(name);
+  if (it != backends_.end()) return it->second;
   std::vector<std::string> names;
-  for (const BackendDescriptor& backend : backends_) names.push_back(backend.name);
+  for (const auto& [registered, backend] : backends_) names.push_back(registered);
   return absl::NotFoundError(absl::StrCat("no transport backend '", name,
                                           "' (registered: ", absl::StrJoin(names, ", "), ")"));
 }
@@ -118,7 +113,7 @@ absl::StatusOr<BackendDescriptor> BackendRegistry::Find(absl::string_view name) 
 std::vector<std::string> BackendRegistry::Names() const {
   absl::MutexLock lock(&mu_);
   std::vector<std::string> names;
-  for (const BackendDescriptor& backend : backends_) names.push_back(backend.name);
+  for (const auto& [name, backend] : backends_) names.push_back(name);
   return names;
 }
 
@@ -129,7 +124,7 @@ absl::StatusOr<BackendDescriptor> BackendRegistry::DefaultFor(absl::string_view 
   auto rank = [&](const BackendDescriptor& b) {
     return std::make_tuple(Native(b, device), b.auto_preference);
   };
-  for (const BackendDescriptor& backend : backends_) {
+  for (const auto& [name, backend] : backends_) {
     if (!UsableOn(backend, device)) continue;
     if (best == nullptr || rank(backend) > rank(*best)) best = &backend;
   }

@@ -7,6 +7,8 @@
 // one place that names them). A test may register a fake backend and remove it again.
 #pragma once
 
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -106,7 +108,7 @@ class BackendRegistry {
 
  private:
   mutable absl::Mutex mu_;
-  std::vector<BackendDescriptor> backends_ ABSL_GUARDED_BY(mu_);  // Sorted by name.
+  std::map<std::string, BackendDescriptor, std::less<>> backends_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace stagecoach::transport

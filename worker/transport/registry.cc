@@ -1,6 +1,5 @@
 #include "worker/transport/registry.h"
 
-#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -54,21 +53,17 @@ absl::Status TransportRegistry::Register(BackendFactory factory) {
         absl::StrCat("transport backend ", factory.name, ": the factory has no create function"));
   }
   absl::MutexLock lock(&mu_);
-  auto at = std::lower_bound(
-      factories_.begin(), factories_.end(), factory.name,
-      [](const BackendFactory& f, const std::string& name) { return f.name < name; });
-  if (at != factories_.end() && at->name == factory.name) {
+  const std::string name = factory.name;
+  if (!factories_.emplace(name, std::move(factory)).second) {
     return absl::AlreadyExistsError(
-        absl::StrCat("transport backend ", factory.name, " already has a factory"));
+        absl::StrCat("transport backend ", name, " already has a factory"));
   }
-  factories_.insert(at, std::move(factory));
   return absl::OkStatus();
 }
 
 absl::Status TransportRegistry::Unregister(absl::string_view name) {
   absl::MutexLock lock(&mu_);
-  auto it = std::find_if(factories_.begin(), factories_.end(),
-                         [&](const BackendFactory& f) { return f.name == name; });
+  auto it = factories_.find(name);
   if (it == factories_.end()) {
     return absl::NotFoundError(absl::StrCat("transport backend ", name, " has no factory"));
   }
@@ -81,7 +76,7 @@ std::vector<std::pair<BackendDescriptor, BackendFactory>> TransportRegistry::Off
   std::vector<BackendFactory> factories;
   {
     absl::MutexLock lock(&mu_);
-    factories = factories_;
+    for (const auto& [name, factory] : factories_) factories.push_back(factory);
   }
   std::vector<std::pair<BackendDescriptor, BackendFactory>> offered;
   for (BackendFactory& factory : factories) {

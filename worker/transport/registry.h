@@ -9,6 +9,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -96,7 +97,7 @@ class TransportRegistry {
 
   const BackendRegistry* const backends_;
   mutable absl::Mutex mu_;
-  std::vector<BackendFactory> factories_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, BackendFactory, std::less<>> factories_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace stagecoach::transport

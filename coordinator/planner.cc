@@ -10,17 +10,25 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/schedule/build.h"
-#include "common/schedule/csv.h"
 #include "common/spec/spec_parser.h"
 #include "common/transport/backends.h"
 #include "common/util/status_macros.h"
+#include "coordinator/planner_parts.h"
 
 namespace stagecoach::coordinator {
-namespace {
+namespace planning {
 
 absl::Status FieldError(absl::string_view field, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
 }
+
+}  // namespace planning
+namespace {
+
+using planning::CheckStyle;
+using planning::FieldError;
+using planning::PlanFileSchedule;
+using planning::StageRequest;
 
 // The features of the spec language this planner can run; everything else is refused up front
 // with the field that asks for it, rather than failing later on a worker.
@@ -66,7 +74,8 @@ absl::Status CheckSupported(const spec::JobSpec& spec, const PlanOptions& option
     }
     // Synthetic data is drawn for the model's sizes; a tensors file (torch.save'd inputs and
     // targets) feeds an MLP, a tokens file feeds a GPT.
-    const bool fits = kind == "synthetic" || (family == "gpt" ? kind == "tokens" : kind == "tensors");
+    const bool fits =
+        kind == "synthetic" || (family == "gpt" ? kind == "tokens" : kind == "tensors");
     if (!fits) {
       return FieldError(
           "data.kind",
@@ -74,8 +83,8 @@ absl::Status CheckSupported(const spec::JobSpec& spec, const PlanOptions& option
                        family == "gpt" ? "tokens or synthetic" : "synthetic or tensors", ")"));
     }
     if (spec.data.seq > 0 && (family != "gpt" || spec.data.seq != spec.model.builtin->seq)) {
-      return FieldError("data.seq",
-                        family == "gpt" ? absl::StrCat("must equal model.builtin.seq (",
+      return FieldError("data.seq", family == "gpt"
+                                        ? absl::StrCat("must equal model.builtin.seq (",
                                                        spec.model.builtin->seq, ") or be left out")
                                         : std::string("only used with a gpt or TorchScript model"));
     }
@@ -111,14 +120,6 @@ std::string DescribeLayers(const std::vector<v1::LayerInfo>& layers) {
   return absl::StrJoin(shown, ", ");
 }
 
-// How many stages the spec asks for, and which field says so (for errors): split.stages, or
-// the stages split.points make. 0 when neither says (placement.workers or the schedule decide).
-struct StageRequest {
-  int stages = 0;
-  std::string field = "split.stages";
-  bool from_points() const { return field == "split.points"; }
-};
-
 // placement.transport checked against the registered backends' capabilities, "auto" resolved
 // to the backend the registry picks for placement.device (common/transport/backends.h).
 absl::StatusOr<std::string> ResolveTransport(const spec::PlacementSpec& placement) {
@@ -149,6 +150,10 @@ std::string StyleOf(const std::vector<int>& stage_to_rank, int num_ranks) {
   return "";
 }
 
+}  // namespace
+
+namespace planning {
+
 // Checks placement.style, when given, against `stage_to_rank`, the placement the action lists
 // run (a generator's lists are written for one placement; a file's rows say where each stage
 // runs). `lists` names the lists ("ZBVZeroBubble's action lists", "the rows of 'my.csv'"); `row`
@@ -177,6 +182,9 @@ absl::Status CheckStyle(const spec::PlacementSpec& placement, const std::vector<
   }
   return absl::OkStatus();
 }
+
+}  // namespace planning
+namespace {
 
 absl::Status CheckStagesFitLayers(int stages, int64_t layers, const StageRequest& request) {
   if (stages <= layers) return absl::OkStatus();
@@ -256,170 +264,6 @@ absl::Status PlanGeneratedSchedule(const spec::JobSpec& spec, const StageRequest
                              [](int) { return std::string(); }));
   plan->stage_to_rank = std::move(built->stage_to_rank);
   plan->lowered = std::move(built->lowered);
-  return absl::OkStatus();
-}
-
-// The compute actions (F, I, B, W, OVERLAP_F_B) of each rank, in order.
-std::vector<std::vector<schedule::Action>> ComputeActions(const schedule::PipelineOrder& order) {
-  std::vector<std::vector<schedule::Action>> out(order.size());
-  for (size_t r = 0; r < order.size(); ++r) {
-    for (const auto& action : order[r]) {
-      if (action.has_value() && schedule::IsCompute(action->type)) out[r].push_back(*action);
-    }
-  }
-  return out;
-}
-
-// The generator whose lists run the same compute actions in the same order on every rank as
-// `order` (a file PyTorch dumped from that schedule), if any.
-std::optional<schedule::ScheduleKind> MatchingGenerator(const schedule::PipelineOrder& order,
-                                                        int num_stages, int num_microbatches) {
-  const int ranks = static_cast<int>(order.size());
-  if (ranks == 0 || num_stages % ranks != 0) return std::nullopt;
-  const auto file = ComputeActions(order);
-  for (schedule::ScheduleKind kind : schedule::AllScheduleKinds()) {
-    schedule::ScheduleConfig config;
-    config.kind = kind;
-    config.num_ranks = ranks;
-    config.stages_per_rank = num_stages / ranks;
-    config.num_microbatches = num_microbatches;
-    auto generated = schedule::GenerateSchedule(config);
-    if (generated.ok() && ComputeActions(*generated) == file) return kind;
-  }
-  return std::nullopt;
-}
-
-// schedule.csv: the file's lists (schedule.csv_text), checked against the spec, lowered if
-// compute_only, validated. Stage placement and worker count come from the file's rows.
-absl::Status PlanFileSchedule(const spec::JobSpec& spec, const StageRequest& request,
-                              int64_t layers, Plan* plan) {
-  const std::string& file = spec.schedule.csv;
-  const std::string& text = spec.schedule.csv_text;
-  if (text.empty()) {
-    return FieldError("schedule.csv",
-                      absl::StrCat("the contents of '", file,
-                                   "' were not sent with the spec (schedule.csv_text is empty); "
-                                   "stagectl submit reads the file and sends them"));
-  }
-  auto format = schedule::ParseCsvFormat(spec.schedule.csv_format);
-  if (!format.ok()) return FieldError("schedule.csv_format", format.status().message());
-  plan->schedule_name = absl::StrCat("csv:", file);
-  const int m = plan->num_microbatches;
-  schedule::CsvLoadOptions options;
-  options.source = file;
-  options.num_microbatches = m;
-  options.max_active_stages = 0;  // unsharded stages, as for generated schedules
-
-  // A first read for what the spec must agree with: rows, stages, microbatches, backward.
-  auto rows = schedule::ParseScheduleCsv(text);
-  if (!rows.ok()) {
-    auto located = schedule::LoadScheduleCsv(text, *format, options);  // names the file
-    return FieldError("schedule.csv",
-                      located.ok() ? rows.status().message() : located.status().message());
-  }
-  const int num_rows = static_cast<int>(rows->size());
-  const int workers = spec.placement.workers;
-  if (workers > 0 && num_rows > workers) {
-    return FieldError(
-        "schedule.csv",
-        absl::StrCat(file, " line ", workers + 1, " (rank ", workers, "): the file has ", num_rows,
-                     " rows (one per rank), but placement.workers is ", workers));
-  }
-  if (workers > 0 && num_rows < workers) {
-    return FieldError("schedule.csv", absl::StrCat(file, ": the file has ", num_rows,
-                                                   " rows (one per rank), but placement.workers "
-                                                   "is ",
-                                                   workers));
-  }
-  int file_stages = 0, file_microbatches = 0;
-  bool has_backward = false;
-  for (size_t r = 0; r < rows->size(); ++r) {
-    for (size_t step = 0; step < (*rows)[r].size(); ++step) {
-      const std::optional<schedule::Action>& action = (*rows)[r][step];
-      if (!action.has_value()) continue;
-      for (const schedule::Action* leaf : schedule::LeafActions(*action)) {
-        if (leaf->stage >= layers) {  // before the validator sizes its tables by the stages
-          return FieldError(
-              "schedule.csv",
-              absl::StrCat(file, " line ", r + 1, " (rank ", r, "), column ", step + 1, " (step ",
-                           step, "): ", action->ToString(), " runs stage ", leaf->stage,
-                           ", but the model has ", layers,
-                           " layers, so at most that many stages (a stage needs a layer)"));
-        }
-        file_stages = std::max(file_stages, leaf->stage + 1);
-        if (leaf->microbatch.has_value()) {
-          file_microbatches = std::max(file_microbatches, *leaf->microbatch + 1);
-        }
-        switch (leaf->type) {
-          case schedule::ActionType::kForward:
-          case schedule::ActionType::kSendF:
-          case schedule::ActionType::kRecvF:
-          case schedule::ActionType::kUnshard:
-          case schedule::ActionType::kReshard:
-            break;
-          default:  // B, I, W, SEND_B, RECV_B, REDUCE_GRAD
-            has_backward = true;
-        }
-      }
-    }
-  }
-  // Indices past the spec's counts are the validator's to report, at their line and column.
-  if (file_microbatches > 0 && file_microbatches < m) {
-    return FieldError(
-        "schedule.microbatches",
-        absl::StrCat("'", file, "' schedules ", file_microbatches, " microbatches (0..",
-                     file_microbatches - 1, "), but schedule.microbatches is ", m));
-  }
-  if (request.stages > 0 && file_stages > 0 && file_stages < request.stages) {
-    return FieldError(
-        request.field,
-        absl::StrCat("'", file, "' runs ", file_stages, " stages (0..", file_stages - 1, "), but ",
-                     request.from_points() ? "split.points make " : "split.stages is ",
-                     request.stages));
-  }
-  if (request.stages > 0) {
-    options.num_stages = request.stages;
-  } else if (file_stages > 0) {
-    options.num_stages = file_stages;
-  }
-  options.has_backward = has_backward;
-  auto loaded = schedule::LoadScheduleCsv(text, *format, options);
-  if (!loaded.ok()) return FieldError("schedule.csv", loaded.status().message());
-
-  plan->num_ranks = loaded->num_ranks;
-  plan->num_stages = loaded->num_stages;
-  plan->stages_per_rank = 0;
-  for (int r = 0; r < plan->num_ranks; ++r) {
-    const int held =
-        static_cast<int>(std::count(loaded->stage_to_rank.begin(), loaded->stage_to_rank.end(), r));
-    if (held == 0) {
-      return FieldError("schedule.csv",
-                        absl::StrCat(file, " line ", r + 1, " (rank ", r,
-                                     "): the rank runs no stage; every worker needs one"));
-    }
-    plan->stages_per_rank = std::max(plan->stages_per_rank, held);
-  }
-  if (plan->num_stages > layers) {
-    return FieldError("schedule.csv",
-                      absl::StrCat(file, " runs ", plan->num_stages, " stages, but the model has ",
-                                   layers, " layers (a stage needs at least one)"));
-  }
-  RETURN_IF_ERROR(CheckStyle(spec.placement, loaded->stage_to_rank, plan->num_ranks,
-                             absl::StrCat("the rows of '", file, "'"),
-                             [](int rank) { return absl::StrCat(" (line ", rank + 1, ")"); }));
-  plan->has_backward = has_backward;
-  if (!has_backward) {
-    plan->kind = schedule::ScheduleKind::kForwardOnly;
-  } else if (auto kind = MatchingGenerator(loaded->order, plan->num_stages, m)) {
-    plan->kind = *kind;
-  }
-  plan->stage_to_rank = std::move(loaded->stage_to_rank);
-  plan->lowered.assign(loaded->lowered.size(), {});
-  for (size_t r = 0; r < loaded->lowered.size(); ++r) {
-    for (auto& action : loaded->lowered[r]) {
-      if (action.has_value()) plan->lowered[r].push_back(std::move(action));
-    }
-  }
   return absl::OkStatus();
 }
 

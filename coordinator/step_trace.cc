@@ -68,6 +68,50 @@ std::optional<double> ConsumerWaitEnd(const std::vector<schedule::TimedAction>& 
   return std::nullopt;
 }
 
+// Every SEND paired with its peer's RECV (the first of each, should a list repeat one), as the
+// simulator orders messages: by start, then by sending rank.
+std::vector<schedule::Message> PairMessages(
+    const std::vector<std::vector<schedule::TimedAction>>& timeline,
+    const std::vector<std::vector<double>>& waits) {
+  const int num_ranks = static_cast<int>(timeline.size());
+  std::map<MessageKey, Place> sends, recvs;
+  for (int rank = 0; rank < num_ranks; ++rank) {
+    for (size_t i = 0; i < timeline[rank].size(); ++i) {
+      const Action& a = timeline[rank][i].action;
+      if (!schedule::IsSendOrRecv(a.type)) continue;
+      const bool is_send = a.type == ActionType::kSendF || a.type == ActionType::kSendB;
+      (is_send ? sends : recvs).try_emplace(KeyOf(a), Place{rank, i});
+    }
+  }
+  std::vector<schedule::Message> messages;
+  for (const auto& [key, send_at] : sends) {
+    auto it = recvs.find(key);
+    if (it == recvs.end()) continue;
+    const Place& recv_at = it->second;
+    const schedule::TimedAction& send = timeline[send_at.rank][send_at.index];
+    const schedule::TimedAction& recv = timeline[recv_at.rank][recv_at.index];
+    schedule::Message m;
+    m.send = send.action;
+    m.recv = recv.action;
+    m.from_rank = send_at.rank;
+    m.to_rank = recv_at.rank;
+    m.posted_send = send.start;
+    m.posted_recv = recv.start;
+    m.start = send.start;
+    m.arrive = std::max(send.start, recv.end);
+    if (auto waited = ConsumerWaitEnd(timeline[recv_at.rank], waits[recv_at.rank], recv_at.index)) {
+      m.arrive = std::max(m.arrive, *waited);
+    }
+    messages.push_back(std::move(m));
+  }
+  std::stable_sort(messages.begin(), messages.end(),
+                   [](const schedule::Message& a, const schedule::Message& b) {
+                     return std::tie(a.start, a.from_rank) < std::tie(b.start, b.from_rank);
+                   });
+
+  return messages;
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> MeasuredStepTrace(const std::vector<RankStepTiming>& ranks,
@@ -114,43 +158,7 @@ absl::StatusOr<std::string> MeasuredStepTrace(const std::vector<RankStepTiming>&
     }
   }
 
-  // Pair every SEND with its peer's RECV (the first of each, should a list repeat one).
-  std::map<MessageKey, Place> sends, recvs;
-  for (int rank = 0; rank < num_ranks; ++rank) {
-    for (size_t i = 0; i < timeline[rank].size(); ++i) {
-      const Action& a = timeline[rank][i].action;
-      if (!schedule::IsSendOrRecv(a.type)) continue;
-      const bool is_send = a.type == ActionType::kSendF || a.type == ActionType::kSendB;
-      (is_send ? sends : recvs).try_emplace(KeyOf(a), Place{rank, i});
-    }
-  }
-  std::vector<schedule::Message> messages;
-  for (const auto& [key, send_at] : sends) {
-    auto it = recvs.find(key);
-    if (it == recvs.end()) continue;
-    const Place& recv_at = it->second;
-    const schedule::TimedAction& send = timeline[send_at.rank][send_at.index];
-    const schedule::TimedAction& recv = timeline[recv_at.rank][recv_at.index];
-    schedule::Message m;
-    m.send = send.action;
-    m.recv = recv.action;
-    m.from_rank = send_at.rank;
-    m.to_rank = recv_at.rank;
-    m.posted_send = send.start;
-    m.posted_recv = recv.start;
-    m.start = send.start;
-    m.arrive = std::max(send.start, recv.end);
-    if (auto waited = ConsumerWaitEnd(timeline[recv_at.rank], waits[recv_at.rank], recv_at.index)) {
-      m.arrive = std::max(m.arrive, *waited);
-    }
-    messages.push_back(std::move(m));
-  }
-  // As the simulator orders them: by start, then by sending rank.
-  std::stable_sort(messages.begin(), messages.end(),
-                   [](const schedule::Message& a, const schedule::Message& b) {
-                     return std::tie(a.start, a.from_rank) < std::tie(b.start, b.from_rank);
-                   });
-
+  std::vector<schedule::Message> messages = PairMessages(timeline, waits);
   schedule::ChromeTraceOptions options;
   options.microseconds_per_unit = 1;
   options.title = title;

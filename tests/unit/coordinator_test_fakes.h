@@ -10,10 +10,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/util/clock.h"
 #include "common/util/executor.h"
 #include "coordinator/job_manager.h"
+#include "coordinator/job_store.h"
 #include "coordinator/kv_store.h"
 #include "coordinator/worker_client.h"
 #include "gtest/gtest.h"
@@ -78,14 +80,20 @@ class FakeWorkerClient : public WorkerClient {
 
   // Records the request; answers what SetControlAnswer set for the address (OK, with the
   // request's step limit as the steps done, when nothing was).
+  // The answer runs without the fake's lock, so one that blocks (a frozen worker) delays only
+  // its own caller.
   absl::StatusOr<v1::ControlTaskResponse> ControlTask(const std::string& address,
                                                       const v1::ControlTaskRequest& request,
                                                       absl::Duration) override {
-    absl::MutexLock lock(&mu_);
-    if (unreachable_.count(address)) return absl::UnavailableError("connection refused");
-    controls_[address].push_back(request);
-    auto it = control_answers_.find(address);
-    if (it != control_answers_.end()) return it->second(request);
+    std::function<absl::StatusOr<v1::ControlTaskResponse>(const v1::ControlTaskRequest&)> answer;
+    {
+      absl::MutexLock lock(&mu_);
+      if (unreachable_.count(address)) return absl::UnavailableError("connection refused");
+      controls_[address].push_back(request);
+      auto it = control_answers_.find(address);
+      if (it != control_answers_.end()) answer = it->second;
+    }
+    if (answer) return answer(request);
     v1::ControlTaskResponse response;
     response.set_global_steps_done(request.step_limit());
     return response;
@@ -148,6 +156,65 @@ class FakeWorkerClient : public WorkerClient {
            std::function<absl::StatusOr<v1::ControlTaskResponse>(const v1::ControlTaskRequest&)>>
       control_answers_;
   std::map<std::string, std::string> tokens_;
+};
+
+// A job store in memory that records every call; Save can be made to block on a latch (a slow
+// or stuck disk).
+class MemoryJobStore : public JobStore {
+ public:
+  absl::Status Save(const v1::Job& job) override {
+    absl::Notification* block = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      block = block_;
+    }
+    if (block != nullptr) {
+      if (!entered_.HasBeenNotified()) entered_.Notify();
+      block->WaitForNotification();
+    }
+    absl::MutexLock lock(&mu_);
+    records_[job.id()] = job;
+    calls_.push_back(absl::StrCat("save ", job.id(), " ", v1::JobState_Name(job.state())));
+    return absl::OkStatus();
+  }
+  absl::Status Remove(const std::string& job_id) override {
+    absl::MutexLock lock(&mu_);
+    records_.erase(job_id);
+    calls_.push_back(absl::StrCat("remove ", job_id));
+    return absl::OkStatus();
+  }
+  std::vector<v1::Job> LoadAll(std::vector<std::string>*) override {
+    absl::MutexLock lock(&mu_);
+    std::vector<v1::Job> out;
+    for (const auto& [id, job] : records_) out.push_back(job);
+    return out;
+  }
+  std::string Describe() const override { return "memory"; }
+
+  // Saves block until `release` is notified; entered() is notified when the first one blocks.
+  void BlockSaves(absl::Notification* release) {
+    absl::MutexLock lock(&mu_);
+    block_ = release;
+  }
+  absl::Notification& entered() { return entered_; }
+
+  std::vector<std::string> calls() {
+    absl::MutexLock lock(&mu_);
+    return calls_;
+  }
+  std::set<std::string> ids() {
+    absl::MutexLock lock(&mu_);
+    std::set<std::string> out;
+    for (const auto& [id, job] : records_) out.insert(id);
+    return out;
+  }
+
+ private:
+  absl::Notification entered_;
+  absl::Mutex mu_;
+  absl::Notification* block_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::map<std::string, v1::Job> records_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> calls_ ABSL_GUARDED_BY(mu_);
 };
 
 // A JobManager over a fake clock, fake workers, a real KV store and a manual executor (the

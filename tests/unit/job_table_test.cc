@@ -14,62 +14,13 @@
 #include "coordinator/job_writer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/coordinator_test_fakes.h"
 
 namespace stagecoach::coordinator {
 namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-// A job store in memory that records every call; Save can be made to block on a latch.
-class MemoryJobStore : public JobStore {
- public:
-  absl::Status Save(const v1::Job& job) override {
-    if (block_ != nullptr) {
-      if (!entered_.HasBeenNotified()) entered_.Notify();
-      block_->WaitForNotification();
-    }
-    absl::MutexLock lock(&mu_);
-    records_[job.id()] = job;
-    calls_.push_back(absl::StrCat("save ", job.id(), " ", v1::JobState_Name(job.state())));
-    return absl::OkStatus();
-  }
-  absl::Status Remove(const std::string& job_id) override {
-    absl::MutexLock lock(&mu_);
-    records_.erase(job_id);
-    calls_.push_back(absl::StrCat("remove ", job_id));
-    return absl::OkStatus();
-  }
-  std::vector<v1::Job> LoadAll(std::vector<std::string>*) override {
-    absl::MutexLock lock(&mu_);
-    std::vector<v1::Job> out;
-    for (const auto& [id, job] : records_) out.push_back(job);
-    return out;
-  }
-  std::string Describe() const override { return "memory"; }
-
-  // Save blocks until `release` is notified; entered() is notified when one is blocked.
-  void BlockSaves(absl::Notification* release) { block_ = release; }
-  absl::Notification& entered() { return entered_; }
-
-  std::vector<std::string> calls() {
-    absl::MutexLock lock(&mu_);
-    return calls_;
-  }
-  std::set<std::string> ids() {
-    absl::MutexLock lock(&mu_);
-    std::set<std::string> out;
-    for (const auto& [id, job] : records_) out.insert(id);
-    return out;
-  }
-
- private:
-  absl::Notification* block_ = nullptr;
-  absl::Notification entered_;
-  absl::Mutex mu_;
-  std::map<std::string, v1::Job> records_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::string> calls_ ABSL_GUARDED_BY(mu_);
-};
 
 const absl::Time kT0 = absl::FromUnixSeconds(1'700'000'000);
 

@@ -1,0 +1,488 @@
+// The coordinator's components alone, with fakes and no JobManager: placement (gang, FIFO,
+// reasons, restarts), task assignment, step aggregation, failure investigation, the restart
+// policy, the job lifecycle's start and end, checkpoint collection, recovery and admission.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/spec/spec_parser.h"
+#include "common/util/executor.h"
+#include "common/util/sha256.h"
+#include "coordinator/admission.h"
+#include "coordinator/checkpoint_collection.h"
+#include "coordinator/failure_investigation.h"
+#include "coordinator/job_lifecycle.h"
+#include "coordinator/placement.h"
+#include "coordinator/recovery.h"
+#include "coordinator/step_aggregation.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/unit/coordinator_test_fakes.h"
+
+namespace stagecoach::coordinator {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+const absl::Time kT0 = absl::FromUnixSeconds(1'700'000'000);
+
+std::string Spec(int stages, const std::string& extra = "") {
+  return absl::StrCat("name: t\nmodel: {builtin: {family: mlp, sizes: [4, 8, 8, 8, 2]}}\n",
+                      "split: {stages: ", stages, "}\nschedule: {kind: GPipe, microbatches: 4}\n",
+                      "training: {batch_size: 8, steps: 3", extra, "}\n");
+}
+
+// A planned job of `spec` queued in `table` (PENDING), as admission and JobManager make it.
+Job& QueueJob(JobTable& table, const std::string& spec_yaml) {
+  Job& job = table.CreateLocked();
+  auto spec = spec::ParseJobSpec(spec_yaml, "spec");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  job.spec = *spec;
+  job.spec_yaml = spec_yaml;
+  auto plan = PlanJob(job.spec);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  job.plan = *plan;
+  job.finish_step = job.spec.training.steps;
+  EXPECT_TRUE(job.TransitionTo(v1::JOB_STATE_PLANNING, "submitted", kT0).ok());
+  EXPECT_TRUE(job.TransitionTo(v1::JOB_STATE_PENDING, "planned", kT0).ok());
+  return job;
+}
+
+std::string Register(WorkerRegistry& registry, int n) {
+  auto id = registry.Register(absl::StrCat("w", n), absl::StrCat("10.0.0.", n, ":7000"), "cpu",
+                              {}, kT0);
+  EXPECT_TRUE(id.ok());
+  return *id;
+}
+
+// --- Placement and task assignment ---
+
+TEST(Placement, GangsInFifoOrderAndSaysWhyAJobWaits) {
+  WorkerRegistry registry(absl::Seconds(10));
+  JobTable table({}, nullptr);
+  Placement placement(TaskSettings{absl::Seconds(7), absl::Hours(3)}, &registry);
+  Register(registry, 1);
+  Register(registry, 2);
+  absl::MutexLock lock(&table.mu());
+  Job& big = QueueJob(table, Spec(3));
+  Job& small = QueueJob(table, Spec(2));
+  EXPECT_TRUE(placement.PlaceLocked(table, kT0).empty());
+  EXPECT_EQ(big.reason, "waiting for 3 workers, 2 free");
+  EXPECT_EQ(small.reason, "queued behind job-1; needs 2 cpu workers") << "strict FIFO";
+  const std::string w3 = Register(registry, 3);
+  std::vector<StartOrder> orders = placement.PlaceLocked(table, kT0);
+  ASSERT_EQ(orders.size(), 1u);
+  EXPECT_EQ(orders[0].job_id, big.id);
+  EXPECT_EQ(orders[0].attempt, 1);
+  ASSERT_EQ(orders[0].tasks.size(), 3u);
+  EXPECT_EQ(big.state, v1::JOB_STATE_STARTING);
+  EXPECT_TRUE(big.starting);
+  EXPECT_THAT(big.reason, HasSubstr("starting attempt 1 on w-1, w-2, w-3"));
+  EXPECT_EQ(registry.Find(w3)->state, v1::WORKER_STATE_BUSY);
+  EXPECT_EQ(registry.Find(w3)->rank, 2);
+  EXPECT_EQ(small.reason, "waiting for 2 workers, 0 free");
+  const v1::TaskAssignment& task = orders[0].tasks[2].second;
+  EXPECT_EQ(orders[0].tasks[2].first, "10.0.0.3:7000");
+  EXPECT_EQ(task.rank(), 2);
+  EXPECT_EQ(task.world_size(), 3);
+  EXPECT_EQ(task.step_limit(), 3);
+  EXPECT_EQ(task.comm_timeout().seconds(), 7);
+  EXPECT_EQ(task.hold_timeout().seconds(), 3 * 3600);
+  EXPECT_EQ(task.rendezvous_prefix(), "jobs/job-1/attempt-1/");
+  EXPECT_EQ(task.stages(0).stage(), 2);
+  EXPECT_FALSE(task.has_resume());
+  EXPECT_EQ(task.actions(0), "2RECV_F0");
+  EXPECT_TRUE(orders[0].set_aside_dir.empty()) << "a first attempt sets nothing aside";
+}
+
+TEST(Placement, ARestartWaitsForItsWorkersAndManifestsThenResumesFromTheLatestCheckpoint) {
+  WorkerRegistry registry(absl::Seconds(10));
+  JobTable table({}, nullptr);
+  Placement placement(TaskSettings{}, &registry);
+  const std::string w1 = Register(registry, 1), w2 = Register(registry, 2);
+  absl::MutexLock lock(&table.mu());
+  Job& job = QueueJob(table, Spec(2, ", checkpoint: {dir: /ckpt}"));
+  ASSERT_EQ(placement.PlaceLocked(table, kT0).size(), 1u);
+  job.starting = false;
+  ASSERT_TRUE(job.TransitionTo(v1::JOB_STATE_RUNNING, "running", kT0).ok());
+  job.losses = {3.0, 2.0, 1.0};
+  v1::JobCheckpoint& c = job.checkpoints.emplace_back();
+  c.set_step(2);
+  c.set_directory("/ckpt/step-000002");
+  for (int s = 0; s < 2; ++s) {
+    v1::StageCheckpointFile f;
+    f.set_stage(s);
+    f.set_file(absl::StrCat("stage-", s, ".pt"));
+    job.checkpoint_stage_files[2].push_back({f});
+  }
+  ASSERT_TRUE(job.TransitionTo(v1::JOB_STATE_RESTARTING, "w-2 lost", kT0).ok());
+  EXPECT_TRUE(placement.PlaceLocked(table, kT0).empty()) << "its workers still hold it";
+  registry.Release(w1, job.id);
+  registry.Release(w2, job.id);
+  job.manifests_in_flight = 1;
+  EXPECT_TRUE(placement.PlaceLocked(table, kT0).empty()) << "a checkpoint is being completed";
+  job.manifests_in_flight = 0;
+  std::vector<StartOrder> orders = placement.PlaceLocked(table, kT0);
+  ASSERT_EQ(orders.size(), 1u);
+  EXPECT_EQ(job.attempt, 2);
+  EXPECT_EQ(job.attempt_base, 2);
+  EXPECT_THAT(job.losses, ElementsAre(3.0, 2.0)) << "step 3 runs again";
+  ASSERT_TRUE(job.restored.has_value());
+  EXPECT_EQ(orders[0].set_aside_dir, "/ckpt");
+  EXPECT_EQ(orders[0].set_aside_after, 2);
+  EXPECT_EQ(orders[0].set_aside_tag, "attempt-1");
+  const v1::TaskAssignment& rank1 = orders[0].tasks[1].second;
+  EXPECT_EQ(rank1.attempt(), 2);
+  EXPECT_EQ(rank1.resume().step(), 2);
+  ASSERT_EQ(rank1.resume().files_size(), 1);
+  EXPECT_EQ(rank1.resume().files(0).file(), "stage-1.pt");
+  EXPECT_THAT(rank1.checkpoint_steps(), ElementsAre(3)) << "the final checkpoint";
+}
+
+// --- Step aggregation ---
+
+class StepAggregationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::MutexLock lock(&table_.mu());
+    job_ = &QueueJob(table_, Spec(2));
+    for (int r = 0; r < 2; ++r) job_->ranks.emplace_back().rank = r;
+  }
+  v1::ReportStepRequest Report(int rank, int step, std::vector<double> losses, double bubble) {
+    v1::ReportStepRequest r;
+    r.set_rank(rank);
+    r.set_step(step);
+    for (double l : losses) r.add_microbatch_losses(l);
+    r.set_bubble_ratio(bubble);
+    r.set_bytes_sent(10);
+    r.add_executed_actions("0F0");
+    r.add_action_timings()->set_end_us(3);
+    r.mutable_step_time()->set_seconds(2);
+    return r;
+  }
+  JobTable table_{{}, nullptr};
+  Job* job_ = nullptr;
+  StepAggregator aggregator_{nullptr};
+};
+
+TEST_F(StepAggregationTest, AStepCompletesWhenEveryRankReported) {
+  absl::MutexLock lock(&table_.mu());
+  Job& job = *job_;
+  job.client_step = Job::ClientStepState{};
+  const auto last = Report(1, 0, {1, 2, 3, 6}, 0.5);
+  ASSERT_TRUE(aggregator_.CheckLocked(job, job.ranks[1], last).ok());
+  EXPECT_FALSE(aggregator_.AddLocked(job, job.ranks[1], last, kT0));
+  EXPECT_TRUE(job.losses.empty());
+  const auto first = Report(0, 0, {}, 0.25);
+  EXPECT_TRUE(aggregator_.AddLocked(job, job.ranks[0], first, kT0));
+  EXPECT_THAT(job.losses, ElementsAre(3.0));
+  EXPECT_THAT(job.max_bubble_ratios, ElementsAre(0.5));
+  EXPECT_EQ(job.steps_completed, 1);
+  EXPECT_EQ(job.ranks[0].bytes_sent, 10);
+  EXPECT_TRUE(job.partial_steps.empty());
+  ASSERT_TRUE(job.client_step->done) << "a client step at global step 0 gets its losses";
+  EXPECT_THAT(job.client_step->losses, ElementsAre(1, 2, 3, 6));
+  const EventLog::Slice events = job.events.Since(0);
+  const v1::StepCompleted& step = events.events.back().step_completed();
+  EXPECT_EQ(step.loss(), 3.0);
+  EXPECT_EQ(step.steps_total(), 3);
+  EXPECT_EQ(step.samples_per_second(), 4.0);
+  EXPECT_THAT(step.bubble_ratios(), ElementsAre(0.25, 0.5));
+  EXPECT_EQ(job.traces.last_kept(), 0);
+}
+
+TEST_F(StepAggregationTest, ReportsThatDoNotFitAreRefusedNamingTheField) {
+  absl::MutexLock lock(&table_.mu());
+  Job& job = *job_;
+  auto wrong_step = aggregator_.CheckLocked(job, job.ranks[0], Report(0, 3, {}, 0));
+  EXPECT_THAT(std::string(wrong_step.message()), HasSubstr("step: rank 0 reported step 3"));
+  auto losses = aggregator_.CheckLocked(job, job.ranks[1], Report(1, 0, {1.0}, 0));
+  EXPECT_THAT(std::string(losses.message()), HasSubstr("microbatch_losses"));
+  v1::ReportStepRequest timings = Report(0, 0, {}, 0);
+  timings.add_action_timings();
+  EXPECT_THAT(std::string(aggregator_.CheckLocked(job, job.ranks[0], timings).message()),
+              HasSubstr("action_timings"));
+  v1::ReportStepRequest forward;
+  forward.set_rank(1);
+  forward.set_forward_only_step(true);
+  EXPECT_THAT(std::string(aggregator_.AddForwardOnlyLocked(job, job.ranks[1], forward).message()),
+              HasSubstr("none is in flight"));
+}
+
+// --- Failure investigation and the restart policy ---
+
+TEST(FailureInvestigation, ALostPeerIsTheRootCauseElseTheReporter) {
+  FakeWorkerClient workers;
+  FailureInvestigation investigation(&workers, absl::Seconds(1));
+  const ReportedFailure reported{1, "w-2", "rank 1, action 1RECV_F0: connection reset"};
+  const std::vector<Peer> peers = {{0, "w-1", "10.0.0.1:7000"}, {2, "w-3", "10.0.0.3:7000"}};
+  RootCause healthy = investigation.Investigate(reported, peers);
+  EXPECT_EQ(healthy.reason, "rank 1 (worker w-2) failed: rank 1, action 1RECV_F0: connection reset");
+  EXPECT_EQ(healthy.failure.action(), "1RECV_F0");
+  EXPECT_TRUE(healthy.lost.empty());
+  workers.SetUnreachable("10.0.0.3:7000");
+  RootCause lost = investigation.Investigate(reported, peers);
+  EXPECT_EQ(lost.failure.rank(), 2);
+  EXPECT_EQ(lost.failure.worker_id(), "w-3");
+  EXPECT_THAT(lost.reason, HasSubstr("worker w-3 (rank 2) lost: unreachable"));
+  EXPECT_THAT(lost.reason, HasSubstr("(rank 1 reported: rank 1, action"));
+  ASSERT_EQ(lost.lost.size(), 1u);
+  EXPECT_EQ(lost.lost[0].first, "w-3");
+}
+
+TEST(RestartPolicy, RestartsWhileAllowedFromTheLatestCheckpoint) {
+  JobTable table({}, nullptr);
+  absl::MutexLock lock(&table.mu());
+  Job& job = QueueJob(table, Spec(2, "}\nrestart: {max_restarts: 2"));
+  RestartDecision first = DecideRestart(job, "w-2 lost");
+  EXPECT_TRUE(first.restart);
+  EXPECT_EQ(first.reason, "w-2 lost; restart 1 of 2 from its initial parameters (no checkpoint yet)");
+  job.restarts = 1;
+  job.checkpoints.emplace_back().set_step(40);
+  EXPECT_EQ(DecideRestart(job, "x").reason, "x; restart 2 of 2 from the checkpoint after step 40");
+  job.restarts = 2;
+  RestartDecision none = DecideRestart(job, "x");
+  EXPECT_FALSE(none.restart);
+  EXPECT_EQ(none.reason, "x (no restart left: max_restarts 2 used)");
+  job.restarts = 0;
+  job.inference = true;
+  EXPECT_FALSE(DecideRestart(job, "x").restart) << "an Infer job never restarts";
+}
+
+// --- The job lifecycle ---
+
+class Hooks : public LifecycleHooks {
+ public:
+  void ScheduleLocked() override { ++schedules; }
+  void AttemptStartedLocked(Job& job) override { started.push_back(job.id); }
+  int schedules = 0;
+  std::vector<std::string> started;
+};
+
+class JobLifecycleTest : public ::testing::Test {
+ protected:
+  JobLifecycleTest()
+      : registry_(absl::Seconds(10)),
+        table_({}, nullptr),
+        placement_(TaskSettings{}, &registry_),
+        lifecycle_({}, LifecycleDeps{&table_, &registry_, &workers_, &kv_, &executor_, &clock_,
+                                     nullptr, &hooks_}) {}
+
+  // A two-rank job placed on w-1 and w-2, its StartTask calls queued.
+  Job& PlaceJob(const std::string& extra = "") {
+    Register(registry_, 1);
+    Register(registry_, 2);
+    absl::MutexLock lock(&table_.mu());
+    Job& job = QueueJob(table_, Spec(2, extra));
+    for (StartOrder& order : placement_.PlaceLocked(table_, kT0)) {
+      lifecycle_.StartAttempt(std::move(order));
+    }
+    return job;
+  }
+
+  FakeClock clock_;
+  FakeWorkerClient workers_;
+  KvStore kv_;
+  ManualExecutor executor_;
+  Hooks hooks_;
+  WorkerRegistry registry_;
+  JobTable table_;
+  Placement placement_;
+  JobLifecycle lifecycle_;
+};
+
+TEST_F(JobLifecycleTest, AStartedAttemptRunsAndEndingItStopsItsRanks) {
+  Job& job = PlaceJob();
+  executor_.RunUntilIdle();
+  EXPECT_EQ(job.state, v1::JOB_STATE_RUNNING);
+  EXPECT_THAT(hooks_.started, ElementsAre("job-1"));
+  EXPECT_EQ(workers_.Started("10.0.0.2:7000").size(), 1u);
+  // The job ends: its live ranks are stopped and their workers released.
+  {
+    absl::MutexLock lock(&table_.mu());
+    lifecycle_.EndLocked(job, v1::JOB_STATE_CANCELLED, "not needed");
+  }
+  EXPECT_TRUE(workers_.Stopped("10.0.0.1:7000").empty()) << "stopped off the lock, later";
+  executor_.RunUntilIdle();
+  EXPECT_THAT(workers_.Stopped("10.0.0.1:7000"), ElementsAre("job-1"));
+  EXPECT_EQ(registry_.Find("w-1")->state, v1::WORKER_STATE_IDLE);
+  EXPECT_GE(hooks_.schedules, 2);
+}
+
+TEST_F(JobLifecycleTest, AWorkerThatCannotBeReachedAtStartIsLostAndTheJobRestarts) {
+  workers_.SetUnreachable("10.0.0.2:7000");
+  Job& job = PlaceJob("}\nrestart: {max_restarts: 1");
+  executor_.RunUntilIdle();
+  EXPECT_EQ(job.state, v1::JOB_STATE_RESTARTING);
+  EXPECT_EQ(job.restarts, 1);
+  EXPECT_EQ(job.failure->rank(), 1);
+  EXPECT_THAT(job.failure->error(), HasSubstr("StartTask: connection refused"));
+  EXPECT_EQ(registry_.Find("w-2")->state, v1::WORKER_STATE_LOST);
+  EXPECT_THAT(workers_.Stopped("10.0.0.1:7000"), ElementsAre("job-1"))
+      << "rank 0 had started: it is stopped";
+}
+
+// --- Checkpoint collection ---
+
+class CheckpointCollectionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/checkpoint_collection_XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  v1::ReportStepRequest Files(int rank, int64_t step, const std::string& contents) {
+    const std::string step_dir = CheckpointStepDirectory(dir_, step);
+    std::filesystem::create_directories(step_dir);
+    const std::string name = absl::StrCat("stage-", rank, ".pt");
+    std::ofstream(step_dir + "/" + name) << contents;
+    v1::ReportStepRequest r;
+    r.set_rank(rank);
+    r.set_step(step - 1);
+    v1::StageCheckpointFile* f = r.add_checkpoint_files();
+    f->set_stage(rank);
+    f->set_file(name);
+    f->set_size_bytes(static_cast<int64_t>(contents.size()));
+    f->set_sha256(Sha256Hex(contents));
+    return r;
+  }
+  std::string dir_;
+};
+
+TEST_F(CheckpointCollectionTest, AManifestIsWrittenOnlyOnceEveryStagesFilesAreOnDisk) {
+  JobTable table({}, nullptr);
+  absl::MutexLock lock(&table.mu());
+  Job& job = QueueJob(table, Spec(2, absl::StrCat(", checkpoint: {dir: ", dir_, "}")));
+  const auto rank0 = Files(0, 2, "zero");
+  ASSERT_TRUE(ValidateCheckpointReport(job, rank0).ok());
+  EXPECT_FALSE(AddReportedFilesLocked(job, rank0).has_value()) << "stage 1 has not reported";
+  std::optional<PendingManifest> pending = AddReportedFilesLocked(job, Files(1, 2, "one"));
+  ASSERT_TRUE(pending.has_value());
+  EXPECT_EQ(pending->manifest.step, 2);
+  EXPECT_EQ(pending->step_dir, CheckpointStepDirectory(dir_, 2));
+  EXPECT_TRUE(job.checkpoint_files.empty());
+  ASSERT_TRUE(WritePendingManifest(*pending).ok());
+  RecordCheckpointLocked(job, *pending);
+  ASSERT_EQ(job.checkpoints.size(), 1u);
+  EXPECT_EQ(job.checkpoint_stage_files[2].size(), 2u);
+  EXPECT_TRUE(VerifyCheckpoint(pending->step_dir).ok());
+  // A file that is not what its rank reported leaves the checkpoint without a manifest.
+  AddReportedFilesLocked(job, Files(0, 3, "zero"));
+  pending = AddReportedFilesLocked(job, Files(1, 3, "one"));
+  std::ofstream(CheckpointStepDirectory(dir_, 3) + "/stage-1.pt") << "longer now";
+  absl::Status written = WritePendingManifest(*pending);
+  EXPECT_TRUE(absl::IsDataLoss(written)) << written;
+  EXPECT_THAT(std::string(written.message()), HasSubstr("stage-1.pt (stage 1)"));
+  EXPECT_FALSE(std::filesystem::exists(ManifestPath(CheckpointStepDirectory(dir_, 3))));
+  // A report of another rank's stage is refused.
+  v1::ReportStepRequest foreign = Files(0, 4, "x");
+  foreign.set_rank(1);
+  EXPECT_TRUE(absl::IsInvalidArgument(ValidateCheckpointReport(job, foreign)));
+}
+
+// --- Recovery ---
+
+TEST(Recovery, AJobIsRebuiltByReplayingItsHistory) {
+  JobTable table({}, nullptr);
+  v1::Job record;
+  {
+    absl::MutexLock lock(&table.mu());
+    Job& job = QueueJob(table, Spec(2));
+    ASSERT_TRUE(job.TransitionTo(v1::JOB_STATE_STARTING, "placed", kT0).ok());
+    ASSERT_TRUE(job.TransitionTo(v1::JOB_STATE_RUNNING, "go", kT0 + absl::Seconds(1)).ok());
+    job.losses = {1.5};
+    job.restarts = 1;
+    job.attempt = 2;
+    job.ToRecord(&record);
+  }
+  std::vector<std::string> problems;
+  auto rebuilt = RebuildJob(record, &problems);
+  ASSERT_TRUE(rebuilt.ok()) << rebuilt.status();
+  EXPECT_TRUE(problems.empty());
+  EXPECT_TRUE(rebuilt->plan_error.empty());
+  const Job& job = *rebuilt->job;
+  EXPECT_EQ(job.state, v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(job.history.size(), 4u);
+  EXPECT_EQ(job.events.size(), 4) << "every replayed transition is an event again";
+  EXPECT_THAT(job.losses, ElementsAre(1.5));
+  EXPECT_EQ(job.attempt, 2);
+  EXPECT_EQ(job.plan.num_stages, 2);
+
+  v1::Job forged = record;
+  forged.mutable_history(2)->set_state(v1::JOB_STATE_SUCCEEDED);  // PENDING -> SUCCEEDED
+  auto refused = RebuildJob(forged, &problems);
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status()));
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("not a path of the job state"));
+  v1::Job unparsable = record;
+  unparsable.set_spec_yaml("name: [");
+  EXPECT_THAT(std::string(RebuildJob(unparsable, &problems).status().message()),
+              HasSubstr("its spec no longer parses"));
+}
+
+// --- Admission ---
+
+std::string TorchScriptSpec(const std::string& device = "cpu") {
+  return absl::StrCat("name: t\nmodel: {torchscript: /models/m.pt}\nsplit: {stages: 2}\n",
+                      "schedule: {kind: GPipe, microbatches: 2}\nplacement: {device: ", device,
+                      "}\ntraining: {batch_size: 4, steps: 1}\n",
+                      "data: {kind: tensors, path: /data/train.pt}\n");
+}
+
+TEST(Admission, BuiltinModelsNeedNoWorkerAndTorchScriptOnesAreInspectedByOne) {
+  WorkerRegistry registry(absl::Seconds(10));
+  FakeWorkerClient workers;
+  Admission admission({absl::Seconds(5), 0}, &registry, &workers);
+  auto builtin = admission.AdmitTraining(Spec(2), "spec.yaml");
+  ASSERT_TRUE(builtin.ok()) << builtin.status();
+  EXPECT_EQ(builtin->plan.num_stages, 2);
+  EXPECT_FALSE(builtin->resume.has_value());
+  auto refused = admission.AdmitTraining("name: x\n", "bad.yaml");
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status()));
+
+  auto no_worker = admission.AdmitTraining(TorchScriptSpec(), "ts.yaml");
+  EXPECT_TRUE(absl::IsFailedPrecondition(no_worker.status())) << no_worker.status();
+  EXPECT_THAT(std::string(no_worker.status().message()), HasSubstr("no live worker"));
+  ASSERT_TRUE(registry.Register("busy", "10.0.0.1:7000", "cpu", {}, kT0).ok());
+  ASSERT_TRUE(registry.Register("idle", "10.0.0.2:7000", "cpu", {}, kT0).ok());
+  ASSERT_TRUE(registry.Assign("w-1", "job-9", 0).ok());
+  v1::InspectModelResponse inspected;
+  for (const char* name : {"a", "b", "c"}) inspected.add_layers()->set_name(name);
+  workers.SetInspection(inspected);
+  auto admitted = admission.AdmitTraining(TorchScriptSpec(), "ts.yaml");
+  ASSERT_TRUE(admitted.ok()) << admitted.status();
+  EXPECT_EQ(admitted->plan.layers.size(), 3u);
+  EXPECT_EQ(workers.Inspected("10.0.0.2:7000").size(), 1u) << "the idle worker is asked";
+  workers.SetInspection(absl::InvalidArgumentError("model.torchscript: cannot load"));
+  auto bad_model = admission.AdmitTraining(TorchScriptSpec(), "ts.yaml");
+  EXPECT_THAT(std::string(bad_model.status().message()),
+              HasSubstr("model.torchscript: cannot load (inspected by worker w-2)"));
+}
+
+TEST(Admission, AnInferenceBatchMustFitTheMicrobatches) {
+  WorkerRegistry registry(absl::Seconds(10));
+  FakeWorkerClient workers;
+  Admission admission({}, &registry, &workers);
+  v1::TensorData rows;
+  rows.set_dtype("float32");
+  rows.add_shape(3);
+  rows.add_shape(4);
+  rows.set_data(std::string(48, '\0'));
+  auto refused = admission.AdmitInference(Spec(2), "infer.yaml", rows);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("schedule.microbatches: must be <= the rows of inputs"));
+  rows.set_shape(0, 8);
+  rows.set_data(std::string(128, '\0'));
+  auto admitted = admission.AdmitInference(Spec(2), "infer.yaml", rows);
+  ASSERT_TRUE(admitted.ok()) << admitted.status();
+  EXPECT_EQ(admitted->spec.schedule.kind, "ForwardOnly");
+  EXPECT_EQ(admitted->spec.training.batch_size, 8);
+  EXPECT_FALSE(admitted->plan.has_backward);
+}
+
+}  // namespace
+}  // namespace stagecoach::coordinator

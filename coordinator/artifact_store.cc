@@ -1,11 +1,7 @@
 // The coordinator's content-addressed artifact store (see artifact_store.h).
 #include "coordinator/artifact_store.h"
 
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <system_error>
 #include <vector>
@@ -22,8 +18,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr absl::string_view kTempPrefix = ".upload-";
-
-std::string ErrnoText() { return std::strerror(errno); }
 
 }  // namespace
 
@@ -78,19 +72,16 @@ absl::StatusOr<std::unique_ptr<ArtifactStore::Upload>> ArtifactStore::BeginUploa
         "header.sha256: must be 64 lowercase hex digits, got '", sha256.substr(0, 80), "'"));
   }
   std::string base = fs::path(std::string(name)).filename().string();
-  int64_t n;
-  {
-    absl::MutexLock lock(&mu_);
-    n = next_temp_++;
+  // The same bytes may be uploaded again (or concurrently): replacing the file is harmless.
+  DurableFileOptions file_options;
+  file_options.what = "artifact";
+  file_options.temp_prefix = std::string(kTempPrefix);
+  auto file = DurableFileWriter::Create(absl::StrCat(dir_, "/", sha256), file_options);
+  if (!file.ok()) {
+    return absl::InternalError(absl::StrCat("artifact store: ", file.status().message()));
   }
-  std::string temp_path = absl::StrCat(dir_, "/", kTempPrefix, getpid(), "-", n, ".tmp");
-  std::FILE* file = std::fopen(temp_path.c_str(), "wbx");
-  if (file == nullptr) {
-    return absl::InternalError(
-        absl::StrCat("artifact store: cannot create ", temp_path, ": ", ErrnoText()));
-  }
-  return std::unique_ptr<Upload>(new Upload(this, std::move(base), size_bytes, std::string(sha256),
-                                            std::move(temp_path), file));
+  return std::unique_ptr<Upload>(
+      new Upload(this, std::move(base), size_bytes, std::string(sha256), *std::move(file)));
 }
 
 absl::StatusOr<ArtifactInfo> ArtifactStore::Put(absl::string_view name, absl::string_view bytes,
@@ -126,13 +117,12 @@ absl::StatusOr<ArtifactInfo> ArtifactStore::Lookup(absl::string_view id_or_uri) 
 }
 
 ArtifactStore::Upload::Upload(ArtifactStore* store, std::string name, int64_t size_bytes,
-                              std::string sha256, std::string temp_path, std::FILE* file)
+                              std::string sha256, std::unique_ptr<DurableFileWriter> file)
     : store_(store),
       name_(std::move(name)),
       size_bytes_(size_bytes),
       sha256_(std::move(sha256)),
-      temp_path_(std::move(temp_path)),
-      file_(file) {}
+      file_(std::move(file)) {}
 
 ArtifactStore::Upload::~Upload() {
   if (!done_) Discard();
@@ -140,9 +130,7 @@ ArtifactStore::Upload::~Upload() {
 
 void ArtifactStore::Upload::Discard() {
   done_ = true;
-  if (file_ != nullptr) std::fclose(file_);
-  file_ = nullptr;
-  std::remove(temp_path_.c_str());
+  file_->Discard();
 }
 
 absl::Status ArtifactStore::Upload::Append(absl::string_view bytes) {
@@ -160,10 +148,9 @@ absl::Status ArtifactStore::Upload::Append(absl::string_view bytes) {
                                                    total, ") than the header's size_bytes (",
                                                    size_bytes_, ")"));
   }
-  if (!bytes.empty() && std::fwrite(bytes.data(), 1, bytes.size(), file_) != bytes.size()) {
-    const std::string why = ErrnoText();
+  if (absl::Status written = file_->Append(bytes); !written.ok()) {
     Discard();
-    return absl::InternalError(absl::StrCat("artifact store: writing ", temp_path_, ": ", why));
+    return absl::InternalError(absl::StrCat("artifact store: ", written.message()));
   }
   hash_.Update(bytes);
   received_ = total;
@@ -185,24 +172,13 @@ absl::StatusOr<ArtifactInfo> ArtifactStore::Upload::Commit() {
                                                    sha256_, ", but the bytes that arrived hash to ",
                                                    got));
   }
-  const bool flushed = std::fflush(file_) == 0 && fsync(fileno(file_)) == 0;
-  const std::string flush_error = flushed ? "" : ErrnoText();
-  const bool closed = std::fclose(file_) == 0;
-  file_ = nullptr;
-  if (!flushed || !closed) {
-    Discard();
-    return absl::InternalError(absl::StrCat("artifact store: writing ", temp_path_, ": ",
-                                            flushed ? ErrnoText() : flush_error));
-  }
-  const std::string final_path = absl::StrCat(store_->dir_, "/", sha256_);
   // Atomic: readers see the old complete file (same bytes) or the new one.
-  if (std::rename(temp_path_.c_str(), final_path.c_str()) != 0) {
-    const std::string why = ErrnoText();
+  if (absl::Status committed = file_->Commit(); !committed.ok()) {
     Discard();
-    return absl::InternalError(
-        absl::StrCat("artifact store: cannot move ", temp_path_, " to ", final_path, ": ", why));
+    return absl::InternalError(absl::StrCat("artifact store: ", committed.message()));
   }
   done_ = true;
+  const std::string& final_path = file_->path();
   ArtifactInfo info;
   info.id = sha256_;
   info.uri = ArtifactUri(sha256_);

@@ -2,12 +2,12 @@
 // kept content-addressed under `<dir>/<sha256>` so that a spec can name one as
 // "artifact:<sha256>" and workers can fetch it (CoordinatorService.UploadArtifact /
 // FetchArtifact). An upload streams into a temporary file in the same directory and becomes
-// visible only after its size and SHA-256 were verified, by a rename: nothing half-written is
-// ever found by Lookup. No LibTorch.
+// visible only after its size and SHA-256 were verified, durably (common/util/durable_file.h:
+// flushed, renamed into place, the directory flushed): nothing half-written is ever found by
+// Lookup. No LibTorch.
 #pragma once
 
 #include <cstdint>
-#include <cstdio>
 #include <map>
 #include <memory>
 #include <string>
@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "common/util/durable_file.h"
 #include "common/util/sha256.h"
 
 namespace stagecoach::coordinator {
@@ -78,15 +79,14 @@ class ArtifactStore {
    private:
     friend class ArtifactStore;
     Upload(ArtifactStore* store, std::string name, int64_t size_bytes, std::string sha256,
-           std::string temp_path, std::FILE* file);
+           std::unique_ptr<DurableFileWriter> file);
     void Discard();
 
     ArtifactStore* const store_;
     const std::string name_;
     const int64_t size_bytes_;
     const std::string sha256_;
-    const std::string temp_path_;
-    std::FILE* file_;
+    const std::unique_ptr<DurableFileWriter> file_;  // the artifact's file until Commit
     Sha256 hash_;
     int64_t received_ = 0;
     bool done_ = false;
@@ -120,7 +120,6 @@ class ArtifactStore {
   mutable absl::Mutex mu_;
   // Display names of the artifacts uploaded since the store opened, by id.
   std::map<std::string, std::string> names_ ABSL_GUARDED_BY(mu_);
-  int64_t next_temp_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace stagecoach::coordinator

@@ -1,19 +1,12 @@
 // Checkpoint manifests (see checkpoint_manifest.h).
 #include "coordinator/checkpoint_manifest.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <atomic>
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
+#include "common/util/durable_file.h"
 #include "common/util/sha256.h"
 #include "common/util/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -162,65 +155,12 @@ std::string ModelReferenceJson(const spec::ModelSpec& model) {
   return out.dump();
 }
 
-std::string CheckpointStepDirectory(const std::string& dir, int64_t step) {
-  return (fs::path(dir) / absl::StrFormat("step-%06d", step)).string();
-}
-
-std::string ManifestPath(const std::string& step_dir) {
-  return (fs::path(step_dir) / kManifestFileName).string();
-}
-
 absl::Status WriteManifest(const std::string& step_dir, const CheckpointManifest& manifest) {
   RETURN_IF_ERROR(CheckConsistent(manifest));
-  const std::string path = ManifestPath(step_dir);
-  const std::string text = ToJson(manifest).dump(2) + "\n";
-  if (fs::exists(path)) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("checkpoint manifest ", path, " already exists; it is not overwritten"));
-  }
-  static std::atomic<int> counter{0};
-  const std::string tmp = absl::StrCat(path, ".tmp-", getpid(), "-", counter.fetch_add(1));
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("checkpoint manifest: cannot create ", tmp, ": ", std::strerror(errno)));
-  }
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string why = std::strerror(errno);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return absl::DataLossError(absl::StrCat("checkpoint manifest: writing ", tmp, ": ", why));
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const std::string why = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    return absl::DataLossError(absl::StrCat("checkpoint manifest: flushing ", tmp, ": ", why));
-  }
-  // link() refuses an existing target, so a concurrent writer cannot be overwritten either.
-  if (::link(tmp.c_str(), path.c_str()) == 0) {
-    ::unlink(tmp.c_str());
-    return absl::OkStatus();
-  }
-  const int link_errno = errno;
-  if (link_errno == EEXIST || fs::exists(path)) {
-    ::unlink(tmp.c_str());
-    return absl::AlreadyExistsError(
-        absl::StrCat("checkpoint manifest ", path, " already exists; it is not overwritten"));
-  }
-  // A filesystem without hard links.
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    return absl::DataLossError(
-        absl::StrCat("checkpoint manifest: renaming ", tmp, " to ", path, ": ", why));
-  }
-  return absl::OkStatus();
+  DurableFileOptions options;
+  options.if_exists = DurableFileOptions::IfExists::kFail;
+  options.what = "checkpoint manifest";
+  return WriteFileDurably(ManifestPath(step_dir), ToJson(manifest).dump(2) + "\n", options);
 }
 
 absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& step_dir) {

@@ -1,8 +1,8 @@
 // The manifest of a checkpoint: <dir>/step-<NNNNNN>/manifest.json, written by the coordinator
 // after every stage's files have arrived (so a directory without one is a partial checkpoint),
 // and read back to verify a checkpoint before a job resumes from it (training.resume_from).
-// No LibTorch: the stage files are checked by size and SHA-256 only. docs/checkpoints.md
-// describes the layout.
+// No LibTorch: the stage files are checked by size and SHA-256 only. common/checkpoint/layout.h
+// defines the layout, docs/checkpoints.md describes it.
 //
 // manifest.json:
 //   {"format": "stagecoach-checkpoint-v1", "job_id": "job-3", "step": 40, "data_position": 40,
@@ -19,12 +19,13 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/checkpoint/layout.h"
 #include "common/spec/job_spec.h"
 #include "stagecoach/v1/types.pb.h"
 
 namespace stagecoach::coordinator {
 
-inline constexpr char kManifestFileName[] = "manifest.json";
+using checkpoint::kManifestFileName;
 inline constexpr char kManifestFormat[] = "stagecoach-checkpoint-v1";
 
 // One stage of a checkpoint.
@@ -55,19 +56,16 @@ struct CheckpointManifest {
 // The spec's model reference as CheckpointManifest::model_json wants it.
 std::string ModelReferenceJson(const spec::ModelSpec& model);
 
-// "<dir>/step-<NNNNNN>": the directory of the checkpoint holding `step` steps of a job's
-// timeline (the same name the worker's runtime::CheckpointStepDir gives).
-std::string CheckpointStepDirectory(const std::string& dir, int64_t step);
+// "<dir>/step-<NNNNNN>" and "<step_dir>/manifest.json" (common/checkpoint/layout.h).
+using checkpoint::CheckpointStepDirectory;
+using checkpoint::ManifestPath;
 
-// "<step_dir>/manifest.json".
-std::string ManifestPath(const std::string& step_dir);
-
-// Writes `manifest` as <step_dir>/manifest.json: to a temporary file, flushed, then linked into
-// place, so the manifest appears whole or not at all. ALREADY_EXISTS naming the path when the
-// directory already has a manifest (nothing is overwritten); INVALID_ARGUMENT when the manifest
-// is inconsistent (stages not 0..num_stages-1, a file entry of another stage or without a
-// name, size or checksum); PERMISSION_DENIED / DATA_LOSS naming the path when it cannot be
-// written.
+// Writes `manifest` as <step_dir>/manifest.json durably (common/util/durable_file.h: a
+// temporary file, flushed, then linked into place), so the manifest appears whole or not at
+// all. ALREADY_EXISTS naming the path when the directory already has a manifest (nothing is
+// overwritten); INVALID_ARGUMENT when the manifest is inconsistent (stages not
+// 0..num_stages-1, a file entry of another stage or without a name, size or checksum);
+// PERMISSION_DENIED / NOT_FOUND / DATA_LOSS naming the path when it cannot be written.
 absl::Status WriteManifest(const std::string& step_dir, const CheckpointManifest& manifest);
 
 // Reads and parses <step_dir>/manifest.json. FAILED_PRECONDITION "partial checkpoint: <dir> has

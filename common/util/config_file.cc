@@ -44,16 +44,4 @@ absl::StatusOr<std::map<std::string, std::string>> LoadConfigFile(
   return out;
 }
 
-absl::Status ApplyConfigFile(const std::string& path, const std::vector<ConfigOption>& options) {
-  std::set<std::string> allowed;
-  for (const auto& o : options) allowed.insert(o.key);
-  auto file = LoadConfigFile(path, allowed);
-  if (!file.ok()) return file.status();
-  for (const auto& o : options) {
-    auto it = file->find(o.key);
-    if (it != file->end() && !o.set_on_command_line) *o.value = it->second;
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace stagecoach

@@ -1,12 +1,11 @@
 // Daemon configuration files (--config FILE): a flat YAML mapping whose keys are the daemon's
-// long flag names with '_' or '-' ("lease: 10s", "listen: 0.0.0.0:7070"). A flag given on the
-// command line wins over the file.
+// long flag names with '_' or '-' ("lease: 10s", "listen: 0.0.0.0:7070"). The daemons read them
+// through common/daemon/flag_set.h, which lets a flag given on the command line win.
 #pragma once
 
 #include <map>
 #include <set>
 #include <string>
-#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -17,16 +16,5 @@ namespace stagecoach {
 // Keys in the result use '-'.
 absl::StatusOr<std::map<std::string, std::string>> LoadConfigFile(
     const std::string& path, const std::set<std::string>& allowed);
-
-// One option a config file may set.
-struct ConfigOption {
-  std::string key;                   // long flag name without "--", e.g. "heartbeat-interval"
-  std::string* value;                // where the flag's value lives
-  bool set_on_command_line = false;  // then the file does not override it
-};
-
-// Loads `path` (as LoadConfigFile, allowing exactly the keys of `options`) and stores each
-// value the file gives into its option, unless that option was set on the command line.
-absl::Status ApplyConfigFile(const std::string& path, const std::vector<ConfigOption>& options);
 
 }  // namespace stagecoach

@@ -1,17 +1,11 @@
 // Stage checkpoint files (see checkpoint.h for the layout).
 #include "worker/runtime/checkpoint.h"
 
-#include <fcntl.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 #include <torch/serialize.h>
 #include <torch/torch.h>
-#include <unistd.h>
 
-#include <atomic>
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -21,8 +15,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/util/durable_file.h"
 #include "common/util/sha256.h"
 #include "common/util/status_macros.h"
 
@@ -77,63 +71,6 @@ torch::Tensor ToCpuCopy(const torch::Tensor& t) { return t.detach().to(torch::kC
 
 std::string PathIn(const std::string& dir, const std::string& name) {
   return (fs::path(dir) / name).string();
-}
-
-// Writes `bytes` to `path` without ever replacing an existing file: the bytes go to a temporary
-// file in the same directory (flushed to disk), which is then hard-linked to `path` (fails if
-// `path` exists) and removed. Where the filesystem has no hard links, falls back to an existence
-// check and rename.
-absl::Status WriteNewFile(const std::string& path, const std::vector<char>& bytes) {
-  static std::atomic<int> counter{0};
-  if (fs::exists(path)) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("checkpoint file ", path, " already exists; it is not overwritten"));
-  }
-  const std::string tmp = absl::StrCat(path, ".tmp-", getpid(), "-", counter.fetch_add(1));
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("checkpoint: cannot create ", tmp, ": ", std::strerror(errno)));
-  }
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string why = std::strerror(errno);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return absl::DataLossError(absl::StrCat("checkpoint: writing ", tmp, " failed: ", why));
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const std::string why = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    return absl::DataLossError(absl::StrCat("checkpoint: flushing ", tmp, " failed: ", why));
-  }
-  if (::link(tmp.c_str(), path.c_str()) == 0) {
-    ::unlink(tmp.c_str());
-    return absl::OkStatus();
-  }
-  const int link_errno = errno;
-  if (link_errno == EEXIST) {
-    ::unlink(tmp.c_str());
-    return absl::AlreadyExistsError(
-        absl::StrCat("checkpoint file ", path, " already exists; it is not overwritten"));
-  }
-  if (fs::exists(path)) {
-    ::unlink(tmp.c_str());
-    return absl::AlreadyExistsError(
-        absl::StrCat("checkpoint file ", path, " already exists; it is not overwritten"));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    return absl::DataLossError(
-        absl::StrCat("checkpoint: renaming ", tmp, " to ", path, " failed: ", why));
-  }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<char>> ReadFile(const std::string& path) {
@@ -290,16 +227,6 @@ bool Optimizes(const torch::optim::Optimizer& optimizer, const torch::Tensor& pa
 
 }  // namespace
 
-std::string CheckpointStepDir(const std::string& dir, int64_t global_step) {
-  return (fs::path(dir) / absl::StrFormat("step-%06d", global_step)).string();
-}
-
-std::string StageStateFileName(int stage) { return absl::StrCat("stage-", stage, ".pt"); }
-
-std::string StageExportFileName(int stage) {
-  return absl::StrCat("stage-", stage, ".state_dict.pt");
-}
-
 absl::StatusOr<std::vector<v1::StageCheckpointFile>> WriteStageCheckpoint(
     const std::string& dir, int64_t global_step, int stage,
     const std::vector<std::pair<std::string, torch::Tensor>>& params,
@@ -349,7 +276,11 @@ absl::StatusOr<std::vector<v1::StageCheckpointFile>> WriteStageCheckpoint(
   std::vector<v1::StageCheckpointFile> files;
   for (const auto& [name, bytes] : {std::make_pair(StageStateFileName(stage), &state_bytes),
                                     std::make_pair(StageExportFileName(stage), &export_bytes)}) {
-    RETURN_IF_ERROR(WriteNewFile(PathIn(step_dir, name), *bytes));
+    DurableFileOptions options;
+    options.if_exists = DurableFileOptions::IfExists::kFail;
+    options.what = "checkpoint file";
+    RETURN_IF_ERROR(WriteFileDurably(PathIn(step_dir, name),
+                                     absl::string_view(bytes->data(), bytes->size()), options));
     v1::StageCheckpointFile& f = files.emplace_back();
     f.set_stage(stage);
     f.set_file(name);

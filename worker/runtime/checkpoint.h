@@ -1,8 +1,9 @@
 // Stage checkpoint files: what a worker writes into training.checkpoint.dir, and how a task
 // resumes from them (training.resume_from).
 //
-// Layout (docs/checkpoints.md): <dir>/step-<NNNNNN>/ (six digits or more: the global step, i.e.
-// the steps of the job's timeline the checkpoint holds) contains, per stage s,
+// Layout (common/checkpoint/layout.h, docs/checkpoints.md): <dir>/step-<NNNNNN>/ (six digits or
+// more: the global step, i.e. the steps of the job's timeline the checkpoint holds) contains, per
+// stage s,
 //   stage-<s>.pt             the stage's full training state: one pickled dict (torch.save format,
 //                            written by torch::pickle_save) with keys
 //                              "state_dict"    {parameter name -> tensor}, original names
@@ -16,8 +17,9 @@
 //   stage-<s>.state_dict.pt  the export: {parameter name -> tensor} only, loadable with
 //                            torch.load and model.load_state_dict(..., strict=False)
 // and, written last by the coordinator, manifest.json (coordinator/checkpoint_manifest.h).
-// Every file is written to a temporary name and then linked into place, so a reader never sees
-// a half-written file and an existing file is never replaced.
+// Every file is written durably (common/util/durable_file.h: a temporary name, flushed, then
+// linked into place), so a reader never sees a half-written file and an existing file is never
+// replaced.
 #pragma once
 
 #include <torch/optim/optimizer.h>
@@ -30,16 +32,19 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/checkpoint/layout.h"
 #include "stagecoach/v1/types.pb.h"
 
 namespace stagecoach::runtime {
 
 // "<dir>/step-<NNNNNN>": the directory of the checkpoint holding `global_step` steps.
-std::string CheckpointStepDir(const std::string& dir, int64_t global_step);
-// "stage-<s>.pt": the training-state file of stage `stage` (what RestoreStageCheckpoint reads).
-std::string StageStateFileName(int stage);
-// "stage-<s>.state_dict.pt": the export file of stage `stage`.
-std::string StageExportFileName(int stage);
+inline std::string CheckpointStepDir(const std::string& dir, int64_t global_step) {
+  return checkpoint::CheckpointStepDirectory(dir, global_step);
+}
+// "stage-<s>.pt", the training-state file of a stage (what RestoreStageCheckpoint reads), and
+// "stage-<s>.state_dict.pt", its export file.
+using checkpoint::StageExportFileName;
+using checkpoint::StageStateFileName;
 
 // Writes stage `stage`'s checkpoint after `global_step` steps into
 // CheckpointStepDir(dir, global_step) (created if needed): its training-state file and its export

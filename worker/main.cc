@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/daemon/daemon.h"
+#include "common/rpc/authorized_service.h"
 #include "common/util/logging.h"
 #include "common/util/malloc_tuning.h"
 #include "worker/runtime/device.h"
@@ -114,14 +115,18 @@ int main(int argc, char** argv) {
   sc::worker::WorkerServiceOptions service_options;
   service_options.resolve_file = task_deps.resolve_file;
   service_options.device = config.device;
-  // Only the coordinator this worker registered with may call it (its session token).
-  sc::worker::SessionToken session_token;
-  service_options.authorize = [&session_token](const grpc::ServerContext& ctx) {
-    return session_token.Check(ctx);
-  };
   sc::worker::WorkerServiceImpl service(&tasks, service_options);
+  // Only the coordinator this worker registered with may call it (its session token): checked
+  // on every call, before the service sees it.
+  sc::worker::SessionToken session_token;
+  auto authorized = sc::rpc::AuthorizeEveryCall(
+      &service, "stagecoach.v1.WorkerService",
+      [&session_token](const grpc::ServerContext& ctx, absl::string_view) {
+        return session_token.Check(ctx);
+      });
+  if (!authorized.ok()) return daemon.Fail(authorized.status());
 
-  auto advertised = daemon.Serve({&service}, config.advertise_host);
+  auto advertised = daemon.Serve({authorized->get()}, config.advertise_host);
   if (!advertised.ok()) return daemon.Fail(advertised.status());
   sc::worker::SessionOptions session_options;
   session_options.registration.set_name(config.name.empty() ? advertised->ToString() : config.name);

@@ -22,10 +22,12 @@
 #include "coordinator/artifact_store.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/grpc_worker_client.h"
+#include "common/util/work_queue.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/kv_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/job_predicates.h"
 #include "tests/support/local_cluster.h"
 #include "tests/support/process.h"
 #include "tests/support/python.h"
@@ -82,12 +84,6 @@ std::string TorchScriptSpec(const std::string& model) {
                       "training:\n  batch_size: 4\n  steps: 2\n  loss: mse\n"
                       "  optimizer: {kind: sgd, lr: 0.1}\n"
                       "data: {kind: tensors, path: /data/train.pt}\n");
-}
-
-// The last line of `text`.
-std::string LastLine(const std::string& text) {
-  std::vector<std::string> lines = absl::StrSplit(text, '\n', absl::SkipEmpty());
-  return lines.empty() ? "" : lines.back();
 }
 
 struct UploadResult {
@@ -176,9 +172,9 @@ class InProcessCoordinator : public ::testing::Test {
     auto store = coordinator::ArtifactStore::Open(store_options);
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = *std::move(store);
-    jobs_ = std::make_unique<coordinator::JobManager>(
-        coordinator::JobManagerOptions{},
-        coordinator::JobManagerDeps{Clock::Real(), &workers_, &kv_});
+    coordinator::JobManagerDeps deps{Clock::Real(), &workers_, &kv_};
+    deps.executor = &background_;
+    jobs_ = std::make_unique<coordinator::JobManager>(coordinator::JobManagerOptions{}, deps);
     service_ =
         std::make_unique<coordinator::CoordinatorServiceImpl>(jobs_.get(), &kv_, store_.get());
     auto started = rpc::StartServer({"127.0.0.1", 0}, {service_.get()});
@@ -230,6 +226,7 @@ class InProcessCoordinator : public ::testing::Test {
   std::unique_ptr<coordinator::ArtifactStore> store_;
   coordinator::KvStore kv_;
   coordinator::GrpcWorkerClient workers_;
+  WorkQueue background_{2};
   std::unique_ptr<coordinator::JobManager> jobs_;
   std::unique_ptr<coordinator::CoordinatorServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
@@ -593,11 +590,6 @@ TEST(WorkerArtifactCacheNoCoordinator, DefaultDirectoryIsPrivateAndRemoved) {
 
 // --- uploaded data on real worker processes ---
 
-bool Finished(const v1::Job& j) {
-  return j.state() == v1::JOB_STATE_SUCCEEDED || j.state() == v1::JOB_STATE_FAILED ||
-         j.state() == v1::JOB_STATE_CANCELLED;
-}
-
 // A dataset uploaded with --data trains on worker processes that cannot see the file: the
 // workers fetch it from the coordinator, and the losses equal those of the same job reading
 // the file from a path the workers do see. A spec naming an artifact the coordinator does not
@@ -638,7 +630,7 @@ TEST(UploadedData, WorkersFetchItAndTrainAsOnTheirOwnPath) {
   const std::string dangling = (*cluster)->WriteFile("dangling.yaml", TensorsSpec(unknown));
   CommandResult third = (*cluster)->Stagectl({"submit", dangling});
   ASSERT_EQ(third.exit_code, 0) << third.err;
-  auto failed = (*cluster)->WaitForJob(LastLine(third.out), Finished, absl::Seconds(60));
+  auto failed = (*cluster)->WaitForJob(LastLine(third.out), IsFinal, absl::Seconds(60));
   ASSERT_TRUE(failed.ok()) << failed.status();
   EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(failed->reason(), HasSubstr("data.path"));

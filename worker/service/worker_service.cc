@@ -30,11 +30,6 @@ absl::StatusOr<std::string> ResolveRef(const runtime::FileResolver& resolve,
 
 }  // namespace
 
-grpc::Status WorkerServiceImpl::Authorize(const grpc::ServerContext& ctx) const {
-  if (!options_.authorize) return grpc::Status::OK;
-  return rpc::ToGrpcStatus(options_.authorize(ctx));
-}
-
 // One inspection's result, shared by its thread and the call waiting for it.
 struct WorkerServiceImpl::Inspection {
   absl::Notification done;
@@ -49,7 +44,6 @@ WorkerServiceImpl::~WorkerServiceImpl() {
 grpc::Status WorkerServiceImpl::InspectModel(grpc::ServerContext* ctx,
                                              const v1::InspectModelRequest* req,
                                              v1::InspectModelResponse* resp) {
-  if (auto refused = Authorize(*ctx); !refused.ok()) return refused;
   auto parsed = spec::ParseJobSpec(req->spec_yaml(), "spec_yaml");
   if (!parsed.ok()) return rpc::ToGrpcStatus(parsed.status());
   spec::JobSpec spec = *std::move(parsed);
@@ -106,13 +100,11 @@ grpc::Status WorkerServiceImpl::InspectModel(grpc::ServerContext* ctx,
 
 grpc::Status WorkerServiceImpl::StartTask(grpc::ServerContext* ctx, const v1::StartTaskRequest* req,
                                           v1::StartTaskResponse*) {
-  if (auto refused = Authorize(*ctx); !refused.ok()) return refused;
   return rpc::ToGrpcStatus(tasks_->Start(req->assignment()));
 }
 
 grpc::Status WorkerServiceImpl::StopTask(grpc::ServerContext* ctx, const v1::StopTaskRequest* req,
                                          v1::StopTaskResponse*) {
-  if (auto refused = Authorize(*ctx); !refused.ok()) return refused;
   if (req->job_id().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "job_id: required");
   }
@@ -122,7 +114,6 @@ grpc::Status WorkerServiceImpl::StopTask(grpc::ServerContext* ctx, const v1::Sto
 grpc::Status WorkerServiceImpl::GetWorkerStatus(grpc::ServerContext* ctx,
                                                 const v1::GetWorkerStatusRequest*,
                                                 v1::GetWorkerStatusResponse* resp) {
-  if (auto refused = Authorize(*ctx); !refused.ok()) return refused;
   *resp = tasks_->Status();
   return grpc::Status::OK;
 }
@@ -130,7 +121,6 @@ grpc::Status WorkerServiceImpl::GetWorkerStatus(grpc::ServerContext* ctx,
 grpc::Status WorkerServiceImpl::RequestCheckpoint(grpc::ServerContext* ctx,
                                                   const v1::RequestCheckpointRequest* req,
                                                   v1::RequestCheckpointResponse*) {
-  if (auto refused = Authorize(*ctx); !refused.ok()) return refused;
   if (req->job_id().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "job_id: required");
   }
@@ -144,7 +134,6 @@ grpc::Status WorkerServiceImpl::RequestCheckpoint(grpc::ServerContext* ctx,
 grpc::Status WorkerServiceImpl::ControlTask(grpc::ServerContext* ctx,
                                             const v1::ControlTaskRequest* req,
                                             v1::ControlTaskResponse* resp) {
-  if (auto refused = Authorize(*ctx); !refused.ok()) return refused;
   if (req->job_id().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "job_id: required");
   }

@@ -1,5 +1,7 @@
 // The gRPC adapter of WorkerService over the TaskManager, and of InspectModel over
-// model::InspectModel (worker/model/inspect.h).
+// model::InspectModel (worker/model/inspect.h). Who may call it is not its concern: the worker
+// serves it behind rpc::AuthorizeEveryCall with its coordinator's session token
+// (SessionToken::Check), so every call is checked before it reaches a handler.
 #pragma once
 
 #include <functional>
@@ -23,10 +25,6 @@ struct WorkerServiceOptions {
   // The worker's device, "cpu" or "cuda:N": InspectModel profiles a job placed on cuda there
   // (on the CPU when the worker has no GPU, and for cpu jobs).
   std::string device = "cpu";
-  // Checks every call's caller before anything else (the worker: its coordinator's session
-  // token, SessionToken::Check); a refusal is returned as it is. Unset: every caller accepted
-  // (in-process tests only).
-  std::function<absl::Status(const grpc::ServerContext&)> authorize;
 };
 
 class WorkerServiceImpl final : public v1::WorkerService::Service {
@@ -60,9 +58,6 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
 
  private:
   struct Inspection;
-
-  // options_.authorize's verdict on the caller of `ctx`.
-  grpc::Status Authorize(const grpc::ServerContext& ctx) const;
 
   TaskManager* tasks_;
   const WorkerServiceOptions options_;

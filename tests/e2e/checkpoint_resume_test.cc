@@ -27,6 +27,7 @@
 #include "common/util/sha256.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/job_predicates.h"
 #include "tests/support/local_cluster.h"
 
 namespace stagecoach::testing {
@@ -80,11 +81,6 @@ std::string SpecYaml(const GptJob& j, const std::string& data) {
                       "data: {kind: tokens, path: ", data, ", seed: 9}\n");
 }
 
-bool Finished(const v1::Job& j) {
-  return j.state() == v1::JOB_STATE_SUCCEEDED || j.state() == v1::JOB_STATE_FAILED ||
-         j.state() == v1::JOB_STATE_CANCELLED;
-}
-
 // Every regular file under `dir` (relative path) and its SHA-256.
 std::map<std::string, std::string> Snapshot(const std::string& dir) {
   std::map<std::string, std::string> out;
@@ -114,12 +110,11 @@ class CheckpointResume : public ::testing::Test {
     const std::string spec = cluster.WriteFile(absl::StrCat(j.name, ".yaml"), SpecYaml(j, data));
     CommandResult submit = cluster.Stagectl({"submit", spec});
     EXPECT_EQ(submit.exit_code, 0) << j.name << ": " << submit.out << submit.err;
-    std::vector<std::string> lines = absl::StrSplit(submit.out, '\n', absl::SkipEmpty());
-    return lines.empty() ? "" : lines.back();
+    return LastLine(submit.out);
   }
 
   absl::StatusOr<v1::Job> Done(LocalCluster& cluster, const std::string& id) {
-    return cluster.WaitForJob(id, Finished, absl::Seconds(180));
+    return cluster.WaitForJob(id, IsFinal, absl::Seconds(180));
   }
 };
 
@@ -259,14 +254,14 @@ TEST_F(CheckpointResume, CheckpointOnDemandIsComplete) {
   const std::string id = Submit(c, {"gpt-long", "1F1B", 100000, ckpt, ""}, data);
   ASSERT_FALSE(id.empty());
   auto running = c.WaitForJob(
-      id, [](const v1::Job& j) { return Finished(j) || j.steps_done() >= 2; }, absl::Seconds(120));
+      id, [](const v1::Job& j) { return IsFinal(j) || j.steps_done() >= 2; }, absl::Seconds(120));
   ASSERT_TRUE(running.ok()) << running.status() << c.Logs();
   ASSERT_EQ(running->state(), v1::JOB_STATE_RUNNING) << running->reason();
 
   CommandResult r = c.Stagectl({"checkpoint", id});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto with_checkpoint = c.WaitForJob(
-      id, [](const v1::Job& j) { return Finished(j) || j.checkpoints_size() > 0; },
+      id, [](const v1::Job& j) { return IsFinal(j) || j.checkpoints_size() > 0; },
       absl::Seconds(60));
   ASSERT_TRUE(with_checkpoint.ok()) << with_checkpoint.status() << c.Logs();
   ASSERT_GT(with_checkpoint->checkpoints_size(), 0) << with_checkpoint->reason();
@@ -282,7 +277,7 @@ TEST_F(CheckpointResume, CheckpointOnDemandIsComplete) {
 
   CommandResult cancel = c.Stagectl({"cancel", id});
   EXPECT_EQ(cancel.exit_code, 0) << cancel.out << cancel.err;
-  auto end = c.WaitForJob(id, Finished, absl::Seconds(60));
+  auto end = c.WaitForJob(id, IsFinal, absl::Seconds(60));
   ASSERT_TRUE(end.ok()) << end.status();
   EXPECT_EQ(end->state(), v1::JOB_STATE_CANCELLED);
   if (HasFailure()) std::cerr << c.Logs();

@@ -4,9 +4,9 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "common/rpc/time_conversion.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/job_predicates.h"
 #include "tests/support/local_cluster.h"
 
 namespace stagecoach::testing {
@@ -19,30 +19,6 @@ std::string MlpSpec(const std::string& name, int stages, int64_t steps) {
                       "model:\n  builtin: {family: mlp, sizes: [8, 16, 16, 16, 16, 4], seed: 1}\n",
                       "split: {stages: ", stages, "}\nschedule: {kind: 1F1B, microbatches: 4}\n",
                       "training: {batch_size: 16, steps: ", steps, ", loss: mse}\n");
-}
-
-std::string LastLine(const std::string& text) {
-  std::string line;
-  for (size_t start = 0; start < text.size();) {
-    size_t end = text.find('\n', start);
-    if (end == std::string::npos) end = text.size();
-    if (end > start) line = text.substr(start, end - start);
-    start = end + 1;
-  }
-  return line;
-}
-
-bool Final(const v1::Job& j) {
-  return j.state() == v1::JOB_STATE_SUCCEEDED || j.state() == v1::JOB_STATE_FAILED ||
-         j.state() == v1::JOB_STATE_CANCELLED;
-}
-
-// When the job entered `state` (the first time).
-absl::Time Entered(const v1::Job& job, v1::JobState state) {
-  for (const auto& t : job.history()) {
-    if (t.state() == state) return rpc::FromProtoTimestamp(t.time());
-  }
-  return absl::InfiniteFuture();
 }
 
 TEST(ConcurrentJobs, TwoJobsRunSideBySideOnDisjointWorkersAndAThirdWaitsForItsGang) {
@@ -74,7 +50,7 @@ TEST(ConcurrentJobs, TwoJobsRunSideBySideOnDisjointWorkersAndAThirdWaitsForItsGa
 
   std::vector<v1::Job> done;
   for (const std::string& id : ids) {
-    auto job = c.WaitForJob(id, Final, absl::Seconds(120));
+    auto job = c.WaitForJob(id, IsFinal, absl::Seconds(120));
     ASSERT_TRUE(job.ok()) << job.status() << c.Logs();
     ASSERT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->reason() << c.Logs();
     done.push_back(*job);
@@ -88,21 +64,22 @@ TEST(ConcurrentJobs, TwoJobsRunSideBySideOnDisjointWorkersAndAThirdWaitsForItsGa
     }
   }
   EXPECT_EQ(workers.size(), 4u);
-  EXPECT_LT(Entered(done[0], v1::JOB_STATE_RUNNING), Entered(done[1], v1::JOB_STATE_SUCCEEDED));
-  EXPECT_LT(Entered(done[1], v1::JOB_STATE_RUNNING), Entered(done[0], v1::JOB_STATE_SUCCEEDED));
+  EXPECT_LT(EnteredAt(done[0], v1::JOB_STATE_RUNNING), EnteredAt(done[1], v1::JOB_STATE_SUCCEEDED));
+  EXPECT_LT(EnteredAt(done[1], v1::JOB_STATE_RUNNING), EnteredAt(done[0], v1::JOB_STATE_SUCCEEDED));
   // Same spec, same numbers: neither job saw the other's messages.
   ASSERT_EQ(done[0].losses_size(), 60);
   for (int i = 0; i < done[0].losses_size(); ++i) {
     EXPECT_EQ(done[0].losses(i), done[1].losses(i)) << "step " << i;
   }
 
-  // The wide job started only after both had released their workers, and succeeded.
-  auto wide_done = c.WaitForJob(wide, Final, absl::Seconds(120));
+  // The wide job (3 workers) could start only once both jobs had released their workers (2 of
+  // 4 each): after the later of the two finished, not the earlier.
+  auto wide_done = c.WaitForJob(wide, IsFinal, absl::Seconds(120));
   ASSERT_TRUE(wide_done.ok()) << wide_done.status() << c.Logs();
   EXPECT_EQ(wide_done->state(), v1::JOB_STATE_SUCCEEDED) << wide_done->reason();
-  const absl::Time first_free = std::min(Entered(done[0], v1::JOB_STATE_SUCCEEDED),
-                                         Entered(done[1], v1::JOB_STATE_SUCCEEDED));
-  EXPECT_GE(Entered(*wide_done, v1::JOB_STATE_STARTING), first_free);
+  const absl::Time both_free = std::max(EnteredAt(done[0], v1::JOB_STATE_SUCCEEDED),
+                                        EnteredAt(done[1], v1::JOB_STATE_SUCCEEDED));
+  EXPECT_GE(EnteredAt(*wide_done, v1::JOB_STATE_STARTING), both_free);
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/job_predicates.h"
 #include "tests/support/local_cluster.h"
 
 namespace stagecoach::testing {
@@ -60,33 +61,6 @@ std::string SpecYaml(const MlpJob& j) {
   return yaml;
 }
 
-bool Finished(const v1::Job& j) {
-  return j.state() == v1::JOB_STATE_SUCCEEDED || j.state() == v1::JOB_STATE_FAILED ||
-         j.state() == v1::JOB_STATE_CANCELLED;
-}
-
-std::string LastLine(const std::string& text) {
-  std::vector<std::string> lines = absl::StrSplit(text, '\n', absl::SkipEmpty());
-  return lines.empty() ? "" : lines.back();
-}
-
-// "PLANNING: why | PENDING: why | ...", for failure messages.
-std::string History(const v1::Job& j) {
-  std::string out;
-  for (const v1::JobTransition& t : j.history()) {
-    absl::StrAppend(&out, out.empty() ? "" : " | ", v1::JobState_Name(t.state()), ": ", t.reason());
-  }
-  return out;
-}
-
-// The index of the first transition to `state` at or after `from`, or -1.
-int FindState(const v1::Job& j, v1::JobState state, int from = 0) {
-  for (int i = from; i < j.history_size(); ++i) {
-    if (j.history(i).state() == state) return i;
-  }
-  return -1;
-}
-
 class FailureRecovery : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -109,7 +83,7 @@ class FailureRecovery : public ::testing::Test {
   // Runs `j` uninterrupted to SUCCEEDED and returns it.
   static absl::StatusOr<v1::Job> RunStraight(LocalCluster& c, const MlpJob& j) {
     const std::string id = Submit(c, j);
-    auto done = c.WaitForJob(id, Finished, absl::Seconds(60));
+    auto done = c.WaitForJob(id, IsFinal, absl::Seconds(60));
     if (done.ok() && done->state() != v1::JOB_STATE_SUCCEEDED) {
       return absl::InternalError(
           absl::StrCat(j.name, " ended ", v1::JobState_Name(done->state()), ": ", done->reason()));
@@ -123,7 +97,7 @@ class FailureRecovery : public ::testing::Test {
     const std::string id = Submit(c, j, /*paused=*/true);
     if (id.empty()) return absl::InternalError("submit failed");
     auto held = c.WaitForJob(
-        id, [](const v1::Job& job) { return job.state() == v1::JOB_STATE_PAUSED || Finished(job); },
+        id, [](const v1::Job& job) { return job.state() == v1::JOB_STATE_PAUSED || IsFinal(job); },
         absl::Seconds(60));
     if (!held.ok()) return held.status();
     CommandResult run = c.Stagectl({"run", id, "--steps", absl::StrCat(steps)});
@@ -131,8 +105,8 @@ class FailureRecovery : public ::testing::Test {
     return c.WaitForJob(
         id,
         [steps](const v1::Job& job) {
-          return Finished(job) || (job.state() == v1::JOB_STATE_PAUSED &&
-                                   job.global_steps_done() == steps && job.checkpoints_size() >= 1);
+          return IsFinal(job) || (job.state() == v1::JOB_STATE_PAUSED &&
+                                  job.global_steps_done() == steps && job.checkpoints_size() >= 1);
         },
         absl::Seconds(60));
   }
@@ -148,7 +122,7 @@ TEST_F(FailureRecovery, KilledWorkerRestartsTheJobOnTheSpareFromItsLatestCheckpo
   auto straight = RunStraight(c, {"straight", kSteps, "", -1});
   ASSERT_TRUE(straight.ok()) << straight.status() << c.Logs();
   ASSERT_EQ(straight->losses_size(), kSteps);
-  ASSERT_TRUE(c.WaitForIdleWorkers(3, absl::Seconds(15)).ok()) << c.Logs();
+  ASSERT_TRUE(c.WaitForIdleWorkers(3, absl::Seconds(60)).ok()) << c.Logs();
 
   const std::string ckpt = c.dir() + "/ckpt-restart";
   auto held = RunAndHold(c, {"restarted", kSteps, ckpt, 2}, 7);
@@ -177,8 +151,8 @@ TEST_F(FailureRecovery, KilledWorkerRestartsTheJobOnTheSpareFromItsLatestCheckpo
   auto again = c.WaitForJob(
       id,
       [](const v1::Job& j) {
-        return Finished(j) || (j.attempt() == 2 && j.state() == v1::JOB_STATE_PAUSED &&
-                               j.global_steps_done() == 7);
+        return IsFinal(j) || (j.attempt() == 2 && j.state() == v1::JOB_STATE_PAUSED &&
+                              j.global_steps_done() == 7);
       },
       absl::Seconds(45));
   ASSERT_TRUE(again.ok()) << again.status() << c.Logs();
@@ -211,7 +185,7 @@ TEST_F(FailureRecovery, KilledWorkerRestartsTheJobOnTheSpareFromItsLatestCheckpo
 
   CommandResult resume = c.Stagectl({"resume", id});
   ASSERT_EQ(resume.exit_code, 0) << resume.out << resume.err;
-  auto done = c.WaitForJob(id, Finished, absl::Seconds(60));
+  auto done = c.WaitForJob(id, IsFinal, absl::Seconds(60));
   ASSERT_TRUE(done.ok()) << done.status() << c.Logs();
   ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << History(*done) << c.Logs();
   EXPECT_EQ(done->attempt(), 2);
@@ -241,12 +215,12 @@ TEST_F(FailureRecovery, WorkerKilledMidStepRestartsTheJobWithTheSameLosses) {
   auto straight = RunStraight(c, {"straight", kLongSteps, "", -1});
   ASSERT_TRUE(straight.ok()) << straight.status() << c.Logs();
   ASSERT_EQ(straight->losses_size(), kLongSteps);
-  ASSERT_TRUE(c.WaitForIdleWorkers(3, absl::Seconds(15)).ok()) << c.Logs();
+  ASSERT_TRUE(c.WaitForIdleWorkers(3, absl::Seconds(60)).ok()) << c.Logs();
 
   const std::string id = Submit(c, {"restarted", kLongSteps, c.dir() + "/ckpt-mid", 1});
   ASSERT_FALSE(id.empty());
   auto running = c.WaitForJob(
-      id, [](const v1::Job& j) { return Finished(j) || j.steps_done() >= 7; }, absl::Seconds(60));
+      id, [](const v1::Job& j) { return IsFinal(j) || j.steps_done() >= 7; }, absl::Seconds(60));
   ASSERT_TRUE(running.ok()) << running.status() << c.Logs();
   ASSERT_EQ(running->state(), v1::JOB_STATE_RUNNING) << History(*running) << c.Logs();
   const std::string victim = running->ranks(0).worker_id();
@@ -254,7 +228,7 @@ TEST_F(FailureRecovery, WorkerKilledMidStepRestartsTheJobWithTheSameLosses) {
   ASSERT_GE(index, 0) << victim;
   c.worker(index).Signal(SIGKILL);
 
-  auto done = c.WaitForJob(id, Finished, absl::Seconds(90));
+  auto done = c.WaitForJob(id, IsFinal, absl::Seconds(90));
   ASSERT_TRUE(done.ok()) << done.status() << c.Logs();
   ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << History(*done) << c.Logs();
   EXPECT_EQ(done->attempt(), 2);
@@ -290,6 +264,8 @@ TEST_F(FailureRecovery, WorkerKilledMidStepRestartsTheJobWithTheSameLosses) {
 TEST_F(FailureRecovery, WithoutRestartPolicyAKilledWorkerFailsTheJobAndTheSurvivorWorksOn) {
   ClusterOptions options;
   options.workers = 3;
+  // A data-plane timeout far above the bound below: the coordinator must find the loss.
+  options.comm_timeout = "120s";
   auto cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   LocalCluster& c = **cluster;
@@ -297,7 +273,7 @@ TEST_F(FailureRecovery, WithoutRestartPolicyAKilledWorkerFailsTheJobAndTheSurviv
   const std::string id = Submit(c, {"doomed", 1000000, c.dir() + "/ckpt-doomed", -1});
   ASSERT_FALSE(id.empty());
   auto running = c.WaitForJob(
-      id, [](const v1::Job& j) { return Finished(j) || j.steps_done() >= 7; }, absl::Seconds(60));
+      id, [](const v1::Job& j) { return IsFinal(j) || j.steps_done() >= 7; }, absl::Seconds(60));
   ASSERT_TRUE(running.ok()) << running.status() << c.Logs();
   ASSERT_EQ(running->state(), v1::JOB_STATE_RUNNING) << History(*running) << c.Logs();
   ASSERT_EQ(running->ranks_size(), 2);
@@ -308,13 +284,14 @@ TEST_F(FailureRecovery, WithoutRestartPolicyAKilledWorkerFailsTheJobAndTheSurviv
 
   const absl::Time killed = absl::Now();
   c.worker(index).Signal(SIGKILL);
-  auto failed = c.WaitForJob(id, Finished, absl::Seconds(30));
+  auto failed = c.WaitForJob(id, IsFinal, absl::Seconds(90));
   ASSERT_TRUE(failed.ok()) << failed.status() << c.Logs();
   const absl::Duration took = absl::Now() - killed;
   std::cerr << "FAILED " << absl::FormatDuration(took) << " after the kill: " << failed->reason()
             << "\n";
   EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED) << History(*failed);
-  EXPECT_LT(took, absl::Seconds(3) + absl::Seconds(10)) << "lease 3s plus a 10s margin";
+  // The lease (3s) plus room for a loaded machine, far below the 120s data-plane timeout.
+  EXPECT_LT(took, absl::Seconds(40)) << "the coordinator finds the loss, no receive times out";
   EXPECT_THAT(failed->reason(), HasSubstr(absl::StrCat("worker ", victim, " (rank 1)")));
   EXPECT_THAT(failed->reason(), HasSubstr("lost"));
   EXPECT_THAT(failed->reason(), ::testing::Not(HasSubstr("restart")));
@@ -325,7 +302,7 @@ TEST_F(FailureRecovery, WithoutRestartPolicyAKilledWorkerFailsTheJobAndTheSurviv
   EXPECT_EQ(FindState(*failed, v1::JOB_STATE_RESTARTING), -1) << History(*failed);
 
   // The survivor is IDLE again (its task was stopped, nothing hangs), the victim LOST.
-  const absl::Time deadline = absl::Now() + absl::Seconds(15);
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
   std::string survivor_state;
   while (true) {
     auto workers = c.ListWorkers();
@@ -346,7 +323,7 @@ TEST_F(FailureRecovery, WithoutRestartPolicyAKilledWorkerFailsTheJobAndTheSurviv
 
   // A next job runs on the survivor and the spare.
   const std::string next_id = Submit(c, {"next", 4, "", -1});
-  auto next = c.WaitForJob(next_id, Finished, absl::Seconds(60));
+  auto next = c.WaitForJob(next_id, IsFinal, absl::Seconds(60));
   ASSERT_TRUE(next.ok()) << next.status() << c.Logs();
   EXPECT_EQ(next->state(), v1::JOB_STATE_SUCCEEDED) << History(*next) << c.Logs();
   std::set<std::string> used;
@@ -367,7 +344,7 @@ TEST_F(FailureRecovery, RestartedCoordinatorKeepsItsJobsAndContinuesFromTheCheck
   auto straight = RunStraight(c, {"straight", kSteps, "", -1});
   ASSERT_TRUE(straight.ok()) << straight.status() << c.Logs();
   ASSERT_EQ(straight->losses_size(), kSteps);
-  ASSERT_TRUE(c.WaitForIdleWorkers(3, absl::Seconds(15)).ok()) << c.Logs();
+  ASSERT_TRUE(c.WaitForIdleWorkers(3, absl::Seconds(60)).ok()) << c.Logs();
 
   const std::string ckpt = c.dir() + "/ckpt-recovered";
   auto held = RunAndHold(c, {"recovered", kSteps, ckpt, -1}, 8);
@@ -380,7 +357,7 @@ TEST_F(FailureRecovery, RestartedCoordinatorKeepsItsJobsAndContinuesFromTheCheck
   ASSERT_TRUE(c.RestartCoordinator().ok()) << c.Logs();
 
   // The finished job, as it was.
-  auto kept = c.WaitForJob(straight->id(), Finished, absl::Seconds(15));
+  auto kept = c.WaitForJob(straight->id(), IsFinal, absl::Seconds(15));
   ASSERT_TRUE(kept.ok()) << kept.status() << c.Logs();
   EXPECT_EQ(kept->state(), v1::JOB_STATE_SUCCEEDED);
   ASSERT_EQ(kept->losses_size(), kSteps);
@@ -403,8 +380,8 @@ TEST_F(FailureRecovery, RestartedCoordinatorKeepsItsJobsAndContinuesFromTheCheck
   auto again = c.WaitForJob(
       id,
       [](const v1::Job& j) {
-        return Finished(j) || (j.attempt() == 2 && j.state() == v1::JOB_STATE_PAUSED &&
-                               j.global_steps_done() == 8);
+        return IsFinal(j) || (j.attempt() == 2 && j.state() == v1::JOB_STATE_PAUSED &&
+                              j.global_steps_done() == 8);
       },
       absl::Seconds(45));
   ASSERT_TRUE(again.ok()) << again.status() << c.Logs();
@@ -423,7 +400,7 @@ TEST_F(FailureRecovery, RestartedCoordinatorKeepsItsJobsAndContinuesFromTheCheck
 
   CommandResult resume = c.Stagectl({"resume", id});
   ASSERT_EQ(resume.exit_code, 0) << resume.out << resume.err << c.Logs();
-  auto done = c.WaitForJob(id, Finished, absl::Seconds(60));
+  auto done = c.WaitForJob(id, IsFinal, absl::Seconds(60));
   ASSERT_TRUE(done.ok()) << done.status() << c.Logs();
   ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << History(*done) << c.Logs();
   EXPECT_EQ(done->attempt(), 2);
@@ -437,7 +414,7 @@ TEST_F(FailureRecovery, RestartedCoordinatorKeepsItsJobsAndContinuesFromTheCheck
 
   // Every worker process registered again with the new coordinator, under its own id, and is
   // IDLE (none still holds a task of the old coordinator's attempt).
-  const absl::Status idle = c.WaitForIdleWorkers(3, absl::Seconds(15));
+  const absl::Status idle = c.WaitForIdleWorkers(3, absl::Seconds(60));
   auto workers = c.ListWorkers();
   ASSERT_TRUE(workers.ok()) << workers.status();
   std::set<std::string> addresses;

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
+#include "tests/support/job_predicates.h"
 #include "tests/support/local_cluster.h"
 
 namespace stagecoach::testing {
@@ -79,19 +80,12 @@ TEST(GptTraining, LossFallsOnATokensFileUnderEverySchedule) {
                               SpecYaml(run.name, run.kind, run.workers, run.stages, data));
     CommandResult submit = (*cluster)->Stagectl({"submit", spec});
     ASSERT_EQ(submit.exit_code, 0) << run.name << ": " << submit.out << submit.err;
-    std::vector<std::string> lines = absl::StrSplit(submit.out, '\n', absl::SkipEmpty());
-    ASSERT_FALSE(lines.empty());
-    job_ids.push_back(lines.back());
+    job_ids.push_back(LastLine(submit.out));
+    ASSERT_FALSE(job_ids.back().empty()) << submit.out;
   }
   for (size_t i = 0; i < runs.size(); ++i) {
     SCOPED_TRACE(runs[i].name);
-    auto job = (*cluster)->WaitForJob(
-        job_ids[i],
-        [](const v1::Job& j) {
-          return j.state() == v1::JOB_STATE_SUCCEEDED || j.state() == v1::JOB_STATE_FAILED ||
-                 j.state() == v1::JOB_STATE_CANCELLED;
-        },
-        absl::Seconds(120));
+    auto job = (*cluster)->WaitForJob(job_ids[i], IsFinal, absl::Seconds(120));
     ASSERT_TRUE(job.ok()) << job.status() << (*cluster)->Logs();
     ASSERT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->reason() << (*cluster)->Logs();
     ASSERT_EQ(job->losses_size(), kSteps);

@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/job_predicates.h"
 #include "tests/support/local_cluster.h"
 #include "tests/support/reference_mlp.h"
 #include "tests/support/stage_files.h"
@@ -63,8 +64,7 @@ TEST_P(GpuPipelineTest, CudaStagesOverGlooMatchTheReference) {
                    "  checkpoint: {dir: ", ckpt, "}\n", "data: {kind: synthetic, seed: 6}\n"));
   CommandResult submit = (*cluster)->Stagectl({"submit", spec, "--wait"});
   ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err << (*cluster)->Logs();
-  std::vector<std::string> lines = absl::StrSplit(submit.out, '\n', absl::SkipEmpty());
-  auto job = (*cluster)->GetJob(lines.back());
+  auto job = (*cluster)->GetJob(LastLine(submit.out));
   ASSERT_TRUE(job.ok()) << job.status();
   ASSERT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->reason();
 

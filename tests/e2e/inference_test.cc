@@ -23,6 +23,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/support/job_predicates.h"
 #include "tests/support/local_cluster.h"
 #include "tests/support/npy_files.h"
 #include "tests/support/reference_mlp.h"
@@ -43,11 +44,6 @@ std::string MlpSpec(const std::string& name, const std::vector<int64_t>& sizes, 
                       "], seed: ", kSeed, "}\n",          //
                       "split: {stages: ", stages, "}\n",  //
                       "schedule: {kind: 1F1B, microbatches: ", microbatches, "}\n", extra);
-}
-
-std::string LastLine(const std::string& text) {
-  std::vector<std::string> lines = absl::StrSplit(text, '\n', absl::SkipEmpty());
-  return lines.empty() ? "" : lines.back();
 }
 
 class InferenceTest : public ::testing::Test {

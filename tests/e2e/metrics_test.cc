@@ -11,6 +11,7 @@
 #include "absl/strings/strip.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/support/job_predicates.h"
 #include "tests/support/local_cluster.h"
 #include "tests/support/prometheus_scrape.h"
 
@@ -70,16 +71,9 @@ TEST(Metrics, ScrapedValuesFollowARealJob) {
                    "}\ntraining: {batch_size: 16, steps: ", kSteps, ", loss: mse}\n"));
   CommandResult submit = c.Stagectl({"submit", spec});
   ASSERT_EQ(submit.exit_code, 0) << submit.err;
-  std::vector<std::string> lines = absl::StrSplit(submit.out, '\n', absl::SkipEmpty());
-  ASSERT_FALSE(lines.empty());
-  const std::string job_id = lines.back();
-  auto done = c.WaitForJob(
-      job_id,
-      [](const v1::Job& j) {
-        return j.state() == v1::JOB_STATE_SUCCEEDED || j.state() == v1::JOB_STATE_FAILED ||
-               j.state() == v1::JOB_STATE_CANCELLED;
-      },
-      absl::Seconds(90));
+  const std::string job_id = LastLine(submit.out);
+  ASSERT_FALSE(job_id.empty()) << submit.out;
+  auto done = c.WaitForJob(job_id, IsFinal, absl::Seconds(90));
   ASSERT_TRUE(done.ok()) << done.status() << c.Logs();
   ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->reason() << c.Logs();
 
@@ -89,9 +83,10 @@ TEST(Metrics, ScrapedValuesFollowARealJob) {
   ASSERT_EQ(j["losses"].size(), static_cast<size_t>(kSteps));
   const double last_loss = j["losses"].back().get<double>();
 
-  // The job/worker gauges are refreshed on the coordinator's tick (100 ms): poll briefly.
+  // The job/worker gauges are refreshed on the coordinator's tick (100 ms): poll until they are
+  // (the bound is for a machine under load; the loop ends as soon as they are).
   std::map<std::string, double> coord;
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
   do {
     auto scraped = Scrape(*coordinator_metrics);
     ASSERT_TRUE(scraped.ok()) << scraped.status();

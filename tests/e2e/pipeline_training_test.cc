@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/job_predicates.h"
 #include "tests/support/local_cluster.h"
 #include "tests/support/reference_mlp.h"
 #include "tests/support/stage_files.h"
@@ -57,9 +58,8 @@ TEST_P(PipelineTrainingTest, MatchesUnpipelinedReference) {
 
   CommandResult submit = (*cluster)->Stagectl({"submit", spec, "--wait"});
   ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err << (*cluster)->Logs();
-  std::vector<std::string> lines = absl::StrSplit(submit.out, '\n', absl::SkipEmpty());
-  ASSERT_FALSE(lines.empty());
-  const std::string job_id = lines.back();
+  const std::string job_id = LastLine(submit.out);
+  ASSERT_FALSE(job_id.empty()) << submit.out;
   auto job = (*cluster)->GetJob(job_id);
   ASSERT_TRUE(job.ok()) << job.status();
   ASSERT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->reason();

@@ -19,6 +19,7 @@
 #include "common/schedule/build.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/job_predicates.h"
 #include "tests/support/local_cluster.h"
 #include "tests/support/reference_mlp.h"
 #include "tests/support/stage_files.h"
@@ -146,19 +147,12 @@ TEST_P(ScheduleMatrixTest, EveryVariantMatchesTheReference) {
         (*cluster)->WriteFile(absl::StrCat(v.name, ".yaml"), SpecYaml(kind_name, v, ckpt));
     CommandResult submit = (*cluster)->Stagectl({"submit", spec});
     ASSERT_EQ(submit.exit_code, 0) << v.name << ": " << submit.out << submit.err;
-    std::vector<std::string> lines = absl::StrSplit(submit.out, '\n', absl::SkipEmpty());
-    ASSERT_FALSE(lines.empty());
-    job_ids.push_back(lines.back());
+    job_ids.push_back(LastLine(submit.out));
+    ASSERT_FALSE(job_ids.back().empty()) << submit.out;
     ckpts.push_back(ckpt);
   }
   for (size_t i = 0; i < variants.size(); ++i) {
-    auto job = (*cluster)->WaitForJob(
-        job_ids[i],
-        [](const v1::Job& j) {
-          return j.state() == v1::JOB_STATE_SUCCEEDED || j.state() == v1::JOB_STATE_FAILED ||
-                 j.state() == v1::JOB_STATE_CANCELLED;
-        },
-        absl::Seconds(180));
+    auto job = (*cluster)->WaitForJob(job_ids[i], IsFinal, absl::Seconds(180));
     ASSERT_TRUE(job.ok()) << variants[i].name << ": " << job.status() << (*cluster)->Logs();
     CheckJob(*job, variants[i], ckpts[i]);
     if (HasFailure()) std::cerr << (*cluster)->Logs();

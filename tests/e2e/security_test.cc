@@ -27,6 +27,7 @@
 #include "gtest/gtest.h"
 #include "stagecoach/v1/coordinator.grpc.pb.h"
 #include "stagecoach/v1/worker.grpc.pb.h"
+#include "tests/support/job_predicates.h"
 #include "tests/support/local_cluster.h"
 
 namespace stagecoach::testing {
@@ -47,11 +48,6 @@ std::string MlpSpec(const std::string& name) {
                       "model:\n  builtin: {family: mlp, sizes: [8, 16, 16, 4], seed: 1}\n",
                       "split: {stages: 2}\n", "schedule: {kind: 1F1B, microbatches: 2}\n",
                       "training: {batch_size: 8, steps: 3, loss: mse}\n");
-}
-
-bool IsFinal(const v1::Job& job) {
-  return job.state() == v1::JOB_STATE_SUCCEEDED || job.state() == v1::JOB_STATE_FAILED ||
-         job.state() == v1::JOB_STATE_CANCELLED;
 }
 
 // The openssl binary on PATH, or empty.
@@ -207,9 +203,9 @@ void ExpectJobSucceeds(LocalCluster& c, const std::string& name) {
   const std::string spec = c.WriteFile(name + ".yaml", MlpSpec(name));
   CommandResult submit = c.Stagectl({"submit", spec});
   ASSERT_EQ(submit.exit_code, 0) << submit.err << c.Logs();
-  std::vector<std::string> lines = absl::StrSplit(submit.out, '\n', absl::SkipEmpty());
-  ASSERT_FALSE(lines.empty());
-  auto done = c.WaitForJob(lines.back(), IsFinal, absl::Seconds(40));
+  const std::string job_id = LastLine(submit.out);
+  ASSERT_FALSE(job_id.empty()) << submit.out;
+  auto done = c.WaitForJob(job_id, IsFinal, absl::Seconds(40));
   ASSERT_TRUE(done.ok()) << done.status() << c.Logs();
   EXPECT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->reason() << c.Logs();
   EXPECT_EQ(done->steps_done(), 3);

@@ -28,6 +28,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/support/job_predicates.h"
 #include "tests/support/local_cluster.h"
 #include "tests/support/npy_files.h"
 #include "tests/support/reference_mlp.h"
@@ -54,16 +55,6 @@ ReferenceConfig Config(int64_t steps) {
   r.optimizer = "sgd";
   r.lr = 0.05;
   return r;
-}
-
-std::string LastLine(const std::string& text) {
-  std::vector<std::string> lines = absl::StrSplit(text, '\n', absl::SkipEmpty());
-  return lines.empty() ? "" : lines.back();
-}
-
-bool IsFinal(const v1::Job& job) {
-  return job.state() == v1::JOB_STATE_SUCCEEDED || job.state() == v1::JOB_STATE_FAILED ||
-         job.state() == v1::JOB_STATE_CANCELLED;
 }
 
 v1::TensorData ToTensorData(const torch::Tensor& t) {
@@ -263,12 +254,10 @@ TEST_F(StepControl, PauseHoldsTheSameJobAndResumeContinuesIt) {
   EXPECT_EQ(done->attempt(), 1);
   ExpectLossesMatch(*done, TrainReference(Config(kLongSteps)).losses);
 
-  std::vector<v1::JobState> history;
-  for (const auto& t : done->history()) history.push_back(t.state());
-  EXPECT_THAT(history, ::testing::ElementsAre(v1::JOB_STATE_PLANNING, v1::JOB_STATE_PENDING,
-                                              v1::JOB_STATE_STARTING, v1::JOB_STATE_RUNNING,
-                                              v1::JOB_STATE_PAUSED, v1::JOB_STATE_RUNNING,
-                                              v1::JOB_STATE_SUCCEEDED));
+  EXPECT_THAT(StatesOf(*done), ::testing::ElementsAre(v1::JOB_STATE_PLANNING, v1::JOB_STATE_PENDING,
+                                                      v1::JOB_STATE_STARTING, v1::JOB_STATE_RUNNING,
+                                                      v1::JOB_STATE_PAUSED, v1::JOB_STATE_RUNNING,
+                                                      v1::JOB_STATE_SUCCEEDED));
   // A job that has ended can be neither paused nor resumed.
   {
     v1::PauseJobResponse late;
@@ -298,10 +287,9 @@ TEST_F(StepControl, RunStepsHoldsAgainAndExtendsStepsTotal) {
   EXPECT_EQ(held0->losses_size(), 0);
   EXPECT_EQ(held0->steps_total(), 6);
   // Started held: STARTING -> PAUSED, never RUNNING.
-  std::vector<v1::JobState> history0;
-  for (const auto& t : held0->history()) history0.push_back(t.state());
-  EXPECT_THAT(history0, ::testing::ElementsAre(v1::JOB_STATE_PLANNING, v1::JOB_STATE_PENDING,
-                                               v1::JOB_STATE_STARTING, v1::JOB_STATE_PAUSED));
+  EXPECT_THAT(StatesOf(*held0),
+              ::testing::ElementsAre(v1::JOB_STATE_PLANNING, v1::JOB_STATE_PENDING,
+                                     v1::JOB_STATE_STARTING, v1::JOB_STATE_PAUSED));
 
   CommandResult run = c().Stagectl({"run", id, "--steps", "3", "-o", "json"});
   ASSERT_EQ(run.exit_code, 0) << run.err;

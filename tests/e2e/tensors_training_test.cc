@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/job_predicates.h"
 #include "tests/support/local_cluster.h"
 #include "tests/support/python.h"
 #include "tests/support/reference_mlp.h"
@@ -98,11 +99,6 @@ void CheckJob(const v1::Job& job, const Case& c, const ReferenceConfig& ref_conf
   for (const v1::RankStatus& rank : job.ranks()) EXPECT_EQ(rank.steps_done(), kSteps);
 }
 
-bool Finished(const v1::Job& j) {
-  return j.state() == v1::JOB_STATE_SUCCEEDED || j.state() == v1::JOB_STATE_FAILED ||
-         j.state() == v1::JOB_STATE_CANCELLED;
-}
-
 TEST(TensorsData, PipelinesMatchTheReferenceOnAPythonFile) {
   if (!PythonHasTorch()) GTEST_SKIP() << kPython << " cannot import torch";
   ClusterOptions options;
@@ -124,15 +120,14 @@ TEST(TensorsData, PipelinesMatchTheReferenceOnAPythonFile) {
         (*cluster)->WriteFile(absl::StrCat(c.name, ".yaml"), SpecYaml(c, data, ckpt));
     CommandResult submit = (*cluster)->Stagectl({"submit", spec});
     ASSERT_EQ(submit.exit_code, 0) << c.name << ": " << submit.out << submit.err;
-    std::vector<std::string> lines = absl::StrSplit(submit.out, '\n', absl::SkipEmpty());
-    ASSERT_FALSE(lines.empty());
-    job_ids.push_back(lines.back());
+    job_ids.push_back(LastLine(submit.out));
+    ASSERT_FALSE(job_ids.back().empty()) << submit.out;
     ckpts.push_back(ckpt);
     data_paths.push_back(data);
   }
   for (size_t i = 0; i < Cases().size(); ++i) {
     const Case& c = Cases()[i];
-    auto job = (*cluster)->WaitForJob(job_ids[i], Finished, absl::Seconds(180));
+    auto job = (*cluster)->WaitForJob(job_ids[i], IsFinal, absl::Seconds(180));
     ASSERT_TRUE(job.ok()) << c.name << ": " << job.status() << (*cluster)->Logs();
     ReferenceConfig ref = c.ref;
     const ReferenceDataset dataset = LoadReferenceDataset(data_paths[i]);
@@ -156,9 +151,9 @@ TEST(TensorsData, AJobOnABadFileFailsNamingDataPath) {
       "bad.yaml", SpecYaml(c, data, absl::StrCat((*cluster)->dir(), "/ckpt")));
   CommandResult submit = (*cluster)->Stagectl({"submit", spec});
   ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err;
-  std::vector<std::string> lines = absl::StrSplit(submit.out, '\n', absl::SkipEmpty());
-  ASSERT_FALSE(lines.empty());
-  auto job = (*cluster)->WaitForJob(lines.back(), Finished, absl::Seconds(120));
+  const std::string job_id = LastLine(submit.out);
+  ASSERT_FALSE(job_id.empty()) << submit.out;
+  auto job = (*cluster)->WaitForJob(job_id, IsFinal, absl::Seconds(120));
   ASSERT_TRUE(job.ok()) << job.status() << (*cluster)->Logs();
   EXPECT_EQ(job->state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(job->reason(), ::testing::HasSubstr(absl::StrCat("data.path: '", data, "'")));

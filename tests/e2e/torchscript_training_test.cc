@@ -28,6 +28,7 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/job_predicates.h"
 #include "tests/support/local_cluster.h"
 #include "tests/support/python.h"
 #include "tests/support/reference_mlp.h"
@@ -144,11 +145,6 @@ TorchScriptReferenceConfig Ref(int64_t batch, int microbatches, std::string loss
   return r;
 }
 
-bool Finished(const v1::Job& j) {
-  return j.state() == v1::JOB_STATE_SUCCEEDED || j.state() == v1::JOB_STATE_FAILED ||
-         j.state() == v1::JOB_STATE_CANCELLED;
-}
-
 // Writes the job's data file with Python; sets j.data and j.ckpt.
 void WriteData(LocalCluster& cluster, Job& j) {
   j.data = absl::StrCat(cluster.dir(), "/", j.name, ".data.pt");
@@ -172,9 +168,8 @@ void Submit(LocalCluster& cluster, Job& j) {
   if (j.upload) args.insert(args.end(), {"--model", model});
   CommandResult submit = cluster.Stagectl(args);
   ASSERT_EQ(submit.exit_code, 0) << j.name << ": " << submit.out << submit.err;
-  std::vector<std::string> lines = absl::StrSplit(submit.out, '\n', absl::SkipEmpty());
-  ASSERT_FALSE(lines.empty());
-  j.id = lines.back();
+  j.id = LastLine(submit.out);
+  ASSERT_FALSE(j.id.empty()) << submit.out;
 }
 
 // The union of the checkpoint's export files after kSteps steps, each name in one stage only.
@@ -305,7 +300,7 @@ TEST_F(TorchScriptTraining, SequentialFourWaysByPointsAndEveryPolicyMatchesTheRe
     if (HasFatalFailure()) return;
   }
   for (const Job& j : jobs) {
-    auto job = (*cluster)->WaitForJob(j.id, Finished, absl::Seconds(180));
+    auto job = (*cluster)->WaitForJob(j.id, IsFinal, absl::Seconds(180));
     ASSERT_TRUE(job.ok()) << j.name << ": " << job.status() << (*cluster)->Logs();
     CheckTrainedJob(*job, j, layers);
     if (j.name == "seq-points" || j.name == "seq-equal-layers") {
@@ -359,7 +354,7 @@ TEST_F(TorchScriptTraining, SkipConnectionSplitThreeWaysMatchesTheReferenceAndGo
   j.rows = 17;
   Submit(**cluster, j);
   if (HasFatalFailure()) return;
-  auto job = (*cluster)->WaitForJob(j.id, Finished, absl::Seconds(180));
+  auto job = (*cluster)->WaitForJob(j.id, IsFinal, absl::Seconds(180));
   ASSERT_TRUE(job.ok()) << job.status() << (*cluster)->Logs();
   // The top-level parameter `scale` (32 elements) is read between e's and f's calls: it belongs
   // to the first layer that uses it, e.
@@ -439,7 +434,7 @@ TEST_F(TorchScriptTraining, ProfiledSplitsAHeavyLayerOffAndLowersTheSlowestStage
   }
   std::vector<v1::Job> done;
   for (const Job& j : jobs) {
-    auto job = (*cluster)->WaitForJob(j.id, Finished, absl::Seconds(240));
+    auto job = (*cluster)->WaitForJob(j.id, IsFinal, absl::Seconds(240));
     ASSERT_TRUE(job.ok()) << j.name << ": " << job.status() << (*cluster)->Logs();
     CheckTrainedJob(*job, j, layers);
     done.push_back(*job);

@@ -6,6 +6,7 @@
 #include "common/daemon/daemon.h"
 #include "common/rpc/authorized_service.h"
 #include "common/util/logging.h"
+#include "common/util/malloc_tuning.h"
 #include "common/util/work_queue.h"
 #include "coordinator/artifact_store.h"
 #include "coordinator/coordinator_auth.h"
@@ -64,6 +65,9 @@ void DeclareFlags(sc::daemon::FlagSet& flags, Config* c) {
                     "bound on every data-plane wait in a job's tasks");
   flags.AddDuration("hold-timeout", &c->jobs.hold_timeout,
                     "longest a PAUSED job's tasks hold before they give up and fail");
+  flags.AddDuration("worker-rpc-timeout", &c->jobs.worker_rpc_timeout,
+                    "bound on each call to a worker (start, stop and steer a task); a worker "
+                    "that does not answer in time fails or restarts its job");
   flags.AddString(
       "data-dir", &c->data_dir,
       "directory for the coordinator's state: the job table in DIR/jobs (kept across restarts: "
@@ -99,6 +103,7 @@ absl::Status Validate(Config* c) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  sc::LimitMallocArenas(1);  // first, before any thread exists: memory stays flat over time
   sc::daemon::Daemon daemon(CoordinatorInfo());
   Config config;
   DeclareFlags(daemon.flags(), &config);

@@ -7,7 +7,9 @@ namespace stagecoach {
 void TuneMallocForTensors() {
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  mallopt(M_ARENA_MAX, 1);
+  LimitMallocArenas(1);
 }
+
+void LimitMallocArenas(int arenas) { mallopt(M_ARENA_MAX, arenas); }
 
 }  // namespace stagecoach

@@ -1,11 +1,6 @@
 #include "coordinator/job_store.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -14,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/util/directories.h"
+#include "common/util/durable_file.h"
 
 namespace stagecoach::coordinator {
 namespace fs = std::filesystem;
@@ -50,37 +46,13 @@ absl::Status FileJobStore::Save(const v1::Job& job) {
   if (JobNumber(job.id()) < 0) {
     return absl::InvalidArgumentError(absl::StrCat("job id '", job.id(), "' is not job-<n>"));
   }
-  const std::string path = PathOf(job.id());
-  const std::string tmp = path + ".tmp";
   std::string bytes;
   if (!job.SerializeToString(&bytes)) {
     return absl::InternalError(absl::StrCat("cannot serialise ", job.id()));
   }
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return absl::InternalError(
-        absl::StrCat("job table: cannot write ", tmp, ": ", std::strerror(errno)));
-  }
-  size_t written = 0;
-  while (written < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string why = std::strerror(errno);
-      ::close(fd);
-      return absl::InternalError(absl::StrCat("job table: writing ", tmp, ": ", why));
-    }
-    written += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    return absl::InternalError(
-        absl::StrCat("job table: syncing ", tmp, ": ", std::strerror(errno)));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(
-        absl::StrCat("job table: renaming ", tmp, " to ", path, ": ", std::strerror(errno)));
-  }
-  return absl::OkStatus();
+  DurableFileOptions options;
+  options.what = "job table record";
+  return WriteFileDurably(PathOf(job.id()), bytes, options);
 }
 
 std::vector<v1::Job> FileJobStore::LoadAll(std::vector<std::string>* problems) {

@@ -38,8 +38,9 @@ class JobStore {
   virtual std::string Describe() const = 0;
 };
 
-// Records as files <dir>/<job id>.pb, each written to a temporary file, synced and renamed over
-// the old one. An unreadable file is renamed to <name>.corrupt.
+// Records as files <dir>/<job id>.pb, each written durably (common/util/durable_file.h: a
+// temporary file, fsync, rename over the old one, fsync of the directory). An unreadable file is
+// renamed to <name>.corrupt.
 class FileJobStore : public JobStore {
  public:
   // Uses (and creates) `dir`. INTERNAL naming the directory when it cannot be created or written.

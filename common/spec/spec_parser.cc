@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
+#include "common/checkpoint/layout.h"
 #include "common/transport/backends.h"
 
 namespace stagecoach::spec {
@@ -761,8 +762,9 @@ class SpecParser {
       v_.Error(training->Path("resume_from"), "must be a non-empty path");
     }
     // A checkpoint's manifest names its directory.
-    if (absl::EndsWith(out.resume_from, "/manifest.json")) {
-      out.resume_from.resize(out.resume_from.size() - std::string("/manifest.json").size());
+    const std::string manifest = absl::StrCat("/", checkpoint::kManifestFileName);
+    if (absl::EndsWith(out.resume_from, manifest)) {
+      out.resume_from.resize(out.resume_from.size() - manifest.size());
     }
   }
 

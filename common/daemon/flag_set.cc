@@ -57,6 +57,18 @@ absl::StatusOr<int64_t> ParseInt(const std::string& name, const std::string& tex
   return value;
 }
 
+// Converts an integer flag's text into `*into`, whose type bounds it from above.
+template <typename T>
+std::function<absl::Status(const std::string&)> IntoInteger(const std::string& name, T* into,
+                                                            int64_t min, const std::string& unit) {
+  return [name, into, min, unit](const std::string& text) {
+    auto value = ParseInt(name, text, min, std::numeric_limits<T>::max(), unit);
+    if (!value.ok()) return value.status();
+    *into = static_cast<T>(*value);
+    return absl::OkStatus();
+  };
+}
+
 }  // namespace
 
 FlagSet::Flag& FlagSet::Flag::CommandLineOnly() {
@@ -120,27 +132,12 @@ FlagSet::Flag& FlagSet::AddDuration(const std::string& name, absl::Duration* int
 
 FlagSet::Flag& FlagSet::AddInt(const std::string& name, int64_t* into, int64_t min,
                                const std::string& unit, const std::string& help) {
-  return Declare(name, help, absl::StrCat(*into),
-                 [name, into, min, unit](const std::string& text) {
-                   auto value =
-                       ParseInt(name, text, min, std::numeric_limits<int64_t>::max(), unit);
-                   if (!value.ok()) return value.status();
-                   *into = *value;
-                   return absl::OkStatus();
-                 })
-      .handle;
+  return Declare(name, help, absl::StrCat(*into), IntoInteger(name, into, min, unit)).handle;
 }
 
 FlagSet::Flag& FlagSet::AddInt(const std::string& name, int* into, int64_t min,
                                const std::string& unit, const std::string& help) {
-  return Declare(name, help, absl::StrCat(*into),
-                 [name, into, min, unit](const std::string& text) {
-                   auto value = ParseInt(name, text, min, std::numeric_limits<int>::max(), unit);
-                   if (!value.ok()) return value.status();
-                   *into = static_cast<int>(*value);
-                   return absl::OkStatus();
-                 })
-      .handle;
+  return Declare(name, help, absl::StrCat(*into), IntoInteger(name, into, min, unit)).handle;
 }
 
 FlagSet::Flag& FlagSet::AddBool(const std::string& name, bool* into, const std::string& help) {

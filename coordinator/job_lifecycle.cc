@@ -139,9 +139,16 @@ void JobLifecycle::EndLocked(Job& job, v1::JobState state, const std::string& re
   deps_.kv->DeletePrefix(job.RendezvousPrefix());
   // A finished Infer job needs only its outputs.
   job.inference_inputs.Clear();
+  ReleaseEndedLocked(job);
   if (job.starting) return;  // StartAttempt stops the ranks once its calls return
   for (const RankSlot& slot : job.ranks) {
     if (!slot.task_ended) StopRankLocked(job, slot, reason);
+  }
+}
+
+void JobLifecycle::ReleaseEndedLocked(const Job& job) {
+  for (const RankSlot& slot : job.ranks) {
+    if (slot.task_ended) deps_.registry->Release(slot.worker_id, job.id);
   }
 }
 
@@ -170,6 +177,7 @@ void JobLifecycle::RestartLocked(Job& job, const std::string& why) {
   deps_.kv->DeletePrefix(job.RendezvousPrefix());
   job.pausing = false;
   job.finishing = false;
+  ReleaseEndedLocked(job);
   if (!job.starting) {
     for (const RankSlot& slot : job.ranks) {
       if (!slot.task_ended) StopRankLocked(job, slot, why);
@@ -236,11 +244,13 @@ absl::Status JobLifecycle::TaskEndedLocked(Job& job, RankSlot& slot,
   slot.task_ended = true;
   slot.outcome = req.outcome();
   slot.error = req.error();
-  deps_.registry->Release(slot.worker_id, job.id);
   if (IsFinal(job.state) || job.state == v1::JOB_STATE_RESTARTING) {
+    deps_.registry->Release(slot.worker_id, job.id);
     deps_.hooks->ScheduleLocked();  // a restarting job waits for its workers to be released
     return absl::OkStatus();
   }
+  // Otherwise the worker stays the job's until the job ends or restarts (ReleaseEndedLocked):
+  // gang semantics at both ends.
   switch (req.outcome()) {
     case v1::TASK_OUTCOME_SUCCEEDED: {
       if (job.inference && job.plan.stage_to_rank[job.plan.num_stages - 1] == req.rank()) {

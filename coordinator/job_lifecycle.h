@@ -97,9 +97,11 @@ class JobLifecycle {
   void WorkersLostLocked(const std::vector<std::string>& worker_ids);
 
   // A rank's task ended (ReportTaskEndRequest of the current attempt, from the rank's worker):
-  // its worker is released; SUCCEEDED from every rank ends the job SUCCEEDED (an Infer job's
-  // last stage brings the outputs, checked); FAILED or STOPPED starts a failure investigation
-  // (on the executor) that fails or restarts the job. INVALID_ARGUMENT for a missing outcome.
+  // its worker stays the job's until the job ends or restarts, so a job's workers come free
+  // together (gang semantics at both ends; at once when the job has already ended); SUCCEEDED from
+  // every rank ends the job SUCCEEDED (an Infer job's last stage brings the outputs, checked);
+  // FAILED or STOPPED starts a failure investigation (on the executor) that fails or restarts the
+  // job. INVALID_ARGUMENT for a missing outcome.
   absl::Status TaskEndedLocked(Job& job, RankSlot& slot, const v1::ReportTaskEndRequest& req);
 
   // SUCCEEDED once every rank's task succeeded and no checkpoint of the job is still having its
@@ -108,6 +110,8 @@ class JobLifecycle {
 
  private:
   void RestartLocked(Job& job, const std::string& why);
+  // Releases the workers of the job's ranks whose tasks have ended.
+  void ReleaseEndedLocked(const Job& job);
   // Stops one rank's task on its worker and releases the worker (on the executor); a worker
   // that cannot stop it is lost.
   void StopRankLocked(const Job& job, const RankSlot& slot, const std::string& reason);

@@ -17,25 +17,19 @@ Caller CallerOf(absl::string_view method) {
   return kWorkerMethods.count(method) > 0 ? Caller::kWorker : Caller::kClient;
 }
 
-absl::Status NeedsClientToken(const grpc::ServerContext& ctx, const CoordinatorAuth& auth,
-                              absl::string_view method) {
-  if (auth.client_token.empty()) return absl::OkStatus();
-  return rpc::CheckBearer(ctx, auth.client_token,
-                          absl::StrCat(method,
-                                       ": needs the client token (the coordinator's "
-                                       "--client-token-file; stagectl --token-file or "
-                                       "$STAGECOACH_TOKEN)"));
+// OK when `token` is not required or the call carries it; `which` names it for the message.
+absl::Status NeedsToken(const grpc::ServerContext& ctx, const std::string& token,
+                        absl::string_view method, absl::string_view which) {
+  if (token.empty()) return absl::OkStatus();
+  return rpc::CheckBearer(ctx, token, absl::StrCat(method, ": needs the ", which));
 }
 
-absl::Status NeedsWorkerToken(const grpc::ServerContext& ctx, const CoordinatorAuth& auth,
-                              absl::string_view method) {
-  if (auth.worker_token.empty()) return absl::OkStatus();
-  return rpc::CheckBearer(ctx, auth.worker_token,
-                          absl::StrCat(method,
-                                       ": needs the worker token (the coordinator's "
-                                       "--worker-token-file; the worker's "
-                                       "--coordinator-token-file)"));
-}
+constexpr char kClientToken[] =
+    "client token (the coordinator's --client-token-file; stagectl --token-file or "
+    "$STAGECOACH_TOKEN)";
+constexpr char kWorkerToken[] =
+    "worker token (the coordinator's --worker-token-file; the worker's "
+    "--coordinator-token-file)";
 
 }  // namespace
 
@@ -44,14 +38,16 @@ rpc::CallCheck CoordinatorCallCheck(CoordinatorAuth auth) {
                                   absl::string_view method) -> absl::Status {
     switch (CallerOf(method)) {
       case Caller::kClient:
-        return NeedsClientToken(ctx, auth, method);
+        return NeedsToken(ctx, auth.client_token, method, kClientToken);
       case Caller::kWorker:
-        return NeedsWorkerToken(ctx, auth, method);
+        return NeedsToken(ctx, auth.worker_token, method, kWorkerToken);
       case Caller::kEither:
         // A token that is not required lets anyone in; the other one then adds nothing.
         if (auth.client_token.empty() || auth.worker_token.empty()) return absl::OkStatus();
-        if (NeedsClientToken(ctx, auth, method).ok()) return absl::OkStatus();
-        if (NeedsWorkerToken(ctx, auth, method).ok()) return absl::OkStatus();
+        if (NeedsToken(ctx, auth.client_token, method, kClientToken).ok() ||
+            NeedsToken(ctx, auth.worker_token, method, kWorkerToken).ok()) {
+          return absl::OkStatus();
+        }
         return absl::UnauthenticatedError(
             absl::StrCat(method,
                          ": needs the worker token (--worker-token-file) or the client token "

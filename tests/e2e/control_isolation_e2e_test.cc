@@ -23,19 +23,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-ReferenceConfig Config(int64_t steps) {
-  ReferenceConfig r;
-  r.sizes = {8, 16, 16, 4};
-  r.model_seed = 3;
-  r.data_seed = 4;
-  r.batch_size = 16;
-  r.microbatches = 4;
-  r.steps = steps;
-  r.loss = "mse";
-  r.optimizer = "sgd";
-  r.lr = 0.05;
-  return r;
-}
+ReferenceConfig Config(int64_t steps) { return SmallSgdMlp(steps, 3, 4); }
 
 // What pause and status of another job may take while A is stuck, generously: with control
 // serialised globally they would wait for A's call to the frozen worker (--worker-rpc-timeout,

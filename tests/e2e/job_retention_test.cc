@@ -8,11 +8,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/rpc/channel.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "stagecoach/v1/coordinator.grpc.pb.h"
 #include "tests/support/job_predicates.h"
 #include "tests/support/local_cluster.h"
 
@@ -52,7 +50,6 @@ class JobRetention : public ::testing::Test {
     auto started = LocalCluster::Start(options);
     ASSERT_TRUE(started.ok()) << started.status();
     cluster_ = *std::move(started);
-    stub_ = v1::CoordinatorService::NewStub(rpc::MakeChannel(cluster_->coordinator_address()));
   }
   void TearDown() override {
     if (HasFailure()) std::cerr << cluster_->Logs();
@@ -63,26 +60,16 @@ class JobRetention : public ::testing::Test {
   std::vector<std::string> SubmitJobs(int n) {
     std::vector<std::string> ids;
     for (int i = 0; i < n; ++i) {
-      v1::SubmitJobRequest req;
-      req.set_spec_yaml(kSpec);
-      v1::SubmitJobResponse resp;
-      grpc::ClientContext ctx;
-      rpc::SetDeadline(&ctx, absl::Seconds(30));
-      grpc::Status s = stub_->SubmitJob(&ctx, req, &resp);
-      EXPECT_TRUE(s.ok()) << s.error_message();
-      ids.push_back(resp.job_id());
+      absl::StatusOr<std::string> id = cluster_->Submit(kSpec);
+      EXPECT_TRUE(id.ok()) << id.status();
+      ids.push_back(id.ok() ? *id : "");
     }
     return ids;
   }
   void Cancel(const std::vector<std::string>& ids) {
     for (const std::string& id : ids) {
-      v1::CancelJobRequest req;
-      req.set_job_id(id);
-      v1::CancelJobResponse resp;
-      grpc::ClientContext ctx;
-      rpc::SetDeadline(&ctx, absl::Seconds(30));
-      grpc::Status s = stub_->CancelJob(&ctx, req, &resp);
-      EXPECT_TRUE(s.ok()) << id << ": " << s.error_message();
+      absl::Status cancelled = cluster_->Cancel(id);
+      EXPECT_TRUE(cancelled.ok()) << id << ": " << cancelled;
     }
   }
   // Jobs `stagectl list -o json` shows (it follows every page).
@@ -112,7 +99,6 @@ class JobRetention : public ::testing::Test {
 
   std::filesystem::path data_dir_;
   std::unique_ptr<LocalCluster> cluster_;
-  std::unique_ptr<v1::CoordinatorService::Stub> stub_;
 };
 
 TEST_F(JobRetention, ListPagesThroughEveryJobAndFinishedOnesAreKeptByCount) {

@@ -43,19 +43,7 @@ constexpr double kRtol = 1e-5;
 constexpr double kAtol = 1e-6;
 
 // The MLP every test trains: 2 stages on 2 workers, 1F1B, 4 microbatches, SGD.
-ReferenceConfig Config(int64_t steps) {
-  ReferenceConfig r;
-  r.sizes = {8, 16, 16, 4};
-  r.model_seed = 11;
-  r.data_seed = 5;
-  r.batch_size = 16;
-  r.microbatches = 4;
-  r.steps = steps;
-  r.loss = "mse";
-  r.optimizer = "sgd";
-  r.lr = 0.05;
-  return r;
-}
+ReferenceConfig Config(int64_t steps) { return SmallSgdMlp(steps, 11, 5); }
 
 v1::TensorData ToTensorData(const torch::Tensor& t) {
   const torch::Tensor c = t.to(torch::kFloat32).contiguous();
@@ -119,15 +107,9 @@ class StepControl : public ::testing::Test {
 
   // Submits `spec_yaml` over the RPC; returns the job id (empty on failure, with a test failure).
   std::string Submit(const std::string& spec_yaml, bool paused) {
-    v1::SubmitJobRequest req;
-    req.set_spec_yaml(spec_yaml);
-    req.set_start_paused(paused);
-    v1::SubmitJobResponse resp;
-    grpc::ClientContext ctx;
-    rpc::SetDeadline(&ctx, absl::Seconds(30));
-    grpc::Status s = stub_->SubmitJob(&ctx, req, &resp);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return resp.job_id();
+    absl::StatusOr<std::string> id = c().Submit(spec_yaml, paused);
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.ok() ? *id : "";
   }
 
   absl::StatusOr<v1::Job> WaitForState(const std::string& id, v1::JobState state,
@@ -149,13 +131,8 @@ class StepControl : public ::testing::Test {
   }
 
   void Cancel(const std::string& id) {
-    v1::CancelJobRequest req;
-    req.set_job_id(id);
-    v1::CancelJobResponse resp;
-    grpc::ClientContext ctx;
-    rpc::SetDeadline(&ctx, absl::Seconds(30));
-    grpc::Status s = stub_->CancelJob(&ctx, req, &resp);
-    EXPECT_TRUE(s.ok()) << s.error_message();
+    absl::Status cancelled = c().Cancel(id);
+    EXPECT_TRUE(cancelled.ok()) << cancelled;
   }
 
   static LocalCluster* cluster_;

@@ -196,6 +196,27 @@ absl::StatusOr<v1::Job> LocalCluster::GetJob(const std::string& job_id) {
   return resp.job();
 }
 
+absl::StatusOr<std::string> LocalCluster::Submit(const std::string& spec_yaml, bool paused) {
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(&ctx, absl::Seconds(30));
+  v1::SubmitJobRequest req;
+  req.set_spec_yaml(spec_yaml);
+  req.set_start_paused(paused);
+  v1::SubmitJobResponse resp;
+  grpc::Status status = stub_->SubmitJob(&ctx, req, &resp);
+  if (!status.ok()) return rpc::FromGrpcStatus(status);
+  return resp.job_id();
+}
+
+absl::Status LocalCluster::Cancel(const std::string& job_id) {
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(&ctx, absl::Seconds(30));
+  v1::CancelJobRequest req;
+  req.set_job_id(job_id);
+  v1::CancelJobResponse resp;
+  return rpc::FromGrpcStatus(stub_->CancelJob(&ctx, req, &resp));
+}
+
 absl::StatusOr<std::vector<v1::WorkerInfo>> LocalCluster::ListWorkers() {
   grpc::ClientContext ctx;
   rpc::SetDeadline(&ctx, absl::Seconds(10));

@@ -70,6 +70,10 @@ class LocalCluster {
                          absl::Duration timeout = absl::Seconds(120));
 
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
+  // SubmitJob of `spec_yaml` (held before its first step when `paused`): the job id.
+  absl::StatusOr<std::string> Submit(const std::string& spec_yaml, bool paused = false);
+  // CancelJob.
+  absl::Status Cancel(const std::string& job_id);
   absl::StatusOr<std::vector<v1::WorkerInfo>> ListWorkers();
   // Polls GetJob until `done(job)` or `timeout`.
   absl::StatusOr<v1::Job> WaitForJob(const std::string& job_id,

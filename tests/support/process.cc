@@ -212,17 +212,4 @@ CommandResult RunCommand(const std::vector<std::string>& argv, absl::Duration ti
   return result;
 }
 
-TempDir::TempDir() {
-  const char* base = std::getenv("TMPDIR");
-  std::string templ = absl::StrCat(base ? base : "/tmp", "/stagecoach-test-XXXXXX");
-  char* made = mkdtemp(templ.data());
-  path_ = made ? made : "";
-}
-
-TempDir::~TempDir() {
-  if (path_.empty()) return;
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
-}
-
 }  // namespace stagecoach::testing

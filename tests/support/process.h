@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "tests/support/temp_dir.h"
 
 namespace stagecoach::testing {
 
@@ -62,16 +63,5 @@ struct CommandResult {
 // Runs argv to completion (killed after `timeout`), capturing stdout and stderr.
 CommandResult RunCommand(const std::vector<std::string>& argv, absl::Duration timeout,
                          const std::map<std::string, std::string>& env = {});
-
-// A fresh directory under $TMPDIR (or /tmp), removed with its contents by the destructor.
-class TempDir {
- public:
-  TempDir();
-  ~TempDir();
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 }  // namespace stagecoach::testing

@@ -175,4 +175,18 @@ std::string MlpSpecYaml(const ReferenceConfig& config, const MlpJobLayout& layou
       "data: ", data, "\n");
 }
 
+ReferenceConfig SmallSgdMlp(int64_t steps, uint64_t model_seed, uint64_t data_seed) {
+  ReferenceConfig r;
+  r.sizes = {8, 16, 16, 4};
+  r.model_seed = model_seed;
+  r.data_seed = data_seed;
+  r.batch_size = 16;
+  r.microbatches = 4;
+  r.steps = steps;
+  r.loss = "mse";
+  r.optimizer = "sgd";
+  r.lr = 0.05;
+  return r;
+}
+
 }  // namespace stagecoach::testing

@@ -35,6 +35,10 @@ struct ReferenceConfig {
   torch::Tensor dataset_targets;
 };
 
+// The small MLP the control tests train: sizes 8-16-16-4, MSE, SGD with lr 0.05, batch 16 in 4
+// microbatches, `steps` steps from the given seeds.
+ReferenceConfig SmallSgdMlp(int64_t steps, uint64_t model_seed, uint64_t data_seed);
+
 // The "inputs" and "targets" tensors of a file written by torch.save({"inputs": X,
 // "targets": Y}), read with torch::pickle_load; undefined tensors (and a test failure) when the
 // file is missing or holds something else.

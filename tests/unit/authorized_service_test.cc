@@ -79,6 +79,18 @@ class AuthorizedServiceTest : public ::testing::Test {
     return Stub(token)->GetJob(&ctx, req, &resp);
   }
 
+  // A one-chunk UploadArtifact stream.
+  grpc::Status Upload(const std::string& token, v1::UploadArtifactResponse* resp) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(10));
+    auto writer = Stub(token)->UploadArtifact(&ctx, resp);
+    v1::UploadArtifactRequest chunk;
+    chunk.set_chunk("bytes");
+    writer->Write(chunk);
+    writer->WritesDone();
+    return writer->Finish();
+  }
+
   CountingService service_;
   std::unique_ptr<grpc::Service> authorized_;
   std::unique_ptr<grpc::Server> server_;
@@ -116,32 +128,13 @@ TEST_F(AuthorizedServiceTest, StreamsAreRefusedBeforeTheHandlerRunsToo) {
     EXPECT_FALSE(reader->Read(&event));
     EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
   }
-  {
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, absl::Seconds(10));
-    v1::UploadArtifactResponse resp;
-    auto writer = Stub("worker-t")->UploadArtifact(&ctx, &resp);
-    v1::UploadArtifactRequest chunk;
-    chunk.set_chunk("bytes");
-    writer->Write(chunk);
-    writer->WritesDone();
-    grpc::Status refused = writer->Finish();
-    EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAUTHENTICATED);
-    EXPECT_THAT(refused.error_message(), HasSubstr("UploadArtifact: needs the client token"));
-  }
+  v1::UploadArtifactResponse resp;
+  grpc::Status refused = Upload("worker-t", &resp);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("UploadArtifact: needs the client token"));
   EXPECT_EQ(service_.calls.load(), 0);
-  {
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, absl::Seconds(10));
-    v1::UploadArtifactResponse resp;
-    auto writer = Stub("client-t")->UploadArtifact(&ctx, &resp);
-    v1::UploadArtifactRequest chunk;
-    chunk.set_chunk("bytes");
-    writer->Write(chunk);
-    writer->WritesDone();
-    ASSERT_TRUE(writer->Finish().ok());
-    EXPECT_EQ(resp.chunks(), 1);
-  }
+  ASSERT_TRUE(Upload("client-t", &resp).ok());
+  EXPECT_EQ(resp.chunks(), 1);
   // FetchArtifact takes either token.
   for (const std::string token : {"client-t", "worker-t"}) {
     grpc::ClientContext ctx;

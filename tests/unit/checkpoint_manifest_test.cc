@@ -13,6 +13,7 @@
 #include "common/util/sha256.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/temp_dir.h"
 
 namespace stagecoach::coordinator {
 namespace {
@@ -22,16 +23,6 @@ using ::testing::HasSubstr;
 
 class CheckpointManifestTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/checkpoint_manifest_test_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-
   // Writes a file of `bytes` and returns its entry.
   v1::StageCheckpointFile WriteFile(int stage, const std::string& name, const std::string& bytes) {
     std::ofstream(dir_ + "/" + name, std::ios::binary) << bytes;
@@ -66,7 +57,8 @@ class CheckpointManifestTest : public ::testing::Test {
     return m;
   }
 
-  std::string dir_;
+  stagecoach::testing::TempDir tmp_{"checkpoint_manifest_test"};
+  const std::string dir_ = tmp_.path();
 };
 
 TEST_F(CheckpointManifestTest, WriteThenVerifyRoundTrips) {

@@ -21,6 +21,7 @@
 #include "common/util/sha256.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/temp_dir.h"
 
 namespace stagecoach::runtime {
 namespace {
@@ -86,16 +87,6 @@ void ExpectBitIdentical(const NamedParams& a, const NamedParams& b) {
 
 class CheckpointTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/checkpoint_test_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-
   // Trains 3 steps, checkpoints both stages after step 3, trains 3 more; then a model with other
   // initial values and a fresh optimizer restores the checkpoint and trains the same 3 steps:
   // losses and final parameters must be bit-identical.
@@ -124,7 +115,8 @@ class CheckpointTest : public ::testing::Test {
     ExpectBitIdentical(a.stage1, b.stage1);
   }
 
-  std::string dir_;
+  stagecoach::testing::TempDir tmp_{"checkpoint_test"};
+  const std::string dir_ = tmp_.path();
 };
 
 TEST_F(CheckpointTest, AdamWResumeIsBitIdentical) {

@@ -13,20 +13,9 @@
 namespace stagecoach::coordinator {
 namespace {
 
-std::string Spec(int steps) {
-  return absl::StrCat("name: t\nmodel: {builtin: {family: mlp, sizes: [4, 8, 8, 8, 2]}}\n",
-                      "split: {stages: 2}\nschedule: {kind: 1F1B, microbatches: 4}\n",
-                      "training: {batch_size: 8, steps: ", steps, "}\n");
-}
+std::string Spec(int steps, const std::string& extra = "") { return TwoStageSpec(steps, extra); }
 
-v1::TensorData Floats(int64_t rows, int64_t cols) {
-  v1::TensorData t;
-  t.set_dtype("float32");
-  t.add_shape(rows);
-  t.add_shape(cols);
-  t.set_data(std::string(static_cast<size_t>(rows * cols * 4), '\0'));
-  return t;
-}
+v1::TensorData Floats(int64_t rows, int64_t cols) { return ZeroFloats(rows, cols); }
 
 class ControlIsolationTest : public JobManagerFixture {
  protected:
@@ -51,8 +40,7 @@ TEST_F(ControlIsolationTest, AJobStuckOnAFrozenWorkerDoesNotDelayAnotherJobsCont
   // A's rank 0 worker freezes: its ControlTask does not return until released.
   absl::Notification arrived, release;
   workers_.SetControlAnswer(
-      Address(1),
-      [&](const v1::ControlTaskRequest&) -> absl::StatusOr<v1::ControlTaskResponse> {
+      Address(1), [&](const v1::ControlTaskRequest&) -> absl::StatusOr<v1::ControlTaskResponse> {
         arrived.Notify();
         release.WaitForNotification();
         return absl::UnavailableError("the worker was frozen");

@@ -19,6 +19,7 @@
 #include "coordinator/step_aggregation.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/temp_dir.h"
 #include "tests/unit/coordinator_test_fakes.h"
 
 namespace stagecoach::coordinator {
@@ -52,8 +53,8 @@ Job& QueueJob(JobTable& table, const std::string& spec_yaml) {
 }
 
 std::string Register(WorkerRegistry& registry, int n) {
-  auto id = registry.Register(absl::StrCat("w", n), absl::StrCat("10.0.0.", n, ":7000"), "cpu",
-                              {}, kT0);
+  auto id =
+      registry.Register(absl::StrCat("w", n), absl::StrCat("10.0.0.", n, ":7000"), "cpu", {}, kT0);
   EXPECT_TRUE(id.ok());
   return *id;
 }
@@ -220,7 +221,8 @@ TEST(FailureInvestigation, ALostPeerIsTheRootCauseElseTheReporter) {
   const ReportedFailure reported{1, "w-2", "rank 1, action 1RECV_F0: connection reset"};
   const std::vector<Peer> peers = {{0, "w-1", "10.0.0.1:7000"}, {2, "w-3", "10.0.0.3:7000"}};
   RootCause healthy = investigation.Investigate(reported, peers);
-  EXPECT_EQ(healthy.reason, "rank 1 (worker w-2) failed: rank 1, action 1RECV_F0: connection reset");
+  EXPECT_EQ(healthy.reason,
+            "rank 1 (worker w-2) failed: rank 1, action 1RECV_F0: connection reset");
   EXPECT_EQ(healthy.failure.action(), "1RECV_F0");
   EXPECT_TRUE(healthy.lost.empty());
   workers.SetUnreachable("10.0.0.3:7000");
@@ -239,7 +241,8 @@ TEST(RestartPolicy, RestartsWhileAllowedFromTheLatestCheckpoint) {
   Job& job = QueueJob(table, Spec(2, "}\nrestart: {max_restarts: 2"));
   RestartDecision first = DecideRestart(job, "w-2 lost");
   EXPECT_TRUE(first.restart);
-  EXPECT_EQ(first.reason, "w-2 lost; restart 1 of 2 from its initial parameters (no checkpoint yet)");
+  EXPECT_EQ(first.reason,
+            "w-2 lost; restart 1 of 2 from its initial parameters (no checkpoint yet)");
   job.restarts = 1;
   job.checkpoints.emplace_back().set_step(40);
   EXPECT_EQ(DecideRestart(job, "x").reason, "x; restart 2 of 2 from the checkpoint after step 40");
@@ -329,13 +332,6 @@ TEST_F(JobLifecycleTest, AWorkerThatCannotBeReachedAtStartIsLostAndTheJobRestart
 
 class CheckpointCollectionTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/checkpoint_collection_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-
   v1::ReportStepRequest Files(int rank, int64_t step, const std::string& contents) {
     const std::string step_dir = CheckpointStepDirectory(dir_, step);
     std::filesystem::create_directories(step_dir);
@@ -351,7 +347,8 @@ class CheckpointCollectionTest : public ::testing::Test {
     f->set_sha256(Sha256Hex(contents));
     return r;
   }
-  std::string dir_;
+  stagecoach::testing::TempDir tmp_{"checkpoint_collection"};
+  const std::string dir_ = tmp_.path();
 };
 
 TEST_F(CheckpointCollectionTest, AManifestIsWrittenOnlyOnceEveryStagesFilesAreOnDisk) {

@@ -158,6 +158,24 @@ class FakeWorkerClient : public WorkerClient {
   std::map<std::string, std::string> tokens_;
 };
 
+// A job spec the control tests run: a 4-layer MLP in 2 stages on 2 workers, 1F1B with 4
+// microbatches of 2 rows, `steps` steps, and `extra` YAML appended.
+inline std::string TwoStageSpec(int steps, const std::string& extra = "") {
+  return absl::StrCat("name: t\nmodel: {builtin: {family: mlp, sizes: [4, 8, 8, 8, 2]}}\n",
+                      "split: {stages: 2}\nschedule: {kind: 1F1B, microbatches: 4}\n",
+                      "training: {batch_size: 8, steps: ", steps, "}\n", extra);
+}
+
+// A float32 [rows, cols] tensor of zeros, as a client batch.
+inline v1::TensorData ZeroFloats(int64_t rows, int64_t cols) {
+  v1::TensorData t;
+  t.set_dtype("float32");
+  t.add_shape(rows);
+  t.add_shape(cols);
+  t.set_data(std::string(static_cast<size_t>(rows * cols * 4), '\0'));
+  return t;
+}
+
 // A job store in memory that records every call; Save can be made to block on a latch (a slow
 // or stuck disk).
 class MemoryJobStore : public JobStore {

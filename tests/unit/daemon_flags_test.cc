@@ -13,6 +13,7 @@
 #include "common/daemon/flag_set.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/temp_dir.h"
 
 namespace stagecoach::daemon {
 namespace {
@@ -36,16 +37,8 @@ struct Values {
 
 class FlagSetTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/daemon_flags_test_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    unsetenv(kEnv);
-  }
-  void TearDown() override {
-    fs::remove_all(dir_);
-    unsetenv(kEnv);
-  }
+  void SetUp() override { unsetenv(kEnv); }
+  void TearDown() override { unsetenv(kEnv); }
 
   // A fresh flag set over `v_` (declared like a daemon declares its flags).
   std::unique_ptr<FlagSet> Declare() {
@@ -78,7 +71,8 @@ class FlagSetTest : public ::testing::Test {
   }
 
   static constexpr char kEnv[] = "STAGECOACH_FLAG_SET_TEST_PEER";
-  std::string dir_;
+  stagecoach::testing::TempDir tmp_{"daemon_flags_test"};
+  const std::string dir_ = tmp_.path();
   Values v_;
 };
 

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/temp_dir.h"
 
 namespace stagecoach {
 namespace {
@@ -27,13 +28,6 @@ using IfExists = DurableFileOptions::IfExists;
 
 class DurableFileTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/durable_file_test_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   std::string Path(const std::string& name) const { return dir_ + "/" + name; }
 
   // Every entry of the directory, hidden temporary files included.
@@ -57,7 +51,8 @@ class DurableFileTest : public ::testing::Test {
     return options;
   }
 
-  std::string dir_;
+  stagecoach::testing::TempDir tmp_{"durable_file_test"};
+  const std::string dir_ = tmp_.path();
 };
 
 TEST_F(DurableFileTest, WritesTheContentAndLeavesNoTemporaryFile) {

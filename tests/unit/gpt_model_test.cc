@@ -14,6 +14,7 @@
 #include "coordinator/planner.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/temp_dir.h"
 #include "worker/model/gpt.h"
 #include "worker/runtime/training_data.h"
 #include "worker/runtime/training_setup.h"
@@ -152,13 +153,6 @@ TEST(ComputeLoss, CrossEntropyOverSequencesIsTheMeanOverPositions) {
 
 class TokensTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/gpt_tokens_test_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { std::system(absl::StrCat("rm -rf '", dir_, "'").c_str()); }
-
   std::string Write(const std::string& name, const std::string& bytes) {
     const std::string path = absl::StrCat(dir_, "/", name);
     std::ofstream(path, std::ios::binary) << bytes;
@@ -187,7 +181,8 @@ class TokensTest : public ::testing::Test {
     return spec;
   }
 
-  std::string dir_;
+  stagecoach::testing::TempDir tmp_{"gpt_tokens_test"};
+  const std::string dir_ = tmp_.path();
 };
 
 TEST_F(TokensTest, WindowsWithShiftedTargetsPerSeedAndStep) {
@@ -281,7 +276,8 @@ TEST_F(TokensTest, ErrorsNameTheFieldAndThePlace) {
               HasSubstr("token 17 is 4660, not below model.builtin.vocab = 50"));
   spec::JobSpec mlp = Spec(Write("ok.bin", Counting(30)));
   mlp.model.builtin->family = "mlp";
-  EXPECT_THAT(message(mlp), HasSubstr("data.kind: tokens data needs a built-in gpt or a TorchScript model"));
+  EXPECT_THAT(message(mlp),
+              HasSubstr("data.kind: tokens data needs a built-in gpt or a TorchScript model"));
   // A rank that needs neither inputs nor targets does not read the file.
   EXPECT_TRUE(runtime::BatchSource::Open(Spec(missing), false, false).ok());
 }

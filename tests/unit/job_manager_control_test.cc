@@ -17,20 +17,9 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string Spec(int steps, const std::string& extra = "") {
-  return absl::StrCat("name: t\nmodel: {builtin: {family: mlp, sizes: [4, 8, 8, 8, 2]}}\n",
-                      "split: {stages: 2}\nschedule: {kind: 1F1B, microbatches: 4}\n",
-                      "training: {batch_size: 8, steps: ", steps, "}\n", extra);
-}
+std::string Spec(int steps, const std::string& extra = "") { return TwoStageSpec(steps, extra); }
 
-v1::TensorData Floats(int64_t rows, int64_t cols) {
-  v1::TensorData t;
-  t.set_dtype("float32");
-  t.add_shape(rows);
-  t.add_shape(cols);
-  t.set_data(std::string(static_cast<size_t>(rows * cols * 4), '\0'));
-  return t;
-}
+v1::TensorData Floats(int64_t rows, int64_t cols) { return ZeroFloats(rows, cols); }
 
 class JobManagerControlTest : public JobManagerFixture {
  protected:

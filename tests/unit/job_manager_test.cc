@@ -13,6 +13,7 @@
 #include "coordinator/checkpoint_manifest.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/temp_dir.h"
 #include "tests/unit/coordinator_test_fakes.h"
 
 namespace stagecoach::coordinator {
@@ -288,16 +289,6 @@ std::string CheckpointSpec(const std::string& dir, const std::string& resume_fro
 
 class JobManagerCheckpointTest : public JobManagerTest {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/job_manager_checkpoint_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
-
   // Writes stage `stage`'s two files of the checkpoint at `step` under `dir` as a worker would,
   // and returns their entries.
   std::vector<v1::StageCheckpointFile> WriteStageFiles(const std::string& dir, int64_t step,
@@ -356,7 +347,8 @@ class JobManagerCheckpointTest : public JobManagerTest {
     return manager_->ReportStep(r);
   }
 
-  std::string dir_;
+  stagecoach::testing::TempDir tmp_{"job_manager_checkpoint"};
+  const std::string dir_ = tmp_.path();
 };
 
 TEST_F(JobManagerCheckpointTest, ManifestIsWrittenLastWhenEveryStageFileHasArrived) {

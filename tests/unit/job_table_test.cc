@@ -35,6 +35,15 @@ Job& AddJob(JobTable& table, v1::JobState state, absl::Time at) {
   return job;
 }
 
+// A job table whose records go to a store in memory, written when the test runs the executor.
+struct PersistedTable {
+  explicit PersistedTable(JobTableOptions options) : table(options, &writer) {}
+  MemoryJobStore store;
+  ManualExecutor executor;
+  JobWriter writer{&store, &executor};
+  JobTable table;
+};
+
 std::vector<std::string> Ids(const std::vector<v1::Job>& jobs) {
   std::vector<std::string> out;
   for (const auto& j : jobs) out.push_back(j.id());
@@ -103,13 +112,13 @@ TEST(JobTable, ListingPagesThroughEveryJobInOrder) {
 }
 
 TEST(JobTable, FinishedJobsAreKeptByCountAndAgeWithTheirRecords) {
-  MemoryJobStore store;
-  ManualExecutor executor;
-  JobWriter writer(&store, &executor);
   JobTableOptions options;
   options.retain_finished_jobs = 3;
   options.retain_finished_for = absl::Hours(1);
-  JobTable table(options, &writer);
+  PersistedTable t(options);
+  JobTable& table = t.table;
+  MemoryJobStore& store = t.store;
+  ManualExecutor& executor = t.executor;
   // job-1 finished long ago, jobs 2..6 recently (in order), job-7 still pending.
   AddJob(table, v1::JOB_STATE_CANCELLED, kT0 - absl::Hours(2));
   for (int i = 0; i < 5; ++i) {
@@ -139,12 +148,11 @@ TEST(JobTable, FinishedJobsAreKeptByCountAndAgeWithTheirRecords) {
 }
 
 TEST(JobTable, TenThousandJobsLeaveABoundedTable) {
-  MemoryJobStore store;
-  ManualExecutor executor;
-  JobWriter writer(&store, &executor);
   JobTableOptions options;
   options.retain_finished_jobs = 100;
-  JobTable table(options, &writer);
+  PersistedTable t(options);
+  JobTable& table = t.table;
+  ManualExecutor& executor = t.executor;
   size_t most = 0;
   for (int i = 0; i < 10000; ++i) {
     AddJob(table, v1::JOB_STATE_CANCELLED, kT0 + absl::Seconds(i));
@@ -156,7 +164,7 @@ TEST(JobTable, TenThousandJobsLeaveABoundedTable) {
     executor.RunUntilIdle();
   }
   EXPECT_LE(most, 100u);
-  const std::set<std::string> kept = store.ids();
+  const std::set<std::string> kept = t.store.ids();
   EXPECT_EQ(kept.size(), 100u);
   EXPECT_EQ(kept.count("job-9901"), 1u) << "the 100 most recently finished";
   EXPECT_EQ(kept.count("job-9900"), 0u);

@@ -11,6 +11,7 @@
 #include "common/rpc/tls.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/temp_dir.h"
 
 namespace stagecoach::rpc {
 namespace {
@@ -18,20 +19,7 @@ namespace {
 using ::testing::HasSubstr;
 
 // A fresh directory under /tmp, removed with its files at the end of the test.
-class ScratchDir {
- public:
-  ScratchDir() {
-    char name[] = "/tmp/rpc-security-test-XXXXXX";
-    path_ = mkdtemp(name) != nullptr ? name : "/tmp";
-  }
-  ~ScratchDir() {
-    if (path_ != "/tmp") std::filesystem::remove_all(path_);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using ScratchDir = stagecoach::testing::TempDir;
 
 std::string Write(const ScratchDir& dir, const std::string& name, const std::string& text) {
   const std::string path = dir.path() + "/" + name;

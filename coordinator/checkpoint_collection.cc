@@ -3,22 +3,17 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/checkpoint/layout.h"
 #include "common/util/logging.h"
 #include "common/util/sha256.h"
 
 namespace stagecoach::coordinator {
 namespace {
 
-// The step of a directory entry named "step-<n>" under `dir`, or -1.
-int64_t StepOfEntry(const std::filesystem::directory_entry& entry, const std::string& dir) {
-  const std::string name = entry.path().filename().string();
-  int64_t step = 0;
-  if (!absl::StartsWith(name, "step-") || !absl::SimpleAtoi(name.substr(5), &step)) return -1;
-  if (entry.path() != std::filesystem::path(CheckpointStepDirectory(dir, step))) return -1;
-  return step;
+// The step of a checkpoint step directory (the checkpoint layout's name), or -1.
+int64_t StepOfEntry(const std::filesystem::directory_entry& entry) {
+  return checkpoint::StepOfCheckpointDirectory(entry.path().filename().string()).value_or(-1);
 }
 
 }  // namespace
@@ -179,7 +174,7 @@ absl::Status CheckCheckpointTargetsFree(const spec::JobSpec& spec, int64_t base_
   std::error_code error;
   for (std::filesystem::directory_iterator it(ckpt.dir, error), end; !error && it != end;
        it.increment(error)) {
-    const int64_t step = StepOfEntry(*it, ckpt.dir);
+    const int64_t step = StepOfEntry(*it);
     if (step < 0) continue;
     const bool written = step == last || (ckpt.every_steps > 0 && step > base_step && step < last &&
                                           step % ckpt.every_steps == 0);
@@ -200,7 +195,7 @@ void SetAsidePartialCheckpoints(const std::string& dir, int64_t after_step,
   std::vector<std::filesystem::path> partial;
   for (std::filesystem::directory_iterator it(dir, error), end; !error && it != end;
        it.increment(error)) {
-    const int64_t step = StepOfEntry(*it, dir);
+    const int64_t step = StepOfEntry(*it);
     if (step <= after_step) continue;
     if (std::filesystem::exists(ManifestPath(it->path().string()))) continue;
     partial.push_back(it->path());

@@ -300,11 +300,10 @@ absl::StatusOr<v1::StageCheckpointFile> FindStageStateFile(const v1::ResumeTask&
                                                  " of checkpoint ", resume.directory()));
 }
 
-// RestoreStageCheckpoint, and with `optimizer` null RestoreStageParameters.
-static absl::Status RestoreStage(const std::string& step_dir, const v1::StageCheckpointFile& file,
-                                 int stage,
-                                 const std::vector<std::pair<std::string, torch::Tensor>>& params,
-                                 torch::optim::Optimizer* optimizer) {
+// 1. Integrity: the stage's file, its size and SHA-256 as listed, holding stage `stage`.
+static absl::StatusOr<StageState> ReadVerifiedStageState(const std::string& step_dir,
+                                                         const v1::StageCheckpointFile& file,
+                                                         int stage) {
   if (file.file().empty() || file.file().find('/') != std::string::npos || file.file() == "." ||
       file.file() == "..") {
     return absl::InvalidArgumentError(
@@ -315,8 +314,6 @@ static absl::Status RestoreStage(const std::string& step_dir, const v1::StageChe
                                                    file.stage(), "'s, not stage ", stage, "'s"));
   }
   const std::string path = PathIn(step_dir, file.file());
-
-  // 1. Integrity.
   ASSIGN_OR_RETURN(std::vector<char> bytes, ReadFile(path));
   if (static_cast<int64_t>(bytes.size()) != file.size_bytes()) {
     return absl::DataLossError(absl::StrCat("checkpoint file ", path, " is corrupt: expected ",
@@ -332,13 +329,14 @@ static absl::Status RestoreStage(const std::string& step_dir, const v1::StageChe
     return absl::DataLossError(absl::StrCat("checkpoint file ", path, " holds stage ", saved.stage,
                                             ", expected stage ", stage));
   }
+  return saved;
+}
 
-  // 2. It fits the stage and the optimizer.
-  const std::string where = absl::StrCat("stage ", stage, " checkpoint ", path);
-  OptimizerKind kind = OptimizerKind::kSgd;
-  if (optimizer != nullptr) {
-    ASSIGN_OR_RETURN(kind, KindOf(*optimizer));
-  }
+// 2a. The saved parameters are exactly the stage's, with their shapes and dtypes, and (with an
+// optimizer) ones it updates. Returns the stage's parameter names.
+static absl::StatusOr<std::set<std::string>> CheckParametersFit(
+    const StageState& saved, const std::vector<std::pair<std::string, torch::Tensor>>& params,
+    torch::optim::Optimizer* optimizer, const std::string& where) {
   std::set<std::string> names;
   for (const auto& [name, p] : params) {
     names.insert(name);
@@ -363,8 +361,15 @@ static absl::Status RestoreStage(const std::string& step_dir, const v1::StageChe
           absl::StrCat(where, ": parameter '", name, "' in the checkpoint is not in the stage"));
     }
   }
+  return names;
+}
+
+// 2b. The saved optimizer state, by parameter: every entry is `kind`'s state of a parameter of
+// the stage.
+static absl::StatusOr<std::map<std::string, ParamOptimState>> MatchOptimizerState(
+    const StageState& saved, const std::set<std::string>& names, OptimizerKind kind,
+    const std::string& where) {
   std::map<std::string, ParamOptimState> optim;
-  if (optimizer == nullptr) saved.optimizer.clear();  // parameters only
   for (const auto& [key, value] : saved.optimizer) {
     bool matched = false;
     for (const std::string& field : FieldsOf(kind)) {
@@ -382,19 +387,15 @@ static absl::Status RestoreStage(const std::string& step_dir, const v1::StageChe
                        " state of a parameter of the stage (was the optimizer changed?)"));
     }
   }
-  std::vector<std::unique_ptr<torch::optim::OptimizerParamState>> states;
-  try {
-    for (const auto& [name, p] : params) {
-      if (optimizer == nullptr) break;
-      ASSIGN_OR_RETURN(auto st, MakeParamState(kind, name, optim[name], p, where));
-      states.push_back(std::move(st));
-    }
-  } catch (const c10::Error& e) {
-    return absl::InternalError(
-        absl::StrCat(where, ": reading optimizer state failed: ", e.what_without_backtrace()));
-  }
+  return optim;
+}
 
-  // 3. Install.
+// 3. Install: the parameters' values, and (with an optimizer) each parameter's state.
+static absl::Status InstallStageState(
+    const StageState& saved, const std::vector<std::pair<std::string, torch::Tensor>>& params,
+    torch::optim::Optimizer* optimizer,
+    std::vector<std::unique_ptr<torch::optim::OptimizerParamState>> states,
+    const std::string& where) {
   try {
     torch::NoGradGuard no_grad;
     for (const auto& [name, p] : params) {
@@ -418,6 +419,36 @@ static absl::Status RestoreStage(const std::string& step_dir, const v1::StageChe
         absl::StrCat(where, ": restoring failed: ", e.what_without_backtrace()));
   }
   return absl::OkStatus();
+}
+
+// RestoreStageCheckpoint, and with `optimizer` null RestoreStageParameters.
+static absl::Status RestoreStage(const std::string& step_dir, const v1::StageCheckpointFile& file,
+                                 int stage,
+                                 const std::vector<std::pair<std::string, torch::Tensor>>& params,
+                                 torch::optim::Optimizer* optimizer) {
+  ASSIGN_OR_RETURN(StageState saved, ReadVerifiedStageState(step_dir, file, stage));
+  const std::string where =
+      absl::StrCat("stage ", stage, " checkpoint ", PathIn(step_dir, file.file()));
+  OptimizerKind kind = OptimizerKind::kSgd;
+  if (optimizer != nullptr) {
+    ASSIGN_OR_RETURN(kind, KindOf(*optimizer));
+  }
+  ASSIGN_OR_RETURN(const std::set<std::string> names,
+                   CheckParametersFit(saved, params, optimizer, where));
+  if (optimizer == nullptr) saved.optimizer.clear();  // parameters only
+  ASSIGN_OR_RETURN(auto optim, MatchOptimizerState(saved, names, kind, where));
+  std::vector<std::unique_ptr<torch::optim::OptimizerParamState>> states;
+  try {
+    for (const auto& [name, p] : params) {
+      if (optimizer == nullptr) break;
+      ASSIGN_OR_RETURN(auto st, MakeParamState(kind, name, optim[name], p, where));
+      states.push_back(std::move(st));
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat(where, ": reading optimizer state failed: ", e.what_without_backtrace()));
+  }
+  return InstallStageState(saved, params, optimizer, std::move(states), where);
 }
 
 absl::Status RestoreStageCheckpoint(

@@ -73,6 +73,10 @@ class JobLifecycle {
   JobLifecycle(LifecycleOptions options, LifecycleDeps deps);
   ~JobLifecycle();
 
+  // Turns the closures it queued that have not started into no-ops and waits for running ones
+  // (bounded by their calls' timeouts). The owner calls it before destroying what they use.
+  void Close() { scope_.Close(); }
+
   // Moves aside the failed attempt's partial checkpoints (when the order says so), calls
   // StartTask for every rank in rank order (on the executor), then moves the job to RUNNING, or
   // PAUSED when it starts held. A worker that cannot be reached is lost and the job fails or

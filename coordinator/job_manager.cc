@@ -60,7 +60,11 @@ JobManager::~JobManager() {
     control_.ShutdownLocked();
   }
   if (ticker_.joinable()) ticker_.join();
+  // Queued work stops before any component goes: a running lifecycle closure may still call
+  // step control, and either may call back into this manager.
   scope_.Close();
+  lifecycle_.Close();
+  control_.Close();
 }
 
 void JobManager::Start() {
@@ -153,11 +157,12 @@ absl::StatusOr<InferenceResult> JobManager::Infer(const std::string& spec_yaml,
                                                   const std::string& origin, v1::TensorData inputs,
                                                   absl::Duration timeout,
                                                   const std::function<bool()>& caller_gone) {
-  const absl::Time deadline = deps_.clock->Now() + timeout;
   ASSIGN_OR_RETURN(AdmittedJob admitted, admission_.AdmitInference(spec_yaml, origin, inputs));
   std::shared_ptr<Job> shared;
+  absl::Time deadline;
   {
     absl::MutexLock lock(&table_.mu());
+    deadline = deps_.clock->Now() + timeout;  // from when the job is queued
     Job& job = AddJobLocked(std::move(admitted));
     job.finish_step = job.base_step + 1;
     job.finishing = true;  // its tasks end on their own after their one step

@@ -72,6 +72,9 @@ std::vector<std::string> JobTable::PruneLocked(absl::Time now) {
   // Finished jobs, most recently finished first.
   std::vector<std::pair<absl::Time, int64_t>> finished;
   for (const auto& [number, job] : jobs_) {
+    // A job whose StartTask calls are still in flight keeps its entry until they return (they
+    // stop what they started and release its workers through it).
+    if (job->starting) continue;
     if (std::optional<absl::Time> at = job->FinishedTime()) finished.emplace_back(*at, number);
   }
   std::sort(finished.begin(), finished.end(),

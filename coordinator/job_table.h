@@ -79,7 +79,8 @@ class JobTable {
   void PersistLocked(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Drops finished jobs beyond retention as of `now` (options' count and age), from memory and
-  // from the disk table; returns their ids, oldest first.
+  // from the disk table; returns their ids, oldest first. A job whose StartTask calls are in
+  // flight (Job::starting) is kept until they return.
   std::vector<std::string> PruneLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Up to `page_size` jobs (0: the default; clamped to the maximum) after `page_token` (empty:

@@ -52,6 +52,10 @@ class StepControl {
   StepControl(StepControlOptions options, StepControlDeps deps);
   ~StepControl();
 
+  // Turns the closures it queued that have not started into no-ops and waits for running ones
+  // (bounded by their calls' timeouts). The owner calls it before destroying what they use.
+  void Close() { scope_.Close(); }
+
   // CoordinatorService.PauseJob: the ranks hold at the earliest step boundary none has passed
   // (a later one when a rank already passed it, a few times). FAILED_PRECONDITION unless
   // RUNNING (PAUSED answers where it holds); ABORTED when no boundary was left or the job

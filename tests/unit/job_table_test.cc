@@ -184,6 +184,18 @@ TEST(JobTable, ShareKeepsAJobAliveAfterItIsDropped) {
   EXPECT_EQ(held->state, v1::JOB_STATE_CANCELLED);
 }
 
+TEST(JobTable, AJobWhoseStartIsInFlightIsKeptUntilItReturns) {
+  JobTableOptions options;
+  options.retain_finished_jobs = 0;
+  JobTable table(options, nullptr);
+  Job& job = AddJob(table, v1::JOB_STATE_CANCELLED, kT0);
+  absl::MutexLock lock(&table.mu());
+  job.starting = true;  // cancelled while its StartTask calls run
+  EXPECT_TRUE(table.PruneLocked(kT0 + absl::Hours(1000)).empty());
+  job.starting = false;
+  EXPECT_THAT(table.PruneLocked(kT0 + absl::Hours(1000)), ElementsAre("job-1"));
+}
+
 TEST(EventLog, KeepsTheNewestEventsAndTellsAWatcherWhatItMissed) {
   EventLog log(3);
   for (int i = 0; i < 5; ++i) {

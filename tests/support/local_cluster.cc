@@ -250,9 +250,15 @@ std::string LocalCluster::WriteFile(const std::string& name, const std::string& 
 
 std::string LocalCluster::Logs() {
   std::string out;
-  if (coordinator_) absl::StrAppend(&out, "--- coordinator ---\n", coordinator_->StderrTail());
+  // Each process's stderr, headed by whether it still runs (and where its threads sleep) or
+  // how it ended: a daemon that went silent shows whether it died or is stuck.
+  if (coordinator_) {
+    absl::StrAppend(&out, "--- coordinator (", coordinator_->Describe(), ") ---\n",
+                    coordinator_->StderrTail());
+  }
   for (size_t i = 0; i < workers_.size(); ++i) {
-    absl::StrAppend(&out, "--- worker-", i, " ---\n", workers_[i]->StderrTail());
+    absl::StrAppend(&out, "--- worker-", i, " (", workers_[i]->Describe(), ") ---\n",
+                    workers_[i]->StderrTail());
   }
   return out;
 }

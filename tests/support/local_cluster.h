@@ -83,7 +83,8 @@ class LocalCluster {
   // Writes `text` to a file in the cluster's directory; returns its path.
   std::string WriteFile(const std::string& name, const std::string& text);
 
-  // Logs of every process (stderr tails), for failure messages.
+  // Logs of every process (stderr tails, each headed by ChildProcess::Describe), for failure
+  // messages.
   std::string Logs();
 
  private:
@@ -106,5 +107,6 @@ class LocalCluster {
 std::string CoordinatorBinary();
 std::string WorkerBinary();
 std::string StagectlBinary();
+
 
 }  // namespace stagecoach::testing

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -131,6 +132,7 @@ absl::StatusOr<int> ChildProcess::Wait(absl::Duration timeout) {
     if (r == pid_) {
       exited_ = true;
       exit_code_ = DecodeStatus(status);
+      raw_status_ = status;
       break;
     }
     if (r < 0) {
@@ -158,6 +160,66 @@ void ChildProcess::Stop(absl::Duration grace) {
     Signal(SIGKILL);
     (void)Wait(absl::Seconds(10));
   }
+}
+
+namespace {
+
+// The first line of a /proc file, or "?".
+std::string ReadProcLine(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  if (!std::getline(in, line)) return "?";
+  return line;
+}
+
+struct ThreadState {
+  std::string name = "?";
+  std::string state = "?";  // R running, S sleeping, D disk wait, T stopped, ...
+  std::string wchan = "-";  // the kernel function it sleeps in
+};
+
+// One thread of a process, from /proc/<pid>/task/<tid>.
+ThreadState ReadThread(const std::filesystem::path& task) {
+  ThreadState out;
+  // stat: "tid (comm) state ...": comm may hold spaces and parentheses, so split at the last ')'.
+  const std::string stat = ReadProcLine((task / "stat").string());
+  const size_t open = stat.find('(');
+  const size_t close = stat.rfind(')');
+  if (open != std::string::npos && close != std::string::npos && close > open) {
+    out.name = stat.substr(open + 1, close - open - 1);
+    if (close + 2 < stat.size()) out.state = stat.substr(close + 2, 1);
+  }
+  const std::string wchan = ReadProcLine((task / "wchan").string());
+  if (!wchan.empty() && wchan != "0" && wchan != "?") out.wchan = wchan;
+  return out;
+}
+
+}  // namespace
+
+std::string ChildProcess::Describe() {
+  if (running()) {
+    std::vector<ThreadState> threads;
+    std::map<std::string, int> by_state;
+    std::error_code ec;
+    const std::filesystem::path tasks = absl::StrCat("/proc/", pid_, "/task");
+    for (const auto& task : std::filesystem::directory_iterator(tasks, ec)) {
+      threads.push_back(ReadThread(task.path()));
+      ++by_state[threads.back().state];
+    }
+    std::string out = absl::StrCat("pid ", pid_, " running: ", threads.size(), " threads, states");
+    for (const auto& [state, n] : by_state) absl::StrAppend(&out, " ", state, ":", n);
+    absl::StrAppend(&out, "\n  threads (name state wchan):");
+    for (const ThreadState& t : threads) {
+      absl::StrAppend(&out, " [", t.name, " ", t.state, " ", t.wchan, "]");
+    }
+    return out;
+  }
+  if (raw_status_ != -1 && WIFSIGNALED(raw_status_)) {
+    const int sig = WTERMSIG(raw_status_);
+    return absl::StrCat("pid ", pid_, " killed by signal ", sig, " (", strsignal(sig), ")",
+                        WCOREDUMP(raw_status_) ? ", core dumped" : "");
+  }
+  return absl::StrCat("pid ", pid_, " exited with code ", exit_code_);
 }
 
 std::string ChildProcess::StderrTail(size_t bytes) const {

@@ -37,6 +37,11 @@ class ChildProcess {
   void Stop(absl::Duration grace = absl::Seconds(3));
   bool running();
 
+  // For failure messages: "pid N running: 12 threads, states S:10 R:2; threads not sleeping
+  // ... and where each sleeps (name state wchan)", "pid N exited with code C" or "pid N killed
+  // by signal S (NAME)". A worker that went silent shows here whether it died or is stuck.
+  std::string Describe();
+
   pid_t pid() const { return pid_; }
   const std::string& stderr_path() const { return stderr_path_; }
   // The last `bytes` of the child's stderr log, for failure messages.
@@ -52,6 +57,7 @@ class ChildProcess {
   std::string buffered_;
   bool exited_ = false;
   int exit_code_ = -1;
+  int raw_status_ = -1;  // waitpid's status once exited (-1: unknown)
 };
 
 struct CommandResult {

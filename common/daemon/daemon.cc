@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/metrics/metrics.h"
+#include "common/util/crash_report.h"
 #include "common/util/logging.h"
 #include "common/util/signals.h"
 #include "prometheus/registry.h"
@@ -58,6 +59,8 @@ int Daemon::Fail(const absl::Status& status) const {
 
 std::optional<int> Daemon::Configure(int argc, char** argv,
                                      const std::function<absl::Status()>& validate) {
+  // A fault leaves its stack in the daemon's log (the name is kept for the process's life).
+  InstallCrashReport((new std::string(absl::StrCat("stagecoach-", info_.name)))->c_str());
   signals_ = BlockTerminationSignals();
   auto parsed = flags_.Parse(argc, argv);
   if (!parsed.ok()) return Fail(parsed.status());

@@ -80,8 +80,9 @@ class Daemon {
   // Where the daemon declares its own flags, before Configure.
   FlagSet& flags() { return flags_; }
 
-  // Blocks SIGINT and SIGTERM in this thread and the threads created afterwards (call it
-  // before any thread exists), parses the command line and --config into every flag, runs
+  // Installs the crash report (common/util/crash_report.h: a fault prints its stack to
+  // stderr), blocks SIGINT and SIGTERM in this thread and the threads created afterwards (call
+  // it before any thread exists), parses the command line and --config into every flag, runs
   // `validate` (the daemon's own checks across flags), sets up logging and builds the TLS
   // credentials from their files. With --check-config, prints "configuration ok" then.
   // Returns the exit code when main should return now: 0 after --help or --check-config, 2

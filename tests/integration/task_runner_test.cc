@@ -740,6 +740,92 @@ TEST(TaskManagerReaping, StatusDoesNotWaitForAFinishedTaskReportingItsEnd) {
   }
 }
 
+// A transport whose Abort blocks until released (a data plane slow to tear down); everything
+// else goes to the real one.
+class SlowAbortTransport : public transport::Transport {
+ public:
+  SlowAbortTransport(std::unique_ptr<transport::Transport> inner, absl::Notification* aborting,
+                     absl::Notification* release)
+      : inner_(std::move(inner)), aborting_(aborting), release_(release) {}
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  absl::string_view backend() const override { return inner_->backend(); }
+  const transport::BackendCapabilities& capabilities() const override {
+    return inner_->capabilities();
+  }
+  absl::StatusOr<std::unique_ptr<transport::Work>> Send(const void* data, size_t bytes, int peer,
+                                                        uint64_t tag) override {
+    return inner_->Send(data, bytes, peer, tag);
+  }
+  absl::StatusOr<std::unique_ptr<transport::Work>> Recv(void* data, size_t bytes, int peer,
+                                                        uint64_t tag) override {
+    return inner_->Recv(data, bytes, peer, tag);
+  }
+  absl::Status Barrier(absl::Duration timeout) override { return inner_->Barrier(timeout); }
+  void Abort() override {
+    if (!aborting_->HasBeenNotified()) aborting_->Notify();
+    release_->WaitForNotificationWithTimeout(absl::Seconds(30));
+    inner_->Abort();
+  }
+  transport::TransferStats stats() const override { return inner_->stats(); }
+
+ private:
+  std::unique_ptr<transport::Transport> inner_;
+  absl::Notification* aborting_;
+  absl::Notification* release_;
+};
+
+// While a Stop waits on the task's data plane to abort, the manager's Status (what heartbeats
+// send) still answers: a worker stuck tearing down keeps its lease and can learn it was
+// forgotten. Latches, not timers: Status runs while Abort is known to be blocked.
+TEST(TaskManagerStopping, StatusAnswersWhileAStopWaitsOnTheDataPlane) {
+  RecordingReporter reporter;
+  transport::InMemoryStore store;
+  absl::Notification made_plane;  // the task has its data plane
+  absl::Notification aborting;
+  absl::Notification release;
+  worker::TaskManagerDeps deps;
+  deps.reporter = &reporter;
+  deps.store = &store;
+  deps.make_transport = [&, inner = GlooFactory()](const TransportRequest& request,
+                                                   transport::RendezvousStore* s)
+      -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
+    auto made = inner(request, s);
+    if (!made.ok()) return made.status();
+    auto slow = std::make_unique<SlowAbortTransport>(*std::move(made), &aborting, &release);
+    made_plane.Notify();
+    return slow;
+  };
+  deps.worker_id = [] { return std::string("w-0"); };
+  auto tasks = Assignments(Spec(1, "GPipe", 1, 4, 1), absl::Seconds(10));
+  tasks[0].set_step_limit(0);  // holds at its first step boundary until stopped
+  tasks[0].set_finish_at_limit(false);
+  worker::TaskManager manager(deps);
+  ASSERT_TRUE(manager.Start(tasks[0]).ok());
+  // Stopped once it has a data plane (stopped earlier, its rendezvous is cancelled instead).
+  ASSERT_TRUE(made_plane.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  absl::Status stopped;
+  std::thread stopper([&] { stopped = manager.Stop("job-test", "test", absl::Seconds(30)); });
+  ASSERT_TRUE(aborting.WaitForNotificationWithTimeout(absl::Seconds(30)))
+      << "the task never reached its data plane";
+  // Status answers while Abort is still blocked (the bound only matters when it does not:
+  // then it would wait for the release below).
+  v1::GetWorkerStatusResponse status;
+  absl::Notification answered;
+  std::thread heartbeat([&] {
+    status = manager.Status();
+    answered.Notify();
+  });
+  EXPECT_TRUE(answered.WaitForNotificationWithTimeout(absl::Seconds(10)))
+      << "Status waited for the data plane's abort";
+  release.Notify();
+  heartbeat.join();
+  EXPECT_EQ(status.job_id(), "job-test");
+  stopper.join();
+  EXPECT_TRUE(stopped.ok()) << stopped;
+  EXPECT_EQ(manager.Status().job_id(), "");
+}
+
 TEST(ForwardActions, KeepsForwardsAndTheirTransfersInOrder) {
   std::vector<schedule::Action> actions;
   for (const char* text : {"0RECV_F0", "0F0", "0SEND_F0", "(0F1;2B0)OVERLAP_F_B", "0RECV_B0", "0B0",

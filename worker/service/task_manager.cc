@@ -114,20 +114,29 @@ absl::Status TaskManager::Launch(const v1::TaskAssignment& task, std::thread& fi
 absl::Status TaskManager::Stop(const std::string& job_id, const std::string& reason,
                                absl::Duration timeout) {
   std::thread finished;  // joined after mu_ is released (ReapLocked)
+  std::shared_ptr<runtime::TaskRunner> runner;
   {
     absl::MutexLock lock(&mu_);
     if (!running_ || runner_->task().job_id() != job_id) {
       finished = ReapLocked();
     } else {
-      spdlog::info("stopping {}: {}", job_id, reason);
-      runner_->Stop(reason);
-      auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !running_; };
-      if (!mu_.AwaitWithTimeout(absl::Condition(&ended), timeout)) {
-        return absl::DeadlineExceededError(absl::StrCat("task of ", job_id, " did not stop within ",
-                                                        absl::FormatDuration(timeout)));
-      }
-      finished = ReapLocked();
+      runner = runner_;
     }
+  }
+  if (runner != nullptr) {
+    spdlog::info("stopping {}: {}", job_id, reason);
+    // Without mu_: aborting the data plane may wait on the transport's threads, and heartbeats
+    // (Status) must not wait behind it.
+    runner->Stop(reason);
+    absl::MutexLock lock(&mu_);
+    auto ended = [this, &runner]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !running_ || runner_ != runner;
+    };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&ended), timeout)) {
+      return absl::DeadlineExceededError(absl::StrCat("task of ", job_id, " did not stop within ",
+                                                      absl::FormatDuration(timeout)));
+    }
+    finished = ReapLocked();
   }
   JoinIfJoinable(finished);
   return absl::OkStatus();

@@ -73,8 +73,8 @@ class TaskManager {
 
   const TaskManagerDeps deps_;
   absl::Mutex mu_;
-  // Shared with a Control call in flight, which runs without mu_ (a client step's check on
-  // stage 0 takes a while, and Status must not wait for it).
+  // Shared with a Control or Stop call in flight, which runs without mu_ (a client step's check
+  // on stage 0 takes a while, aborting a data plane may too, and Status must not wait for them).
   std::shared_ptr<runtime::TaskRunner> runner_ ABSL_GUARDED_BY(mu_);
   std::thread thread_ ABSL_GUARDED_BY(mu_);
   bool running_ ABSL_GUARDED_BY(mu_) = false;  // runner_'s thread has not finished Run

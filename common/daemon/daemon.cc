@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/metrics/metrics.h"
+#include "common/metrics/process_metrics.h"
 #include "common/util/crash_report.h"
 #include "common/util/logging.h"
 #include "common/util/signals.h"
@@ -25,6 +26,7 @@ Daemon::Daemon(DaemonInfo info)
       flags_(info_.description),
       registry_(std::make_shared<prometheus::Registry>()) {
   metrics::AddBuildInfo(*registry_);
+  process_metrics_ = std::make_unique<metrics::ProcessMetrics>(*registry_);
   auto listen = rpc::ParseHostPort(info_.default_listen, "--listen");
   if (listen.ok()) shared_.listen = *listen;
   flags_.AddHostPort("listen", &shared_.listen, info_.listen_help);
@@ -99,7 +101,9 @@ rpc::ChannelSecurity Daemon::PeerSecurity() const {
 absl::StatusOr<rpc::HostPort> Daemon::Serve(const std::vector<grpc::Service*>& services,
                                             const std::string& advertise_host) {
   if (shared_.metrics_listen.has_value()) {
-    auto served = metrics::MetricsServer::Start(shared_.metrics_listen->ToString(), registry_);
+    auto served = metrics::MetricsServer::Start(shared_.metrics_listen->ToString(), registry_,
+                                                "--metrics-listen",
+                                                [this] { process_metrics_->Refresh(); });
     if (!served.ok()) return served.status();
     metrics_server_ = *std::move(served);
   }

@@ -25,6 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/daemon/flag_set.h"
+#include "common/metrics/process_metrics.h"
 #include "common/rpc/address.h"
 #include "common/rpc/channel.h"
 #include "common/rpc/server.h"
@@ -125,6 +126,7 @@ class Daemon {
   SharedFlags shared_;
   sigset_t signals_{};
   std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<metrics::ProcessMetrics> process_metrics_;  // refreshed by metrics_server_
   rpc::ServerOptions server_options_;
   std::shared_ptr<grpc::ChannelCredentials> channel_credentials_;
   std::unique_ptr<metrics::MetricsServer> metrics_server_;

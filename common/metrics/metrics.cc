@@ -79,7 +79,7 @@ std::string SerializeText(const prometheus::Registry& registry) {
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     const std::string& listen, std::shared_ptr<prometheus::Registry> registry,
-    const std::string& flag) {
+    const std::string& flag, std::function<void()> before_scrape) {
   auto host_port = rpc::ParseHostPort(listen, flag);
   if (!host_port.ok()) return host_port.status();
   const std::string what = absl::StrCat(flag, ": cannot serve metrics on ", listen, ": ");
@@ -115,6 +115,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   host_port->port = server->port_;
   server->address_ = host_port->ToString();
   server->registry_ = std::move(registry);
+  server->before_scrape_ = std::move(before_scrape);
   server->thread_ = std::thread([s = server.get()] { s->Serve(); });
   return server;
 }
@@ -147,6 +148,7 @@ void MetricsServer::Serve() {
       answer = Answer("400 Bad Request", "text/plain", "incomplete or oversized request\n");
     } else if (absl::StartsWith(request, "GET /metrics ") ||
                absl::StartsWith(request, "GET /metrics?")) {
+      if (before_scrape_) before_scrape_();
       answer =
           Answer("200 OK", "text/plain; version=0.0.4; charset=utf-8", SerializeText(*registry_));
     } else {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -37,11 +38,13 @@ std::string SerializeText(const prometheus::Registry& registry);
 class MetricsServer {
  public:
   // Listens on `listen` ("HOST:PORT"; port 0 picks a free port) and serves `registry`, which
-  // the server keeps alive. INVALID_ARGUMENT naming `flag` when `listen` is not HOST:PORT;
-  // UNAVAILABLE naming the address when it cannot be bound.
+  // the server keeps alive; `before_scrape`, when given, runs on the server's thread before each
+  // scrape is serialized (gauges read afresh, e.g. ProcessMetrics::Refresh). INVALID_ARGUMENT
+  // naming `flag` when `listen` is not HOST:PORT; UNAVAILABLE naming the address when it cannot
+  // be bound.
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
       const std::string& listen, std::shared_ptr<prometheus::Registry> registry,
-      const std::string& flag = "--metrics-listen");
+      const std::string& flag = "--metrics-listen", std::function<void()> before_scrape = {});
   // Stops serving; returns within about 100 ms.
   ~MetricsServer();
 
@@ -56,6 +59,7 @@ class MetricsServer {
   void Serve();
 
   std::shared_ptr<prometheus::Registry> registry_;
+  std::function<void()> before_scrape_;
   std::string address_;
   int port_ = 0;
   int listen_fd_ = -1;

@@ -8,7 +8,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/support/job_predicates.h"
@@ -20,17 +19,6 @@ namespace {
 
 constexpr int kSteps = 4;
 constexpr int kMicrobatches = 4;
-
-// The address of the "metrics on HOST:PORT" line a daemon prints after "listening on".
-absl::StatusOr<std::string> MetricsAddress(ChildProcess& p) {
-  auto line = p.ReadLine(absl::Seconds(30));
-  if (!line.ok()) return line.status();
-  absl::string_view rest = *line;
-  if (!absl::ConsumePrefix(&rest, "metrics on ")) {
-    return absl::InternalError(absl::StrCat("expected 'metrics on HOST:PORT', got '", *line, "'"));
-  }
-  return std::string(rest);
-}
 
 // The value of `series` in `samples`, NaN when missing.
 double Value(const std::map<std::string, double>& samples, const std::string& series) {
@@ -46,11 +34,11 @@ TEST(Metrics, ScrapedValuesFollowARealJob) {
   auto cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   LocalCluster& c = **cluster;
-  auto coordinator_metrics = MetricsAddress(c.coordinator());
+  auto coordinator_metrics = ReadMetricsAddress(c.coordinator());
   ASSERT_TRUE(coordinator_metrics.ok()) << coordinator_metrics.status();
   std::vector<std::string> worker_metrics;
   for (int i = 0; i < c.num_workers(); ++i) {
-    auto address = MetricsAddress(c.worker(i));
+    auto address = ReadMetricsAddress(c.worker(i));
     ASSERT_TRUE(address.ok()) << address.status();
     worker_metrics.push_back(*address);
   }
@@ -117,6 +105,9 @@ TEST(Metrics, ScrapedValuesFollowARealJob) {
   EXPECT_GT(coord_sent, 0);
   EXPECT_EQ(coord_sent, Value(coord, "stagecoach_data_plane_bytes_total{direction=\"received\"}"))
       << "every byte a rank sends another receives";
+  // The process's own memory, read at the scrape: a LibTorch-free coordinator holds megabytes.
+  EXPECT_GT(Value(coord, "stagecoach_process_resident_memory_bytes"), 1 << 20);
+  EXPECT_GT(Value(coord, "stagecoach_process_heap_in_use_bytes"), 1 << 16);
 
   // Each worker ran one rank: every step, and an F and a B per microbatch and step.
   double workers_sent = 0;
@@ -125,6 +116,10 @@ TEST(Metrics, ScrapedValuesFollowARealJob) {
     ASSERT_TRUE(scraped.ok()) << scraped.status();
     const auto& w = *scraped;
     EXPECT_EQ(Value(w, "stagecoach_worker_step_duration_seconds_count"), kSteps) << i;
+    EXPECT_GT(Value(w, "stagecoach_process_heap_in_use_bytes"), 1 << 20) << i;
+    EXPECT_GT(Value(w, "stagecoach_process_resident_memory_bytes"),
+              Value(w, "stagecoach_process_heap_in_use_bytes") / 4)
+        << i;
     EXPECT_EQ(Value(w, "stagecoach_action_duration_seconds_count{type=\"F\"}"),
               kSteps * kMicrobatches)
         << i;

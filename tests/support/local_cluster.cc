@@ -38,6 +38,16 @@ std::string CoordinatorBinary() { return BinaryDir() + "/coordinator/stagecoach-
 std::string WorkerBinary() { return BinaryDir() + "/worker/stagecoach-worker"; }
 std::string StagectlBinary() { return BinaryDir() + "/client/stagectl"; }
 
+absl::StatusOr<std::string> ReadMetricsAddress(ChildProcess& daemon) {
+  auto line = daemon.ReadLine(absl::Seconds(30));
+  if (!line.ok()) return line.status();
+  absl::string_view rest = *line;
+  if (!absl::ConsumePrefix(&rest, "metrics on ")) {
+    return absl::InternalError(absl::StrCat("expected 'metrics on HOST:PORT', got '", *line, "'"));
+  }
+  return std::string(rest);
+}
+
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterOptions& options) {
   std::unique_ptr<LocalCluster> c(new LocalCluster());
   std::vector<std::string> coordinator_args = {CoordinatorBinary(), "--listen", "127.0.0.1:0"};

@@ -108,5 +108,8 @@ std::string CoordinatorBinary();
 std::string WorkerBinary();
 std::string StagectlBinary();
 
+// The address of the "metrics on HOST:PORT" line a daemon started with --metrics-listen prints
+// after its "listening on" line (read that one first).
+absl::StatusOr<std::string> ReadMetricsAddress(ChildProcess& daemon);
 
 }  // namespace stagecoach::testing

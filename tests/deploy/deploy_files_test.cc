@@ -171,17 +171,6 @@ TEST(Dashboard, IsAGrafanaDashboardWithDatasourceAndJobVariables) {
   }
 }
 
-// The address of the "metrics on HOST:PORT" line a daemon prints after "listening on".
-absl::StatusOr<std::string> MetricsAddress(ChildProcess& p) {
-  auto line = p.ReadLine(absl::Seconds(30));
-  if (!line.ok()) return line.status();
-  absl::string_view rest = *line;
-  if (!absl::ConsumePrefix(&rest, "metrics on ")) {
-    return absl::InternalError(absl::StrCat("expected 'metrics on HOST:PORT', got '", *line, "'"));
-  }
-  return std::string(rest);
-}
-
 TEST(Dashboard, EveryQueriedMetricAndLabelIsExportedByARunningCluster) {
   const nlohmann::json d = LoadDashboard();
   ASSERT_TRUE(d.is_object()) << kDashboard << " is not valid JSON";
@@ -196,11 +185,11 @@ TEST(Dashboard, EveryQueriedMetricAndLabelIsExportedByARunningCluster) {
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   LocalCluster& c = **cluster;
   std::vector<std::string> endpoints;
-  auto coordinator_metrics = MetricsAddress(c.coordinator());
+  auto coordinator_metrics = ReadMetricsAddress(c.coordinator());
   ASSERT_TRUE(coordinator_metrics.ok()) << coordinator_metrics.status();
   endpoints.push_back(*coordinator_metrics);
   for (int i = 0; i < c.num_workers(); ++i) {
-    auto address = MetricsAddress(c.worker(i));
+    auto address = ReadMetricsAddress(c.worker(i));
     ASSERT_TRUE(address.ok()) << address.status();
     endpoints.push_back(*address);
   }

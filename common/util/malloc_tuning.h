@@ -14,8 +14,9 @@ void TuneMallocForTensors();
 // Caps glibc's malloc arenas at `arenas`. A long-lived service whose many threads (gRPC's, a work
 // queue's) allocate and free small objects otherwise spreads them over up to 8 arenas per core,
 // each keeping its own fragmented high-water mark: the coordinator's resident memory grew by
-// ~8 MiB over 1,200 jobs with glibc's default and by ~0.1 MiB with one arena
-// (tests/e2e/job_retention_test). Call at the start of main, before other threads exist.
+// ~8 MiB over 1,200 jobs with glibc's default and by 0.1-0.2 MiB with one arena (tests/e2e/
+// job_retention_test prints it; it asserts on heap in use, which allocator noise does not move).
+// Call at the start of main, before other threads exist.
 void LimitMallocArenas(int arenas);
 
 }  // namespace stagecoach

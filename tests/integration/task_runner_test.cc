@@ -130,8 +130,12 @@ void RunAll(
   transport::InMemoryStore store;
   std::vector<std::unique_ptr<TaskRunner>> runners;
   for (const auto& task : tasks) {
-    runners.push_back(std::make_unique<TaskRunner>(
-        task, TaskRunnerDeps{absl::StrCat("w-", task.rank()), reporter, &store, GlooFactory()}));
+    TaskRunnerDeps deps;
+    deps.worker_id = absl::StrCat("w-", task.rank());
+    deps.reporter = reporter;
+    deps.store = &store;
+    deps.make_transport = GlooFactory();
+    runners.push_back(std::make_unique<TaskRunner>(task, std::move(deps)));
   }
   std::vector<std::thread> threads;
   for (auto& r : runners) {

@@ -30,7 +30,9 @@ Job& AddJob(JobTable& table, v1::JobState state, absl::Time at) {
   Job& job = table.CreateLocked();
   EXPECT_TRUE(job.TransitionTo(v1::JOB_STATE_PLANNING, "submitted", at).ok());
   EXPECT_TRUE(job.TransitionTo(v1::JOB_STATE_PENDING, "planned", at).ok());
-  if (state != v1::JOB_STATE_PENDING) EXPECT_TRUE(job.TransitionTo(state, "ended", at).ok());
+  if (state != v1::JOB_STATE_PENDING) {
+    EXPECT_TRUE(job.TransitionTo(state, "ended", at).ok());
+  }
   table.PersistLocked(job);
   return job;
 }

@@ -37,9 +37,9 @@ class ChildProcess {
   void Stop(absl::Duration grace = absl::Seconds(3));
   bool running();
 
-  // For failure messages: "pid N running: 12 threads, states S:10 R:2; threads not sleeping
-  // ... and where each sleeps (name state wchan)", "pid N exited with code C" or "pid N killed
-  // by signal S (NAME)". A worker that went silent shows here whether it died or is stuck.
+  // For failure messages: "pid N running: 12 threads, states S:10 R:2" and each thread's name,
+  // state and wait channel; "pid N exited with code C"; or "pid N killed by signal S (NAME)". A
+  // worker that went silent shows here whether it died or is stuck.
   std::string Describe();
 
   pid_t pid() const { return pid_; }

@@ -148,8 +148,8 @@ int main(int argc, char** argv) {
     cancel_us.clear();
   }
   if (first_full_heap > 0) {
-    std::printf("heap at %d jobs / heap in the first window past %d retained: %.3f\n", jobs,
-                retain, last_heap / first_full_heap);
+    std::printf("heap at %d jobs / heap in the first window past %d retained: %.3f\n", jobs, retain,
+                last_heap / first_full_heap);
   }
   return 0;
 }

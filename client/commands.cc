@@ -316,11 +316,10 @@ int Commands::Submit(const std::string& spec_path, bool wait, const SubmitUpload
   req.set_spec_origin(spec_path);
   req.set_start_paused(paused);
   v1::SubmitJobResponse resp;
-  grpc::ClientContext ctx;
   // Planning a TorchScript model asks a worker to load (and, for split.policy profiled, time)
   // it first, bounded by the coordinator's inspection timeout (120 s by default).
-  rpc::SetDeadline(&ctx, options_.timeout + kSubmitInspectionAllowance);
-  grpc::Status status = stub_->SubmitJob(&ctx, req, &resp);
+  grpc::Status status = Call(&v1::CoordinatorService::Stub::SubmitJob, req, &resp,
+                             options_.timeout + kSubmitInspectionAllowance);
   if (!status.ok()) {
     if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
       err_ << "stagectl: submit: the coordinator refused " << spec_path << ":\n"
@@ -340,9 +339,7 @@ int Commands::List() {
   v1::ListJobsRequest req;
   do {
     v1::ListJobsResponse resp;
-    grpc::ClientContext ctx;
-    rpc::SetDeadline(&ctx, options_.timeout);
-    grpc::Status status = stub_->ListJobs(&ctx, req, &resp);
+    grpc::Status status = Call(&v1::CoordinatorService::Stub::ListJobs, req, &resp);
     if (!status.ok()) return RpcError(status, "list");
     jobs.insert(jobs.end(), resp.jobs().begin(), resp.jobs().end());
     req.set_page_token(resp.next_page_token());
@@ -361,9 +358,7 @@ int Commands::Status(const std::string& job_id) {
   v1::GetJobRequest req;
   req.set_job_id(job_id);
   v1::GetJobResponse resp;
-  grpc::ClientContext ctx;
-  rpc::SetDeadline(&ctx, options_.timeout);
-  grpc::Status status = stub_->GetJob(&ctx, req, &resp);
+  grpc::Status status = Call(&v1::CoordinatorService::Stub::GetJob, req, &resp);
   if (!status.ok()) return RpcError(status, absl::StrCat("status ", job_id));
   return Print(JobJson(resp.job()), JobDetails(resp.job()));
 }
@@ -407,7 +402,7 @@ int Commands::Follow(const std::string& job_id, std::ostream& progress, OutputFo
       if (event.has_state_change() || event.has_events_dropped()) {
         if (line_open) progress << "\r\x1b[K";
         progress << (event.has_state_change() ? StateLine(event.state_change(), zone)
-                                               : DroppedLine(event.events_dropped()))
+                                              : DroppedLine(event.events_dropped()))
                  << "\n";
         line_open = false;
       } else if (event.has_step_completed() && !live) {
@@ -462,12 +457,11 @@ int Commands::Infer(const std::string& spec_path, const std::string& input_path,
   *req.mutable_inputs() = *std::move(inputs);
   *req.mutable_timeout() = rpc::ToProtoDuration(timeout);
   v1::InferResponse resp;
-  grpc::ClientContext ctx;
+  const absl::Time start = absl::Now();
   // The coordinator gives up (and cancels the job) at `timeout`; the margin lets its answer
   // arrive before the call's own deadline.
-  rpc::SetDeadline(&ctx, timeout + options_.timeout);
-  const absl::Time start = absl::Now();
-  grpc::Status status = stub_->Infer(&ctx, req, &resp);
+  grpc::Status status =
+      Call(&v1::CoordinatorService::Stub::Infer, req, &resp, timeout + options_.timeout);
   if (!status.ok()) {
     if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
       err_ << "stagectl: infer: the coordinator refused " << spec_path << " with " << input_path
@@ -511,9 +505,7 @@ int Commands::Cancel(const std::string& job_id) {
   v1::CancelJobRequest req;
   req.set_job_id(job_id);
   v1::CancelJobResponse resp;
-  grpc::ClientContext ctx;
-  rpc::SetDeadline(&ctx, options_.timeout);
-  grpc::Status status = stub_->CancelJob(&ctx, req, &resp);
+  grpc::Status status = Call(&v1::CoordinatorService::Stub::CancelJob, req, &resp);
   if (!status.ok()) return RpcError(status, absl::StrCat("cancel ", job_id));
   return Print({{"job_id", resp.job().id()}, {"state", StateName(resp.job().state())}},
                absl::StrCat(resp.job().id(), " ", StateName(resp.job().state()), "\n"));
@@ -521,9 +513,8 @@ int Commands::Cancel(const std::string& job_id) {
 
 int Commands::Workers() {
   v1::ListWorkersResponse resp;
-  grpc::ClientContext ctx;
-  rpc::SetDeadline(&ctx, options_.timeout);
-  grpc::Status status = stub_->ListWorkers(&ctx, {}, &resp);
+  grpc::Status status =
+      Call(&v1::CoordinatorService::Stub::ListWorkers, v1::ListWorkersRequest(), &resp);
   if (!status.ok()) return RpcError(status, "workers");
   std::vector<v1::WorkerInfo> workers(resp.workers().begin(), resp.workers().end());
   if (options_.format == OutputFormat::kTable) {
@@ -540,9 +531,7 @@ int Commands::JobSchedule(const std::string& job_id, bool lowered, const std::st
   v1::GetJobScheduleRequest req;
   req.set_job_id(job_id);
   v1::GetJobScheduleResponse resp;
-  grpc::ClientContext ctx;
-  rpc::SetDeadline(&ctx, options_.timeout);
-  grpc::Status status = stub_->GetJobSchedule(&ctx, req, &resp);
+  grpc::Status status = Call(&v1::CoordinatorService::Stub::GetJobSchedule, req, &resp);
   if (!status.ok()) return RpcError(status, absl::StrCat("schedule --job ", job_id));
   std::string grid = lowered ? resp.lowered_grid() : resp.grid();
   if (!grid.empty() && grid.back() != '\n') grid += '\n';
@@ -575,9 +564,7 @@ int Commands::Trace(const std::string& job_id, int64_t global_step, const std::s
   req.set_job_id(job_id);
   req.set_global_step(global_step);
   v1::GetStepTraceResponse resp;
-  grpc::ClientContext ctx;
-  rpc::SetDeadline(&ctx, options_.timeout);
-  grpc::Status status = stub_->GetStepTrace(&ctx, req, &resp);
+  grpc::Status status = Call(&v1::CoordinatorService::Stub::GetStepTrace, req, &resp);
   if (!status.ok()) return RpcError(status, absl::StrCat("trace ", job_id));
   std::ofstream file(out_path, std::ios::binary | std::ios::trunc);
   file << resp.trace_json();

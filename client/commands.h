@@ -5,6 +5,7 @@
 
 #include <iosfwd>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -111,6 +112,16 @@ class Commands {
   // Prints a failed call's error and returns 1. UNAVAILABLE becomes a message saying the
   // coordinator cannot be reached and how to point stagectl at it.
   int RpcError(const grpc::Status& status, const std::string& what);
+  // One unary call of the coordinator's, bounded by --timeout (`timeout` when given).
+  template <typename Request, typename Response>
+  grpc::Status Call(grpc::Status (v1::CoordinatorService::Stub::*method)(grpc::ClientContext*,
+                                                                         const Request&, Response*),
+                    const Request& request, Response* response,
+                    std::optional<absl::Duration> timeout = std::nullopt) {
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(&ctx, timeout.value_or(options_.timeout));
+    return (stub_.get()->*method)(&ctx, request, response);
+  }
   // Streams the job's events to `progress` in `format` (see Watch) until it ends; returns the
   // exit code for its final state.
   int Follow(const std::string& job_id, std::ostream& progress, OutputFormat format);

@@ -55,9 +55,7 @@ int Commands::Checkpoint(const std::string& job_id) {
   v1::CheckpointJobRequest req;
   req.set_job_id(job_id);
   v1::CheckpointJobResponse resp;
-  grpc::ClientContext ctx;
-  rpc::SetDeadline(&ctx, options_.timeout);
-  grpc::Status status = stub_->CheckpointJob(&ctx, req, &resp);
+  grpc::Status status = Call(&v1::CoordinatorService::Stub::CheckpointJob, req, &resp);
   if (!status.ok()) return RpcError(status, absl::StrCat("checkpoint ", job_id));
   return Print({{"job_id", job_id}, {"step", resp.step()}, {"directory", resp.directory()}},
                absl::StrCat("step ", resp.step(), ": ", resp.directory(), "\n"));
@@ -67,9 +65,7 @@ int Commands::Pause(const std::string& job_id) {
   v1::PauseJobRequest req;
   req.set_job_id(job_id);
   v1::PauseJobResponse resp;
-  grpc::ClientContext ctx;
-  rpc::SetDeadline(&ctx, options_.timeout);
-  grpc::Status status = stub_->PauseJob(&ctx, req, &resp);
+  grpc::Status status = Call(&v1::CoordinatorService::Stub::PauseJob, req, &resp);
   if (!status.ok()) return RpcError(status, absl::StrCat("pause ", job_id));
   const bool held = resp.job().state() == v1::JOB_STATE_PAUSED;
   return Print({{"job_id", job_id},
@@ -83,9 +79,7 @@ int Commands::Resume(const std::string& job_id) {
   v1::ResumeJobRequest req;
   req.set_job_id(job_id);
   v1::ResumeJobResponse resp;
-  grpc::ClientContext ctx;
-  rpc::SetDeadline(&ctx, options_.timeout);
-  grpc::Status status = stub_->ResumeJob(&ctx, req, &resp);
+  grpc::Status status = Call(&v1::CoordinatorService::Stub::ResumeJob, req, &resp);
   if (!status.ok()) return RpcError(status, absl::StrCat("resume ", job_id));
   const v1::Job& job = resp.job();
   return Print({{"job_id", job_id},
@@ -107,9 +101,7 @@ int Commands::RunSteps(const std::string& job_id, int64_t steps) {
   req.set_job_id(job_id);
   req.set_steps(steps);
   v1::RunStepsResponse resp;
-  grpc::ClientContext ctx;
-  rpc::SetDeadline(&ctx, options_.timeout);
-  grpc::Status status = stub_->RunSteps(&ctx, req, &resp);
+  grpc::Status status = Call(&v1::CoordinatorService::Stub::RunSteps, req, &resp);
   if (!status.ok()) return RpcError(status, absl::StrCat("run ", job_id));
   return Print({{"job_id", job_id},
                 {"until_global_step", resp.until_global_step()},
@@ -143,10 +135,9 @@ int Commands::Step(const std::string& job_id, const StepOptions& options) {
     *req.mutable_targets() = *std::move(targets);
   }
   v1::StepJobResponse resp;
-  grpc::ClientContext ctx;
   // The coordinator answers DEADLINE_EXCEEDED at `timeout`; the margin lets that answer arrive.
-  rpc::SetDeadline(&ctx, *timeout + options_.timeout);
-  grpc::Status status = stub_->StepJob(&ctx, req, &resp);
+  grpc::Status status =
+      Call(&v1::CoordinatorService::Stub::StepJob, req, &resp, *timeout + options_.timeout);
   if (!status.ok()) return RpcError(status, absl::StrCat("step ", job_id));
   const double seconds = absl::ToDoubleSeconds(rpc::FromProtoDuration(resp.step_time()));
   nlohmann::json json = {

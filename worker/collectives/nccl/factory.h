@@ -30,14 +30,28 @@ struct NcclCollectivesOptions : transport::ConnectOptions {
 // (INVALID_ARGUMENT, FAILED_PRECONDITION without a device, DEADLINE_EXCEEDED, INTERNAL or
 // UNAVAILABLE naming the CUDA or NCCL call, UNIMPLEMENTED without NCCL).
 //
-// The collectives, beyond collectives.h: each call is enqueued on the group's own stream after
-// an event recorded on compute_stream (so it reduces what compute had produced by then), then
-// waited for by polling an event and ncclCommGetAsyncError until the call's timeout; when it
-// returns OK, compute_stream is made to wait for it. kMean is ncclAvg. A timeout or an
-// asynchronous NCCL error aborts the communicator (ncclCommAbort), so NCCL touches no buffer
-// after the call returned. Byte counts follow NCCL's ring algorithms (all-reduce 2(n-1)/n N,
-// reduce-scatter and all-gather (n-1)/n of the whole buffer, broadcast N), as NCCL does not
-// report what it moved.
+// The collectives, beyond collectives.h:
+//  - Ordering: each call is enqueued on the group's own stream after an event recorded on
+//    compute_stream (so it reduces what compute had produced by then), then waited for by
+//    polling an event and ncclCommGetAsyncError until the call's timeout; when it returns OK,
+//    compute_stream is made to wait for it. compute_stream must belong to cuda_device. A zero
+//    count returns OK without NCCL.
+//  - kMean is ncclAvg, which for floating types multiplies each contribution by 1/n before
+//    summing: it may differ from the sum divided by n in the last bits; every rank still gets
+//    the same bits.
+//  - Errors: a timeout (DEADLINE_EXCEEDED; NCCL does not say which rank it waits for) or a CUDA
+//    or NCCL error (INTERNAL, or UNAVAILABLE for ncclRemoteError) aborts the communicator
+//    (ncclCommAbort), so NCCL touches no buffer after the call returned; later calls return
+//    FAILED_PRECONDITION. Abort aborts the communicator too; later calls return CANCELLED.
+//  - Byte counts, counted when a call returns OK, are those of NCCL's ring algorithms, as NCCL
+//    does not report what it moved. With n = size() and N the bytes of the whole buffer (the
+//    buffer for all-reduce and broadcast, size() * count elements for reduce-scatter and
+//    all-gather), each rank sends and receives 2(n-1)/n N for all-reduce, (n-1)/n N for
+//    reduce-scatter and all-gather; for broadcast the root sends N and every other rank
+//    receives N (what a rank forwards along NCCL's chain is not counted). A group of one moves
+//    nothing.
+//  - Destroying the collectives (not during a call) finalizes and destroys the communicator,
+//    or aborts it if it was not intact or does not finalize within a few seconds.
 absl::StatusOr<std::unique_ptr<Collectives>> CreateNcclCollectives(
     const NcclCollectivesOptions& options, transport::RendezvousStore* store);
 

@@ -51,9 +51,6 @@
 // every idle channel's communicator (ncclCommFinalize flushes sends still in flight; all
 // finalize together, under one timeout) and destroys it, and aborts the others.
 // Works hold the Endpoint, so they may outlive the transport.
-#include <cuda_runtime_api.h>
-#include <nccl.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <deque>
@@ -79,10 +76,7 @@
 #include "common/util/status_macros.h"
 #include "worker/transport/adapter.h"
 #include "worker/transport/nccl/factory.h"
-
-#if !defined(NCCL_VERSION_CODE) || NCCL_VERSION_CODE < NCCL_VERSION(2, 14, 0)
-#error "The NCCL backend needs NCCL 2.14 or newer (nonblocking communicators, ncclCommFinalize)."
-#endif
+#include "worker/transport/nccl/nccl_util.h"
 
 namespace stagecoach::transport {
 namespace {
@@ -94,52 +88,6 @@ constexpr absl::Duration kPumpPollMin = absl::Microseconds(20);
 constexpr absl::Duration kPollMax = absl::Milliseconds(1);
 // How long the destructor lets ncclCommFinalize flush before it aborts instead.
 constexpr absl::Duration kFinalizeTimeout = absl::Seconds(5);
-
-absl::Status CudaError(absl::string_view call, cudaError_t error) {
-  return absl::InternalError(absl::StrFormat("%s failed: %s (%s)", call, cudaGetErrorName(error),
-                                             cudaGetErrorString(error)));
-}
-
-absl::StatusCode NcclCode(ncclResult_t result) {
-  return result == ncclRemoteError ? absl::StatusCode::kUnavailable : absl::StatusCode::kInternal;
-}
-
-absl::Status NcclError(absl::string_view call, ncclResult_t result, ncclComm_t comm) {
-  std::string message = absl::StrFormat("%s failed: %s (ncclResult_t %d)", call,
-                                        ncclGetErrorString(result), static_cast<int>(result));
-  const char* last = ncclGetLastError(comm);
-  if (last != nullptr && last[0] != '\0') absl::StrAppend(&message, ": ", last);
-  return absl::Status(NcclCode(result), message);
-}
-
-absl::Status WithPrefix(const absl::Status& status, absl::string_view prefix) {
-  return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
-}
-
-// Makes `device` current for the scope and restores the previous device.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    cudaError_t error = cudaGetDevice(&previous_);
-    if (error == cudaSuccess && previous_ != device) {
-      error = cudaSetDevice(device);
-      restore_ = error == cudaSuccess;
-    }
-    if (error != cudaSuccess) status_ = CudaError("cudaSetDevice", error);
-  }
-  ~DeviceGuard() {
-    if (restore_) cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
-  const absl::Status& status() const { return status_; }
-
- private:
-  int previous_ = -1;
-  bool restore_ = false;
-  absl::Status status_;
-};
 
 class Event {
  public:
@@ -452,20 +400,14 @@ void Endpoint::PumpChannelLocked(Channel& channel) {
   while (UsableLocked() && (channel.launching.has_value() || !channel.queue.empty())) {
     // The communicator must report ncclSuccess before the next NCCL call or CUDA work on its
     // stream; ncclInProgress means NCCL is still issuing the launch in progress.
-    ncclResult_t state = ncclSuccess;
-    const ncclResult_t result = ncclCommGetAsyncError(channel.comm, &state);
-    if (result != ncclSuccess) {
-      FailChannelLocked(channel, NcclError("ncclCommGetAsyncError", result, channel.comm));
+    absl::StatusOr<bool> ready = CommReady(
+        channel.comm, channel.launching.has_value() ? "issuing an NCCL group (asynchronous)"
+                                                    : "NCCL (asynchronous error)");
+    if (!ready.ok()) {
+      FailChannelLocked(channel, ready.status());
       return;
     }
-    if (state == ncclInProgress) return;
-    if (state != ncclSuccess) {
-      FailChannelLocked(
-          channel, NcclError(channel.launching.has_value() ? "issuing an NCCL group (asynchronous)"
-                                                           : "NCCL (asynchronous error)",
-                             state, channel.comm));
-      return;
-    }
+    if (!*ready) return;
     if (channel.launching.has_value()) {
       Launch launch = std::move(*channel.launching);
       channel.launching.reset();
@@ -561,13 +503,8 @@ absl::Status Endpoint::FinishLaunchLocked(Channel& channel, const Launch& launch
 void Endpoint::CheckAsyncErrorLocked() {
   for (const std::unique_ptr<Channel>& channel : channels_) {
     if (!UsableLocked()) return;
-    ncclResult_t state = ncclSuccess;
-    const ncclResult_t result = ncclCommGetAsyncError(channel->comm, &state);
-    if (result != ncclSuccess) {
-      FailChannelLocked(*channel, NcclError("ncclCommGetAsyncError", result, channel->comm));
-    } else if (state != ncclSuccess && state != ncclInProgress) {
-      FailChannelLocked(*channel, NcclError("NCCL (asynchronous error)", state, channel->comm));
-    }
+    absl::StatusOr<bool> ready = CommReady(channel->comm, "NCCL (asynchronous error)");
+    if (!ready.ok()) FailChannelLocked(*channel, ready.status());
   }
 }
 
@@ -752,33 +689,14 @@ void Endpoint::Shutdown() {
   absl::MutexLock lock(&mu_);
   // Finalize every idle communicator at once (each flushes on NCCL's threads), then destroy
   // those that finalized in time and abort the rest.
-  std::vector<Channel*> finalizing;
+  std::vector<ncclComm_t> idle;
   for (const std::unique_ptr<Channel>& channel : channels_) {
     if (channel->comm == nullptr || !IdleLocked(*channel)) continue;
-    const ncclResult_t result = ncclCommFinalize(channel->comm);
-    if (result == ncclSuccess || result == ncclInProgress) finalizing.push_back(channel.get());
-  }
-  const absl::Time deadline = absl::Now() + kFinalizeTimeout;
-  std::vector<Channel*> finalized;
-  while (!finalizing.empty()) {
-    for (auto it = finalizing.begin(); it != finalizing.end();) {
-      ncclResult_t state = ncclInProgress;
-      const ncclResult_t result = ncclCommGetAsyncError((*it)->comm, &state);
-      if (result == ncclSuccess && state == ncclInProgress) {
-        ++it;
-        continue;
-      }
-      if (result == ncclSuccess && state == ncclSuccess) finalized.push_back(*it);
-      it = finalizing.erase(it);  // Finalized, or failed: aborted below.
-    }
-    if (finalizing.empty() || absl::Now() >= deadline) break;
-    absl::SleepFor(absl::Microseconds(100));
-  }
-  for (Channel* channel : finalized) {
-    ncclCommDestroy(channel->comm);
+    idle.push_back(channel->comm);
     channel->comm = nullptr;
   }
-  AbortAllLocked();  // Busy ones, and those that failed or did not finalize in time.
+  FinalizeAndDestroy(idle, kFinalizeTimeout);
+  AbortAllLocked();  // The busy ones.
   // Queued and held ops never reached NCCL; launches in progress were aborted with them.
   for (const std::unique_ptr<Channel>& channel : channels_) {
     channel->queue.clear();
@@ -796,70 +714,6 @@ void Endpoint::Shutdown() {
   for (const std::unique_ptr<Channel>& channel : channels_) {
     // Returns at once; CUDA releases the stream when its work is done.
     cudaStreamDestroy(channel->stream);
-  }
-}
-
-std::string EncodeId(const ncclUniqueId& id) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(2 * sizeof(id.internal));
-  for (char c : id.internal) {
-    const auto byte = static_cast<unsigned char>(c);
-    out.push_back(kDigits[byte >> 4]);
-    out.push_back(kDigits[byte & 0xf]);
-  }
-  return out;
-}
-
-std::optional<ncclUniqueId> DecodeId(absl::string_view hex) {
-  auto nibble = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
-  ncclUniqueId id;
-  if (hex.size() != 2 * sizeof(id.internal)) return std::nullopt;
-  for (size_t i = 0; i < sizeof(id.internal); ++i) {
-    const int high = nibble(hex[2 * i]);
-    const int low = nibble(hex[2 * i + 1]);
-    if (high < 0 || low < 0) return std::nullopt;
-    id.internal[i] = static_cast<char>(high << 4 | low);
-  }
-  return id;
-}
-
-// Waits until the nonblocking `comm` is ready or `deadline`. Aborts it on failure.
-absl::Status AwaitCommunicator(ncclComm_t comm, ncclResult_t initial, absl::Time deadline,
-                               absl::Duration connect_timeout, int world_size) {
-  if (initial != ncclSuccess && initial != ncclInProgress) {
-    absl::Status error = NcclError("ncclCommInitRankConfig", initial, comm);
-    if (comm != nullptr) ncclCommAbort(comm);
-    return error;
-  }
-  absl::Duration pause = absl::Microseconds(100);
-  while (true) {
-    ncclResult_t state = ncclSuccess;
-    const ncclResult_t result = ncclCommGetAsyncError(comm, &state);
-    if (result != ncclSuccess) {
-      absl::Status error = NcclError("ncclCommGetAsyncError", result, comm);
-      ncclCommAbort(comm);
-      return error;
-    }
-    if (state == ncclSuccess) return absl::OkStatus();
-    if (state != ncclInProgress) {
-      absl::Status error = NcclError("ncclCommInitRankConfig (asynchronous)", state, comm);
-      ncclCommAbort(comm);
-      return error;
-    }
-    if (absl::Now() >= deadline) {
-      ncclCommAbort(comm);
-      return absl::DeadlineExceededError(
-          absl::StrFormat("not every one of the %d ranks joined the NCCL communicator within %s",
-                          world_size, absl::FormatDuration(connect_timeout)));
-    }
-    absl::SleepFor(pause);
-    pause = std::min(pause * 2, absl::Milliseconds(10));
   }
 }
 
@@ -882,35 +736,17 @@ absl::StatusOr<std::vector<ncclComm_t>> CreateLinkComms(const NcclOptions& optio
   // Publish the ids of the links this rank leads before waiting for any other's.
   for (size_t i = 0; i < n; ++i) {
     if (options.rank > links[i].peer) continue;
-    const ncclResult_t result = ncclGetUniqueId(&ids[i]);
-    if (result != ncclSuccess) {
-      return WithPrefix(NcclError("ncclGetUniqueId", result, nullptr),
-                        absl::StrCat(LinkName(links[i]), ": "));
-    }
-    const std::string key = key_of(links[i]);
-    absl::Status published = store->Set(key, EncodeId(ids[i]));
-    if (!published.ok()) {
-      return WithPrefix(published,
-                        absl::StrFormat("%s: publishing \"%s\": ", LinkName(links[i]), key));
-    }
+    absl::StatusOr<ncclUniqueId> id = PublishUniqueId(store, key_of(links[i]));
+    if (!id.ok()) return WithPrefix(id.status(), absl::StrCat(LinkName(links[i]), ": "));
+    ids[i] = *id;
   }
   for (size_t i = 0; i < n; ++i) {
     if (options.rank < links[i].peer) continue;
-    const std::string key = key_of(links[i]);
-    absl::StatusOr<std::string> value =
-        store->Get(key, std::max(deadline - absl::Now(), absl::ZeroDuration()));
-    if (!value.ok()) {
-      return WithPrefix(value.status(),
-                        absl::StrFormat("%s: waiting for rank %d's NCCL unique id (\"%s\"): ",
-                                        LinkName(links[i]), links[i].peer, key));
-    }
-    std::optional<ncclUniqueId> decoded = DecodeId(*value);
-    if (!decoded.has_value()) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("%s: \"%s\" holds %d bytes that are not a hex-encoded NCCL unique id",
-                          LinkName(links[i]), key, value->size()));
-    }
-    ids[i] = *decoded;
+    absl::StatusOr<ncclUniqueId> id =
+        ReadUniqueId(store, key_of(links[i]), links[i].peer,
+                     std::max(deadline - absl::Now(), absl::ZeroDuration()));
+    if (!id.ok()) return WithPrefix(id.status(), absl::StrCat(LinkName(links[i]), ": "));
+    ids[i] = *id;
   }
 
   // One group: NCCL joins them all concurrently, whatever order the peers create theirs in.
@@ -943,16 +779,11 @@ absl::StatusOr<std::vector<ncclComm_t>> CreateLinkComms(const NcclOptions& optio
             absl::StrCat(LinkName(links[i]), ": ncclCommInitRankConfig returned no communicator"));
         break;
       }
-      ncclResult_t state = ncclSuccess;
-      const ncclResult_t polled = ncclCommGetAsyncError(comms[i], &state);
-      if (polled != ncclSuccess) {
-        error = WithPrefix(NcclError("ncclCommGetAsyncError", polled, comms[i]),
-                           absl::StrCat(LinkName(links[i]), ": "));
-      } else if (state == ncclSuccess) {
+      absl::StatusOr<bool> ready = CommReady(comms[i], "ncclCommInitRankConfig (asynchronous)");
+      if (!ready.ok()) {
+        error = WithPrefix(ready.status(), absl::StrCat(LinkName(links[i]), ": "));
+      } else if (*ready) {
         joined[i] = true;
-      } else if (state != ncclInProgress) {
-        error = WithPrefix(NcclError("ncclCommInitRankConfig (asynchronous)", state, comms[i]),
-                           absl::StrCat(LinkName(links[i]), ": "));
       } else {
         pending.push_back(LinkName(links[i]));
       }
@@ -979,53 +810,10 @@ absl::StatusOr<std::vector<ncclComm_t>> CreateLinkComms(const NcclOptions& optio
 absl::StatusOr<std::unique_ptr<Transport>> Create(const NcclOptions& options,
                                                   RendezvousStore* store) {
   const absl::Time deadline = absl::Now() + options.connect_timeout;
-  int devices = 0;
-  const cudaError_t counted = cudaGetDeviceCount(&devices);
-  if (counted != cudaSuccess || devices == 0) {
-    cudaGetLastError();  // Clears the error.
-    return absl::FailedPreconditionError(
-        counted != cudaSuccess
-            ? absl::StrCat("no CUDA device: ", CudaError("cudaGetDeviceCount", counted).message())
-            : "no CUDA device: cudaGetDeviceCount returned 0");
-  }
-  if (options.cuda_device < 0 || options.cuda_device >= devices) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("cuda_device %d is not in [0, %d)", options.cuda_device, devices));
-  }
+  RETURN_IF_ERROR(CheckCudaDevice(options.cuda_device));
   DeviceGuard guard(options.cuda_device);
   if (!guard.status().ok()) return guard.status();
-
-  const std::string key = options.key_prefix + "nccl_unique_id";
-  ncclUniqueId id;
-  if (options.rank == 0) {
-    const ncclResult_t result = ncclGetUniqueId(&id);
-    if (result != ncclSuccess) return NcclError("ncclGetUniqueId", result, nullptr);
-    absl::Status published = store->Set(key, EncodeId(id));
-    if (!published.ok()) {
-      return WithPrefix(published, absl::StrFormat("publishing \"%s\": ", key));
-    }
-  } else {
-    absl::StatusOr<std::string> value = store->Get(key, options.connect_timeout);
-    if (!value.ok()) {
-      return WithPrefix(value.status(),
-                        absl::StrFormat("waiting for rank 0's NCCL unique id (\"%s\"): ", key));
-    }
-    std::optional<ncclUniqueId> decoded = DecodeId(*value);
-    if (!decoded.has_value()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "\"%s\" holds %d bytes that are not a hex-encoded NCCL unique id", key, value->size()));
-    }
-    id = *decoded;
-  }
-
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  ncclComm_t comm = nullptr;
-  const ncclResult_t initial =
-      ncclCommInitRankConfig(&comm, options.world_size, id, options.rank, &config);
-  absl::Status joined =
-      AwaitCommunicator(comm, initial, deadline, options.connect_timeout, options.world_size);
-  if (!joined.ok()) return joined;
+  ASSIGN_OR_RETURN(ncclComm_t comm, JoinCommunicator(options, store, deadline));
 
   // comms[0] is the world's, then one per link.
   std::vector<ncclComm_t> comms = {comm};

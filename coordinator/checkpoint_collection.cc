@@ -55,6 +55,12 @@ std::optional<PendingManifest> AddReportedFilesLocked(Job& job, const v1::Report
   auto& stages = job.checkpoint_files[step];
   for (const v1::StageCheckpointFile& f : req.checkpoint_files()) stages[f.stage()].push_back(f);
   if (static_cast<int>(stages.size()) < job.plan.num_stages) return std::nullopt;
+  // With ZeRO-1 every replica adds its optimizer shard of each stage to replica 0's two files.
+  if (job.spec.placement.shard_optimizer && job.plan.replicas > 1) {
+    for (const auto& [s, files] : stages) {
+      if (static_cast<int>(files.size()) < 2 + job.plan.replicas) return std::nullopt;
+    }
+  }
 
   PendingManifest pending;
   pending.job_id = job.id;

@@ -124,6 +124,11 @@ absl::StatusOr<StepControl::ClientStepCall> StepControl::BeginClientStep(
           "; a client batch step needs a PAUSED job (pause it first, or submit it paused)"));
     }
     RETURN_IF_ERROR(CheckClientBatch(*job, request));
+    if (call.forward_only && job->plan.replicas > 1) {
+      return absl::UnimplementedError(absl::StrCat(
+          "forward_only: job ", job_id, " has ", job->plan.replicas,
+          " replicas; forward-only client steps run on jobs with one replica for now"));
+    }
     call.global = job->global_done();
     Job::ClientStepState state;
     state.global_step = call.global;

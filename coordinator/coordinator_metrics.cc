@@ -74,6 +74,12 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
                         .Help("Measured idle fraction (0..1) of a rank in the job's last "
                               "completed step")
                         .Register(registry)),
+      hidden_ratio_(prometheus::BuildGauge()
+                        .Name("stagecoach_grad_reduction_hidden_ratio")
+                        .Help("Share (0..1) of a rank's gradient reduction across data-parallel "
+                              "replicas hidden behind its compute in the job's last completed "
+                              "step: 1 - compute's wait / (first bucket start -> last bucket end)")
+                        .Register(registry)),
       bytes_(prometheus::BuildCounter()
                  .Name("stagecoach_data_plane_bytes_total")
                  .Help("Data-plane bytes the workers reported, by direction")
@@ -99,7 +105,15 @@ void CoordinatorMetrics::SetWorkerCounts(const std::map<v1::WorkerState, int>& c
 
 void CoordinatorMetrics::StepCompleted(const std::string& job_id, absl::Duration step_time,
                                        std::optional<double> loss, double samples_per_second,
-                                       const std::vector<double>& bubble_ratios) {
+                                       const std::vector<double>& bubble_ratios,
+                                       const std::vector<double>& hidden_ratios, int num_ranks) {
+  const size_t per_replica =
+      num_ranks > 0 ? static_cast<size_t>(num_ranks) : std::max<size_t>(bubble_ratios.size(), 1);
+  auto labels = [&](size_t task) -> std::map<std::string, std::string> {
+    return {{"job", job_id},
+            {"rank", absl::StrCat(task % per_replica)},
+            {"replica", absl::StrCat(task / per_replica)}};
+  };
   steps_.Increment();
   step_duration_.Observe(absl::ToDoubleSeconds(step_time));
 
@@ -117,11 +131,17 @@ void CoordinatorMetrics::StepCompleted(const std::string& job_id, absl::Duration
     s.loss->Set(*loss);
   }
   s.samples_per_second->Set(samples_per_second);
-  for (size_t rank = s.bubble_ratios.size(); rank < bubble_ratios.size(); ++rank) {
-    s.bubble_ratios.push_back(&bubble_ratio_.Add({{"job", job_id}, {"rank", absl::StrCat(rank)}}));
+  for (size_t task = s.bubble_ratios.size(); task < bubble_ratios.size(); ++task) {
+    s.bubble_ratios.push_back(&bubble_ratio_.Add(labels(task)));
   }
-  for (size_t rank = 0; rank < bubble_ratios.size(); ++rank) {
-    s.bubble_ratios[rank]->Set(bubble_ratios[rank]);
+  for (size_t task = 0; task < bubble_ratios.size(); ++task) {
+    s.bubble_ratios[task]->Set(bubble_ratios[task]);
+  }
+  for (size_t task = s.hidden_ratios.size(); task < hidden_ratios.size(); ++task) {
+    s.hidden_ratios.push_back(&hidden_ratio_.Add(labels(task)));
+  }
+  for (size_t task = 0; task < hidden_ratios.size(); ++task) {
+    s.hidden_ratios[task]->Set(hidden_ratios[task]);
   }
 
   while (series_order_.size() > static_cast<size_t>(kMaxJobSeries)) {
@@ -131,6 +151,7 @@ void CoordinatorMetrics::StepCompleted(const std::string& job_id, absl::Duration
     if (old.loss != nullptr) loss_.Remove(old.loss);
     samples_per_second_.Remove(old.samples_per_second);
     for (prometheus::Gauge* g : old.bubble_ratios) bubble_ratio_.Remove(g);
+    for (prometheus::Gauge* g : old.hidden_ratios) hidden_ratio_.Remove(g);
     series_.erase(oldest);
   }
 }

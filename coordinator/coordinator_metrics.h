@@ -42,10 +42,14 @@ class CoordinatorMetrics {
   void SetWorkerCounts(const std::map<v1::WorkerState, int>& counts);
   // Every rank of `job_id` reported a step: counts it, observes `step_time` (the slowest
   // rank's), and sets the job's loss (when the job has one: forward-only jobs do not),
-  // samples/s and per-rank bubble ratios (index = rank).
+  // samples/s and per-rank bubble ratios, labelled {job, rank, replica} (index = task:
+  // replica * num_ranks + rank; num_ranks 0 means one replica), and with data-parallel
+  // replicas each rank's gradient reduction hidden ratio (stagecoach_grad_reduction_hidden_ratio,
+  // same labels and index).
   void StepCompleted(const std::string& job_id, absl::Duration step_time,
                      std::optional<double> loss, double samples_per_second,
-                     const std::vector<double>& bubble_ratios);
+                     const std::vector<double>& bubble_ratios,
+                     const std::vector<double>& hidden_ratios = {}, int num_ranks = 0);
   // A rank's step report: data-plane bytes it sent and received in that step.
   void AddDataPlaneBytes(int64_t sent, int64_t received);
   // A job was restarted from its latest checkpoint (restart.max_restarts allowed it): counts it
@@ -60,7 +64,8 @@ class CoordinatorMetrics {
   struct JobSeries {
     prometheus::Gauge* loss = nullptr;  // null until the job reports a loss
     prometheus::Gauge* samples_per_second = nullptr;
-    std::vector<prometheus::Gauge*> bubble_ratios;  // index = rank
+    std::vector<prometheus::Gauge*> bubble_ratios;  // index = task
+    std::vector<prometheus::Gauge*> hidden_ratios;  // index = task
   };
 
   prometheus::Family<prometheus::Gauge>& jobs_;
@@ -70,6 +75,7 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& loss_;
   prometheus::Family<prometheus::Gauge>& samples_per_second_;
   prometheus::Family<prometheus::Gauge>& bubble_ratio_;
+  prometheus::Family<prometheus::Gauge>& hidden_ratio_;
   prometheus::Family<prometheus::Counter>& bytes_;
   prometheus::Counter& bytes_sent_;
   prometheus::Counter& bytes_received_;

@@ -7,8 +7,13 @@
 
 namespace stagecoach::coordinator {
 
-std::string WorkerLabel(const std::string& worker_id, int rank) {
-  return absl::StrCat("worker ", worker_id, " (rank ", rank, ")");
+std::string RankLabel(int rank, int replica) {
+  return replica > 0 ? absl::StrCat("rank ", rank, " of replica ", replica)
+                     : absl::StrCat("rank ", rank);
+}
+
+std::string WorkerLabel(const std::string& worker_id, int rank, int replica) {
+  return absl::StrCat("worker ", worker_id, " (", RankLabel(rank, replica), ")");
 }
 
 std::string FailedAction(const std::string& error) {
@@ -29,22 +34,25 @@ RootCause FailureInvestigation::Investigate(const ReportedFailure& reported,
     const std::string why = absl::StrCat("unreachable: ", status.status().message());
     out.lost.emplace_back(peer.worker_id, why);
     absl::StrAppend(&out.reason, out.reason.empty() ? "" : "; ",
-                    WorkerLabel(peer.worker_id, peer.rank), " lost: ", why);
+                    WorkerLabel(peer.worker_id, peer.rank, peer.replica), " lost: ", why);
     if (out.failure.worker_id().empty()) {
       out.failure.set_rank(peer.rank);
+      out.failure.set_replica(peer.replica);
       out.failure.set_worker_id(peer.worker_id);
       out.failure.set_error(absl::StrCat("lost: ", why));
     }
   }
   if (out.reason.empty()) {
-    out.reason = absl::StrCat("rank ", reported.rank, " (worker ", reported.worker_id,
-                              ") failed: ", reported.error);
+    out.reason = absl::StrCat(RankLabel(reported.rank, reported.replica), " (worker ",
+                              reported.worker_id, ") failed: ", reported.error);
     out.failure.set_rank(reported.rank);
+    out.failure.set_replica(reported.replica);
     out.failure.set_worker_id(reported.worker_id);
     out.failure.set_error(reported.error);
     out.failure.set_action(FailedAction(reported.error));
   } else {
-    absl::StrAppend(&out.reason, " (rank ", reported.rank, " reported: ", reported.error, ")");
+    absl::StrAppend(&out.reason, " (", RankLabel(reported.rank, reported.replica),
+                    " reported: ", reported.error, ")");
   }
   return out;
 }

@@ -21,6 +21,7 @@ struct ReportedFailure {
   int rank = 0;
   std::string worker_id;
   std::string error;
+  int replica = 0;
 };
 
 // A rank whose task had not ended when another failed.
@@ -28,6 +29,7 @@ struct Peer {
   int rank = 0;
   std::string worker_id;
   std::string address;
+  int replica = 0;
 };
 
 struct RootCause {
@@ -55,7 +57,10 @@ class FailureInvestigation {
 };
 
 // "worker w-3 (rank 2)".
-std::string WorkerLabel(const std::string& worker_id, int rank);
+std::string WorkerLabel(const std::string& worker_id, int rank, int replica = 0);
+
+// "rank 1", or "rank 1 of replica 2" for a replica other than 0.
+std::string RankLabel(int rank, int replica);
 
 // The first action (PyTorch syntax, e.g. "1RECV_F0") a worker's error message names; empty
 // when it names none.

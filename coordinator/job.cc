@@ -98,11 +98,15 @@ void Job::ToProto(v1::Job* out) const {
   for (double ratio : max_bubble_ratios) out->add_max_bubble_ratios(ratio);
   out->set_num_stages(plan.num_stages);
   out->set_num_ranks(plan.num_ranks);
+  out->set_replicas(plan.replicas);
   out->set_schedule(plan.schedule_name);
   out->set_microbatches(plan.num_microbatches);
   for (const RankSlot& slot : ranks) {
     v1::RankStatus* r = out->add_ranks();
     r->set_rank(slot.rank);
+    r->set_replica(slot.replica);
+    r->set_reduction_bytes_sent(slot.reduction_bytes_sent);
+    r->set_reduction_hidden_ratio(slot.reduction_hidden_ratio);
     r->set_worker_id(slot.worker_id);
     for (int s : slot.stages) r->add_stages(s);
     for (const auto& a : slot.actions) r->add_assigned_actions(a);

@@ -71,9 +71,11 @@ absl::Status CheckTransition(v1::JobState from, v1::JobState to);
 // "PENDING", "RUNNING", ... (the enum name without its prefix).
 std::string JobStateName(v1::JobState state);
 
-// One rank of a placed job.
+// One rank of a placed job: `rank` of replica `replica` (Job::ranks holds them replica by
+// replica, at Plan::TaskIndex(replica, rank)).
 struct RankSlot {
   int rank = 0;
+  int replica = 0;
   std::string worker_id;
   std::string worker_address;
   std::vector<int> stages;
@@ -85,6 +87,8 @@ struct RankSlot {
   std::map<int, int64_t> bytes_sent_to;        // by peer rank
   std::map<int, int64_t> bytes_received_from;  // by peer rank
   int64_t parameters = 0;                      // held by the rank's worker, as reported
+  int64_t reduction_bytes_sent = 0;            // by its data-parallel group, over all steps
+  double reduction_hidden_ratio = 0.0;         // of its latest step
   bool task_ended = false;                     // ReportTaskEnd received, or the task was stopped
   v1::TaskOutcome outcome = v1::TASK_OUTCOME_UNSPECIFIED;
   std::string error;
@@ -93,9 +97,13 @@ struct RankSlot {
 // Reports of one step, until every rank has sent its own.
 struct StepAggregate {
   int ranks_reported = 0;
-  std::vector<double> microbatch_losses;  // from the rank that owns the last stage
+  // From the rank that owns the last stage, by replica (each replica's microbatches).
+  std::map<int, std::vector<double>> replica_losses;
+  // Every microbatch's loss in global microbatch order (replica by replica), once complete.
+  std::vector<double> microbatch_losses;
   absl::Duration slowest = absl::ZeroDuration();
-  std::vector<double> bubble_ratios;  // indexed by rank
+  std::vector<double> bubble_ratios;  // indexed by task (Plan::TaskIndex)
+  std::vector<double> hidden_ratios;  // of the gradient reduction, by task; with replicas
   bool client_batch = false;          // a StepJob step
 };
 

@@ -15,6 +15,7 @@ namespace {
 v1::JobFailure LostFailure(const RankSlot& slot, const std::string& why) {
   v1::JobFailure failure;
   failure.set_rank(slot.rank);
+  failure.set_replica(slot.replica);
   failure.set_worker_id(slot.worker_id);
   failure.set_error(absl::StrCat("lost: ", why));
   return failure;
@@ -74,7 +75,7 @@ void JobLifecycle::StartAttempt(StartOrder order) {
       absl::Status started = deps_.workers->StartTask(address, task, options_.worker_rpc_timeout);
       if (!started.ok()) {
         failure = started;
-        failed_rank = task.rank();
+        failed_rank = task.replica() * task.world_size() + task.rank();  // its task index
         break;
       }
     }
@@ -100,11 +101,12 @@ void JobLifecycle::AttemptStartedOrFailedLocked(const std::string& job_id, int a
       deps_.registry->MarkLost(slot.worker_id, absl::StrCat("unreachable: ", failure.message()));
     }
     v1::JobFailure cause;
-    cause.set_rank(failed_rank);
+    cause.set_rank(slot.rank);
+    cause.set_replica(slot.replica);
     cause.set_worker_id(slot.worker_id);
     cause.set_error(absl::StrCat("StartTask: ", failure.message()));
-    const std::string reason = absl::StrCat("could not start rank ", failed_rank, " on worker ",
-                                            slot.worker_id, ": ", failure.message());
+    const std::string reason = absl::StrCat("could not start ", RankLabel(slot.rank, slot.replica),
+                                            " on worker ", slot.worker_id, ": ", failure.message());
     // Only a worker that vanished is worth another attempt; a refused task would be refused
     // again.
     if (unreachable) {
@@ -186,12 +188,14 @@ void JobLifecycle::RestartLocked(Job& job, const std::string& why) {
   deps_.table->PersistLocked(job);
 }
 
-void JobLifecycle::ControlFailedLocked(Job& job, int rank, const absl::Status& error,
+void JobLifecycle::ControlFailedLocked(Job& job, int task, const absl::Status& error,
                                        const std::string& doing) {
   v1::JobFailure cause;
-  cause.set_rank(rank);
-  if (rank >= 0 && rank < static_cast<int>(job.ranks.size())) {
-    cause.set_worker_id(job.ranks[rank].worker_id);
+  cause.set_rank(task);
+  if (task >= 0 && task < static_cast<int>(job.ranks.size())) {
+    cause.set_rank(job.ranks[task].rank);
+    cause.set_replica(job.ranks[task].replica);
+    cause.set_worker_id(job.ranks[task].worker_id);
   }
   cause.set_error(absl::StrCat("ControlTask: ", error.message()));
   FailOrRestartLocked(job, cause, absl::StrCat(doing, ": ", error.message()));
@@ -229,8 +233,9 @@ void JobLifecycle::WorkersLostLocked(const std::vector<std::string>& worker_ids)
       if (IsFinal(job->state) || job->state == v1::JOB_STATE_RESTARTING) continue;
       for (const RankSlot& slot : job->ranks) {
         if (slot.worker_id == id && !slot.task_ended) {
-          FailOrRestartLocked(*job, LostFailure(slot, why),
-                              absl::StrCat(WorkerLabel(slot.worker_id, slot.rank), " lost: ", why));
+          FailOrRestartLocked(
+              *job, LostFailure(slot, why),
+              absl::StrCat(WorkerLabel(slot.worker_id, slot.rank, slot.replica), " lost: ", why));
           break;
         }
       }
@@ -270,12 +275,13 @@ absl::Status JobLifecycle::TaskEndedLocked(Job& job, RankSlot& slot,
     case v1::TASK_OUTCOME_STOPPED: {
       // A rank that stops on its own (not asked to) is a failure too.
       const ReportedFailure reported{req.rank(), req.worker_id(),
-                                     req.error().empty() ? "task stopped" : req.error()};
+                                     req.error().empty() ? "task stopped" : req.error(),
+                                     req.replica()};
       spdlog::warn("{} rank {} on {} failed: {}", job.id, req.rank(), req.worker_id(),
                    reported.error);
       deps_.executor->Run(scope_.Wrap([this, job_id = job.id, attempt = job.attempt, reported] {
         std::vector<Peer> peers;
-        if (!PeersToProbe(job_id, attempt, reported.rank, &peers)) return;
+        if (!PeersToProbe(job_id, attempt, reported.rank, reported.replica, &peers)) return;
         const RootCause cause = investigation_.Investigate(reported, peers);
         absl::MutexLock lock(&deps_.table->mu());
         ApplyRootCauseLocked(job_id, attempt, cause);
@@ -302,7 +308,7 @@ void JobLifecycle::MaybeSucceedLocked(Job& job) {
   }
 }
 
-bool JobLifecycle::PeersToProbe(const std::string& job_id, int attempt, int rank,
+bool JobLifecycle::PeersToProbe(const std::string& job_id, int attempt, int rank, int replica,
                                 std::vector<Peer>* peers) {
   absl::MutexLock lock(&deps_.table->mu());
   Job* job = deps_.table->FindLocked(job_id);
@@ -311,8 +317,8 @@ bool JobLifecycle::PeersToProbe(const std::string& job_id, int attempt, int rank
     return false;
   }
   for (const RankSlot& slot : job->ranks) {
-    if (slot.rank != rank && !slot.task_ended) {
-      peers->push_back(Peer{slot.rank, slot.worker_id, slot.worker_address});
+    if ((slot.rank != rank || slot.replica != replica) && !slot.task_ended) {
+      peers->push_back(Peer{slot.rank, slot.worker_id, slot.worker_address, slot.replica});
     }
   }
   return true;

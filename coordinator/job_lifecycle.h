@@ -95,7 +95,8 @@ class JobLifecycle {
 
   // A control call to `rank` failed with `error` while `doing` (e.g. "pausing job-3"): the
   // job fails or restarts, naming the rank and its worker.
-  void ControlFailedLocked(Job& job, int rank, const absl::Status& error, const std::string& doing);
+  // `task`: the failed task's index in Job::ranks (Plan::TaskIndex).
+  void ControlFailedLocked(Job& job, int task, const absl::Status& error, const std::string& doing);
 
   // Workers the registry already marked LOST (expired leases): each fails the job it ran.
   void WorkersLostLocked(const std::vector<std::string>& worker_ids);
@@ -123,7 +124,8 @@ class JobLifecycle {
   void LoseWorkerLocked(const std::string& worker_id, const std::string& why);
   // Whether the attempt of a failed rank still needs its failure handled, and its peers that still
   // run, to probe. Takes the job table's lock.
-  bool PeersToProbe(const std::string& job_id, int attempt, int rank, std::vector<Peer>* peers);
+  bool PeersToProbe(const std::string& job_id, int attempt, int rank, int replica,
+                    std::vector<Peer>* peers);
   // After a failed rank's peers were probed (see FailureInvestigation).
   void ApplyRootCauseLocked(const std::string& job_id, int attempt, const RootCause& cause);
   // The StartTask calls of an attempt returned: `failure` of `failed_rank`, or OK.

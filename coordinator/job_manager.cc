@@ -287,7 +287,7 @@ absl::StatusOr<v1::GetStepTraceResponse> JobManager::GetStepTrace(const std::str
   int64_t traced = -1;
   ASSIGN_OR_RETURN(
       std::string trace,
-      job->traces.Trace(global_step, job->plan.num_ranks,
+      job->traces.Trace(global_step, job->plan.num_tasks(),
                         absl::StrCat(job->id, " (", job->plan.schedule_name, ")"), &traced));
   response.set_global_step(traced);
   response.set_trace_json(std::move(trace));
@@ -358,14 +358,15 @@ absl::Status JobManager::Heartbeat(const v1::HeartbeatRequest& req) {
 }
 
 absl::StatusOr<RankSlot*> JobManager::ReportingSlotLocked(Job& job, const std::string& worker_id,
-                                                          int attempt, int rank) {
-  if (attempt != job.attempt || rank < 0 || rank >= static_cast<int>(job.ranks.size()) ||
-      job.ranks[rank].worker_id != worker_id) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("report from worker ", worker_id, " for ", job.id, " attempt ", attempt,
-                     " rank ", rank, " does not match the job's current placement"));
+                                                          int attempt, int rank, int replica) {
+  const int index = job.plan.TaskIndex(replica, rank);
+  if (attempt != job.attempt || rank < 0 || rank >= job.plan.num_ranks || replica < 0 ||
+      index >= static_cast<int>(job.ranks.size()) || job.ranks[index].worker_id != worker_id) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "report from worker ", worker_id, " for ", job.id, " attempt ", attempt, " rank ", rank,
+        " replica ", replica, " does not match the job's current placement"));
   }
-  return &job.ranks[rank];
+  return &job.ranks[index];
 }
 
 absl::Status JobManager::ReportStep(const v1::ReportStepRequest& req) {
@@ -374,8 +375,8 @@ absl::Status JobManager::ReportStep(const v1::ReportStepRequest& req) {
   if (IsFinal(job->state) || req.attempt() != job->attempt) {
     return absl::OkStatus();  // late report of a stopped job or of an earlier attempt
   }
-  ASSIGN_OR_RETURN(RankSlot * slot,
-                   ReportingSlotLocked(*job, req.worker_id(), req.attempt(), req.rank()));
+  ASSIGN_OR_RETURN(RankSlot * slot, ReportingSlotLocked(*job, req.worker_id(), req.attempt(),
+                                                        req.rank(), req.replica()));
   if (req.forward_only_step()) return aggregator_.AddForwardOnlyLocked(*job, *slot, req);
   if (req.checkpoint_only()) return ReportCheckpointOnlyLocked(*job, *slot, req);
   RETURN_IF_ERROR(aggregator_.CheckLocked(*job, *slot, req));
@@ -422,8 +423,8 @@ absl::Status JobManager::ReportTaskEnd(const v1::ReportTaskEndRequest& req) {
   absl::MutexLock lock(&table_.mu());
   ASSIGN_OR_RETURN(Job * job, table_.FindOrErrorLocked(req.job_id()));
   if (req.attempt() != job->attempt) return absl::OkStatus();  // an older attempt's task
-  ASSIGN_OR_RETURN(RankSlot * slot,
-                   ReportingSlotLocked(*job, req.worker_id(), req.attempt(), req.rank()));
+  ASSIGN_OR_RETURN(RankSlot * slot, ReportingSlotLocked(*job, req.worker_id(), req.attempt(),
+                                                        req.rank(), req.replica()));
   return lifecycle_.TaskEndedLocked(*job, *slot, req);
 }
 

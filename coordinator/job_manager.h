@@ -204,9 +204,10 @@ class JobManager : private LifecycleHooks {
   absl::StatusOr<InferenceResult> AwaitInference(std::shared_ptr<Job> job, absl::Time deadline,
                                                  absl::Duration timeout,
                                                  const std::function<bool()>& caller_gone);
-  // Validates that a report comes from the worker holding `rank` in the current attempt.
+  // Validates that a report comes from the worker holding `rank` of `replica` in the current
+  // attempt.
   absl::StatusOr<RankSlot*> ReportingSlotLocked(Job& job, const std::string& worker_id, int attempt,
-                                                int rank);
+                                                int rank, int replica);
   // A checkpoint-only report of a held rank (a paused job's CheckpointJob).
   absl::Status ReportCheckpointOnlyLocked(Job& job, const RankSlot& slot,
                                           const v1::ReportStepRequest& req);

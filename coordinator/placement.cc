@@ -21,7 +21,7 @@ std::vector<StartOrder> Placement::PlaceLocked(JobTable& table, absl::Time now) 
     // A restarting job's previous workers must be free of it first (StopTask returned), and
     // the checkpoints it completed listed (it continues from the latest).
     if (restarting && (registry_->AnyBusyWith(job->id) || job->manifests_in_flight > 0)) continue;
-    const int needed = job->plan.num_ranks;
+    const int needed = job->plan.num_tasks();
     const std::string& device = job->spec.placement.device;
     // A restarting job keeps its cause in view while it waits.
     const std::string waiting =
@@ -105,11 +105,13 @@ StartOrder Placement::AssignRanksLocked(Job& job, const std::vector<WorkerRecord
   StartOrder order;
   order.job_id = job.id;
   order.attempt = job.attempt;
-  for (int r = 0; r < static_cast<int>(workers.size()); ++r) {
+  for (int i = 0; i < static_cast<int>(workers.size()); ++i) {
+    const int r = i % job.plan.num_ranks;
     RankSlot& slot = job.ranks.emplace_back();
     slot.rank = r;
-    slot.worker_id = workers[r].id;
-    slot.worker_address = workers[r].address;
+    slot.replica = i / job.plan.num_ranks;
+    slot.worker_id = workers[i].id;
+    slot.worker_address = workers[i].address;
     for (int s = 0; s < job.plan.num_stages; ++s) {
       if (job.plan.stage_to_rank[s] == r) slot.stages.push_back(s);
     }

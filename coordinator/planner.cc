@@ -412,6 +412,7 @@ absl::StatusOr<Plan> PlanJob(const spec::JobSpec& spec, std::vector<v1::LayerInf
   Plan plan;
   ASSIGN_OR_RETURN(plan.transport, ResolveTransport(spec.placement));
   plan.num_microbatches = spec.schedule.microbatches;
+  plan.replicas = std::max(1, spec.placement.replicas);
 
   StageRequest request;
   request.stages = spec.split.stages;

@@ -57,6 +57,13 @@ struct Plan {
   schedule::PipelineOrder lowered;  // indexed by rank; no idle slots
   // Data-plane transport the workers use: "gloo" or "nccl" (placement.transport, auto resolved).
   std::string transport = "gloo";
+  // Data-parallel replicas of the pipeline (placement.replicas): the job has num_tasks() tasks,
+  // task replica * num_ranks + rank holding `rank` of replica `replica`. The D tasks of one rank
+  // form that rank's data-parallel group.
+  int replicas = 1;
+
+  int num_tasks() const { return num_ranks * replicas; }
+  int TaskIndex(int replica, int rank) const { return replica * num_ranks + rank; }
 };
 
 // Whether planning `spec` needs a worker's InspectModel: a TorchScript model (its layers are

@@ -1,5 +1,7 @@
 #include "coordinator/recovery.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/rpc/time_conversion.h"
 #include "common/spec/spec_parser.h"
@@ -29,6 +31,7 @@ Plan DescribedPlan(const v1::Job& record) {
   plan.layers.assign(record.layers().begin(), record.layers().end());
   plan.num_stages = record.num_stages();
   plan.num_ranks = record.num_ranks();
+  plan.replicas = std::max(1, record.replicas());
   plan.schedule_name = record.schedule();
   plan.num_microbatches = record.microbatches();
   return plan;
@@ -72,6 +75,7 @@ void RestoreFinishedRanks(const v1::Job& record, Job& job) {
   for (const v1::RankStatus& r : record.ranks()) {
     RankSlot& slot = job.ranks.emplace_back();
     slot.rank = r.rank();
+    slot.replica = r.replica();
     slot.worker_id = r.worker_id();
     slot.stages.assign(r.stages().begin(), r.stages().end());
     slot.steps_done = r.steps_done();

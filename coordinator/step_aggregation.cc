@@ -8,6 +8,7 @@
 #include "common/rpc/tensor_data.h"
 #include "common/rpc/time_conversion.h"
 #include "common/util/status_macros.h"
+#include "coordinator/failure_investigation.h"
 
 namespace stagecoach::coordinator {
 namespace {
@@ -21,8 +22,9 @@ bool OwnsLastStage(const Job& job, int rank) {
 absl::Status StepAggregator::CheckLocked(const Job& job, const RankSlot& slot,
                                          const v1::ReportStepRequest& req) const {
   if (req.step() != slot.steps_done) {
-    return absl::InvalidArgumentError(absl::StrCat("step: rank ", req.rank(), " reported step ",
-                                                   req.step(), ", expected ", slot.steps_done));
+    return absl::InvalidArgumentError(absl::StrCat("step: ", RankLabel(req.rank(), req.replica()),
+                                                   " reported step ", req.step(), ", expected ",
+                                                   slot.steps_done));
   }
   if (OwnsLastStage(job, req.rank()) && !job.forward_only() &&
       req.microbatch_losses_size() != job.plan.num_microbatches) {
@@ -49,32 +51,51 @@ bool StepAggregator::AddLocked(Job& job, RankSlot& slot, const v1::ReportStepReq
   }
   if (metrics_ != nullptr) metrics_->AddDataPlaneBytes(req.bytes_sent(), req.bytes_received());
   slot.parameters = req.parameters();
+  if (req.has_reduction()) {
+    slot.reduction_bytes_sent += req.reduction().bytes_sent();
+    slot.reduction_hidden_ratio = req.reduction().hidden_ratio();
+  }
   slot.executed_actions.assign(req.executed_actions().begin(), req.executed_actions().end());
   const int64_t global = job.attempt_base + req.step();  // the step's number in the timeline
   if (req.action_timings_size() > 0) {
-    job.traces.Add(global,
-                   RankStepTiming{req.rank(),
-                                  {req.executed_actions().begin(), req.executed_actions().end()},
-                                  {req.action_timings().begin(), req.action_timings().end()},
-                                  rpc::FromProtoTimestamp(req.step_start_time())});
+    RankStepTiming timing{job.plan.TaskIndex(slot.replica, slot.rank),
+                          slot.replica,
+                          job.plan.replicas > 1
+                              ? absl::StrCat("Replica ", slot.replica, " rank ", slot.rank)
+                              : std::string(),
+                          {req.executed_actions().begin(), req.executed_actions().end()},
+                          {req.action_timings().begin(), req.action_timings().end()},
+                          rpc::FromProtoTimestamp(req.step_start_time()),
+                          {req.reduction().buckets().begin(), req.reduction().buckets().end()}};
+    job.traces.Add(global, std::move(timing));
   }
   StepAggregate& agg = job.partial_steps[req.step()];
   ++agg.ranks_reported;
   agg.slowest = std::max(agg.slowest, rpc::FromProtoDuration(req.step_time()));
   if (OwnsLastStage(job, req.rank()) && !job.forward_only()) {
-    agg.microbatch_losses.assign(req.microbatch_losses().begin(), req.microbatch_losses().end());
+    agg.replica_losses[slot.replica].assign(req.microbatch_losses().begin(),
+                                            req.microbatch_losses().end());
   }
-  agg.bubble_ratios.resize(job.plan.num_ranks, 0.0);
-  agg.bubble_ratios[req.rank()] = req.bubble_ratio();
+  const int task = job.plan.TaskIndex(slot.replica, slot.rank);
+  agg.bubble_ratios.resize(job.plan.num_tasks(), 0.0);
+  agg.bubble_ratios[task] = req.bubble_ratio();
+  if (job.plan.replicas > 1) {
+    agg.hidden_ratios.resize(job.plan.num_tasks(), 0.0);
+    agg.hidden_ratios[task] = req.reduction().hidden_ratio();
+  }
   if (req.client_batch()) agg.client_batch = true;
-  if (agg.ranks_reported < job.plan.num_ranks) return false;
+  if (agg.ranks_reported < job.plan.num_tasks()) return false;
   CompleteStepLocked(job, req.step(), now);
   return true;
 }
 
 void StepAggregator::CompleteStepLocked(Job& job, int64_t step_index, absl::Time now) {
-  const StepAggregate agg = std::move(job.partial_steps[step_index]);
+  StepAggregate agg = std::move(job.partial_steps[step_index]);
   job.partial_steps.erase(step_index);
+  // Replica by replica: the global batch's microbatches in order.
+  for (const auto& [replica, losses] : agg.replica_losses) {
+    agg.microbatch_losses.insert(agg.microbatch_losses.end(), losses.begin(), losses.end());
+  }
   const bool forward_only = job.forward_only();
   const int64_t global = job.attempt_base + step_index;
   ++job.steps_completed;
@@ -99,12 +120,13 @@ void StepAggregator::CompleteStepLocked(Job& job, int64_t step_index, absl::Time
   }
   *step->mutable_step_time() = rpc::ToProtoDuration(agg.slowest);
   for (double ratio : agg.bubble_ratios) step->add_bubble_ratios(ratio);
+  for (double ratio : agg.hidden_ratios) step->add_reduction_hidden_ratios(ratio);
   const double seconds = absl::ToDoubleSeconds(agg.slowest);
   step->set_samples_per_second(seconds > 0 ? job.spec.training.batch_size / seconds : 0.0);
   if (metrics_ != nullptr) {
-    metrics_->StepCompleted(job.id, agg.slowest,
-                            forward_only ? std::nullopt : std::optional<double>(step->loss()),
-                            step->samples_per_second(), agg.bubble_ratios);
+    metrics_->StepCompleted(
+        job.id, agg.slowest, forward_only ? std::nullopt : std::optional<double>(step->loss()),
+        step->samples_per_second(), agg.bubble_ratios, agg.hidden_ratios, job.plan.num_ranks);
   }
   // A client batch step (StepJob) hands its losses to its caller.
   if (job.client_step.has_value() && !job.client_step->forward_only &&
@@ -140,7 +162,7 @@ absl::Status StepAggregator::AddForwardOnlyLocked(Job& job, const RankSlot& slot
     cs.outputs = req.outputs();
   }
   cs.slowest = std::max(cs.slowest, rpc::FromProtoDuration(req.step_time()));
-  if (++cs.ranks_reported == job.plan.num_ranks) cs.done = true;
+  if (++cs.ranks_reported == job.plan.num_tasks()) cs.done = true;
   return absl::OkStatus();
 }
 

@@ -31,7 +31,9 @@ v1::ControlTaskRequest ControlRequest(const Job& job, int64_t step_limit) {
 
 std::vector<std::pair<int, std::string>> RankAddresses(const Job& job) {
   std::vector<std::pair<int, std::string>> out;
-  for (const RankSlot& slot : job.ranks) out.emplace_back(slot.rank, slot.worker_address);
+  for (size_t i = 0; i < job.ranks.size(); ++i) {
+    out.emplace_back(static_cast<int>(i), job.ranks[i].worker_address);  // by task index
+  }
   return out;
 }
 

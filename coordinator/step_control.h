@@ -114,7 +114,8 @@ class StepControl {
 // The ControlTask request that sets the step limit of `job`'s current attempt.
 v1::ControlTaskRequest ControlRequest(const Job& job, int64_t step_limit);
 
-// The ranks of a job's current attempt: (rank, worker address).
+// The tasks of a job's current attempt: (task index in Job::ranks, worker address); the index
+// is the rank with one replica.
 std::vector<std::pair<int, std::string>> RankAddresses(const Job& job);
 
 }  // namespace stagecoach::coordinator

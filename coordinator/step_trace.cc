@@ -21,8 +21,8 @@ namespace {
 using schedule::Action;
 using schedule::ActionType;
 
-// Identifies one transfer: direction (true = backward), sending stage, microbatch.
-using MessageKey = std::tuple<bool, int, int>;
+// Identifies one transfer: replica, direction (true = backward), sending stage, microbatch.
+using MessageKey = std::tuple<int, bool, int, int>;
 
 // Where an action sits: timeline[rank][index].
 struct Place {
@@ -31,17 +31,17 @@ struct Place {
 };
 
 // The message a SEND or RECV takes part in.
-MessageKey KeyOf(const Action& a) {
+MessageKey KeyOf(int replica, const Action& a) {
   const int mb = *a.microbatch;
   switch (a.type) {
     case ActionType::kSendF:
-      return {false, a.stage, mb};
+      return {replica, false, a.stage, mb};
     case ActionType::kRecvF:
-      return {false, a.stage - 1, mb};
+      return {replica, false, a.stage - 1, mb};
     case ActionType::kSendB:
-      return {true, a.stage, mb};
+      return {replica, true, a.stage, mb};
     default:  // kRecvB
-      return {true, a.stage + 1, mb};
+      return {replica, true, a.stage + 1, mb};
   }
 }
 
@@ -72,7 +72,7 @@ std::optional<double> ConsumerWaitEnd(const std::vector<schedule::TimedAction>& 
 // simulator orders messages: by start, then by sending rank.
 std::vector<schedule::Message> PairMessages(
     const std::vector<std::vector<schedule::TimedAction>>& timeline,
-    const std::vector<std::vector<double>>& waits) {
+    const std::vector<std::vector<double>>& waits, const std::vector<int>& replica_of) {
   const int num_ranks = static_cast<int>(timeline.size());
   std::map<MessageKey, Place> sends, recvs;
   for (int rank = 0; rank < num_ranks; ++rank) {
@@ -80,7 +80,7 @@ std::vector<schedule::Message> PairMessages(
       const Action& a = timeline[rank][i].action;
       if (!schedule::IsSendOrRecv(a.type)) continue;
       const bool is_send = a.type == ActionType::kSendF || a.type == ActionType::kSendB;
-      (is_send ? sends : recvs).try_emplace(KeyOf(a), Place{rank, i});
+      (is_send ? sends : recvs).try_emplace(KeyOf(replica_of[rank], a), Place{rank, i});
     }
   }
   std::vector<schedule::Message> messages;
@@ -129,11 +129,13 @@ absl::StatusOr<std::string> MeasuredStepTrace(const std::vector<RankStepTiming>&
   std::vector<std::vector<schedule::TimedAction>> timeline(num_ranks);
   std::vector<std::vector<double>> waits(num_ranks);
   std::vector<bool> seen(num_ranks, false);
+  std::vector<int> replica_of(num_ranks, 0);
   for (const RankStepTiming& r : ranks) {
     if (seen[r.rank]) {
       return absl::InvalidArgumentError(absl::StrCat("rank ", r.rank, " is listed twice"));
     }
     seen[r.rank] = true;
+    replica_of[r.rank] = r.replica;
     if (r.actions.size() != r.timings.size()) {
       return absl::InvalidArgumentError(absl::StrCat("rank ", r.rank, " reports ", r.actions.size(),
                                                      " actions but ", r.timings.size(),
@@ -158,10 +160,23 @@ absl::StatusOr<std::string> MeasuredStepTrace(const std::vector<RankStepTiming>&
     }
   }
 
-  std::vector<schedule::Message> messages = PairMessages(timeline, waits);
+  std::vector<schedule::Message> messages = PairMessages(timeline, waits, replica_of);
   schedule::ChromeTraceOptions options;
   options.microseconds_per_unit = 1;
   options.title = title;
+  for (const RankStepTiming& r : ranks) {
+    if (!r.label.empty()) {
+      options.process_names.resize(num_ranks);
+      options.process_names[r.rank] = r.label;
+    }
+    const double offset = absl::ToDoubleMicroseconds(r.start - base);
+    for (const v1::ReductionBucket& b : r.reduction) {
+      options.spans.push_back(schedule::TraceSpan{
+          r.rank, absl::StrCat("reduce stage ", b.stage()),
+          offset + absl::ToDoubleMicroseconds(rpc::FromProtoDuration(b.start())),
+          offset + absl::ToDoubleMicroseconds(rpc::FromProtoDuration(b.end())), b.bytes()});
+    }
+  }
   return schedule::FormatChromeTrace(timeline, messages, options);
 }
 

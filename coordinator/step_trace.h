@@ -21,19 +21,28 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "stagecoach/v1/coordinator.pb.h"
 #include "stagecoach/v1/types.pb.h"
 
 namespace stagecoach::coordinator {
 
 // One rank's report of one step.
 struct RankStepTiming {
+  // The trace's process: the rank, or with data-parallel replicas the task index
+  // (Plan::TaskIndex); transfers pair only within one replica.
   int rank = 0;
+  int replica = 0;
+  // The process's name in the trace ("Replica 1 rank 0"); "Rank <rank>" when empty.
+  std::string label;
   // Executed actions in execution order, PyTorch syntax (ReportStepRequest.executed_actions).
   std::vector<std::string> actions;
   // timings[i] is actions[i]'s, in microseconds after `start` (ReportStepRequest.action_timings).
   std::vector<v1::ActionTiming> timings;
   // Wall-clock time the rank's step started (ReportStepRequest.step_start_time).
   absl::Time start = absl::UnixEpoch();
+  // With replicas: the buckets of the step's gradient reduction (times relative to `start`),
+  // drawn on the rank's "gradient reduction" track.
+  std::vector<v1::ReductionBucket> reduction;
 };
 
 // The Chrome trace JSON of one step from `ranks` (any order; rank r is process r, ranks that

@@ -14,6 +14,8 @@ v1::TaskAssignment BuildTaskAssignment(const Job& job, const RankSlot& slot,
   task.set_attempt(job.attempt);
   task.set_rank(r);
   task.set_world_size(plan.num_ranks);
+  task.set_replica(slot.replica);
+  task.set_replicas(plan.replicas);
   task.set_num_stages(plan.num_stages);
   for (int owner : plan.stage_to_rank) task.add_stage_to_rank(owner);
   for (int s : slot.stages) {

@@ -108,6 +108,7 @@ int main(int argc, char** argv) {
   transport_config.data_host = config.advertise_host;
   transport_config.cuda_device = sc::runtime::CudaIndex(config.device);
   task_deps.make_transport = sc::worker::MakeTransportFactory(transport_config);
+  task_deps.make_collectives = sc::worker::MakeCollectivesFactory(transport_config);
   task_deps.transports = sc::worker::AvailableTransports(transport_config);
   task_deps.device = config.device;
   task_deps.resolve_file = (*artifact_cache)->Resolver();

@@ -102,6 +102,7 @@ class TraceBuilder {
       for (int lane = 0; lane < std::max(lanes, 1); ++lane) AddCommThreadMetadata(rank, lane);
     }
     AddFlows();
+    AddSpans();
     return absl::StrCat("{\"traceEvents\":[", events_, "],\"displayTimeUnit\":\"ms\",",
                         "\"otherData\":", OtherData().dump(), "}");
   }
@@ -125,7 +126,10 @@ class TraceBuilder {
   }
 
   void AddProcessMetadata(int rank) {
-    AddMetadata("process_name", rank, -1, {{"name", absl::StrCat("Rank ", rank)}});
+    const bool named = rank < static_cast<int>(options_.process_names.size()) &&
+                       !options_.process_names[rank].empty();
+    AddMetadata("process_name", rank, -1,
+                {{"name", named ? options_.process_names[rank] : absl::StrCat("Rank ", rank)}});
     AddMetadata("process_sort_index", rank, -1, {{"sort_index", rank}});
     AddMetadata("thread_name", rank, kComputeTid, {{"name", "compute"}});
     AddMetadata("thread_sort_index", rank, kComputeTid, {{"sort_index", kComputeTid}});
@@ -219,6 +223,24 @@ class TraceBuilder {
             {"pid", m.to_rank},
             {"tid", recv_tid_[i]},
             {"ts", ts}});
+    }
+  }
+
+  // The extra track's spans (ChromeTraceOptions::spans), with its thread's name on each rank
+  // that has one.
+  void AddSpans() {
+    constexpr int kSpanTid = 1000;
+    std::vector<bool> named(num_ranks_, false);
+    for (const TraceSpan& span : options_.spans) {
+      if (!HasRank(span.rank)) continue;
+      if (!named[span.rank]) {
+        AddMetadata("thread_name", span.rank, kSpanTid, {{"name", options_.span_track}});
+        AddMetadata("thread_sort_index", span.rank, kSpanTid, {{"sort_index", kSpanTid}});
+        named[span.rank] = true;
+      }
+      end_ = std::max(end_, span.end);
+      AddComplete(span.name, "collective", span.rank, kSpanTid, span.start, span.end,
+                  {{"bytes", span.bytes}});
     }
   }
 

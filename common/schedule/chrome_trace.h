@@ -3,6 +3,7 @@
 // timings measured at runtime. Pure functions; thread-safe.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -10,12 +11,27 @@
 
 namespace stagecoach::schedule {
 
+// A span on a rank's extra track (ChromeTraceOptions::spans), in timeline units.
+struct TraceSpan {
+  int rank = 0;
+  std::string name;
+  double start = 0;
+  double end = 0;
+  int64_t bytes = 0;
+};
+
 struct ChromeTraceOptions {
   // Trace microseconds per timeline time unit (> 0). The default shows one simulator unit as
   // 1 ms; use 1e6 for timelines measured in seconds.
   double microseconds_per_unit = 1000;
   // Stored as otherData.title; left out when empty.
   std::string title;
+  // Process names by rank (row of the timeline); "Rank r" where empty or missing.
+  std::vector<std::string> process_names;
+  // Spans drawn on a track of their own per rank (tid 1000, named `span_track`), e.g. the
+  // measured gradient reduction's buckets: complete events, cat "collective", args "bytes".
+  std::vector<TraceSpan> spans;
+  std::string span_track = "gradient reduction";
 };
 
 // The trace as JSON text:

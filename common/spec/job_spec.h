@@ -68,6 +68,16 @@ struct PlacementSpec {
   // Data-plane transport: "auto" (default: the backend common/transport/backends.h picks for
   // the device, nccl for cuda, gloo for cpu) or a registered backend's name.
   std::string transport = "auto";
+  // Data-parallel replicas of the pipeline (>= 1): the job needs workers x replicas workers.
+  // The global batch is split into replicas x schedule.microbatches microbatches; replica r
+  // runs microbatches [r*M, (r+1)*M), and each stage's gradients are averaged over the replicas.
+  int replicas = 1;
+  // ZeRO-1: each replica keeps 1/replicas of its stages' optimizer state; gradients are
+  // reduce-scattered and parameters all-gathered instead of all-reduced.
+  bool shard_optimizer = false;
+  // Start a stage's gradient reduction at its REDUCE_GRAD, on a communication thread, while the
+  // rank goes on with the rest of its actions (true); false reduces every stage after the step.
+  bool overlap_reduction = true;
 };
 
 struct OptimizerSpec {

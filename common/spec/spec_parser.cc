@@ -37,6 +37,7 @@ using yaml_fields::Validator;
 
 constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+constexpr int64_t kMaxReplicas = 1024;
 constexpr size_t kMaxNameLength = 63;
 
 const std::vector<std::string>& TopLevelKeys() {
@@ -113,11 +114,21 @@ class SpecParser {
     ParseTraining(top->Get("training"));
     ParseData(top->Get("data"));
     ParseRestart(top->Get("restart"));
-    if (microbatches_ok_ && batch_size_ok_ &&
+    const int64_t replicas = spec_.placement.replicas;
+    if (microbatches_ok_ && batch_size_ok_ && replicas == 1 &&
         spec_.schedule.microbatches > spec_.training.batch_size) {
       v_.Error("schedule.microbatches",
                absl::StrCat("must be <= training.batch_size (", spec_.training.batch_size,
                             "), got ", spec_.schedule.microbatches));
+    } else if (microbatches_ok_ && batch_size_ok_ &&
+               spec_.schedule.microbatches * replicas > spec_.training.batch_size) {
+      v_.Error(
+          "training.batch_size",
+          absl::StrCat("must be >= schedule.microbatches x placement.replicas (",
+                       spec_.schedule.microbatches, " x ", replicas, " = ",
+                       spec_.schedule.microbatches * replicas,
+                       ": every replica runs that many microbatches of at least one row), got ",
+                       spec_.training.batch_size));
     }
     return spec_;
   }
@@ -317,9 +328,14 @@ class SpecParser {
   }
 
   void ParsePlacement(const YAML::Node& node) {
-    auto placement = v_.Open(node, "placement", {"workers", "device", "style", "transport"});
+    auto placement = v_.Open(node, "placement",
+                             {"workers", "device", "style", "transport", "replicas",
+                              "shard_optimizer", "overlap_reduction"});
     if (!placement) return;
     placement->Int("workers", 1, kIntMax, &spec_.placement.workers);
+    placement->Int("replicas", 1, kMaxReplicas, &spec_.placement.replicas);
+    placement->Bool("shard_optimizer", &spec_.placement.shard_optimizer);
+    placement->Bool("overlap_reduction", &spec_.placement.overlap_reduction);
     const Read device = placement->Enum("device", {"cpu", "cuda"}, &spec_.placement.device);
     placement->Enum("style", {"loop", "v"}, &spec_.placement.style);
     // "auto" or a registered backend; one that needs CUDA only with device cuda.

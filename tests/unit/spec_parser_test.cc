@@ -233,6 +233,31 @@ training: {batch_size: 4}
   EXPECT_EQ(spec.restart.max_restarts, 0);
 }
 
+TEST(SpecParserTest, DataParallelPlacement) {
+  const JobSpec plain = Parsed(kBase);
+  EXPECT_EQ(plain.placement.replicas, 1);
+  EXPECT_FALSE(plain.placement.shard_optimizer);
+  EXPECT_TRUE(plain.placement.overlap_reduction);
+  const JobSpec dp = Parsed(Edit(kBase, "  workers: 2\n",
+                                 "  workers: 2\n  replicas: 2\n  shard_optimizer: true\n"
+                                 "  overlap_reduction: false\n"));
+  EXPECT_EQ(dp.placement.replicas, 2);
+  EXPECT_TRUE(dp.placement.shard_optimizer);
+  EXPECT_FALSE(dp.placement.overlap_reduction);
+}
+
+TEST(SpecParserTest, DataParallelPlacementErrors) {
+  // 8 rows cannot feed 3 replicas x 4 microbatches.
+  EXPECT_THAT(Errors(Edit(kBase, "  workers: 2\n", "  workers: 2\n  replicas: 3\n")),
+              ElementsAre("training.batch_size: must be >= schedule.microbatches x "
+                          "placement.replicas (4 x 3 = 12: every replica runs that many "
+                          "microbatches of at least one row), got 8"));
+  EXPECT_THAT(Errors(Edit(kBase, "  workers: 2\n", "  workers: 2\n  replicas: 0\n")),
+              ElementsAre(HasSubstr("placement.replicas")));
+  EXPECT_THAT(Errors(Edit(kBase, "  workers: 2\n", "  workers: 2\n  shard_optimizer: 3\n")),
+              ElementsAre(HasSubstr("placement.shard_optimizer")));
+}
+
 TEST(SpecParserTest, AdamwDefaults) {
   JobSpec spec = Parsed(Edit(kBase, "{kind: sgd, lr: 0.1}", "{kind: adamw}"));
   EXPECT_EQ(spec.training.optimizer.kind, "adamw");

@@ -160,6 +160,52 @@ TEST(MeasuredStepTrace, TheBaseIsTheEarliestRankWhicheverItIs) {
   EXPECT_EQ(Events(doc, "X", "0F0", 0).at(0).at("ts").get<double>(), 2000);
 }
 
+TEST(MeasuredStepTrace, ReplicasPairTransfersWithinTheirReplicaAndDrawTheirReduction) {
+  // Two replicas of the same 2-rank step: tasks 0, 1 (replica 0) and 2, 3 (replica 1).
+  std::vector<RankStepTiming> ranks;
+  for (int replica = 0; replica < 2; ++replica) {
+    for (RankStepTiming r : TwoRanks()) {
+      const int rank = r.rank;
+      r.rank = replica * 2 + rank;
+      r.replica = replica;
+      r.label = absl::StrCat("Replica ", replica, " rank ", rank);
+      r.start += absl::Microseconds(replica * 50);
+      v1::ReductionBucket bucket;
+      bucket.set_stage(rank);
+      bucket.set_bytes(4096);
+      bucket.mutable_start()->set_nanos(100000);  // 100 us
+      bucket.mutable_end()->set_nanos(900000);    // 900 us
+      r.reduction.push_back(bucket);
+      ranks.push_back(std::move(r));
+    }
+  }
+  auto trace = MeasuredStepTrace(ranks, "replicas");
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  const json doc = Parse(*trace);
+  // Each replica's SEND_F0 -> RECV_F0 and SEND_B0 -> RECV_B0: 4 flows, none across replicas.
+  const std::vector<json> starts = Events(doc, "s");
+  ASSERT_EQ(starts.size(), 4u);
+  for (const json& e : Events(doc, "f")) {
+    const int pid = e.at("pid").get<int>();
+    bool same_replica = false;
+    for (const json& s : starts) {
+      if (s.at("id") == e.at("id")) same_replica = s.at("pid").get<int>() / 2 == pid / 2;
+    }
+    EXPECT_TRUE(same_replica) << e.dump();
+  }
+  // One reduction span per task on its own track, and the processes named by replica and rank.
+  const std::vector<json> spans = Events(doc, "X", "reduce stage 1", 3);
+  ASSERT_EQ(spans.size(), 1u);
+  EXPECT_EQ(spans[0].at("cat"), "collective");
+  EXPECT_EQ(spans[0].at("args").at("bytes"), 4096);
+  EXPECT_EQ(spans[0].at("tid"), 1000);
+  bool named = false;
+  for (const json& m : Events(doc, "M", "process_name", 3)) {
+    named = named || m.at("args").at("name") == "Replica 1 rank 1";
+  }
+  EXPECT_TRUE(named);
+}
+
 TEST(MeasuredStepTrace, UnmatchedSendsAndRecvsGetNoTransfer) {
   // Only rank 0 reported: its SEND_F and RECV_B have no partner.
   auto trace = MeasuredStepTrace({TwoRanks()[1]}, "partial");

@@ -19,32 +19,18 @@
 #include "common/util/durable_file.h"
 #include "common/util/sha256.h"
 #include "common/util/status_macros.h"
+#include "worker/runtime/optimizer_state.h"
 
 namespace stagecoach::runtime {
 namespace {
 
 namespace fs = std::filesystem;
 
-// The key under which `optimizer.state()` keeps a parameter's state: the parameter's TensorImpl*,
-// as a string in LibTorch 1.x (c10::guts::to_string of the pointer) and as the pointer itself
-// in LibTorch 2.x.
-template <typename StateMap>
-typename StateMap::key_type StateKey(const torch::Tensor& param) {
-  using Key = typename StateMap::key_type;
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream os;
-    os << param.unsafeGetTensorImpl();
-    return os.str();
-  } else {
-    return static_cast<Key>(param.unsafeGetTensorImpl());
-  }
-}
-
 template <typename Optim>
 const torch::optim::OptimizerParamState* FindState(const Optim& optimizer,
                                                    const torch::Tensor& param) {
   const auto& state = optimizer.state();
-  auto it = state.find(StateKey<std::decay_t<decltype(state)>>(param));
+  auto it = state.find(OptimizerStateKey<std::decay_t<decltype(state)>>(param));
   return it == state.end() ? nullptr : it->second.get();
 }
 
@@ -227,19 +213,14 @@ bool Optimizes(const torch::optim::Optimizer& optimizer, const torch::Tensor& pa
 
 }  // namespace
 
-absl::StatusOr<std::vector<v1::StageCheckpointFile>> WriteStageCheckpoint(
-    const std::string& dir, int64_t global_step, int stage,
+// The pickled training-state dict of `params` and their state in `optimizer` (layout in
+// checkpoint.h), and the export of the parameters when `export_bytes` is not null.
+static absl::StatusOr<std::vector<char>> StateBytes(
+    int stage, int64_t global_step,
     const std::vector<std::pair<std::string, torch::Tensor>>& params,
-    const torch::optim::Optimizer& optimizer, int64_t data_position) {
+    const torch::optim::Optimizer& optimizer, int64_t data_position,
+    std::vector<char>* export_bytes) {
   ASSIGN_OR_RETURN(OptimizerKind kind, KindOf(optimizer));
-  const std::string step_dir = CheckpointStepDir(dir, global_step);
-  std::error_code ec;
-  fs::create_directories(step_dir, ec);
-  if (ec) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("training.checkpoint.dir: cannot create ", step_dir, ": ", ec.message()));
-  }
-  std::vector<char> state_bytes, export_bytes;
   try {
     std::vector<std::pair<std::string, torch::Tensor>> values, optim;
     for (const auto& [name, p] : params) {
@@ -267,27 +248,67 @@ absl::StatusOr<std::vector<v1::StageCheckpointFile>> WriteStageCheckpoint(
     root.insert("stage", static_cast<int64_t>(stage));
     root.insert("step", global_step);
     root.insert("data_position", data_position);
-    state_bytes = torch::pickle_save(c10::IValue(root));
-    export_bytes = torch::pickle_save(c10::IValue(TensorDict(values)));
+    if (export_bytes != nullptr)
+      *export_bytes = torch::pickle_save(c10::IValue(TensorDict(values)));
+    return torch::pickle_save(c10::IValue(root));
   } catch (const c10::Error& e) {
     return absl::InternalError(
         absl::StrCat("checkpoint: saving stage ", stage, " failed: ", e.what_without_backtrace()));
   }
-  std::vector<v1::StageCheckpointFile> files;
-  for (const auto& [name, bytes] : {std::make_pair(StageStateFileName(stage), &state_bytes),
-                                    std::make_pair(StageExportFileName(stage), &export_bytes)}) {
-    DurableFileOptions options;
-    options.if_exists = DurableFileOptions::IfExists::kFail;
-    options.what = "checkpoint file";
-    RETURN_IF_ERROR(WriteFileDurably(PathIn(step_dir, name),
-                                     absl::string_view(bytes->data(), bytes->size()), options));
-    v1::StageCheckpointFile& f = files.emplace_back();
-    f.set_stage(stage);
-    f.set_file(name);
-    f.set_size_bytes(static_cast<int64_t>(bytes->size()));
-    f.set_sha256(Sha256Hex(absl::string_view(bytes->data(), bytes->size())));
+}
+
+// Creates the step directory of `global_step` in `dir`.
+static absl::StatusOr<std::string> MakeStepDir(const std::string& dir, int64_t global_step) {
+  const std::string step_dir = CheckpointStepDir(dir, global_step);
+  std::error_code ec;
+  fs::create_directories(step_dir, ec);
+  if (ec) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("training.checkpoint.dir: cannot create ", step_dir, ": ", ec.message()));
   }
-  return files;
+  return step_dir;
+}
+
+// Writes `bytes` durably as `name` in `step_dir` (never over an existing file); its entry.
+static absl::StatusOr<v1::StageCheckpointFile> WriteEntry(const std::string& step_dir, int stage,
+                                                          const std::string& name,
+                                                          const std::vector<char>& bytes) {
+  DurableFileOptions options;
+  options.if_exists = DurableFileOptions::IfExists::kFail;
+  options.what = "checkpoint file";
+  RETURN_IF_ERROR(WriteFileDurably(PathIn(step_dir, name),
+                                   absl::string_view(bytes.data(), bytes.size()), options));
+  v1::StageCheckpointFile f;
+  f.set_stage(stage);
+  f.set_file(name);
+  f.set_size_bytes(static_cast<int64_t>(bytes.size()));
+  f.set_sha256(Sha256Hex(absl::string_view(bytes.data(), bytes.size())));
+  return f;
+}
+
+absl::StatusOr<std::vector<v1::StageCheckpointFile>> WriteStageCheckpoint(
+    const std::string& dir, int64_t global_step, int stage,
+    const std::vector<std::pair<std::string, torch::Tensor>>& params,
+    const torch::optim::Optimizer& optimizer, int64_t data_position) {
+  std::vector<char> export_bytes;
+  ASSIGN_OR_RETURN(std::vector<char> state_bytes,
+                   StateBytes(stage, global_step, params, optimizer, data_position, &export_bytes));
+  ASSIGN_OR_RETURN(const std::string step_dir, MakeStepDir(dir, global_step));
+  ASSIGN_OR_RETURN(v1::StageCheckpointFile state,
+                   WriteEntry(step_dir, stage, StageStateFileName(stage), state_bytes));
+  ASSIGN_OR_RETURN(v1::StageCheckpointFile exported,
+                   WriteEntry(step_dir, stage, StageExportFileName(stage), export_bytes));
+  return std::vector<v1::StageCheckpointFile>{std::move(state), std::move(exported)};
+}
+
+absl::StatusOr<v1::StageCheckpointFile> WriteStateFile(
+    const std::string& dir, int64_t global_step, int stage, const std::string& file_name,
+    const std::vector<std::pair<std::string, torch::Tensor>>& params,
+    const torch::optim::Optimizer& optimizer, int64_t data_position) {
+  ASSIGN_OR_RETURN(std::vector<char> state_bytes,
+                   StateBytes(stage, global_step, params, optimizer, data_position, nullptr));
+  ASSIGN_OR_RETURN(const std::string step_dir, MakeStepDir(dir, global_step));
+  return WriteEntry(step_dir, stage, file_name, state_bytes);
 }
 
 absl::StatusOr<v1::StageCheckpointFile> FindStageStateFile(const v1::ResumeTask& resume,
@@ -407,7 +428,7 @@ static absl::Status InstallStageState(
     using StateMap = std::decay_t<decltype(state_map)>;
     for (size_t i = 0; i < params.size(); ++i) {
       const torch::Tensor& p = params[i].second;
-      const auto key = StateKey<StateMap>(p);
+      const auto key = OptimizerStateKey<StateMap>(p);
       if (states[i] == nullptr) {
         state_map.erase(key);
       } else {

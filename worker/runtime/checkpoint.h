@@ -62,6 +62,14 @@ absl::StatusOr<std::vector<v1::StageCheckpointFile>> WriteStageCheckpoint(
     const std::vector<std::pair<std::string, torch::Tensor>>& params,
     const torch::optim::Optimizer& optimizer, int64_t data_position);
 
+// One training-state file named `file_name` (the layout above; no export) in the checkpoint
+// after `global_step` steps: `params` and their state in `optimizer` (a ZeRO-1 shard,
+// zero_shards.h). Its entry; errors as WriteStageCheckpoint's.
+absl::StatusOr<v1::StageCheckpointFile> WriteStateFile(
+    const std::string& dir, int64_t global_step, int stage, const std::string& file_name,
+    const std::vector<std::pair<std::string, torch::Tensor>>& params,
+    const torch::optim::Optimizer& optimizer, int64_t data_position);
+
 // The training-state file's entry for `stage` among a ResumeTask's files. INVALID_ARGUMENT
 // ("resume.files: ...") when it is not there.
 absl::StatusOr<v1::StageCheckpointFile> FindStageStateFile(const v1::ResumeTask& resume, int stage);

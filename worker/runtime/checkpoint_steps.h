@@ -7,7 +7,10 @@
 //     the task holds at, reported on its own (checkpoint_only); one already written there is not
 //     written twice.
 // Forward-only tasks have no checkpoint directory: they write nothing after steps and refuse a
-// checkpoint at hold.
+// checkpoint at hold. With data-parallel replicas the stages of every replica are the same, so
+// only replica 0's tasks write the stage files (`writer`); with ZeRO-1 shards every replica also
+// writes its optimizer shard of each stage (zero_shards.h), otherwise the others write nothing,
+// at hold neither.
 //
 // Not thread-safe: the task's thread only, between steps. The stages, optimizer and reports
 // must outlive it. Errors are WriteStageCheckpoint's (which fail the task).
@@ -23,6 +26,7 @@
 #include "stagecoach/v1/coordinator.pb.h"
 #include "worker/model/stage_model.h"
 #include "worker/runtime/step_reports.h"
+#include "worker/runtime/zero_shards.h"
 
 namespace stagecoach::runtime {
 
@@ -30,9 +34,10 @@ class CheckpointSteps {
  public:
   // `dir`: training.checkpoint.dir, empty for none (forward-only tasks); `every_steps`:
   // training.checkpoint.every_steps (0 for none).
-  CheckpointSteps(std::string dir, int64_t every_steps, int rank,
+  CheckpointSteps(std::string dir, int64_t every_steps, int rank, bool writer,
                   const std::map<int, model::StageModel*>& stages,
-                  const torch::optim::Optimizer* optimizer, const StepReports* reports);
+                  const torch::optim::Optimizer* optimizer, const StepReports* reports,
+                  const ZeroShards* shards = nullptr);
 
   // After a counted step that brought the timeline to `global_steps` steps (`requested`: one of
   // the requested checkpoint steps): writes the checkpoint when due and lists its files in
@@ -51,9 +56,11 @@ class CheckpointSteps {
   const std::string dir_;
   const int64_t every_steps_;
   const int rank_;
+  const bool writer_;
   const std::map<int, model::StageModel*>& stages_;
   const torch::optim::Optimizer* optimizer_;
   const StepReports* reports_;
+  const ZeroShards* shards_;
   // The global step of the latest checkpoint this task wrote.
   int64_t last_ = -1;
 };

@@ -60,9 +60,9 @@ absl::Status CheckClientStepLimit(const v1::ControlTaskRequest& request) {
   return absl::OkStatus();
 }
 
-// Stage 0's inputs, on the rank owning it, split into `m` microbatches.
+// Stage 0's inputs, on the rank owning it: the task's replica's `m` microbatches.
 absl::Status DecodeInputs(const v1::ClientStep& cs, int rank, bool owns_first, int m,
-                          ClientBatch& batch) {
+                          const ReplicaShare& share, ClientBatch& batch) {
   if (owns_first != cs.has_inputs()) {
     return absl::InvalidArgumentError(
         owns_first
@@ -77,13 +77,14 @@ absl::Status DecodeInputs(const v1::ClientStep& cs, int rank, bool owns_first, i
         absl::StrCat("client_step.inputs: ", rpc::DescribeTensorData(cs.inputs()),
                      " does not have client_step.inputs_shape ", ShapeString(cs.inputs_shape())));
   }
-  batch.inputs = SplitMicrobatches(ToModelDtype(x), m);
+  batch.inputs = ReplicaMicrobatches(ToModelDtype(x), m, share);
   return absl::OkStatus();
 }
 
-// The last stage's targets of a training client step, on its rank, split into `m` microbatches.
+// The last stage's targets of a training client step, on its rank: the task's replica's `m`
+// microbatches.
 absl::Status DecodeTargets(const v1::ClientStep& cs, int rank, bool owns_last, int m,
-                           ClientBatch& batch) {
+                           const ReplicaShare& share, ClientBatch& batch) {
   const bool wants_targets = owns_last && !cs.forward_only();
   if (wants_targets != cs.has_targets()) {
     return absl::InvalidArgumentError(
@@ -101,7 +102,7 @@ absl::Status DecodeTargets(const v1::ClientStep& cs, int rank, bool owns_last, i
         absl::StrCat("client_step.targets: ", rpc::DescribeTensorData(cs.targets()),
                      " must have one row per input row (", rows, ")"));
   }
-  batch.targets = SplitMicrobatches(ToModelDtype(y), m);
+  batch.targets = ReplicaMicrobatches(ToModelDtype(y), m, share);
   return absl::OkStatus();
 }
 
@@ -117,15 +118,17 @@ absl::StatusOr<StepGate::ClientStep> DecodeClientStep(const v1::TaskAssignment& 
     return absl::InvalidArgumentError("client_step.inputs_shape: required");
   }
   const int64_t rows = cs.inputs_shape(0);
-  if (rows < m) {
+  const ReplicaShare share = ShareOf(task);
+  if (rows < static_cast<int64_t>(m) * share.replicas) {
     return absl::InvalidArgumentError(
         absl::StrCat("client_step.inputs_shape: ", ShapeString(cs.inputs_shape()), " has ", rows,
-                     " rows, fewer than the job's ", m, " microbatches"));
+                     " rows, fewer than the job's ", m, " microbatches",
+                     share.replicas > 1 ? absl::StrCat(" x ", share.replicas, " replicas") : ""));
   }
   const Ends ends = EndsOf(task);
   auto batch = std::make_unique<ClientBatch>();
-  RETURN_IF_ERROR(DecodeInputs(cs, task.rank(), ends.first, m, *batch));
-  RETURN_IF_ERROR(DecodeTargets(cs, task.rank(), ends.last, m, *batch));
+  RETURN_IF_ERROR(DecodeInputs(cs, task.rank(), ends.first, m, share, *batch));
+  RETURN_IF_ERROR(DecodeTargets(cs, task.rank(), ends.last, m, share, *batch));
   StepGate::ClientStep step;
   step.global_step = cs.global_step();
   step.forward_only = cs.forward_only();
@@ -155,14 +158,15 @@ absl::Status CheckStage0Takes(const std::vector<torch::Tensor>& microbatches,
 
 absl::StatusOr<std::vector<torch::Tensor>> InferenceMicrobatches(const v1::TensorData& inputs,
                                                                  int microbatches,
+                                                                 const ReplicaShare& share,
                                                                  model::StageModel& stage0) {
   ASSIGN_OR_RETURN(torch::Tensor x, FromTensorData(inputs, "inference.inputs"));
-  if (x.dim() < 1 || x.size(0) < microbatches) {
+  if (x.dim() < 1 || x.size(0) < static_cast<int64_t>(microbatches) * share.replicas) {
     return absl::InvalidArgumentError(
         absl::StrCat("inference.inputs: ", rpc::DescribeTensorData(inputs), " has fewer rows than ",
-                     microbatches, " microbatches"));
+                     microbatches * share.replicas, " microbatches"));
   }
-  std::vector<torch::Tensor> out = SplitMicrobatches(ToModelDtype(x), microbatches);
+  std::vector<torch::Tensor> out = ReplicaMicrobatches(ToModelDtype(x), microbatches, share);
   RETURN_IF_ERROR(CheckStage0Takes(out, stage0, "inference.inputs"));
   return out;
 }

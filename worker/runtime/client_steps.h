@@ -54,12 +54,14 @@ absl::StatusOr<StepGate::ClientStep> DecodeClientStep(const v1::TaskAssignment& 
 absl::Status CheckStage0Takes(const std::vector<torch::Tensor>& microbatches,
                               model::StageModel& stage0, absl::string_view field);
 
-// Stage 0's microbatches of an Infer job: the client's batch, split along dim 0, each distinct
+// Stage 0's microbatches of an Infer job: the replica's share of the client's batch
+// (ReplicaMicrobatches), each distinct
 // shape checked on stage 0 (CheckStage0Takes, field "inference.inputs"). Floating-point inputs
 // are converted to float32. INVALID_ARGUMENT for a malformed tensor or fewer rows than
 // `microbatches`.
 absl::StatusOr<std::vector<torch::Tensor>> InferenceMicrobatches(const v1::TensorData& inputs,
                                                                  int microbatches,
+                                                                 const ReplicaShare& share,
                                                                  model::StageModel& stage0);
 
 class ClientSteps {

@@ -26,6 +26,11 @@ DataSteps::DataSteps(const StepEnv& env) : env_(env) {
   options_.forward_only = setup.forward_only;
   options_.device = setup.device;
   options_.wiring = setup.stages->wiring;
+  if (env.reducer != nullptr) {
+    options_.on_gradients_ready = [reducer = env.reducer](int stage) {
+      reducer->StageReady(stage);
+    };
+  }
   executor_ = std::make_unique<PipelineExecutor>(options_, env.transport, setup.stages->by_index);
   owns_first_ = setup.stages->Owns(0);
   owns_last_ = setup.stages->Owns(task.num_stages() - 1);
@@ -45,7 +50,8 @@ absl::StatusOr<std::unique_ptr<DataSteps>> DataSteps::Create(const StepEnv& env)
       first_inputs = MetasOf(setup.inference_inputs);
     } else {
       ASSIGN_OR_RETURN(Batch batch, steps->data_->Make(setup.base_step));
-      first_inputs = MetasOf(SplitMicrobatches(batch.inputs, steps->options_.num_microbatches));
+      first_inputs = MetasOf(
+          ReplicaMicrobatches(batch.inputs, steps->options_.num_microbatches, ShareOf(*env.task)));
     }
   }
   RETURN_IF_ERROR(steps->executor_->AgreeShapes(first_inputs));
@@ -59,8 +65,9 @@ absl::Status DataSteps::RunDataStep(int64_t global_step) {
   } else {
     ASSIGN_OR_RETURN(Batch batch, data_->Make(global_step));
     const int m = options_.num_microbatches;
-    if (owns_first_) inputs = SplitMicrobatches(batch.inputs, m);
-    if (want_targets_) targets = SplitMicrobatches(batch.targets, m);
+    const ReplicaShare share = ShareOf(*env_.task);
+    if (owns_first_) inputs = ReplicaMicrobatches(batch.inputs, m, share);
+    if (want_targets_) targets = ReplicaMicrobatches(batch.targets, m, share);
   }
   if (!data_shapes_) {
     RETURN_IF_ERROR(executor_->AgreeShapes(MetasOf(inputs)));
@@ -76,13 +83,21 @@ absl::Status DataSteps::RunCounted(const std::vector<torch::Tensor>& inputs,
   const int64_t step = env_.steps_done->load();  // the task's count
   const StepMark mark = env_.reports->Mark();
   if (!setup.forward_only) setup.optimizer->zero_grad();
+  if (setup.shards != nullptr) setup.shards->ZeroStageGradients();
+  if (env_.reducer != nullptr) env_.reducer->BeginStep(mark.start);
   ASSIGN_OR_RETURN(StepResult result, executor_->RunStep(setup.actions, inputs, targets));
+  std::optional<ReductionReport> reduction;
+  if (env_.reducer != nullptr) {
+    ASSIGN_OR_RETURN(reduction, env_.reducer->Finish());
+  }
   if (!setup.forward_only) setup.optimizer->step();
+  if (reduction.has_value()) RETURN_IF_ERROR(env_.reducer->GatherParameters(*reduction));
   if (setup.inference && owns_last_) {
     ASSIGN_OR_RETURN(*env_.inference_outputs,
                      MergedOutputs(result, options_.num_microbatches, options_.rank));
   }
   v1::ReportStepRequest report = env_.reports->Step(result, mark, step, global_step + 1);
+  if (reduction.has_value()) StepReports::AddReduction(*reduction, mark, &report);
   report.set_client_batch(client_batch);
   const StepGate::StepEnd end = env_.gate->EndCountedStep();
   RETURN_IF_ERROR(env_.checkpoints->AfterStep(end.steps_done, end.checkpoint_requested, &report));

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "stagecoach/v1/types.pb.h"
 #include "worker/runtime/checkpoint_steps.h"
+#include "worker/runtime/gradient_reduction.h"
 #include "worker/runtime/pipeline_executor.h"
 #include "worker/runtime/step_gate.h"
 #include "worker/runtime/step_reports.h"
@@ -40,6 +41,8 @@ struct StepEnv {
   std::atomic<int64_t>* steps_done = nullptr;
   // An Infer job on the rank owning the last stage: where its merged outputs go.
   std::optional<v1::TensorData>* inference_outputs = nullptr;
+  // With data-parallel replicas (training tasks): reduces the stages' gradients; else null.
+  GradientReducer* reducer = nullptr;
 };
 
 // The shapes and dtypes of stage 0's microbatches, for PipelineExecutor::AgreeShapes (empty on

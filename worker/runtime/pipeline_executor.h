@@ -27,7 +27,8 @@
 //   SEND_B s,m  sends the gradients of stage s's inputs to their producers on other ranks
 //   REDUCE_GRAD s  the stage's gradients are complete: divides them by the number of
 //               microbatches (the step loss is the mean of the microbatch losses), unless
-//               scale_grads is off
+//               scale_grads is off, then calls on_gradients_ready(s) (the reduction across
+//               data-parallel replicas starts there)
 //   UNSHARD s, RESHARD s  nothing: stages are not sharded
 // Sends are waited for at the end of the step. Every wait is bounded by comm_timeout and its
 // error names the rank, action, peer, stage and microbatch.
@@ -42,6 +43,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -75,6 +77,9 @@ struct ExecutorOptions {
   torch::Device device = torch::kCPU;
   // Which values cross from which stage to which; empty means a chain of num_stages stages.
   model::PipelineWiring wiring;
+  // Called on the executor's thread at each REDUCE_GRAD, once the stage's gradients are scaled
+  // (GradientReducer::StageReady with data-parallel replicas); may be empty.
+  std::function<void(int stage)> on_gradients_ready;
 };
 
 // Shape and dtype of one tensor crossing a stage boundary.

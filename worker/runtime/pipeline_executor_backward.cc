@@ -124,14 +124,17 @@ absl::Status PipelineExecutor::BackwardWeight(int s, int mb, const std::string& 
 }
 
 absl::Status PipelineExecutor::ReduceGrad(int s, const std::string& where) {
-  if (!options_.scale_grads || options_.num_microbatches == 1) return absl::OkStatus();
-  return GuardTorch(where, [&]() -> absl::Status {
-    torch::NoGradGuard no_grad;
-    for (torch::Tensor& p : stages_.at(s)->Parameters()) {
-      if (p.grad().defined()) p.mutable_grad().div_(options_.num_microbatches);
-    }
-    return absl::OkStatus();
-  });
+  if (options_.scale_grads && options_.num_microbatches > 1) {
+    RETURN_IF_ERROR(GuardTorch(where, [&]() -> absl::Status {
+      torch::NoGradGuard no_grad;
+      for (torch::Tensor& p : stages_.at(s)->Parameters()) {
+        if (p.grad().defined()) p.mutable_grad().div_(options_.num_microbatches);
+      }
+      return absl::OkStatus();
+    }));
+  }
+  if (options_.on_gradients_ready) options_.on_gradients_ready(s);
+  return absl::OkStatus();
 }
 
 absl::Status PipelineExecutor::SendGradients(int s, int mb, const std::string& where,

@@ -29,6 +29,7 @@ v1::ReportStepRequest StepReports::Header(int64_t step, int64_t global_step) con
   report.set_job_id(task_.job_id());
   report.set_attempt(task_.attempt());
   report.set_rank(task_.rank());
+  report.set_replica(task_.replica());
   report.set_step(step);
   report.set_global_step(global_step);
   report.set_parameters(held_parameters_);
@@ -59,6 +60,25 @@ v1::ReportStepRequest StepReports::Step(const StepResult& result, const StepMark
   *report.mutable_step_start_time() = rpc::ToProtoTimestamp(result.start);
   report.set_bubble_ratio(result.bubble_ratio);
   return report;
+}
+
+void StepReports::AddReduction(const ReductionReport& reduction, const StepMark& mark,
+                               v1::ReportStepRequest* report) {
+  v1::GradientReduction* out = report->mutable_reduction();
+  out->set_bytes_sent(reduction.bytes_sent);
+  out->set_bytes_received(reduction.bytes_received);
+  *out->mutable_span() = rpc::ToProtoDuration(reduction.span);
+  *out->mutable_waited() = rpc::ToProtoDuration(reduction.waited);
+  out->set_hidden_ratio(reduction.hidden_ratio);
+  out->set_gather_bytes_sent(reduction.gather_bytes_sent);
+  const absl::Duration shift = rpc::FromProtoTimestamp(report->step_start_time()) - mark.start;
+  for (const BucketTiming& b : reduction.buckets) {
+    v1::ReductionBucket* bucket = out->add_buckets();
+    bucket->set_stage(b.stage);
+    bucket->set_bytes(b.bytes);
+    *bucket->mutable_start() = rpc::ToProtoDuration(b.start - shift);
+    *bucket->mutable_end() = rpc::ToProtoDuration(b.end - shift);
+  }
 }
 
 v1::ReportStepRequest StepReports::CheckpointOnly(int64_t step, int64_t global_step) const {

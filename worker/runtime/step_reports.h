@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "stagecoach/v1/coordinator.pb.h"
 #include "stagecoach/v1/types.pb.h"
+#include "worker/runtime/gradient_reduction.h"
 #include "worker/runtime/pipeline_executor.h"
 #include "worker/runtime/task_runner.h"
 #include "worker/transport/transport.h"
@@ -39,6 +40,11 @@ class StepReports {
   // step time runs until this call.
   v1::ReportStepRequest Step(const StepResult& result, const StepMark& mark, int64_t step,
                              int64_t global_step) const;
+
+  // Adds a step's gradient reduction (`reduction`, its bucket times relative to mark.start) to
+  // its report, with bucket times moved to the report's step start.
+  static void AddReduction(const ReductionReport& reduction, const StepMark& mark,
+                           v1::ReportStepRequest* report);
 
   // A checkpoint_only report (a checkpoint written while holding at `global_step`).
   v1::ReportStepRequest CheckpointOnly(int64_t step, int64_t global_step) const;

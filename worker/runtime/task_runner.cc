@@ -7,9 +7,11 @@
 #include "common/rpc/time_conversion.h"
 #include "common/util/logging.h"
 #include "common/util/status_macros.h"
+#include "common/util/work_queue.h"
 #include "worker/runtime/checkpoint_steps.h"
 #include "worker/runtime/client_steps.h"
 #include "worker/runtime/data_steps.h"
+#include "worker/runtime/gradient_reduction.h"
 #include "worker/runtime/step_reports.h"
 #include "worker/runtime/task_setup.h"
 
@@ -104,6 +106,7 @@ void TaskRunner::Stop(const std::string& reason) {
   gate_.Stop(reason);
   store_->Cancel();
   if (transport_ != nullptr) transport_->Abort();
+  if (group_ != nullptr) group_->Abort();
 }
 
 absl::Status TaskRunner::RequestCheckpoint(int64_t global_step) {
@@ -142,8 +145,9 @@ absl::StatusOr<v1::ControlTaskResponse> TaskRunner::ControlTask(
 
 StepGate::Check TaskRunner::Stage0Check(const StepGate::ClientStep& client) {
   const auto* batch = dynamic_cast<const ClientBatch*>(client.payload.get());
-  const bool owns_first = std::any_of(task_.stages().begin(), task_.stages().end(),
-                                      [](const v1::StageAssignment& st) { return st.stage() == 0; });
+  const bool owns_first =
+      std::any_of(task_.stages().begin(), task_.stages().end(),
+                  [](const v1::StageAssignment& st) { return st.stage() == 0; });
   if (!owns_first || batch == nullptr) return nullptr;
   // The gate runs the check once the task's thread is at its step boundary, so after its set-up
   // (the stages are known by then). The batch lives in the client step, which the gate keeps
@@ -178,6 +182,7 @@ v1::ReportTaskEndRequest TaskRunner::Run() {
   end.set_job_id(task_.job_id());
   end.set_attempt(task_.attempt());
   end.set_rank(task_.rank());
+  end.set_replica(task_.replica());
   const std::optional<std::string> stopped = gate_.stop_reason();
   if (status.ok()) {
     end.set_outcome(v1::TASK_OUTCOME_SUCCEEDED);
@@ -200,31 +205,67 @@ v1::ReportTaskEndRequest TaskRunner::Run() {
   return end;
 }
 
-void TaskRunner::UseDataPlane(transport::Transport* transport, std::shared_ptr<TaskStages> stages) {
+void TaskRunner::UseDataPlane(transport::Transport* transport, collectives::Collectives* group,
+                              std::shared_ptr<TaskStages> stages) {
   absl::MutexLock lock(&mu_);
   transport_ = transport;
+  group_ = group;
   checkable_stages_ = stages != nullptr && stages->Owns(0) ? std::move(stages) : nullptr;
-  if (transport_ != nullptr && gate_.stop_reason().has_value()) transport_->Abort();
+  if (gate_.stop_reason().has_value()) {
+    if (transport_ != nullptr) transport_->Abort();
+    if (group_ != nullptr) group_->Abort();
+  }
 }
 
 absl::Status TaskRunner::RunSteps() {
   ASSIGN_OR_RETURN(TaskSetup setup, SetUpTask(task_, deps_));
   ASSIGN_OR_RETURN(std::unique_ptr<transport::Transport> transport,
                    deps_.make_transport(DataPlaneRequest(task_, setup), store_.get()));
-  UseDataPlane(transport.get(), setup.stages);
-  absl::Status status = RunOnDataPlane(setup, *transport);
-  UseDataPlane(nullptr, nullptr);
+  UseDataPlane(transport.get(), nullptr, setup.stages);
+  std::unique_ptr<collectives::Collectives> group;
+  const std::optional<CollectivesRequest> dp = DataParallelRequest(task_, setup);
+  if (dp.has_value()) {
+    absl::StatusOr<std::unique_ptr<collectives::Collectives>> made =
+        deps_.make_collectives
+            ? deps_.make_collectives(*dp, store_.get())
+            : absl::FailedPreconditionError("this worker cannot make data-parallel groups");
+    if (!made.ok()) {
+      UseDataPlane(nullptr, nullptr, nullptr);
+      transport->Abort();
+      return absl::Status(made.status().code(),
+                          absl::StrCat("rank ", task_.rank(), " replica ", task_.replica(),
+                                       ": data-parallel group: ", made.status().message()));
+    }
+    group = *std::move(made);
+    UseDataPlane(transport.get(), group.get(), setup.stages);
+  }
+  absl::Status status = RunOnDataPlane(setup, *transport, group.get());
+  UseDataPlane(nullptr, nullptr, nullptr);
   return status;
 }
 
-absl::Status TaskRunner::RunOnDataPlane(TaskSetup& setup, transport::Transport& transport) {
+absl::Status TaskRunner::RunOnDataPlane(TaskSetup& setup, transport::Transport& transport,
+                                        collectives::Collectives* group) {
   StepReports reports(task_, deps_.worker_id, setup.stages->held_parameters, &transport,
                       deps_.reporter);
   CheckpointSteps checkpoints(setup.forward_only ? "" : setup.spec.training.checkpoint.dir,
                               setup.spec.training.checkpoint.every_steps, task_.rank(),
-                              setup.stages->by_index, setup.optimizer.get(), &reports);
-  const StepEnv env{&task_,   &setup,       &transport,   &gate_,
-                    &reports, &checkpoints, &steps_done_, &inference_outputs_};
+                              /*writer=*/task_.replica() == 0, setup.stages->by_index,
+                              setup.optimizer.get(), &reports, setup.shards.get());
+  // The data-parallel group's communication runs on a thread of its own (declared before the
+  // reducer, so that the reducer is destroyed first).
+  std::unique_ptr<WorkQueue> comm;
+  std::unique_ptr<GradientReducer> reducer;
+  if (group != nullptr) {
+    GradientReductionOptions options;
+    options.overlap = setup.spec.placement.overlap_reduction;
+    options.timeout = rpc::FromProtoDuration(task_.comm_timeout());
+    options.shards = setup.shards.get();
+    comm = std::make_unique<WorkQueue>(1);
+    reducer = std::make_unique<GradientReducer>(options, group, setup.stages->by_index, comm.get());
+  }
+  const StepEnv env{&task_,       &setup,       &transport,          &gate_,       &reports,
+                    &checkpoints, &steps_done_, &inference_outputs_, reducer.get()};
   ASSIGN_OR_RETURN(std::unique_ptr<DataSteps> data, DataSteps::Create(env));
   ClientSteps client_steps(env, data.get());
   spdlog::info("{} rank {}: stages ready, {}{} actions, timeline at step {}", task_.job_id(),
@@ -260,6 +301,7 @@ absl::Status TaskRunner::RunOnDataPlane(TaskSetup& setup, transport::Transport& 
     return transport.Barrier(rpc::FromProtoDuration(task_.comm_timeout()));
   }
   transport.Abort();
+  if (group != nullptr) group->Abort();
   return status;
 }
 

@@ -43,6 +43,7 @@
 #include "stagecoach/v1/coordinator.pb.h"
 #include "stagecoach/v1/types.pb.h"
 #include "stagecoach/v1/worker.pb.h"
+#include "worker/collectives/collectives.h"
 #include "worker/runtime/message_tags.h"
 #include "worker/runtime/step_gate.h"
 #include "worker/transport/rendezvous_store.h"
@@ -86,6 +87,25 @@ struct TransportRequest {
 using TransportFactory = std::function<absl::StatusOr<std::unique_ptr<transport::Transport>>(
     const TransportRequest& request, transport::RendezvousStore* store)>;
 
+// What a task needs from its data-parallel group: the tasks of the same pipeline rank in every
+// replica, which reduce that rank's stages' gradients together.
+struct CollectivesRequest {
+  // TaskAssignment.transport: the collectives go with the pipeline's backend (ring collectives
+  // over a host-memory transport of the group, NCCL's own over device memory).
+  std::string backend;
+  // The task's replica, and the replica count.
+  int rank = 0;
+  int size = 1;
+  // Rendezvous key prefix of the group (the attempt's prefix + "dp/<pipeline rank>/").
+  std::string prefix;
+  // Bounds the rendezvous and the connections.
+  absl::Duration timeout;
+};
+
+// Creates a task's data-parallel group, rendezvousing through `store`.
+using CollectivesFactory = std::function<absl::StatusOr<std::unique_ptr<collectives::Collectives>>(
+    const CollectivesRequest& request, transport::RendezvousStore* store)>;
+
 // Turns a file reference of a spec (model.torchscript, data.path) into a path on this worker:
 // "artifact:<id>" is fetched from the coordinator's artifact store (and cached); anything else
 // is a path on the worker's filesystem and is returned as is. Errors name the reference.
@@ -96,6 +116,8 @@ struct TaskRunnerDeps {
   TaskReporter* reporter = nullptr;             // required
   transport::RendezvousStore* store = nullptr;  // required
   TransportFactory make_transport;              // required
+  // Required by tasks of jobs with placement.replicas > 1.
+  CollectivesFactory make_collectives;
   // The worker's device as runtime::CheckDevice canonicalised it: "cpu" or "cuda:N". Jobs with
   // placement.device cuda run on it; cpu jobs run on the CPU whatever it is.
   std::string device = "cpu";
@@ -149,9 +171,12 @@ class TaskRunner {
   absl::Status RunSteps();
   // The steps on a connected data plane, until the gate ends the task; then the final barrier
   // (or, after an error, Abort).
-  absl::Status RunOnDataPlane(TaskSetup& setup, transport::Transport& transport);
-  // Makes the data plane and the stages known to Stop and ControlTask (nullptr: forgets them).
-  void UseDataPlane(transport::Transport* transport, std::shared_ptr<TaskStages> stages);
+  absl::Status RunOnDataPlane(TaskSetup& setup, transport::Transport& transport,
+                              collectives::Collectives* group);
+  // Makes the data plane (its data-parallel group, if any) and the stages known to Stop and
+  // ControlTask (nullptr: forgets them).
+  void UseDataPlane(transport::Transport* transport, collectives::Collectives* group,
+                    std::shared_ptr<TaskStages> stages);
   // ControlTask's check of a client step's batch on stage 0, on the rank owning it (none on
   // the others). It runs when the gate lets it: at the task's step boundary, after its set-up.
   StepGate::Check Stage0Check(const StepGate::ClientStep& client);
@@ -170,6 +195,8 @@ class TaskRunner {
   absl::Mutex mu_;
   // The transport in use, so that Stop can abort it; owned by RunSteps.
   transport::Transport* transport_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // The data-parallel group in use, so that Stop can abort it; owned by RunSteps.
+  collectives::Collectives* group_ ABSL_GUARDED_BY(mu_) = nullptr;
   // The rank's stages while RunSteps has them, when it owns stage 0: a client step's check
   // runs a batch through stage 0 (the gate lets it only while the task holds) and shares them,
   // so that they outlive a check that a task ending meanwhile does not wait for.

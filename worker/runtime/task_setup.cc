@@ -16,6 +16,7 @@
 #include "worker/runtime/checkpoint.h"
 #include "worker/runtime/client_steps.h"
 #include "worker/runtime/device.h"
+#include "worker/runtime/zero_shards.h"
 
 namespace stagecoach::runtime {
 namespace {
@@ -146,14 +147,27 @@ absl::StatusOr<int64_t> Resume(const v1::TaskAssignment& task, TaskSetup& setup)
   const v1::ResumeTask& resume = task.resume();
   for (auto& [s, stage] : setup.stages->by_index) {
     ASSIGN_OR_RETURN(const v1::StageCheckpointFile file, FindStageStateFile(resume, s));
+    const bool sharded_files = std::any_of(
+        resume.files().begin(), resume.files().end(), [s = s](const v1::StageCheckpointFile& f) {
+          return f.stage() == s && f.file() != StageStateFileName(s) &&
+                 f.file() != StageExportFileName(s);
+        });
     if (setup.forward_only) {
       RETURN_IF_ERROR(
           RestoreStageParameters(resume.directory(), file, s, stage->NamedParameters()));
+    } else if (setup.shards != nullptr || sharded_files) {
+      // Optimizer state of another layout (ZeRO-1 shards, or sharding now): re-laid out.
+      RETURN_IF_ERROR(
+          RestoreStageParameters(resume.directory(), file, s, stage->NamedParameters()));
+      RETURN_IF_ERROR(RestoreOptimizerState(resume, s, stage->NamedParameters(),
+                                            setup.spec.training.optimizer, *setup.optimizer,
+                                            setup.shards.get()));
     } else {
       RETURN_IF_ERROR(RestoreStageCheckpoint(resume.directory(), file, s, stage->NamedParameters(),
                                              *setup.optimizer));
     }
   }
+  if (setup.shards != nullptr) setup.shards->LoadShards();
   spdlog::info("{} rank {}: resumed from {} (step {})", task.job_id(), task.rank(),
                resume.directory(), resume.step());
   return resume.step();
@@ -191,8 +205,16 @@ absl::StatusOr<TaskSetup> SetUpTask(const v1::TaskAssignment& task, const TaskRu
   ASSIGN_OR_RETURN(setup.stages, BuildStages(task, setup.spec, deps, setup.device));
   setup.skips = SkipPairs(setup.stages->wiring);
   std::vector<torch::Tensor> parameters;
-  for (auto& [s, stage] : setup.stages->by_index) {
-    for (auto& p : stage->Parameters()) parameters.push_back(p);
+  const ReplicaShare share = ShareOf(task);
+  if (setup.spec.placement.shard_optimizer && share.replicas > 1 && !setup.forward_only) {
+    // ZeRO-1: the optimizer steps this replica's shards of the stages' flat parameters.
+    ASSIGN_OR_RETURN(setup.shards,
+                     ZeroShards::Create(setup.stages->by_index, share.replica, share.replicas));
+    parameters = setup.shards->ShardParameters();
+  } else {
+    for (auto& [s, stage] : setup.stages->by_index) {
+      for (auto& p : stage->Parameters()) parameters.push_back(p);
+    }
   }
   ASSIGN_OR_RETURN(setup.optimizer, MakeOptimizer(setup.spec.training.optimizer, parameters));
   ASSIGN_OR_RETURN(setup.base_step, Resume(task, setup));
@@ -201,11 +223,29 @@ absl::StatusOr<TaskSetup> SetUpTask(const v1::TaskAssignment& task, const TaskRu
     if (!task.inference().has_inputs()) {
       return absl::InvalidArgumentError("inference.inputs: required on the rank owning stage 0");
     }
-    ASSIGN_OR_RETURN(setup.inference_inputs, InferenceMicrobatches(task.inference().inputs(),
-                                                                   setup.spec.schedule.microbatches,
-                                                                   *setup.stages->by_index.at(0)));
+    ASSIGN_OR_RETURN(
+        setup.inference_inputs,
+        InferenceMicrobatches(task.inference().inputs(), setup.spec.schedule.microbatches,
+                              ShareOf(task), *setup.stages->by_index.at(0)));
   }
   return setup;
+}
+
+ReplicaShare ShareOf(const v1::TaskAssignment& task) {
+  return ReplicaShare{task.replica(), std::max(1, task.replicas())};
+}
+
+std::optional<CollectivesRequest> DataParallelRequest(const v1::TaskAssignment& task,
+                                                      const TaskSetup& setup) {
+  const ReplicaShare share = ShareOf(task);
+  if (share.replicas <= 1 || setup.forward_only) return std::nullopt;
+  CollectivesRequest request;
+  request.backend = task.transport();
+  request.rank = share.replica;
+  request.size = share.replicas;
+  request.prefix = absl::StrCat(task.rendezvous_prefix(), "dp/", task.rank(), "/");
+  request.timeout = rpc::FromProtoDuration(task.comm_timeout());
+  return request;
 }
 
 TransportRequest DataPlaneRequest(const v1::TaskAssignment& task, const TaskSetup& setup) {
@@ -214,6 +254,7 @@ TransportRequest DataPlaneRequest(const v1::TaskAssignment& task, const TaskSetu
   request.rank = task.rank();
   request.world_size = task.world_size();
   request.prefix = task.rendezvous_prefix();
+  if (ShareOf(task).replicas > 1) absl::StrAppend(&request.prefix, "replica/", task.replica(), "/");
   request.timeout = rpc::FromProtoDuration(task.comm_timeout());
   request.stage_to_rank.assign(task.stage_to_rank().begin(), task.stage_to_rank().end());
   request.forward_only = setup.forward_only;

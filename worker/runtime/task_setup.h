@@ -16,6 +16,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -26,7 +27,9 @@
 #include "worker/model/torchscript_model.h"
 #include "worker/runtime/message_tags.h"
 #include "worker/runtime/task_runner.h"
+#include "worker/runtime/training_data.h"
 #include "worker/runtime/training_setup.h"
+#include "worker/runtime/zero_shards.h"
 
 namespace stagecoach::runtime {
 
@@ -54,6 +57,9 @@ struct TaskSetup {
   std::shared_ptr<TaskStages> stages;
   // Producer -> consumer stage pairs that are not adjacent (skip connections).
   std::vector<SkipPair> skips;
+  // With placement.shard_optimizer and replicas (ZeRO-1): the shards the optimizer steps
+  // instead of the stages' parameters; else null.
+  std::unique_ptr<ZeroShards> shards;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   // Global steps done when the task starts: the resumed checkpoint's step, else 0.
   int64_t base_step = 0;
@@ -69,7 +75,15 @@ struct TaskSetup {
 // Builds the task's setup. `deps` gives the worker's device and the file resolver.
 absl::StatusOr<TaskSetup> SetUpTask(const v1::TaskAssignment& task, const TaskRunnerDeps& deps);
 
-// What the task asks of its data plane.
+// What the task asks of its data plane: the pipeline transport of its replica.
 TransportRequest DataPlaneRequest(const v1::TaskAssignment& task, const TaskSetup& setup);
+
+// The task's replica (TaskAssignment.replica, replicas; 0 replicas is read as 1).
+ReplicaShare ShareOf(const v1::TaskAssignment& task);
+
+// The task's data-parallel group (the replicas' tasks of the same rank), when it has one: more
+// than one replica and a backward.
+std::optional<CollectivesRequest> DataParallelRequest(const v1::TaskAssignment& task,
+                                                      const TaskSetup& setup);
 
 }  // namespace stagecoach::runtime

@@ -80,8 +80,8 @@ class SyntheticTokensSource : public BatchSource {
     at::Generator gen =
         at::detail::createCPUGenerator(spec_.data.seed + 1 + static_cast<uint64_t>(step));
     torch::Tensor start = torch::randint(0, vocab, {rows, 1}, gen, torch::kInt64);
-    torch::Tensor stride = torch::randint(1, std::max<int64_t>(vocab, 2), {rows, 1}, gen,
-                                          torch::kInt64);
+    torch::Tensor stride =
+        torch::randint(1, std::max<int64_t>(vocab, 2), {rows, 1}, gen, torch::kInt64);
     torch::Tensor tokens =
         (start + stride * torch::arange(seq + 1, torch::kInt64).unsqueeze(0)).remainder(vocab);
     if (want_inputs_) batch.inputs = tokens.slice(1, 0, seq).contiguous();
@@ -120,10 +120,9 @@ class TokensSource : public BatchSource {
     }
     const int64_t n = static_cast<int64_t>(bytes.size() / 2);
     if (n < seq + 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("data.path: '", path, "' holds ", n, " tokens, fewer than ",
-                       spec.model.builtin.has_value() ? "model.builtin.seq" : "data.seq",
-                       " + 1 = ", seq + 1));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data.path: '", path, "' holds ", n, " tokens, fewer than ",
+          spec.model.builtin.has_value() ? "model.builtin.seq" : "data.seq", " + 1 = ", seq + 1));
     }
     std::vector<int64_t> tokens(n);
     for (int64_t i = 0; i < n; ++i) {
@@ -414,6 +413,14 @@ absl::StatusOr<Batch> MakeBatch(const spec::JobSpec& spec, int64_t step, bool wa
 
 std::vector<torch::Tensor> SplitMicrobatches(const torch::Tensor& batch, int n) {
   return torch::tensor_split(batch, n, 0);
+}
+
+std::vector<torch::Tensor> ReplicaMicrobatches(const torch::Tensor& batch, int m,
+                                               const ReplicaShare& share) {
+  if (share.replicas <= 1) return SplitMicrobatches(batch, m);
+  std::vector<torch::Tensor> all = SplitMicrobatches(batch, share.replicas * m);
+  return std::vector<torch::Tensor>(all.begin() + share.replica * m,
+                                    all.begin() + (share.replica + 1) * m);
 }
 
 }  // namespace stagecoach::runtime

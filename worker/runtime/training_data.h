@@ -79,4 +79,16 @@ absl::StatusOr<Batch> MakeBatch(const spec::JobSpec& spec, int64_t step, bool wa
 // by at most one, the larger ones first. Requires 1 <= n <= batch.size(0).
 std::vector<torch::Tensor> SplitMicrobatches(const torch::Tensor& batch, int n);
 
+// Which of a job's data-parallel replicas a task belongs to (placement.replicas).
+struct ReplicaShare {
+  int replica = 0;
+  int replicas = 1;
+};
+
+// The `m` microbatches replica share.replica runs of a global batch: the batch is split into
+// share.replicas * m microbatches (SplitMicrobatches) and the replica takes
+// [replica * m, (replica + 1) * m). Requires share.replicas * m <= batch.size(0).
+std::vector<torch::Tensor> ReplicaMicrobatches(const torch::Tensor& batch, int m,
+                                               const ReplicaShare& share);
+
 }  // namespace stagecoach::runtime

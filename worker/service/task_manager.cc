@@ -21,6 +21,11 @@ absl::Status ValidateAssignment(const v1::TaskAssignment& task) {
     return bad("rank",
                absl::StrCat("must be in 0..", task.world_size() - 1, ", got ", task.rank()));
   }
+  const int replicas = std::max(1, task.replicas());
+  if (task.replicas() < 0 || task.replica() < 0 || task.replica() >= replicas) {
+    return bad("replica", absl::StrCat("must be in 0..", replicas - 1, " (replicas ",
+                                       task.replicas(), "), got ", task.replica()));
+  }
   if (task.num_stages() < 1) {
     return bad("num_stages", absl::StrCat("must be >= 1, got ", task.num_stages()));
   }
@@ -90,13 +95,14 @@ absl::Status TaskManager::Launch(const v1::TaskAssignment& task, std::thread& fi
   deps.reporter = deps_.reporter;
   deps.store = deps_.store;
   deps.make_transport = deps_.make_transport;
+  deps.make_collectives = deps_.make_collectives;
   deps.device = deps_.device;
   deps.resolve_file = deps_.resolve_file;
   runner_ = std::make_unique<runtime::TaskRunner>(task, std::move(deps));
   running_ = true;
   runtime::TaskRunner* runner = runner_.get();
-  spdlog::info("starting {} attempt {} rank {}/{}", task.job_id(), task.attempt(), task.rank(),
-               task.world_size());
+  spdlog::info("starting {} attempt {} rank {}/{} replica {}/{}", task.job_id(), task.attempt(),
+               task.rank(), task.world_size(), task.replica(), std::max(1, task.replicas()));
   thread_ = std::thread([this, runner] {
     const v1::ReportTaskEndRequest end = runner->Run();
     {
@@ -129,12 +135,11 @@ absl::Status TaskManager::Stop(const std::string& job_id, const std::string& rea
     // (Status) must not wait behind it.
     runner->Stop(reason);
     absl::MutexLock lock(&mu_);
-    auto ended = [this, &runner]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return !running_ || runner_ != runner;
-    };
+    auto ended = [this, &runner]()
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !running_ || runner_ != runner; };
     if (!mu_.AwaitWithTimeout(absl::Condition(&ended), timeout)) {
-      return absl::DeadlineExceededError(absl::StrCat("task of ", job_id, " did not stop within ",
-                                                      absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("task of ", job_id, " did not stop within ", absl::FormatDuration(timeout)));
     }
     finished = ReapLocked();
   }

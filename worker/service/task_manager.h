@@ -21,7 +21,9 @@ struct TaskManagerDeps {
   runtime::TaskReporter* reporter = nullptr;    // required
   transport::RendezvousStore* store = nullptr;  // required
   runtime::TransportFactory make_transport;     // required
-  std::function<std::string()> worker_id;       // required: the id of the registration
+  // Data-parallel groups of jobs with placement.replicas > 1 (TaskRunnerDeps::make_collectives).
+  runtime::CollectivesFactory make_collectives;
+  std::function<std::string()> worker_id;  // required: the id of the registration
   // Transports make_transport offers (TaskAssignment.transport must be one).
   std::vector<std::string> transports = {"gloo"};
   // The worker's device, "cpu" or "cuda:N" (TaskRunnerDeps::device).

@@ -3,6 +3,8 @@
 #include <utility>
 
 #include "common/util/status_macros.h"
+#include "worker/collectives/nccl/factory.h"
+#include "worker/collectives/ring/factory.h"
 #include "worker/runtime/message_tags.h"
 
 namespace stagecoach::worker {
@@ -39,6 +41,34 @@ runtime::TransportFactory MakeTransportFactory(TransportConfig config) {
       }
     }
     return registry.Create(backend.name, connect, store);
+  };
+}
+
+runtime::CollectivesFactory MakeCollectivesFactory(TransportConfig config) {
+  return [config](const runtime::CollectivesRequest& request, transport::RendezvousStore* store)
+             -> absl::StatusOr<std::unique_ptr<collectives::Collectives>> {
+    const transport::TransportRegistry& registry = RegistryOf(config);
+    ASSIGN_OR_RETURN(const transport::BackendDescriptor backend,
+                     registry.FindOffered(request.backend, config.cuda_device));
+    if (backend.capabilities.takes_device_memory) {
+      collectives::NcclCollectivesOptions options;
+      options.rank = request.rank;
+      options.world_size = request.size;
+      options.key_prefix = request.prefix;
+      options.connect_timeout = request.timeout;
+      options.cuda_device = config.cuda_device;
+      return collectives::CreateNcclCollectives(options, store);
+    }
+    transport::ConnectRequest connect;
+    connect.options.rank = request.rank;
+    connect.options.world_size = request.size;
+    connect.options.key_prefix = request.prefix;
+    connect.options.connect_timeout = request.timeout;
+    connect.hostname = config.data_host;
+    connect.cuda_device = config.cuda_device;
+    ASSIGN_OR_RETURN(std::unique_ptr<transport::Transport> t,
+                     registry.Create(backend.name, connect, store));
+    return collectives::CreateRingCollectives(std::move(t));
   };
 }
 

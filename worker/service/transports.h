@@ -32,4 +32,10 @@ std::vector<std::string> AvailableTransports(const TransportConfig& config);
 // offer.
 runtime::TransportFactory MakeTransportFactory(TransportConfig config);
 
+// Creates a task's data-parallel group for the backend it names: NCCL's own collectives for a
+// backend that takes device memory (nccl/factory.h), else ring collectives
+// (ring/factory.h) over a transport of that backend spanning the group. INVALID_ARGUMENT
+// naming the backend for one this worker does not offer; the factories' errors.
+runtime::CollectivesFactory MakeCollectivesFactory(TransportConfig config);
+
 }  // namespace stagecoach::worker

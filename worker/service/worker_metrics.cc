@@ -39,7 +39,31 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
                       .Name("stagecoach_worker_peer_bytes_total")
                       .Help("Data-plane bytes this worker's rank sent to and received from each "
                             "peer rank of its job, by peer rank and direction")
-                      .Register(registry)) {
+                      .Register(registry)),
+      reduction_duration_(prometheus::BuildHistogram()
+                              .Name("stagecoach_worker_allreduce_duration_seconds")
+                              .Help("Gradient reduction across data-parallel replicas in a step, "
+                                    "first bucket start to last bucket end")
+                              .Register(registry)
+                              .Add({}, metrics::DurationBucketsSeconds())),
+      reduction_wait_(prometheus::BuildHistogram()
+                          .Name("stagecoach_worker_allreduce_wait_seconds")
+                          .Help("Time compute waited for the gradient reduction in a step")
+                          .Register(registry)
+                          .Add({}, metrics::DurationBucketsSeconds())),
+      reduction_bytes_(prometheus::BuildCounter()
+                           .Name("stagecoach_worker_allreduce_bytes_total")
+                           .Help("Bytes this worker's gradient reduction sent and received, by "
+                                 "direction")
+                           .Register(registry)),
+      reduction_bytes_sent_(reduction_bytes_.Add({{"direction", "sent"}})),
+      reduction_bytes_received_(reduction_bytes_.Add({{"direction", "received"}})),
+      reduction_hidden_ratio_(prometheus::BuildGauge()
+                                  .Name("stagecoach_worker_grad_reduction_hidden_ratio")
+                                  .Help("Share (0..1) of the last step's gradient reduction "
+                                        "hidden behind compute")
+                                  .Register(registry)
+                                  .Add({})) {
   auto& actions = prometheus::BuildHistogram()
                       .Name("stagecoach_action_duration_seconds")
                       .Help(
@@ -65,6 +89,14 @@ void WorkerMetrics::ObserveStep(const v1::ReportStepRequest& report) {
       peer_bytes_.Add({{"peer_rank", absl::StrCat(peer)}, {"direction", direction}})
           .Increment(static_cast<double>(bytes));
     }
+  }
+  if (report.has_reduction()) {
+    const v1::GradientReduction& r = report.reduction();
+    reduction_duration_.Observe(absl::ToDoubleSeconds(rpc::FromProtoDuration(r.span())));
+    reduction_wait_.Observe(absl::ToDoubleSeconds(rpc::FromProtoDuration(r.waited())));
+    reduction_bytes_sent_.Increment(static_cast<double>(r.bytes_sent()));
+    reduction_bytes_received_.Increment(static_cast<double>(r.bytes_received()));
+    reduction_hidden_ratio_.Set(r.hidden_ratio());
   }
   const int timed = std::min(report.action_timings_size(), report.executed_actions_size());
   for (int i = 0; i < timed; ++i) {

@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "prometheus/counter.h"
+#include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "stagecoach/v1/coordinator.pb.h"
@@ -39,6 +40,13 @@ class WorkerMetrics {
   prometheus::Counter& bytes_received_;
   // stagecoach_worker_peer_bytes_total{peer_rank, direction}: series appear as peers do.
   prometheus::Family<prometheus::Counter>& peer_bytes_;
+  // Gradient reduction across data-parallel replicas (steps that carry one).
+  prometheus::Histogram& reduction_duration_;
+  prometheus::Histogram& reduction_wait_;
+  prometheus::Family<prometheus::Counter>& reduction_bytes_;
+  prometheus::Counter& reduction_bytes_sent_;
+  prometheus::Counter& reduction_bytes_received_;
+  prometheus::Gauge& reduction_hidden_ratio_;
 };
 
 // A TaskReporter that records every step report in a WorkerMetrics, then forwards it (and the

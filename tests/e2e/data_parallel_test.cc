@@ -1,0 +1,339 @@
+// Data-parallel replicas of the pipeline (placement.replicas) across real processes: a
+// coordinator and replicas x workers workers on loopback train an MLP, and every step's loss and
+// every stage's final parameters equal the single-process reference
+// (tests/support/reference_mlp.h) trained on the whole batch split into replicas x microbatches
+// microbatches in row order, within rtol 1e-5 + atol 1e-6. The gradient reduction is real: each
+// rank's collectives sent exactly its stages' gradient bytes per step (the ring all-reduce moves
+// 2(D-1)/D of the buffer: for D = 2 the buffer itself), and with overlap_reduction off its
+// hidden ratio reads 0. With shard_optimizer (ZeRO-1) each replica keeps half of each stage's
+// optimizer state (its checkpoint shard files hold ceil(N/2) elements) and sends half of its
+// padded gradient (reduce-scatter) and half of its padded parameters (all-gather). Checkpoints
+// resume across replica counts (2 sharded -> 1 -> 2 sharded gives the straight run's losses), and
+// a worker SIGKILLed in a 2-replica job restarts the job on a spare with the straight run's
+// losses.
+#include <signal.h>
+#include <torch/serialize.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "common/checkpoint/layout.h"
+#include "gtest/gtest.h"
+#include "tests/support/job_predicates.h"
+#include "tests/support/local_cluster.h"
+#include "tests/support/reference_mlp.h"
+#include "tests/support/stage_files.h"
+
+namespace stagecoach::testing {
+namespace {
+
+constexpr double kRtol = 1e-5;
+constexpr double kAtol = 1e-6;
+constexpr int64_t kSteps = 3;
+
+struct Case {
+  std::string name;
+  int replicas;
+  int workers;  // per replica
+  int stages;
+  std::string schedule;
+  int microbatches;  // per replica
+  bool overlap;
+  ReferenceConfig ref;  // microbatches = replicas x microbatches
+  bool shard = false;   // placement.shard_optimizer
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+std::string SpecYaml(const Case& c, const std::string& ckpt_dir) {
+  const std::string spec =
+      MlpSpecYaml(c.ref, {c.name, c.schedule, c.stages, c.workers, c.microbatches}, ckpt_dir);
+  return absl::StrReplaceAll(
+      spec, {{absl::StrCat("placement: {workers: ", c.workers, "}"),
+              absl::StrCat("placement: {workers: ", c.workers, ", replicas: ", c.replicas,
+                           ", overlap_reduction: ", c.overlap ? "true" : "false",
+                           ", shard_optimizer: ", c.shard ? "true" : "false", "}")}});
+}
+
+int64_t CeilHalf(int64_t n) { return (n + 1) / 2; }
+
+// The elements of the tensor `key` in the pickled dict `path`'s `dict` entry.
+int64_t NumelIn(const std::string& path, const std::string& dict, const std::string& key) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const c10::IValue root = torch::pickle_load(bytes);
+  for (const auto& entry : root.toGenericDict()) {
+    if (entry.key().toStringRef() != dict) continue;
+    for (const auto& inner : entry.value().toGenericDict()) {
+      if (inner.key().toStringRef() == key) return inner.value().toTensor().numel();
+    }
+  }
+  return -1;
+}
+
+class DataParallelTest : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    // One intra-op thread per worker: up to 8 workers share this machine's cores.
+    setenv("OMP_NUM_THREADS", "1", 1);
+    setenv("MKL_NUM_THREADS", "1", 1);
+  }
+};
+
+TEST_P(DataParallelTest, MatchesTheUnpipelinedReferenceOnTheWholeBatch) {
+  const Case& c = GetParam();
+  ClusterOptions options;
+  options.workers = c.replicas * c.workers;
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string ckpt = (*cluster)->dir() + "/ckpt";
+  const std::string spec = (*cluster)->WriteFile("spec.yaml", SpecYaml(c, ckpt));
+
+  CommandResult submit = (*cluster)->Stagectl({"submit", spec, "--wait"});
+  ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err << (*cluster)->Logs();
+  const std::string job_id = LastLine(submit.out);
+  auto job = (*cluster)->GetJob(job_id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->reason();
+  EXPECT_EQ(job->replicas(), c.replicas);
+
+  const ReferenceResult ref = TrainReference(c.ref);
+  ASSERT_EQ(job->losses_size(), kSteps);
+  for (int step = 0; step < kSteps; ++step) {
+    EXPECT_NEAR(job->losses(step), ref.losses[step], kAtol + kRtol * std::abs(ref.losses[step]))
+        << "step " << step;
+  }
+  const double max_param_diff =
+      ExpectParamsMatchReference(LoadAllStageFiles(ckpt, kSteps, c.stages), ref, kRtol, kAtol);
+  std::cerr << c.name << ": largest |parameter - reference| " << max_param_diff << "\n";
+
+  // One task per (replica, rank), replica by replica; each reduced exactly its stages'
+  // gradients every step (the ring all-reduce of 2 replicas sends each buffer once; sharded, the
+  // reduce-scatter sends half the padded gradient and the all-gather half the padded
+  // parameters).
+  ASSERT_EQ(job->ranks_size(), c.replicas * c.workers);
+  std::map<int, int64_t> stage_params;
+  for (const auto& st : job->stages()) stage_params[st.stage()] = st.parameters();
+  for (int i = 0; i < job->ranks_size(); ++i) {
+    const v1::RankStatus& rank = job->ranks(i);
+    EXPECT_EQ(rank.replica(), i / c.workers);
+    EXPECT_EQ(rank.rank(), i % c.workers);
+    EXPECT_EQ(rank.steps_done(), kSteps);
+    ASSERT_GT(rank.parameters(), 0);
+    if (c.replicas == 2) {
+      int64_t per_step = 0;
+      for (int s : rank.stages()) {
+        per_step += c.shard ? 2 * CeilHalf(stage_params[s]) : stage_params[s];
+      }
+      EXPECT_EQ(rank.reduction_bytes_sent(), kSteps * per_step * 4)
+          << "replica " << rank.replica() << " rank " << rank.rank();
+    }
+    if (c.shard) {
+      // Each replica's shard of each stage holds half of its optimizer state.
+      for (int s : rank.stages()) {
+        const std::string file =
+            absl::StrCat(checkpoint::CheckpointStepDirectory(ckpt, kSteps), "/stage-", s,
+                         ".optimizer-", rank.replica(), "-of-2.pt");
+        EXPECT_EQ(NumelIn(file, "state_dict", "shard"), CeilHalf(stage_params[s])) << file;
+        if (c.ref.optimizer == "adamw") {
+          EXPECT_EQ(NumelIn(file, "optimizer", "shard.exp_avg"), CeilHalf(stage_params[s])) << file;
+        }
+      }
+    }
+    EXPECT_GE(rank.reduction_hidden_ratio(), 0.0);
+    EXPECT_LE(rank.reduction_hidden_ratio(), 1.0);
+    if (!c.overlap) EXPECT_EQ(rank.reduction_hidden_ratio(), 0.0);
+    std::cerr << c.name << ": replica " << rank.replica() << " rank " << rank.rank()
+              << " hidden ratio of the last step " << rank.reduction_hidden_ratio() << "\n";
+  }
+}
+
+ReferenceConfig Ref(std::vector<int64_t> sizes, int64_t batch, int microbatches, std::string loss,
+                    std::string optimizer, double lr, double momentum, double weight_decay) {
+  ReferenceConfig r;
+  r.sizes = std::move(sizes);
+  r.model_seed = 7;
+  r.data_seed = 99;
+  r.batch_size = batch;
+  r.microbatches = microbatches;
+  r.steps = kSteps;
+  r.loss = std::move(loss);
+  r.optimizer = std::move(optimizer);
+  r.lr = lr;
+  r.momentum = momentum;
+  r.weight_decay = weight_decay;
+  return r;
+}
+
+// A job of the resume and restart tests: the MLP of `ref` as 2 stages on 2 ranks per replica.
+std::string ChainSpec(const std::string& name, const ReferenceConfig& ref, int replicas, bool shard,
+                      int64_t steps, const std::string& ckpt, const std::string& resume_from,
+                      const std::string& extra) {
+  ReferenceConfig r = ref;
+  r.steps = steps;
+  const int m = ref.microbatches / replicas;
+  std::string spec = MlpSpecYaml(r, {name, "1F1B", 2, 2, m}, ckpt);
+  spec = absl::StrReplaceAll(
+      spec, {{"placement: {workers: 2}",
+              absl::StrCat("placement: {workers: 2, replicas: ", replicas,
+                           ", shard_optimizer: ", shard ? "true" : "false", "}")}});
+  if (!resume_from.empty()) {
+    spec = absl::StrReplaceAll(
+        spec,
+        {{"\n  checkpoint:", absl::StrCat("\n  resume_from: ", resume_from, "\n  checkpoint:")}});
+  }
+  return spec + extra;
+}
+
+class DataParallelCheckpoints : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    setenv("OMP_NUM_THREADS", "1", 1);
+    setenv("MKL_NUM_THREADS", "1", 1);
+  }
+};
+
+TEST_F(DataParallelCheckpoints, ResumeFromTwoShardedReplicasOntoOneAndBackGivesTheStraightRun) {
+  ClusterOptions options;
+  options.workers = 4;
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  // 6 steps of AdamW on 4 microbatches: 2 replicas x 2 or 1 replica x 4 split the same rows.
+  ReferenceConfig ref = Ref({16, 32, 32, 8}, 24, 4, "mse", "adamw", 0.01, 0.0, 0.01);
+  ref.steps = 6;
+  const ReferenceResult want = TrainReference(ref);
+
+  struct Leg {
+    int replicas;
+    bool shard;
+  };
+  const std::vector<Leg> legs = {{2, true}, {1, false}, {2, true}};
+  std::string resume_from;
+  std::vector<double> losses;
+  std::string last_ckpt;
+  for (size_t i = 0; i < legs.size(); ++i) {
+    const std::string ckpt = absl::StrCat(c.dir(), "/ckpt-", i);
+    const std::string spec = c.WriteFile(absl::StrCat("leg-", i, ".yaml"),
+                                         ChainSpec(absl::StrCat("leg-", i), ref, legs[i].replicas,
+                                                   legs[i].shard, 2, ckpt, resume_from, ""));
+    CommandResult submit = c.Stagectl({"submit", spec, "--wait"});
+    ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err << c.Logs();
+    auto job = c.GetJob(LastLine(submit.out));
+    ASSERT_TRUE(job.ok()) << job.status();
+    ASSERT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->reason();
+    ASSERT_EQ(job->losses_size(), 2) << "leg " << i;
+    losses.insert(losses.end(), job->losses().begin(), job->losses().end());
+    resume_from = checkpoint::CheckpointStepDirectory(ckpt, 2 * static_cast<int64_t>(i + 1));
+    last_ckpt = ckpt;
+  }
+  ASSERT_EQ(losses.size(), 6u);
+  for (int step = 0; step < 6; ++step) {
+    EXPECT_NEAR(losses[step], want.losses[step], kAtol + kRtol * std::abs(want.losses[step]))
+        << "step " << step;
+  }
+  ExpectParamsMatchReference(LoadAllStageFiles(last_ckpt, 6, 2), want, kRtol, kAtol);
+}
+
+TEST_F(DataParallelCheckpoints, AKilledWorkerOfAReplicaRestartsTheJobOnTheSpare) {
+  ClusterOptions options;
+  options.workers = 5;  // 2 replicas x 2 ranks and a spare
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  ReferenceConfig ref = Ref({16, 32, 32, 8}, 24, 4, "mse", "adamw", 0.01, 0.0, 0.01);
+  ref.steps = 8;
+  const ReferenceResult want = TrainReference(ref);
+
+  const std::string ckpt = c.dir() + "/ckpt";
+  std::string spec =
+      ChainSpec("killed", ref, 2, false, 8, ckpt, "", "restart: {max_restarts: 1}\n");
+  spec = absl::StrReplaceAll(spec, {{"checkpoint: {dir: " + ckpt + "}",
+                                     "checkpoint: {dir: " + ckpt + ", every_steps: 2}"}});
+  auto id = c.Submit(spec, /*paused=*/true);
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto held = c.WaitForJob(
+      *id, [](const v1::Job& j) { return j.state() == v1::JOB_STATE_PAUSED || IsFinal(j); },
+      absl::Seconds(60));
+  ASSERT_TRUE(held.ok()) << held.status();
+  CommandResult run = c.Stagectl({"run", *id, "--steps", "3"});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  held = c.WaitForJob(
+      *id,
+      [](const v1::Job& j) {
+        return IsFinal(j) || (j.state() == v1::JOB_STATE_PAUSED && j.global_steps_done() == 3 &&
+                              j.checkpoints_size() >= 1);
+      },
+      absl::Seconds(60));
+  ASSERT_TRUE(held.ok()) << held.status() << c.Logs();
+  ASSERT_EQ(held->state(), v1::JOB_STATE_PAUSED) << held->reason() << c.Logs();
+  // Kill replica 1's rank 0.
+  std::string victim;
+  for (const v1::RankStatus& r : held->ranks()) {
+    if (r.replica() == 1 && r.rank() == 0) victim = r.worker_id();
+  }
+  ASSERT_FALSE(victim.empty());
+  const int index = c.WorkerIndex(victim);
+  ASSERT_GE(index, 0);
+  c.worker(index).Signal(SIGKILL);
+  auto again = c.WaitForJob(
+      *id,
+      [](const v1::Job& j) {
+        return IsFinal(j) || (j.restarts() == 1 && j.state() == v1::JOB_STATE_PAUSED &&
+                              j.global_steps_done() == 3);
+      },
+      absl::Seconds(90));
+  ASSERT_TRUE(again.ok()) << again.status() << c.Logs();
+  ASSERT_EQ(again->state(), v1::JOB_STATE_PAUSED) << again->reason() << c.Logs();
+  EXPECT_EQ(again->failure().replica(), 1);
+  EXPECT_EQ(again->failure().rank(), 0);
+  CommandResult resume = c.Stagectl({"resume", *id});
+  ASSERT_EQ(resume.exit_code, 0) << resume.err;
+  auto done = c.WaitForJob(*id, IsFinal, absl::Seconds(90));
+  ASSERT_TRUE(done.ok()) << done.status() << c.Logs();
+  ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->reason() << c.Logs();
+  ASSERT_EQ(done->losses_size(), 8);
+  for (int step = 0; step < 8; ++step) {
+    EXPECT_NEAR(done->losses(step), want.losses[step], kAtol + kRtol * std::abs(want.losses[step]))
+        << "step " << step;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Replicas, DataParallelTest,
+    ::testing::Values(
+        // 30 rows in 2 x 2 microbatches: 8, 8 | 7, 7.
+        Case{"two-replicas-1f1b-sgd", 2, 2, 2, "1F1B", 2, true,
+             Ref({16, 32, 32, 32, 5}, 30, 4, "cross_entropy", "sgd", 0.05, 0.9, 0.0)},
+        Case{"two-replicas-gpipe-adamw", 2, 2, 2, "GPipe", 3, true,
+             Ref({16, 32, 32, 8}, 24, 6, "mse", "adamw", 0.01, 0.0, 0.01)},
+        Case{"two-replicas-1f1b-adamw-no-overlap", 2, 2, 2, "1F1B", 2, false,
+             Ref({16, 32, 32, 8}, 16, 4, "mse", "adamw", 0.01, 0.0, 0.01)},
+        // ZeRO-1; an odd parameter count per stage (padding).
+        Case{"two-replicas-1f1b-adamw-sharded", 2, 2, 2, "1F1B", 2, true,
+             Ref({16, 32, 31, 5}, 30, 4, "cross_entropy", "adamw", 0.01, 0.0, 0.01), true},
+        Case{"two-replicas-gpipe-sgd-sharded", 2, 2, 2, "GPipe", 3, true,
+             Ref({16, 32, 32, 8}, 24, 6, "mse", "sgd", 0.05, 0.9, 0.0), true},
+        // 2 replicas x 4 ranks x 2 stages per rank: 8 workers.
+        Case{
+            "two-replicas-zbv-sgd", 2, 4, 8, "ZBVZeroBubble", 4, true,
+            Ref({16, 24, 24, 24, 24, 24, 24, 24, 8}, 32, 8, "cross_entropy", "sgd", 0.5, 0.9, 0.0)},
+        Case{"two-replicas-zbv-adamw-sharded", 2, 4, 8, "ZBVZeroBubble", 4, true,
+             Ref({16, 24, 24, 24, 24, 24, 24, 24, 8}, 32, 8, "mse", "adamw", 0.01, 0.0, 0.01),
+             true}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      std::string name = info.param.name;
+      name.erase(std::remove(name.begin(), name.end(), '-'), name.end());
+      return name;
+    });
+
+}  // namespace
+}  // namespace stagecoach::testing

@@ -1,0 +1,106 @@
+// ZeRO-1 (placement.shard_optimizer) for one rank's stages, with D data-parallel replicas.
+//
+// Each stage's parameters, flattened in their order (N elements, one floating dtype), are padded
+// with zeros to P = D * c elements; replica k owns elements [k*c, (k+1)*c): its shard. The
+// optimizer steps one leaf tensor per stage, the shard (c elements), so it keeps 1/D of the
+// stage's optimizer state. A step:
+//   1. the stage's gradients, flattened and padded (FlatGradients), are reduce-scattered with
+//      ReduceOp::kMean (GradientReducer does it at the stage's REDUCE_GRAD): the shard's gradient
+//      is the replicas' mean (SetShardGradient);
+//   2. the optimizer steps the shards;
+//   3. GatherParameters all-gathers every replica's shard and copies the result into the
+//      parameters, so every replica holds the same bits.
+// The padding elements have zero gradients and stay zero under SGD and AdamW. Parameters
+// without a gradient in a step count as zero gradient (a plain optimizer would skip them).
+//
+// Checkpoints: every replica writes its shard of each stage as a training-state file
+// "stage-<s>.optimizer-<k>-of-<D>.pt" holding the shard's values and optimizer state under the
+// name "shard" (checkpoint.h's layout), beside replica 0's stage-<s>.pt (parameters, no optimizer
+// state). RestoreOptimizerState reassembles the stage's flat state from whatever the checkpoint
+// holds — D' shard files, or a plain stage-<s>.pt's per-parameter state — and installs it for
+// this task: into its shard for any replica count, or per parameter without sharding.
+//
+// Not thread-safe: the task's thread, except FlatGradients and SetShardGradient, which the
+// communication thread calls for a stage the task's thread no longer touches in that step.
+#pragma once
+
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/spec/job_spec.h"
+#include "stagecoach/v1/types.pb.h"
+#include "worker/collectives/collectives.h"
+#include "worker/model/stage_model.h"
+
+namespace stagecoach::runtime {
+
+// "stage-<s>.optimizer-<k>-of-<D>.pt".
+std::string OptimizerShardFileName(int stage, int replica, int replicas);
+
+class ZeroShards {
+ public:
+  // Shards of every stage in `stages` (the rank's, which must outlive this) for `replica` of
+  // `replicas`, initialised from the parameters. INVALID_ARGUMENT when a stage's parameters are
+  // not all of one floating dtype.
+  static absl::StatusOr<std::unique_ptr<ZeroShards>> Create(
+      const std::map<int, model::StageModel*>& stages, int replica, int replicas);
+
+  // The tensors the optimizer steps, one per stage in stage order.
+  std::vector<torch::Tensor> ShardParameters() const;
+  const torch::Tensor& shard(int stage) const { return layouts_.at(stage).shard; }
+  // Elements of one shard (c), and of the stage's parameters (N).
+  int64_t shard_numel(int stage) const { return layouts_.at(stage).shard.numel(); }
+  int64_t stage_numel(int stage) const { return layouts_.at(stage).numel; }
+  int replica() const { return replica_; }
+  int replicas() const { return replicas_; }
+
+  // Copies the parameters into the shards (after a restore changed them).
+  void LoadShards();
+  // Zeroes the stages' parameter gradients (the optimizer zeroes only the shards').
+  void ZeroStageGradients();
+  // Stage `stage`'s gradients, flattened and padded to D * c elements, on `device`.
+  torch::Tensor FlatGradients(int stage, torch::Device device) const;
+  // The reduce-scattered gradient of the shard (c elements).
+  void SetShardGradient(int stage, const torch::Tensor& grad);
+  // All-gathers every stage's shards into its parameters. The group's errors, naming the stage.
+  absl::Status GatherParameters(collectives::Collectives& group, absl::Duration timeout);
+
+  // Writes this replica's shard file of every stage into `step_dir`'s checkpoint (through
+  // checkpoint.h's writer); the files' entries.
+  absl::StatusOr<std::vector<v1::StageCheckpointFile>> WriteShardFiles(
+      const std::string& dir, int64_t global_step, const torch::optim::Optimizer& optimizer) const;
+
+ private:
+  struct Layout {
+    std::vector<torch::Tensor> params;
+    int64_t numel = 0;
+    torch::Tensor shard;  // leaf, c elements, the parameters' dtype and device
+  };
+  ZeroShards(int replica, int replicas) : replica_(replica), replicas_(replicas) {}
+
+  const int replica_;
+  const int replicas_;
+  std::map<int, Layout> layouts_;
+};
+
+// Installs stage `stage`'s optimizer state from the checkpoint `resume` (its files of the
+// stage) into `optimizer`: into `shards`' shard of the stage when sharded (shards non-null),
+// else per parameter of `params`. The flat state comes from the stage's shard files when the
+// checkpoint has them (any replica count), else from stage-<s>.pt's per-parameter state (a
+// checkpoint written without sharding). The checkpoint's files are verified as
+// RestoreStageCheckpoint does; errors name the file and what does not fit.
+absl::Status RestoreOptimizerState(const v1::ResumeTask& resume, int stage,
+                                   const std::vector<std::pair<std::string, torch::Tensor>>& params,
+                                   const spec::OptimizerSpec& spec,
+                                   torch::optim::Optimizer& optimizer, const ZeroShards* shards);
+
+}  // namespace stagecoach::runtime

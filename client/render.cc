@@ -146,6 +146,7 @@ nlohmann::json JobJson(const v1::Job& job) {
   out["schedule"] = job.schedule();
   out["num_stages"] = job.num_stages();
   out["num_ranks"] = job.num_ranks();
+  out["replicas"] = std::max(1, job.replicas());
   out["microbatches"] = job.microbatches();
   out["created_time"] = TimestampString(job.created_time());
   nlohmann::json history = nlohmann::json::array();
@@ -159,7 +160,10 @@ nlohmann::json JobJson(const v1::Job& job) {
   for (const auto& r : job.ranks()) {
     ranks.push_back({
         {"rank", r.rank()},
+        {"replica", r.replica()},
         {"worker_id", r.worker_id()},
+        {"reduction_bytes_sent", r.reduction_bytes_sent()},
+        {"reduction_hidden_ratio", r.reduction_hidden_ratio()},
         {"stages", std::vector<int>(r.stages().begin(), r.stages().end())},
         {"steps_done", r.steps_done()},
         {"bytes_sent", r.bytes_sent()},
@@ -357,13 +361,41 @@ std::string WorkersTable(const std::vector<v1::WorkerInfo>& workers) {
   return FormatTable(rows);
 }
 
+namespace {
+
+// The workers of a replicated job as a replica x stage grid (each stage's column names the
+// worker holding it in that replica).
+std::string ReplicaGrid(const v1::Job& j) {
+  std::vector<std::vector<std::string>> rows = {{"REPLICA"}};
+  for (int s = 0; s < j.num_stages(); ++s) rows[0].push_back(absl::StrCat("STAGE ", s));
+  for (int replica = 0; replica < j.replicas(); ++replica) {
+    std::vector<std::string> row(j.num_stages() + 1);
+    row[0] = absl::StrCat(replica);
+    for (const auto& r : j.ranks()) {
+      if (r.replica() != replica) continue;
+      for (int s : r.stages()) {
+        if (s >= 0 && s < j.num_stages()) row[s + 1] = r.worker_id();
+      }
+    }
+    rows.push_back(std::move(row));
+  }
+  return FormatTable(rows);
+}
+
+}  // namespace
+
 std::string JobDetails(const v1::Job& j) {
   std::ostringstream out;
   out << "Job:       " << j.id() << " (" << j.name() << ")\n";
   out << "State:     " << StateName(j.state()) << "\n";
   if (!j.reason().empty()) out << "Reason:    " << j.reason() << "\n";
   out << "Schedule:  " << j.schedule() << ", " << j.num_stages() << " stages on " << j.num_ranks()
-      << " workers, " << j.microbatches() << " microbatches\n";
+      << " workers, " << j.microbatches() << " microbatches";
+  if (j.replicas() > 1) {
+    out << "; " << j.replicas() << " replicas (" << j.num_ranks() * j.replicas() << " workers, "
+        << j.microbatches() * j.replicas() << " microbatches a step)";
+  }
+  out << "\n";
   out << "Steps:     " << j.steps_done() << "/" << j.steps_total() << " (global step "
       << j.global_steps_done() << ")\n";
   if (j.pause_at_global_step() > 0 && !IsFinalState(j.state())) {
@@ -411,13 +443,29 @@ std::string JobDetails(const v1::Job& j) {
     }
     out << "\n" << FormatTable(rows);
   }
+  if (j.ranks_size() > 0 && j.replicas() > 1) out << "\n" << ReplicaGrid(j);
   if (j.ranks_size() > 0) {
+    const bool replicated = j.replicas() > 1;
     std::vector<std::vector<std::string>> rows = {
         {"RANK", "WORKER", "STAGES", "PARAMS", "STEPS", "SENT", "RECEIVED"}};
+    if (replicated) {
+      rows[0].insert(rows[0].begin(), "REPLICA");
+      rows[0].insert(rows[0].end(), {"REDUCED", "HIDDEN"});
+    }
     for (const auto& r : j.ranks()) {
-      rows.push_back({absl::StrCat(r.rank()), r.worker_id(), absl::StrJoin(r.stages(), ","),
-                      absl::StrCat(r.parameters()), absl::StrCat(r.steps_done()),
-                      absl::StrCat(r.bytes_sent(), " B"), absl::StrCat(r.bytes_received(), " B")});
+      std::vector<std::string> row = {absl::StrCat(r.rank()),
+                                      r.worker_id(),
+                                      absl::StrJoin(r.stages(), ","),
+                                      absl::StrCat(r.parameters()),
+                                      absl::StrCat(r.steps_done()),
+                                      absl::StrCat(r.bytes_sent(), " B"),
+                                      absl::StrCat(r.bytes_received(), " B")};
+      if (replicated) {
+        row.insert(row.begin(), absl::StrCat(r.replica()));
+        row.push_back(absl::StrCat(r.reduction_bytes_sent(), " B"));
+        row.push_back(absl::StrFormat("%.2f", r.reduction_hidden_ratio()));
+      }
+      rows.push_back(std::move(row));
     }
     out << "\n" << FormatTable(rows);
   }

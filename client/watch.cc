@@ -149,6 +149,10 @@ nlohmann::json EventJson(const v1::JobEvent& event) {
             ? 0.0
             : *std::max_element(step.bubble_ratios().begin(), step.bubble_ratios().end());
     out["client_batch"] = step.client_batch();
+    if (step.reduction_hidden_ratios_size() > 0) {
+      out["reduction_hidden_ratios"] = std::vector<double>(step.reduction_hidden_ratios().begin(),
+                                                           step.reduction_hidden_ratios().end());
+    }
   } else if (event.has_events_dropped()) {
     out["event"] = "events_dropped";
     out["from_sequence"] = event.events_dropped().from_sequence();

@@ -14,6 +14,19 @@ const transport::TransportRegistry& RegistryOf(const TransportConfig& config) {
   return config.registry != nullptr ? *config.registry : transport::TransportRegistry::Global();
 }
 
+// What a factory connects: `rank` of `world_size` under `prefix` on this worker's host and device.
+transport::ConnectRequest ConnectRequestOf(const TransportConfig& config, int rank, int world_size,
+                                           const std::string& prefix, absl::Duration timeout) {
+  transport::ConnectRequest connect;
+  connect.options.rank = rank;
+  connect.options.world_size = world_size;
+  connect.options.key_prefix = prefix;
+  connect.options.connect_timeout = timeout;
+  connect.hostname = config.data_host;
+  connect.cuda_device = config.cuda_device;
+  return connect;
+}
+
 }  // namespace
 
 std::vector<std::string> AvailableTransports(const TransportConfig& config) {
@@ -26,13 +39,8 @@ runtime::TransportFactory MakeTransportFactory(TransportConfig config) {
     const transport::TransportRegistry& registry = RegistryOf(config);
     ASSIGN_OR_RETURN(const transport::BackendDescriptor backend,
                      registry.FindOffered(request.backend, config.cuda_device));
-    transport::ConnectRequest connect;
-    connect.options.rank = request.rank;
-    connect.options.world_size = request.world_size;
-    connect.options.key_prefix = request.prefix;
-    connect.options.connect_timeout = request.timeout;
-    connect.hostname = config.data_host;
-    connect.cuda_device = config.cuda_device;
+    transport::ConnectRequest connect = ConnectRequestOf(config, request.rank, request.world_size,
+                                                         request.prefix, request.timeout);
     connect.link_shift = runtime::kLinkShift;
     if (!backend.capabilities.matches_tags) {
       for (const runtime::Link& link : runtime::LinksOfRank(request.stage_to_rank, request.rank,
@@ -59,13 +67,8 @@ runtime::CollectivesFactory MakeCollectivesFactory(TransportConfig config) {
       options.cuda_device = config.cuda_device;
       return collectives::CreateNcclCollectives(options, store);
     }
-    transport::ConnectRequest connect;
-    connect.options.rank = request.rank;
-    connect.options.world_size = request.size;
-    connect.options.key_prefix = request.prefix;
-    connect.options.connect_timeout = request.timeout;
-    connect.hostname = config.data_host;
-    connect.cuda_device = config.cuda_device;
+    const transport::ConnectRequest connect =
+        ConnectRequestOf(config, request.rank, request.size, request.prefix, request.timeout);
     ASSIGN_OR_RETURN(std::unique_ptr<transport::Transport> t,
                      registry.Create(backend.name, connect, store));
     return collectives::CreateRingCollectives(std::move(t));

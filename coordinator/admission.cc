@@ -116,16 +116,14 @@ absl::StatusOr<AdmittedJob> Admission::AdmitInference(const std::string& spec_ya
   ASSIGN_OR_RETURN(std::string probe_yaml,
                    InferenceSpecYaml(spec_yaml, origin, std::numeric_limits<int64_t>::max()));
   ASSIGN_OR_RETURN(spec::JobSpec probe, spec::ParseJobSpec(probe_yaml, origin));
-  if (probe.placement.replicas > 1) {
+  if (static_cast<int64_t>(probe.schedule.microbatches) * probe.placement.replicas > rows) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "placement.replicas: an Infer job runs one pipeline on the client's batch, so it takes "
-        "replicas 1, got ",
-        probe.placement.replicas));
-  }
-  if (probe.schedule.microbatches > rows) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("schedule.microbatches: must be <= the rows of inputs (",
-                     rpc::DescribeTensorData(inputs), "), got ", probe.schedule.microbatches));
+        "schedule.microbatches: must be <= the rows of inputs (", rpc::DescribeTensorData(inputs),
+        probe.placement.replicas > 1
+            ? absl::StrCat(" for ", probe.placement.replicas,
+                           " replicas: ", rows / probe.placement.replicas, " rows each")
+            : "",
+        "), got ", probe.schedule.microbatches));
   }
   AdmittedJob out;
   ASSIGN_OR_RETURN(out.spec_yaml, InferenceSpecYaml(spec_yaml, origin, rows));

@@ -17,11 +17,14 @@ namespace {
 absl::Status CheckClientBatch(const Job& job, const v1::StepJobRequest& request) {
   RETURN_IF_ERROR(rpc::ValidateTensorData(request.inputs(), "inputs"));
   const v1::TensorData& inputs = request.inputs();
-  const int m = job.plan.num_microbatches;
+  const int64_t m = static_cast<int64_t>(job.plan.num_microbatches) * job.plan.replicas;
   if (inputs.shape_size() < 1 || inputs.shape(0) < m) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("inputs: needs at least as many rows (dim 0) as the job's ", m,
-                     " microbatches, got ", rpc::DescribeTensorData(inputs)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "inputs: needs at least as many rows (dim 0) as the job's ", m, " microbatches",
+        job.plan.replicas > 1 ? absl::StrCat(" (", job.plan.num_microbatches, " per replica x ",
+                                             job.plan.replicas, " replicas)")
+                              : "",
+        ", got ", rpc::DescribeTensorData(inputs)));
   }
   if (request.forward_only()) return absl::OkStatus();
   if (job.forward_only()) {
@@ -124,11 +127,6 @@ absl::StatusOr<StepControl::ClientStepCall> StepControl::BeginClientStep(
           "; a client batch step needs a PAUSED job (pause it first, or submit it paused)"));
     }
     RETURN_IF_ERROR(CheckClientBatch(*job, request));
-    if (call.forward_only && job->plan.replicas > 1) {
-      return absl::UnimplementedError(absl::StrCat(
-          "forward_only: job ", job_id, " has ", job->plan.replicas,
-          " replicas; forward-only client steps run on jobs with one replica for now"));
-    }
     call.global = job->global_done();
     Job::ClientStepState state;
     state.global_step = call.global;

@@ -107,6 +107,9 @@ void Job::ToProto(v1::Job* out) const {
     r->set_replica(slot.replica);
     r->set_reduction_bytes_sent(slot.reduction_bytes_sent);
     r->set_reduction_hidden_ratio(slot.reduction_hidden_ratio);
+    for (const auto& [stage, digest] : slot.parameter_digests) {
+      (*r->mutable_parameter_digests())[stage] = digest;
+    }
     r->set_worker_id(slot.worker_id);
     for (int s : slot.stages) r->add_stages(s);
     for (const auto& a : slot.actions) r->add_assigned_actions(a);

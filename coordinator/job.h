@@ -84,12 +84,13 @@ struct RankSlot {
   int64_t steps_done = 0;
   int64_t bytes_sent = 0;
   int64_t bytes_received = 0;
-  std::map<int, int64_t> bytes_sent_to;        // by peer rank
-  std::map<int, int64_t> bytes_received_from;  // by peer rank
-  int64_t parameters = 0;                      // held by the rank's worker, as reported
-  int64_t reduction_bytes_sent = 0;            // by its data-parallel group, over all steps
-  double reduction_hidden_ratio = 0.0;         // of its latest step
-  bool task_ended = false;                     // ReportTaskEnd received, or the task was stopped
+  std::map<int, int64_t> bytes_sent_to;          // by peer rank
+  std::map<int, int64_t> bytes_received_from;    // by peer rank
+  int64_t parameters = 0;                        // held by the rank's worker, as reported
+  int64_t reduction_bytes_sent = 0;              // by its data-parallel group, over all steps
+  double reduction_hidden_ratio = 0.0;           // of its latest step
+  std::map<int, std::string> parameter_digests;  // latest reported, by stage
+  bool task_ended = false;                       // ReportTaskEnd received, or the task was stopped
   v1::TaskOutcome outcome = v1::TASK_OUTCOME_UNSPECIFIED;
   std::string error;
 };
@@ -104,7 +105,11 @@ struct StepAggregate {
   absl::Duration slowest = absl::ZeroDuration();
   std::vector<double> bubble_ratios;  // indexed by task (Plan::TaskIndex)
   std::vector<double> hidden_ratios;  // of the gradient reduction, by task; with replicas
-  bool client_batch = false;          // a StepJob step
+  // Parameter digests reported with the step (replicas): stage -> (first replica, digest).
+  std::map<int, std::pair<int, std::string>> digests;
+  // Set when two replicas of a stage reported different digests: what differs.
+  std::string divergence;
+  bool client_batch = false;  // a StepJob step
 };
 
 // Guarded by the job table's lock (JobTable::mu()), except `control_mu`.
@@ -146,6 +151,8 @@ struct Job {
     int ranks_reported = 0;  // forward-only steps: ranks that reported it
     absl::Duration slowest = absl::ZeroDuration();
     std::optional<v1::TensorData> outputs;
+    // Forward-only: each replica's last stage's outputs until all are in (then `outputs`).
+    std::map<int, v1::TensorData> replica_outputs;
     std::vector<double> losses;
     bool done = false;
   };
@@ -161,12 +168,17 @@ struct Job {
   // forward-only; a restart drops those after the checkpoint it restores.
   std::vector<double> losses;
   std::vector<double> max_bubble_ratios;  // one per completed step: the largest over ranks
+  // Set when a completed step's replicas of a stage held different parameters (the job then
+  // fails): what differs.
+  std::string divergence;
 
   // Infer jobs (forward-only, one step on a client batch). The inputs are dropped when the job
   // ends; the outputs (from the last stage's rank) when Infer hands them to its caller.
   bool inference = false;
   v1::TensorData inference_inputs;
   std::optional<v1::TensorData> inference_outputs;
+  // Each replica's outputs until every replica's last stage returned them.
+  std::map<int, v1::TensorData> inference_replica_outputs;
 
   // Checkpoints (training.checkpoint, training.resume_from; docs/checkpoints.md).
   // The checkpoint the job resumed from, and each of its stages' files (indexed by stage);

@@ -35,7 +35,9 @@ absl::Status CheckInferenceOutputs(const Job& job, const v1::ReportTaskEndReques
   if (!req.has_inference_outputs()) return absl::InvalidArgumentError("inference_outputs: missing");
   const v1::TensorData& out = req.inference_outputs();
   RETURN_IF_ERROR(rpc::ValidateTensorData(out, "inference_outputs"));
-  const int64_t rows = job.inference_inputs.shape(0);
+  // The rows of the reporting replica's share of the batch.
+  const int64_t rows = rpc::ReplicaRows(job.inference_inputs.shape(0), job.plan.num_microbatches,
+                                        job.plan.replicas, req.replica());
   if (out.shape_size() < 1 || out.shape(0) != rows) {
     return absl::InvalidArgumentError(absl::StrCat("inference_outputs: expected ", rows,
                                                    " rows (one per input row), got ",
@@ -266,7 +268,18 @@ absl::Status JobLifecycle::TaskEndedLocked(Job& job, RankSlot& slot,
                                  ") returned unusable inference outputs: ", outputs.message()));
           break;
         }
-        job.inference_outputs = req.inference_outputs();
+        job.inference_replica_outputs[req.replica()] = req.inference_outputs();
+        if (static_cast<int>(job.inference_replica_outputs.size()) == job.plan.replicas) {
+          std::vector<v1::TensorData> parts;
+          for (auto& [replica, out] : job.inference_replica_outputs) parts.push_back(out);
+          job.inference_replica_outputs.clear();
+          absl::StatusOr<v1::TensorData> joined = rpc::ConcatRows(parts, "inference_outputs");
+          if (!joined.ok()) {
+            EndLocked(job, v1::JOB_STATE_FAILED, std::string(joined.status().message()));
+            break;
+          }
+          job.inference_outputs = *std::move(joined);
+        }
       }
       MaybeSucceedLocked(job);
       break;

@@ -382,6 +382,12 @@ absl::Status JobManager::ReportStep(const v1::ReportStepRequest& req) {
   RETURN_IF_ERROR(aggregator_.CheckLocked(*job, *slot, req));
   RETURN_IF_ERROR(ValidateCheckpointReport(*job, req));
   const bool completed = aggregator_.AddLocked(*job, *slot, req, deps_.clock->Now());
+  if (completed && !job->divergence.empty() && !IsFinal(job->state)) {
+    // Replicas must hold the same bits; training on would average different models.
+    lifecycle_.EndLocked(*job, v1::JOB_STATE_FAILED, job->divergence);
+    ScheduleLocked();
+    return absl::OkStatus();
+  }
   if (std::optional<PendingManifest> pending = AddReportedFilesLocked(*job, req)) {
     QueueManifestLocked(*job, *std::move(pending));
   }

@@ -83,6 +83,16 @@ bool StepAggregator::AddLocked(Job& job, RankSlot& slot, const v1::ReportStepReq
     agg.hidden_ratios.resize(job.plan.num_tasks(), 0.0);
     agg.hidden_ratios[task] = req.reduction().hidden_ratio();
   }
+  for (const auto& [stage, digest] : req.parameter_digests()) {
+    slot.parameter_digests[stage] = digest;
+    auto [seen, first] = agg.digests.try_emplace(stage, slot.replica, digest);
+    if (!first && seen->second.second != digest && agg.divergence.empty()) {
+      agg.divergence =
+          absl::StrCat("replicas ", seen->second.first, " and ", slot.replica, " of stage ", stage,
+                       " hold different parameters after global step ", global + 1, " (SHA-256 ",
+                       seen->second.second.substr(0, 12), "... and ", digest.substr(0, 12), "...)");
+    }
+  }
   if (req.client_batch()) agg.client_batch = true;
   if (agg.ranks_reported < job.plan.num_tasks()) return false;
   CompleteStepLocked(job, req.step(), now);
@@ -99,6 +109,7 @@ void StepAggregator::CompleteStepLocked(Job& job, int64_t step_index, absl::Time
   const bool forward_only = job.forward_only();
   const int64_t global = job.attempt_base + step_index;
   ++job.steps_completed;
+  if (!agg.divergence.empty() && job.divergence.empty()) job.divergence = agg.divergence;
   // Steps after a restart's checkpoint replace those the failed attempt had recorded.
   const size_t index = static_cast<size_t>(global - job.base_step);
   job.max_bubble_ratios.resize(index);
@@ -154,15 +165,24 @@ absl::Status StepAggregator::AddForwardOnlyLocked(Job& job, const RankSlot& slot
           "outputs: rank ", req.rank(), " owns the last stage and must send its outputs"));
     }
     RETURN_IF_ERROR(rpc::ValidateTensorData(req.outputs(), "outputs"));
-    if (req.outputs().shape_size() < 1 || req.outputs().shape(0) != cs.rows) {
-      return absl::InvalidArgumentError(absl::StrCat("outputs: expected ", cs.rows,
-                                                     " rows (one per input row), got ",
-                                                     rpc::DescribeTensorData(req.outputs())));
+    // Each replica's last stage returns the rows of its share of the batch.
+    const int64_t rows =
+        rpc::ReplicaRows(cs.rows, job.plan.num_microbatches, job.plan.replicas, slot.replica);
+    if (req.outputs().shape_size() < 1 || req.outputs().shape(0) != rows) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "outputs: expected ", rows, " rows (one per input row of ",
+          RankLabel(slot.rank, slot.replica), "), got ", rpc::DescribeTensorData(req.outputs())));
     }
-    cs.outputs = req.outputs();
+    cs.replica_outputs[slot.replica] = req.outputs();
   }
   cs.slowest = std::max(cs.slowest, rpc::FromProtoDuration(req.step_time()));
-  if (++cs.ranks_reported == job.plan.num_tasks()) cs.done = true;
+  if (++cs.ranks_reported < job.plan.num_tasks()) return absl::OkStatus();
+  // Every replica's outputs, in replica order: one row per input row.
+  std::vector<v1::TensorData> parts;
+  for (auto& [replica, outputs] : cs.replica_outputs) parts.push_back(std::move(outputs));
+  cs.replica_outputs.clear();
+  ASSIGN_OR_RETURN(cs.outputs, rpc::ConcatRows(parts, "outputs"));
+  cs.done = true;
   return absl::OkStatus();
 }
 

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/rpc/time_conversion.h"
 #include "common/schedule/action.h"
 #include "common/schedule/chrome_trace.h"
 #include "common/schedule/simulator.h"

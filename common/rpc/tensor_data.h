@@ -5,8 +5,10 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "stagecoach/v1/types.pb.h"
 
@@ -23,5 +25,15 @@ absl::Status ValidateTensorData(const v1::TensorData& tensor, absl::string_view 
 
 // "float32[10, 16]", for messages.
 std::string DescribeTensorData(const v1::TensorData& tensor);
+
+// The rows replica `replica` of `replicas` takes from a batch of `rows` rows that tensor_split
+// cuts into replicas x microbatches microbatches (sizes differ by at most one, larger first),
+// replica r taking microbatches [r * microbatches, (r + 1) * microbatches).
+int64_t ReplicaRows(int64_t rows, int microbatches, int replicas, int replica);
+
+// `parts` (well-formed, at least one) concatenated along dim 0, in order. INVALID_ARGUMENT
+// starting with `field` when their dtypes or trailing dimensions differ or one is a scalar.
+absl::StatusOr<v1::TensorData> ConcatRows(const std::vector<v1::TensorData>& parts,
+                                          absl::string_view field);
 
 }  // namespace stagecoach::rpc

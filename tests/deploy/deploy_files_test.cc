@@ -178,7 +178,7 @@ TEST(Dashboard, EveryQueriedMetricAndLabelIsExportedByARunningCluster) {
   ASSERT_FALSE(queries.empty()) << "the dashboard has no queries";
 
   ClusterOptions options;
-  options.workers = 2;
+  options.workers = 4;  // 2 ranks x 2 replicas: the data-parallel series exist too
   options.coordinator_args = {"--metrics-listen", "127.0.0.1:0"};
   options.worker_args = {"--metrics-listen", "127.0.0.1:0"};
   auto cluster = LocalCluster::Start(options);
@@ -194,12 +194,14 @@ TEST(Dashboard, EveryQueriedMetricAndLabelIsExportedByARunningCluster) {
     endpoints.push_back(*address);
   }
 
-  // A tiny training job, so that per-job series and RPC latencies exist.
+  // A tiny training job with 2 data-parallel replicas, so that per-job series (the gradient
+  // reduction's among them) and RPC latencies exist.
   const std::string spec =
       c.WriteFile("dash.yaml",
                   "name: dashboard\n"
                   "model:\n  builtin: {family: mlp, sizes: [8, 16, 16, 4], seed: 1}\n"
                   "split: {stages: 2}\nschedule: {kind: 1F1B, microbatches: 2}\n"
+                  "placement: {replicas: 2}\n"
                   "training: {batch_size: 8, steps: 2, loss: mse}\n");
   CommandResult submit = c.Stagectl({"submit", spec, "--wait"});
   ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err << c.Logs();

@@ -26,9 +26,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "common/checkpoint/layout.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/support/job_predicates.h"
 #include "tests/support/local_cluster.h"
+#include "tests/support/npy_files.h"
 #include "tests/support/reference_mlp.h"
 #include "tests/support/stage_files.h"
 
@@ -56,8 +59,12 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 std::string SpecYaml(const Case& c, const std::string& ckpt_dir) {
   const std::string spec =
       MlpSpecYaml(c.ref, {c.name, c.schedule, c.stages, c.workers, c.microbatches}, ckpt_dir);
+  // A checkpoint after every step: the replicas report their parameters' digests each time, and
+  // the coordinator fails the job should two replicas of a stage differ.
   return absl::StrReplaceAll(
-      spec, {{absl::StrCat("placement: {workers: ", c.workers, "}"),
+      spec, {{absl::StrCat("checkpoint: {dir: ", ckpt_dir, "}"),
+              absl::StrCat("checkpoint: {dir: ", ckpt_dir, ", every_steps: 1}")},
+             {absl::StrCat("placement: {workers: ", c.workers, "}"),
               absl::StrCat("placement: {workers: ", c.workers, ", replicas: ", c.replicas,
                            ", overlap_reduction: ", c.overlap ? "true" : "false",
                            ", shard_optimizer: ", c.shard ? "true" : "false", "}")}});
@@ -147,6 +154,14 @@ TEST_P(DataParallelTest, MatchesTheUnpipelinedReferenceOnTheWholeBatch) {
           EXPECT_EQ(NumelIn(file, "optimizer", "shard.exp_avg"), CeilHalf(stage_params[s])) << file;
         }
       }
+    }
+    // The replicas of each stage held the same bits after every step (the coordinator compared
+    // their digests at each step's checkpoint); the last ones are in the status.
+    const v1::RankStatus& same_rank_of_replica_0 = job->ranks(i % c.workers);
+    ASSERT_EQ(rank.parameter_digests_size(), rank.stages_size());
+    for (int s : rank.stages()) {
+      EXPECT_EQ(rank.parameter_digests().at(s), same_rank_of_replica_0.parameter_digests().at(s))
+          << "stage " << s;
     }
     EXPECT_GE(rank.reduction_hidden_ratio(), 0.0);
     EXPECT_LE(rank.reduction_hidden_ratio(), 1.0);
@@ -241,6 +256,70 @@ TEST_F(DataParallelCheckpoints, ResumeFromTwoShardedReplicasOntoOneAndBackGivesT
         << "step " << step;
   }
   ExpectParamsMatchReference(LoadAllStageFiles(last_ckpt, 6, 2), want, kRtol, kAtol);
+}
+
+TEST_F(DataParallelCheckpoints, ClientBatchesAndInferenceSplitTheBatchOverTheReplicas) {
+  ClusterOptions options;
+  options.workers = 4;
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  const ReferenceConfig ref = Ref({16, 32, 32, 8}, 24, 4, "mse", "sgd", 0.05, 0.0, 0.0);
+  // 10 rows in 2 replicas x 2 microbatches: 3, 3 | 2, 2.
+  torch::manual_seed(77);
+  const torch::Tensor x = torch::randn({10, 16});
+  const torch::Tensor y = torch::randn({10, 8});
+  const std::string x_path = c.dir() + "/x.npy", y_path = c.dir() + "/y.npy";
+  WriteNpy(x_path, x);
+  WriteNpy(y_path, y);
+  const torch::Tensor want0 = ReferenceForward(ref.sizes, ref.model_seed, x);
+
+  // Infer with 2 replicas: every input row's output, in order.
+  const std::string infer_spec = c.WriteFile(
+      "infer.yaml", ChainSpec("infer", ref, 2, false, 1, c.dir() + "/ckpt-infer", "", ""));
+  const std::string infer_out = c.dir() + "/infer-out.npy";
+  CommandResult infer = c.Stagectl({"infer", infer_spec, "--input", x_path, "--out", infer_out});
+  ASSERT_EQ(infer.exit_code, 0) << infer.out << infer.err << c.Logs();
+  const torch::Tensor inferred = ReadNpy(infer_out);
+  ASSERT_TRUE(inferred.defined());
+  EXPECT_TRUE(torch::allclose(inferred, want0, kRtol, kAtol)) << inferred << want0;
+  ASSERT_TRUE(c.WaitForIdleWorkers(4, absl::Seconds(30)).ok()) << c.Logs();
+
+  // A paused 2-replica job: a forward-only client step, then a training one.
+  auto id = c.Submit(ChainSpec("client", ref, 2, false, 5, c.dir() + "/ckpt-client", "", ""),
+                     /*paused=*/true);
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto held = c.WaitForJob(
+      *id, [](const v1::Job& j) { return j.state() == v1::JOB_STATE_PAUSED || IsFinal(j); },
+      absl::Seconds(60));
+  ASSERT_TRUE(held.ok() && held->state() == v1::JOB_STATE_PAUSED) << c.Logs();
+  const std::string out0 = c.dir() + "/out0.npy";
+  CommandResult fwd = c.Stagectl(
+      {"step", *id, "--inputs", x_path, "--forward-only", "--save-outputs", out0, "-o", "json"});
+  ASSERT_EQ(fwd.exit_code, 0) << fwd.out << fwd.err << c.Logs();
+  EXPECT_TRUE(torch::allclose(ReadNpy(out0), want0, kRtol, kAtol));
+
+  ReferenceConfig on_batch = ref;
+  on_batch.batch_size = 10;
+  on_batch.steps = 1;
+  on_batch.dataset_inputs = x;
+  on_batch.dataset_targets = y;
+  const ReferenceResult want = TrainReference(on_batch);
+  CommandResult train =
+      c.Stagectl({"step", *id, "--inputs", x_path, "--targets", y_path, "-o", "json"});
+  ASSERT_EQ(train.exit_code, 0) << train.out << train.err << c.Logs();
+  const nlohmann::json t = nlohmann::json::parse(train.out);
+  ASSERT_TRUE(t["loss"].is_number()) << train.out;
+  EXPECT_NEAR(t["loss"].get<double>(), want.losses[0], kAtol + kRtol * want.losses[0]);
+  EXPECT_EQ(t["microbatch_losses"].size(), 4u);  // both replicas' microbatches, in order
+
+  // A batch smaller than 2 replicas x 2 microbatches is refused naming the count.
+  const std::string small = c.dir() + "/small.npy";
+  WriteNpy(small, torch::randn({3, 16}));
+  CommandResult refused = c.Stagectl({"step", *id, "--inputs", small, "--forward-only"});
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_THAT(refused.err, ::testing::HasSubstr("2 per replica x 2 replicas")) << refused.err;
+  ASSERT_TRUE(c.Cancel(*id).ok());
 }
 
 TEST_F(DataParallelCheckpoints, AKilledWorkerOfAReplicaRestartsTheJobOnTheSpare) {

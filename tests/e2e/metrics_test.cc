@@ -96,8 +96,8 @@ TEST(Metrics, ScrapedValuesFollowARealJob) {
               1e-12 * std::max(1.0, std::abs(last_loss)));
   EXPECT_GT(Value(coord, "stagecoach_samples_per_second" + job_label), 0);
   for (int rank = 0; rank < 2; ++rank) {
-    const double bubble = Value(
-        coord, absl::StrCat("stagecoach_bubble_ratio{job=\"", job_id, "\",rank=\"", rank, "\"}"));
+    const double bubble = Value(coord, absl::StrCat("stagecoach_bubble_ratio{job=\"", job_id,
+                                                    "\",rank=\"", rank, "\",replica=\"0\"}"));
     EXPECT_GE(bubble, 0) << rank;
     EXPECT_LE(bubble, 1) << rank;
   }

@@ -195,6 +195,47 @@ TEST_F(StepAggregationTest, AStepCompletesWhenEveryRankReported) {
   EXPECT_EQ(job.traces.last_kept(), 0);
 }
 
+TEST(StepAggregation, ReplicasLossesJoinInReplicaOrderAndDivergedReplicasAreNamed) {
+  JobTable table{{}, nullptr};
+  StepAggregator aggregator{nullptr};
+  absl::MutexLock lock(&table.mu());
+  // 2 ranks x 2 replicas; the global batch of 8 rows in 2 x 4 microbatches.
+  Job& job = QueueJob(table, absl::StrCat(Spec(2), "placement: {replicas: 2}\n"));
+  ASSERT_EQ(job.plan.replicas, 2);
+  ASSERT_EQ(job.plan.num_tasks(), 4);
+  for (int replica = 0; replica < 2; ++replica) {
+    for (int r = 0; r < 2; ++r) {
+      RankSlot& slot = job.ranks.emplace_back();
+      slot.rank = r;
+      slot.replica = replica;
+    }
+  }
+  auto report = [](int rank, int replica, std::vector<double> losses, double bubble,
+                   const std::string& digest) {
+    v1::ReportStepRequest r;
+    r.set_rank(rank);
+    r.set_replica(replica);
+    r.set_step(0);
+    for (double l : losses) r.add_microbatch_losses(l);
+    r.set_bubble_ratio(bubble);
+    r.mutable_reduction()->set_hidden_ratio(0.25 * (replica + 1));
+    (*r.mutable_parameter_digests())[rank] = digest;
+    return r;
+  };
+  // Out of order: replica 1's last stage first.
+  EXPECT_FALSE(aggregator.AddLocked(job, job.ranks[3], report(1, 1, {5, 6, 7, 8}, 0.4, "b"), kT0));
+  EXPECT_FALSE(aggregator.AddLocked(job, job.ranks[0], report(0, 0, {}, 0.1, "a"), kT0));
+  EXPECT_FALSE(aggregator.AddLocked(job, job.ranks[1], report(1, 0, {1, 2, 3, 4}, 0.2, "b"), kT0));
+  EXPECT_TRUE(job.divergence.empty());
+  // Replica 1 of stage 0 holds other parameters than replica 0.
+  EXPECT_TRUE(aggregator.AddLocked(job, job.ranks[2], report(0, 1, {}, 0.3, "z"), kT0));
+  EXPECT_THAT(job.losses, ElementsAre(4.5));  // the mean of all 8 microbatches
+  const v1::StepCompleted& step = job.events.Since(0).events.back().step_completed();
+  EXPECT_THAT(step.bubble_ratios(), ElementsAre(0.1, 0.2, 0.3, 0.4));
+  EXPECT_THAT(step.reduction_hidden_ratios(), ElementsAre(0.25, 0.25, 0.5, 0.5));
+  EXPECT_THAT(job.divergence, HasSubstr("replicas 0 and 1 of stage 0 hold different parameters"));
+}
+
 TEST_F(StepAggregationTest, ReportsThatDoNotFitAreRefusedNamingTheField) {
   absl::MutexLock lock(&table_.mu());
   Job& job = *job_;

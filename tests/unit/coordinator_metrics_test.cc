@@ -137,8 +137,12 @@ TEST_F(CoordinatorMetricsTest, StepsLossAndStatesFollowTheJob) {
   EXPECT_EQ(Sample(registry_, "stagecoach_loss", {{"job", *id}}), 3.0);
   // batch_size 8 over the slowest rank's 0.4 s.
   EXPECT_DOUBLE_EQ(Sample(registry_, "stagecoach_samples_per_second", {{"job", *id}}), 20.0);
-  EXPECT_EQ(Sample(registry_, "stagecoach_bubble_ratio", {{"job", *id}, {"rank", "0"}}), 0.5);
-  EXPECT_EQ(Sample(registry_, "stagecoach_bubble_ratio", {{"job", *id}, {"rank", "1"}}), 0.25);
+  EXPECT_EQ(
+      Sample(registry_, "stagecoach_bubble_ratio", {{"job", *id}, {"rank", "0"}, {"replica", "0"}}),
+      0.5);
+  EXPECT_EQ(
+      Sample(registry_, "stagecoach_bubble_ratio", {{"job", *id}, {"rank", "1"}, {"replica", "0"}}),
+      0.25);
 
   // Step 1: the gauges follow the last step, the counters add up.
   ASSERT_TRUE(Step(*id, w1, 0, 1, absl::Milliseconds(100), 0.125).ok());
@@ -150,7 +154,9 @@ TEST_F(CoordinatorMetricsTest, StepsLossAndStatesFollowTheJob) {
   ASSERT_EQ(job->losses_size(), 2);
   EXPECT_EQ(Sample(registry_, "stagecoach_loss", {{"job", *id}}), job->losses(1));
   EXPECT_DOUBLE_EQ(Sample(registry_, "stagecoach_samples_per_second", {{"job", *id}}), 40.0);
-  EXPECT_EQ(Sample(registry_, "stagecoach_bubble_ratio", {{"job", *id}, {"rank", "1"}}), 0.375);
+  EXPECT_EQ(
+      Sample(registry_, "stagecoach_bubble_ratio", {{"job", *id}, {"rank", "1"}, {"replica", "0"}}),
+      0.375);
   EXPECT_EQ(Sample(registry_, "stagecoach_data_plane_bytes_total", {{"direction", "sent"}}), 400);
   EXPECT_EQ(Sample(registry_, "stagecoach_data_plane_bytes_total", {{"direction", "received"}}),
             160);
@@ -171,6 +177,23 @@ TEST_F(CoordinatorMetricsTest, StepsLossAndStatesFollowTheJob) {
   EXPECT_TRUE(Eventually([&] { return Workers("idle") == 2; }));
 }
 
+TEST_F(CoordinatorMetricsTest, ReplicatedJobsLabelEachRankWithItsReplica) {
+  prometheus::Registry registry;
+  CoordinatorMetrics metrics(registry);
+  // 2 ranks x 2 replicas, indexed replica by replica.
+  metrics.StepCompleted("job-1", absl::Seconds(1), 1.0, 8.0, {0.1, 0.2, 0.3, 0.4},
+                        {0.0, 0.5, 0.25, 0.75}, /*num_ranks=*/2);
+  EXPECT_EQ(Sample(registry, "stagecoach_bubble_ratio",
+                   {{"job", "job-1"}, {"rank", "0"}, {"replica", "1"}}),
+            0.3);
+  EXPECT_EQ(Sample(registry, "stagecoach_grad_reduction_hidden_ratio",
+                   {{"job", "job-1"}, {"rank", "1"}, {"replica", "1"}}),
+            0.75);
+  EXPECT_EQ(Sample(registry, "stagecoach_grad_reduction_hidden_ratio",
+                   {{"job", "job-1"}, {"rank", "1"}, {"replica", "0"}}),
+            0.5);
+}
+
 TEST_F(CoordinatorMetricsTest, PerJobSeriesAreBoundedToTheMostRecentJobs) {
   prometheus::Registry registry;
   CoordinatorMetrics metrics(registry);
@@ -178,8 +201,8 @@ TEST_F(CoordinatorMetricsTest, PerJobSeriesAreBoundedToTheMostRecentJobs) {
     metrics.StepCompleted(absl::StrCat("job-", i), absl::Seconds(1), 1.0 * i, 8.0, {0.1, 0.2});
   }
   EXPECT_TRUE(std::isnan(Sample(registry, "stagecoach_loss", {{"job", "job-0"}})));
-  EXPECT_TRUE(
-      std::isnan(Sample(registry, "stagecoach_bubble_ratio", {{"job", "job-2"}, {"rank", "1"}})));
+  EXPECT_TRUE(std::isnan(Sample(registry, "stagecoach_bubble_ratio",
+                                {{"job", "job-2"}, {"rank", "1"}, {"replica", "0"}})));
   EXPECT_EQ(Sample(registry, "stagecoach_loss", {{"job", "job-3"}}), 3.0);
   size_t loss_series = 0;
   for (const auto& family : registry.Collect()) {

@@ -409,7 +409,7 @@ TEST(SpecParserTest, UnknownKeysInEveryNestedMapping) {
                           "did you mean 'policy'?"));
   EXPECT_THAT(Errors(Edit(kBase, "  workers: 2", "  workers: 2\n  gpus: 2")),
               ElementsAre("placement.gpus: unknown key (valid keys: workers, device, style, "
-                          "transport)"));
+                          "transport, replicas, shard_optimizer, overlap_reduction)"));
   EXPECT_THAT(Errors(Edit(kBase, "  kind: synthetic", "  kind: synthetic\n  seeed: 1")),
               ElementsAre("data.seeed: unknown key (valid keys: kind, path, seed, seq); did you "
                           "mean 'seed'?"));

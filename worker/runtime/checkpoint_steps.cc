@@ -1,23 +1,23 @@
 #include "worker/runtime/checkpoint_steps.h"
 
+#include <torch/torch.h>
+
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/util/logging.h"
+#include "common/util/sha256.h"
 #include "common/util/status_macros.h"
 #include "worker/runtime/checkpoint.h"
 
 namespace stagecoach::runtime {
 
-CheckpointSteps::CheckpointSteps(std::string dir, int64_t every_steps, int rank, bool writer,
+CheckpointSteps::CheckpointSteps(CheckpointStepsOptions options,
                                  const std::map<int, model::StageModel*>& stages,
                                  const torch::optim::Optimizer* optimizer,
                                  const StepReports* reports, const ZeroShards* shards)
-    : dir_(std::move(dir)),
-      every_steps_(every_steps),
-      rank_(rank),
-      writer_(writer),
+    : options_(std::move(options)),
       stages_(stages),
       optimizer_(optimizer),
       reports_(reports),
@@ -36,25 +36,37 @@ absl::Status CheckpointSteps::Write(int64_t global_steps, v1::ReportStepRequest*
                                           *optimizer_, /*data_position=*/global_steps));
     for (auto& file : files) *report->add_checkpoint_files() = std::move(file);
   }
-  spdlog::info("{} rank {}: checkpoint after step {} in {}", report->job_id(), rank_, global_steps,
-               CheckpointStepDir(dir_, global_steps));
+  spdlog::info("{} rank {}: checkpoint after step {} in {}", report->job_id(), options_.rank,
+               global_steps, CheckpointStepDir(dir_, global_steps));
   last_ = global_steps;
   return absl::OkStatus();
 }
 
+void CheckpointSteps::AddDigests(v1::ReportStepRequest* report) const {
+  for (const auto& [s, stage] : stages_) {
+    Sha256 digest;
+    for (const torch::Tensor& p : stage->Parameters()) {
+      const torch::Tensor bytes = p.detach().to(torch::kCPU).contiguous();
+      digest.Update(absl::string_view(static_cast<const char*>(bytes.data_ptr()),
+                                      bytes.numel() * bytes.element_size()));
+    }
+    (*report->mutable_parameter_digests())[s] = digest.FinalHex();
+  }
+}
+
 absl::Status CheckpointSteps::AfterStep(int64_t global_steps, bool requested,
                                         v1::ReportStepRequest* report) {
-  const bool every = every_steps_ > 0 && global_steps % every_steps_ == 0;
-  if (dir_.empty() || !(writer_ || shards_ != nullptr) || !(requested || every)) {
-    return absl::OkStatus();
-  }
+  const bool every = options_.every_steps > 0 && global_steps % options_.every_steps == 0;
+  if (dir_.empty() || !(requested || every)) return absl::OkStatus();
+  if (options_.digests) AddDigests(report);
+  if (!(writer_ || shards_ != nullptr)) return absl::OkStatus();
   return Write(global_steps, report);
 }
 
 absl::Status CheckpointSteps::AtHold(int64_t global_steps, int64_t task_step) {
   if (dir_.empty()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("rank ", rank_,
+        absl::StrCat("rank ", options_.rank,
                      ": a checkpoint was asked for, but the job has no training.checkpoint.dir"));
   }
   if (!(writer_ || shards_ != nullptr) || last_ == global_steps) return absl::OkStatus();

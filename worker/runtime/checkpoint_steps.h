@@ -30,12 +30,24 @@
 
 namespace stagecoach::runtime {
 
+struct CheckpointStepsOptions {
+  // training.checkpoint.dir, empty for none (forward-only tasks).
+  std::string dir;
+  // training.checkpoint.every_steps (0 for none).
+  int64_t every_steps = 0;
+  int rank = 0;
+  // Writes the stage files: replica 0's task (the other replicas' stages are the same).
+  bool writer = true;
+  // With replicas: after each step that is due a checkpoint, every replica reports a SHA-256 of
+  // each of its stages' parameters (ReportStepRequest.parameter_digests), so that the coordinator
+  // can check the replicas hold the same bits.
+  bool digests = false;
+};
+
 class CheckpointSteps {
  public:
-  // `dir`: training.checkpoint.dir, empty for none (forward-only tasks); `every_steps`:
-  // training.checkpoint.every_steps (0 for none).
-  CheckpointSteps(std::string dir, int64_t every_steps, int rank, bool writer,
-                  const std::map<int, model::StageModel*>& stages,
+  // `shards`: the task's ZeRO-1 shards (every replica writes its shard files), or null.
+  CheckpointSteps(CheckpointStepsOptions options, const std::map<int, model::StageModel*>& stages,
                   const torch::optim::Optimizer* optimizer, const StepReports* reports,
                   const ZeroShards* shards = nullptr);
 
@@ -53,10 +65,12 @@ class CheckpointSteps {
   // Writes every stage of the rank after `global_steps` steps; lists the files in `report`.
   absl::Status Write(int64_t global_steps, v1::ReportStepRequest* report);
 
-  const std::string dir_;
-  const int64_t every_steps_;
-  const int rank_;
-  const bool writer_;
+  // The digests of the stages' parameters, into `report`.
+  void AddDigests(v1::ReportStepRequest* report) const;
+
+  const CheckpointStepsOptions options_;
+  const std::string& dir_ = options_.dir;
+  const bool writer_ = options_.writer;
   const std::map<int, model::StageModel*>& stages_;
   const torch::optim::Optimizer* optimizer_;
   const StepReports* reports_;

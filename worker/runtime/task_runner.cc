@@ -248,10 +248,14 @@ absl::Status TaskRunner::RunOnDataPlane(TaskSetup& setup, transport::Transport& 
                                         collectives::Collectives* group) {
   StepReports reports(task_, deps_.worker_id, setup.stages->held_parameters, &transport,
                       deps_.reporter);
-  CheckpointSteps checkpoints(setup.forward_only ? "" : setup.spec.training.checkpoint.dir,
-                              setup.spec.training.checkpoint.every_steps, task_.rank(),
-                              /*writer=*/task_.replica() == 0, setup.stages->by_index,
-                              setup.optimizer.get(), &reports, setup.shards.get());
+  CheckpointStepsOptions checkpoint_options;
+  checkpoint_options.dir = setup.forward_only ? "" : setup.spec.training.checkpoint.dir;
+  checkpoint_options.every_steps = setup.spec.training.checkpoint.every_steps;
+  checkpoint_options.rank = task_.rank();
+  checkpoint_options.writer = task_.replica() == 0;
+  checkpoint_options.digests = group != nullptr;
+  CheckpointSteps checkpoints(checkpoint_options, setup.stages->by_index, setup.optimizer.get(),
+                              &reports, setup.shards.get());
   // The data-parallel group's communication runs on a thread of its own (declared before the
   // reducer, so that the reducer is destroyed first).
   std::unique_ptr<WorkQueue> comm;

@@ -241,7 +241,7 @@ void PrintBandwidth() {
   std::printf("\n3. Ring all-reduce (2 ranks, ring over Gloo) against a point-to-point send\n");
   std::printf("%10s %12s %14s %14s %12s %14s\n", "size", "all-reduce", "algo GB/s", "bus GB/s",
               "send", "send GB/s");
-  for (int64_t mib : {1, 4, 16, 64}) {
+  for (int64_t mib : {1, 4, 16, 32, 64}) {
     const int64_t bytes = mib << 20;
     const int64_t count = bytes / 4;
     std::vector<std::vector<float>> buffers(2, std::vector<float>(count, 1.0f));

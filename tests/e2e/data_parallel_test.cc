@@ -173,19 +173,8 @@ TEST_P(DataParallelTest, MatchesTheUnpipelinedReferenceOnTheWholeBatch) {
 
 ReferenceConfig Ref(std::vector<int64_t> sizes, int64_t batch, int microbatches, std::string loss,
                     std::string optimizer, double lr, double momentum, double weight_decay) {
-  ReferenceConfig r;
-  r.sizes = std::move(sizes);
-  r.model_seed = 7;
-  r.data_seed = 99;
-  r.batch_size = batch;
-  r.microbatches = microbatches;
-  r.steps = kSteps;
-  r.loss = std::move(loss);
-  r.optimizer = std::move(optimizer);
-  r.lr = lr;
-  r.momentum = momentum;
-  r.weight_decay = weight_decay;
-  return r;
+  return MlpReference(std::move(sizes), 7, 99, batch, microbatches, kSteps, std::move(loss),
+                      std::move(optimizer), lr, momentum, weight_decay);
 }
 
 // A job of the resume and restart tests: the MLP of `ref` as 2 stages on 2 ranks per replica.

@@ -59,18 +59,8 @@ std::string SpecYaml(const Case& c, const std::string& data, const std::string& 
 
 ReferenceConfig Ref(std::vector<int64_t> sizes, int64_t batch, int microbatches, std::string loss,
                     std::string optimizer, double lr, double momentum, double weight_decay) {
-  ReferenceConfig r;
-  r.sizes = std::move(sizes);
-  r.model_seed = 31;
-  r.batch_size = batch;
-  r.microbatches = microbatches;
-  r.steps = kSteps;
-  r.loss = std::move(loss);
-  r.optimizer = std::move(optimizer);
-  r.lr = lr;
-  r.momentum = momentum;
-  r.weight_decay = weight_decay;
-  return r;
+  return MlpReference(std::move(sizes), 31, 0, batch, microbatches, kSteps, std::move(loss),
+                      std::move(optimizer), lr, momentum, weight_decay);
 }
 
 const std::vector<Case>& Cases() {

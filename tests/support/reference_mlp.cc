@@ -175,6 +175,25 @@ std::string MlpSpecYaml(const ReferenceConfig& config, const MlpJobLayout& layou
       "data: ", data, "\n");
 }
 
+ReferenceConfig MlpReference(std::vector<int64_t> sizes, uint64_t model_seed, uint64_t data_seed,
+                             int64_t batch_size, int microbatches, int64_t steps, std::string loss,
+                             std::string optimizer, double lr, double momentum,
+                             double weight_decay) {
+  ReferenceConfig r;
+  r.sizes = std::move(sizes);
+  r.model_seed = model_seed;
+  r.data_seed = data_seed;
+  r.batch_size = batch_size;
+  r.microbatches = microbatches;
+  r.steps = steps;
+  r.loss = std::move(loss);
+  r.optimizer = std::move(optimizer);
+  r.lr = lr;
+  r.momentum = momentum;
+  r.weight_decay = weight_decay;
+  return r;
+}
+
 ReferenceConfig SmallSgdMlp(int64_t steps, uint64_t model_seed, uint64_t data_seed) {
   ReferenceConfig r;
   r.sizes = {8, 16, 16, 4};

@@ -35,6 +35,13 @@ struct ReferenceConfig {
   torch::Tensor dataset_targets;
 };
 
+// The MLP `sizes` from `model_seed` trained on synthetic data from `data_seed`: batch_size rows
+// in `microbatches`, `steps` steps, `loss` and `optimizer` (lr, momentum, weight_decay).
+ReferenceConfig MlpReference(std::vector<int64_t> sizes, uint64_t model_seed, uint64_t data_seed,
+                             int64_t batch_size, int microbatches, int64_t steps, std::string loss,
+                             std::string optimizer, double lr, double momentum,
+                             double weight_decay);
+
 // The small MLP the control tests train: sizes 8-16-16-4, MSE, SGD with lr 0.05, batch 16 in 4
 // microbatches, `steps` steps from the given seeds.
 ReferenceConfig SmallSgdMlp(int64_t steps, uint64_t model_seed, uint64_t data_seed);

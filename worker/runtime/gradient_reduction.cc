@@ -134,6 +134,7 @@ absl::Status GradientReducer::ReduceScatterStage(int stage) {
   }
   const absl::Time start = absl::Now();
   const torch::Tensor& shard = options_.shards->shard(stage);
+  if (!shard.defined()) return absl::OkStatus();  // a stage without parameters
   ASSIGN_OR_RETURN(const collectives::DataType dtype, CollectiveType(shard, stage));
   const torch::Device device =
       group_->takes_device_memory() ? shard.device() : torch::Device(torch::kCPU);

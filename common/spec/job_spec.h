@@ -27,6 +27,11 @@ struct BuiltinModel {
   // builds all layers in order, so each keeps exactly its layers of one identical model (the
   // same parameters torch.manual_seed(seed) and PyTorch's default init would give).
   uint64_t seed = 0;
+  // gpt: the token embedding and the output head are one parameter (embed.tok.weight is
+  // head.weight). When they sit on different stages each holds a copy and their gradients are
+  // summed between the two after the step's backward and replica reduction, before the
+  // optimizer step, so the copies stay identical.
+  bool tie_embeddings = false;
 };
 
 struct ModelSpec {
@@ -91,6 +96,18 @@ struct OptimizerSpec {
   double eps = 1e-8;          // adamw only
 };
 
+// training.lr_schedule: the learning rate at each global step k of a timeline of T steps (the
+// resumed checkpoint's step + training.steps), from the optimizer's lr (base). Warmup: k < w
+// gives base * (k+1) / (w+1); then constant stays at base, linear and cosine decay from base at
+// k = w to exactly min_lr at k = T-1, and steps past T-1 stay at min_lr (LearningRateAt in
+// common/spec/learning_rate.h).
+struct LrScheduleSpec {
+  // "constant", "linear" or "cosine".
+  std::string kind = "constant";
+  int64_t warmup_steps = 0;
+  double min_lr = 0.0;  // linear and cosine only
+};
+
 struct CheckpointSpec {
   // Directory on the workers' filesystem; empty means no checkpoints.
   std::string dir;
@@ -115,6 +132,20 @@ struct TrainingSpec {
   std::string resume_from;
   // Divide the accumulated gradients by the number of microbatches (PyTorch's scale_grads).
   bool scale_grads = true;
+  LrScheduleSpec lr_schedule;
+  // training.grad_clip.max_norm: clip the gradients of the whole model (every stage, after the
+  // replica reduction) to this global L2 norm, as torch.nn.utils.clip_grad_norm_; unset: no
+  // clipping.
+  std::optional<double> grad_clip_max_norm;
+  // The job fails after this many consecutive steps skipped for non-finite gradients.
+  int64_t max_skipped_steps = 10;
+  // "none" or "full": with full, a stage keeps only its inputs after F and recomputes its
+  // forward in B (or I) to run the backward.
+  std::string activation_checkpointing = "none";
+  // "fp32" or "bf16": mixed precision with a fixed op policy (worker/model/precision.h):
+  // matmuls in bf16, LayerNorm, softmax and the loss in fp32, fp32 master weights and optimizer
+  // state, stage outputs (and so their gradients) in bf16 on the wire.
+  std::string precision = "fp32";
 };
 
 struct DataSpec {
@@ -136,6 +167,17 @@ struct RestartSpec {
   int max_restarts = 0;
 };
 
+// eval: a validation pass, forward only through the job's own pipeline, over `batches` held-out
+// batches of training.batch_size rows (batch j = the eval data stream's step j) after every
+// `every_steps`-th global step.
+struct EvalSpec {
+  int64_t every_steps = 0;
+  int64_t batches = 1;
+  // The held-out data: the same kinds as the training data (synthetic from its seed, tokens or
+  // tensors from a path).
+  DataSpec data;
+};
+
 struct JobSpec {
   // Job name: [a-z0-9]([a-z0-9-]*[a-z0-9])?, at most 63 characters (a DNS label).
   std::string name;
@@ -146,6 +188,8 @@ struct JobSpec {
   TrainingSpec training;
   DataSpec data;
   RestartSpec restart;
+  // Unset: no validation.
+  std::optional<EvalSpec> eval;
 };
 
 }  // namespace stagecoach::spec

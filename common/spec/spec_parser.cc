@@ -21,6 +21,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
 #include "common/checkpoint/layout.h"
+#include "common/spec/recipe_fields.h"
 #include "common/spec/yaml_fields.h"
 #include "common/transport/backends.h"
 
@@ -42,7 +43,8 @@ constexpr size_t kMaxNameLength = 63;
 
 const std::vector<std::string>& TopLevelKeys() {
   static const auto* keys = new std::vector<std::string>{
-      "name", "model", "split", "schedule", "placement", "training", "data", "restart"};
+      "name",     "model", "split", "schedule", "placement",
+      "training", "data",  "restart", "eval"};
   return *keys;
 }
 
@@ -112,8 +114,14 @@ class SpecParser {
     ParseSchedule(top->Get("schedule"));
     ParsePlacement(top->Get("placement"));
     ParseTraining(top->Get("training"));
-    ParseData(top->Get("data"));
+    recipe_fields::ParseData(v_, top->Get("data"), "data", &spec_.data);
     ParseRestart(top->Get("restart"));
+    recipe_fields::ParseEval(v_, top->Get("eval"), &spec_.eval);
+    if (builtin_ok_ && spec_.model.builtin->tie_embeddings && spec_.placement.shard_optimizer) {
+      v_.Error("model.builtin.tie_embeddings",
+               "not supported with placement.shard_optimizer (the tied copies' gradients would "
+               "be sharded differently on their two stages)");
+    }
     const int64_t replicas = spec_.placement.replicas;
     if (microbatches_ok_ && batch_size_ok_ && replicas == 1 &&
         spec_.schedule.microbatches > spec_.training.batch_size) {
@@ -189,16 +197,16 @@ class SpecParser {
 
   void ParseBuiltin(const YAML::Node& node, BuiltinModel* builtin) {
     static const std::vector<std::string> kMlpKeys = {"family", "sizes", "seed"};
-    static const std::vector<std::string> kGptKeys = {"family", "vocab", "d_model", "layers",
-                                                      "heads",  "seq",   "seed"};
-    static const std::vector<std::string> kAllKeys = {"family", "sizes", "vocab", "d_model",
-                                                      "layers", "heads", "seq",   "seed"};
+    static const std::vector<std::string> kGptKeys = {
+        "family", "vocab", "d_model", "layers", "heads", "seq", "seed", "tie_embeddings"};
+    static const std::vector<std::string> kAllKeys = {
+        "family", "sizes", "vocab", "d_model", "layers", "heads", "seq", "seed", "tie_embeddings"};
     const std::string path = "model.builtin";
     const std::string family = PeekScalar(node, "family");
     std::optional<Fields> fields;
     if (family == "mlp") {
       std::vector<std::pair<std::string, std::string>> foreign;
-      for (const char* key : {"vocab", "d_model", "layers", "heads", "seq"}) {
+      for (const char* key : {"vocab", "d_model", "layers", "heads", "seq", "tie_embeddings"}) {
         foreign.emplace_back(key, "not a key of family mlp");
       }
       fields = v_.Open(node, path, kMlpKeys, foreign);
@@ -227,6 +235,7 @@ class SpecParser {
         if (read == Read::kAbsent) v_.Error(fields->Path(key), "required for family gpt");
         all_ok = all_ok && read == Read::kOk;
       }
+      fields->Bool("tie_embeddings", &builtin->tie_embeddings);
       if (all_ok && builtin->d_model % builtin->heads != 0) {
         v_.Error(fields->Path("d_model"),
                  absl::StrCat("must be divisible by model.builtin.heads (", builtin->heads,
@@ -353,7 +362,9 @@ class SpecParser {
   void ParseTraining(const YAML::Node& node) {
     auto training = v_.Open(
         node, "training",
-        {"batch_size", "steps", "loss", "scale_grads", "optimizer", "checkpoint", "resume_from"});
+        {"batch_size", "steps", "loss", "scale_grads", "optimizer", "checkpoint", "resume_from",
+         "lr_schedule", "grad_clip", "max_skipped_steps", "activation_checkpointing",
+         "precision"});
     if (!training) return;
     TrainingSpec& out = spec_.training;
     switch (training->Int("batch_size", 1, kInt64Max, &out.batch_size)) {
@@ -369,7 +380,14 @@ class SpecParser {
     training->Int("steps", 1, kInt64Max, &out.steps);
     training->Enum("loss", {"mse", "cross_entropy"}, &out.loss);
     training->Bool("scale_grads", &out.scale_grads);
+    const size_t errors_before_optimizer = v_.error_count();
     ParseOptimizer(training->Get("optimizer"));
+    recipe_fields::ParseLrSchedule(v_, training->Get("lr_schedule"), out.optimizer.lr,
+                                   v_.error_count() == errors_before_optimizer, &out.lr_schedule);
+    recipe_fields::ParseGradClip(v_, training->Get("grad_clip"), &out.grad_clip_max_norm);
+    training->Int("max_skipped_steps", 1, kInt64Max, &out.max_skipped_steps);
+    training->Enum("activation_checkpointing", {"none", "full"}, &out.activation_checkpointing);
+    training->Enum("precision", {"fp32", "bf16"}, &out.precision);
     ParseCheckpoint(training->Get("checkpoint"));
     // The coordinator verifies the checkpoint itself (manifest, checksums, stage layout).
     if (training->String("resume_from", &out.resume_from) == Read::kOk && out.resume_from.empty()) {
@@ -456,30 +474,6 @@ class SpecParser {
     if (checkpoint->Int("every_steps", 0, kInt64Max, &out.every_steps) == Read::kOk &&
         !checkpoint->Has("dir")) {
       v_.Error(checkpoint->Path("every_steps"), "only valid with training.checkpoint.dir");
-    }
-  }
-
-  void ParseData(const YAML::Node& node) {
-    auto data = v_.Open(node, "data", {"kind", "path", "seed", "seq"});
-    if (!data) return;
-    DataSpec& out = spec_.data;
-    const Read kind = data->Enum("kind", {"synthetic", "tokens", "tensors"}, &out.kind);
-    const Read path = data->String("path", &out.path);
-    if (path == Read::kOk && out.path.empty()) {
-      v_.Error(data->Path("path"), "must be a non-empty path");
-    }
-    if (kind != Read::kInvalid) {
-      if (out.kind == "synthetic" && path != Read::kAbsent) {
-        v_.Error(data->Path("path"),
-                 "not used by data.kind synthetic (use kind tokens or tensors)");
-      } else if (out.kind != "synthetic" && path == Read::kAbsent) {
-        v_.Error(data->Path("path"), absl::StrCat("required for data.kind ", out.kind));
-      }
-    }
-    data->Uint("seed", &out.seed);
-    const Read seq = data->Int("seq", 1, kIntMax, &out.seq);
-    if (seq == Read::kOk && kind != Read::kInvalid && out.kind != "tokens") {
-      v_.Error(data->Path("seq"), "only used by data.kind tokens");
     }
   }
 

@@ -34,7 +34,7 @@
 //               builtin.family mlp | gpt (required);
 //               mlp: sizes, a list of >= 2 integers each >= 1;
 //               gpt: vocab, d_model, layers, heads, seq, integers in [1, 2147483647], all
-//                    required, d_model divisible by heads;
+//                    required, d_model divisible by heads; tie_embeddings: bool, default false;
 //               seed: integer in [0, 2^64), default 0. A key of the other family is an error.
 //   split       stages: integer >= 1 (0 in JobSpec when absent); points: non-empty mapping of
 //               layer name -> beginning | end; stages and points are mutually exclusive;
@@ -56,10 +56,20 @@
 //               optimizer.momentum: number in [0, 1), sgd only, default 0;
 //               optimizer.betas: list of two numbers each in [0, 1), adamw only, default
 //               [0.9, 0.999]; optimizer.eps: number > 0, adamw only, default 1e-8;
-//               checkpoint.dir: string; checkpoint.every_steps: integer >= 0, only with dir.
+//               checkpoint.dir: string; checkpoint.every_steps: integer >= 0, only with dir;
+//               lr_schedule.kind: constant (default) | linear | cosine;
+//               lr_schedule.warmup_steps: integer >= 0, default 0; lr_schedule.min_lr: number
+//               in [0, optimizer.lr], linear and cosine only, default 0;
+//               grad_clip.max_norm: number > 0, required with grad_clip (unset: no clipping);
+//               max_skipped_steps: integer >= 1, default 10;
+//               activation_checkpointing: none (default) | full;
+//               precision: fp32 (default) | bf16.
 //   data        kind: synthetic (default) | tokens | tensors; path: non-empty, required for
-//               tokens and tensors and not allowed for synthetic; seed: integer in [0, 2^64).
+//               tokens and tensors and not allowed for synthetic; seed: integer in [0, 2^64);
+//               seq: integer >= 1, tokens only.
 //   restart     max_restarts: integer >= 0, default 0.
+//   eval        every_steps: integer >= 1, required; batches: integer in [1, 100000],
+//               default 1; data: a mapping with data's keys and rules, required.
 //   cross-field schedule.microbatches <= training.batch_size.
 // Integer fields stored as `int` (split.stages, schedule.microbatches, placement.workers,
 // restart.max_restarts) are at most 2147483647; 64-bit ones at most 9223372036854775807.

@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/golden.h"
+#include "tests/unit/spec_test_util.h"
 #include "tests/support/test_paths.h"
 
 namespace stagecoach::spec {
@@ -23,24 +24,6 @@ using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::Optional;
 using ::testing::Pair;
-
-// A valid spec; each test changes one thing with Edit().
-constexpr char kBase[] = R"(name: test-job
-model:
-  builtin: {family: mlp, sizes: [8, 16, 16, 16, 4]}
-split:
-  stages: 2
-schedule:
-  kind: 1F1B
-  microbatches: 4
-placement:
-  workers: 2
-training:
-  batch_size: 8
-  optimizer: {kind: sgd, lr: 0.1}
-data:
-  kind: synthetic
-)";
 
 // The DESIGN.md example, as written.
 constexpr char kDesignExample[] = R"(name: gpt-tiny
@@ -66,39 +49,6 @@ data:
   path: train.bin
   seed: 1234
 )";
-
-// `text` with the one occurrence of `from` replaced by `to`.
-std::string Edit(absl::string_view text, absl::string_view from, absl::string_view to) {
-  std::string out(text);
-  const size_t at = out.find(std::string(from));
-  if (at == std::string::npos || out.find(std::string(from), at + 1) != std::string::npos) {
-    ADD_FAILURE() << "'" << from << "' is not in the spec exactly once";
-    return out;
-  }
-  out.replace(at, from.size(), std::string(to));
-  return out;
-}
-
-// The error lines of a spec that must be rejected.
-std::vector<std::string> Errors(absl::string_view yaml, absl::string_view origin = "spec") {
-  absl::StatusOr<JobSpec> spec = ParseJobSpec(yaml, origin);
-  if (spec.ok()) {
-    ADD_FAILURE() << "accepted:\n" << yaml;
-    return {};
-  }
-  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << spec.status();
-  return absl::StrSplit(spec.status().message(), '\n');
-}
-
-// The parsed spec of a spec that must be accepted.
-JobSpec Parsed(absl::string_view yaml) {
-  absl::StatusOr<JobSpec> spec = ParseJobSpec(yaml);
-  if (!spec.ok()) {
-    ADD_FAILURE() << spec.status().message() << "\nin:\n" << yaml;
-    return {};
-  }
-  return *std::move(spec);
-}
 
 // ---------------------------------------------------------------------------------------------
 // Whole specs.
@@ -347,7 +297,7 @@ TEST(SpecParserTest, InvalidYamlHasLineAndColumn) {
 TEST(SpecParserTest, EmptyDocument) {
   EXPECT_THAT(Errors("", "job.yaml"),
               ElementsAre("job.yaml: the spec is empty; expected a mapping with keys name, model, "
-                          "split, schedule, placement, training, data, restart"));
+                          "split, schedule, placement, training, data, restart, eval"));
   EXPECT_THAT(Errors("# nothing\n", "job.yaml"),
               ElementsAre(HasSubstr("job.yaml: the spec is empty")));
   EXPECT_THAT(Errors("~\n", "job.yaml"), ElementsAre(HasSubstr("job.yaml: the spec is empty")));
@@ -356,7 +306,7 @@ TEST(SpecParserTest, EmptyDocument) {
 TEST(SpecParserTest, DocumentNotAMapping) {
   EXPECT_THAT(Errors("- name: x\n", "job.yaml"),
               ElementsAre("job.yaml: the spec must be a mapping with keys name, model, split, "
-                          "schedule, placement, training, data, restart; got a list"));
+                          "schedule, placement, training, data, restart, eval; got a list"));
   EXPECT_THAT(Errors("just text\n"), ElementsAre(HasSubstr("; got 'just text'")));
 }
 
@@ -388,7 +338,7 @@ TEST(SpecParserTest, UnknownKeyListsValidKeysAndSuggests) {
 TEST(SpecParserTest, UnknownTopLevelKey) {
   EXPECT_THAT(Errors(Edit(kBase, "name: test-job", "name: test-job\nnmae: x")),
               ElementsAre("nmae: unknown key (valid keys: name, model, split, schedule, "
-                          "placement, training, data, restart); did you mean 'name'?"));
+                          "placement, training, data, restart, eval); did you mean 'name'?"));
   EXPECT_THAT(Errors(absl::StrCat(kBase, "Restart: {max_restarts: 1}\n")),
               ElementsAre(HasSubstr("Restart: unknown key (valid keys: ")));
 }
@@ -529,7 +479,7 @@ TEST(SpecParserTest, GptRules) {
                           "model.builtin.heads: must be >= 1, got -1"));
   EXPECT_THAT(Errors(Edit(base, "seq: 4", "seq: 4096, sead: 1")),
               ElementsAre("model.builtin.sead: unknown key (valid keys: family, vocab, d_model, "
-                          "layers, heads, seq, seed); did you mean 'seed'?"));
+                          "layers, heads, seq, seed, tie_embeddings); did you mean 'seed'?"));
 }
 
 TEST(SpecParserTest, BuiltinSeed) {
@@ -908,7 +858,7 @@ data:
 extra: 1
 )"),
               ElementsAre("extra: unknown key (valid keys: name, model, split, schedule, "
-                          "placement, training, data, restart)",
+                          "placement, training, data, restart, eval)",
                           "name: must match [a-z0-9]([a-z0-9-]*[a-z0-9])? (lowercase letters, "
                           "digits and '-'), got 'Bad_Name'",
                           "model.builtin.vocab: not a key of family mlp",

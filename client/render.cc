@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <sstream>
@@ -132,30 +133,10 @@ nlohmann::json PeerBytesJson(const google::protobuf::Map<int32_t, int64_t>& byte
   return out;
 }
 
-nlohmann::json JobJson(const v1::Job& job) {
-  nlohmann::json out;
-  out["id"] = job.id();
-  out["name"] = job.name();
-  out["state"] = StateName(job.state());
-  out["reason"] = job.reason();
-  out["steps_done"] = job.steps_done();
-  out["steps_total"] = job.steps_total();
-  out["losses"] = std::vector<double>(job.losses().begin(), job.losses().end());
-  out["max_bubble_ratios"] =
-      std::vector<double>(job.max_bubble_ratios().begin(), job.max_bubble_ratios().end());
-  out["schedule"] = job.schedule();
-  out["num_stages"] = job.num_stages();
-  out["num_ranks"] = job.num_ranks();
-  out["replicas"] = std::max(1, job.replicas());
-  out["microbatches"] = job.microbatches();
-  out["created_time"] = TimestampString(job.created_time());
-  nlohmann::json history = nlohmann::json::array();
-  for (const auto& t : job.history()) {
-    history.push_back({{"state", StateName(t.state())},
-                       {"reason", t.reason()},
-                       {"time", TimestampString(t.time())}});
-  }
-  out["history"] = history;
+namespace {
+
+// Every rank of a job, for its JSON.
+nlohmann::json RanksJson(const v1::Job& job) {
   nlohmann::json ranks = nlohmann::json::array();
   for (const auto& r : job.ranks()) {
     ranks.push_back({
@@ -177,7 +158,56 @@ nlohmann::json JobJson(const v1::Job& job) {
          std::vector<std::string>(r.executed_actions().begin(), r.executed_actions().end())},
     });
   }
-  out["ranks"] = ranks;
+  return ranks;
+}
+
+// The training recipe's fields of a job's JSON.
+void AddTrainingJson(const v1::Job& job, nlohmann::json& out) {
+  out["learning_rate"] = job.learning_rate();
+  out["grad_norm"] = job.has_grad_norm() ? nlohmann::json(job.grad_norm()) : nlohmann::json();
+  out["skipped_steps"] =
+      std::vector<int64_t>(job.skipped_steps().begin(), job.skipped_steps().end());
+  out["consecutive_skipped_steps"] = job.consecutive_skipped_steps();
+  nlohmann::json evals = nlohmann::json::array();
+  for (const auto& e : job.evals()) {
+    evals.push_back({{"global_step", e.global_step()}, {"loss", e.loss()}});
+  }
+  out["evals"] = evals;
+}
+
+}  // namespace
+
+nlohmann::json JobJson(const v1::Job& job) {
+  nlohmann::json out;
+  out["id"] = job.id();
+  out["name"] = job.name();
+  out["state"] = StateName(job.state());
+  out["reason"] = job.reason();
+  out["steps_done"] = job.steps_done();
+  out["steps_total"] = job.steps_total();
+  // A skipped step's loss (NaN) is null.
+  nlohmann::json losses = nlohmann::json::array();
+  for (double loss : job.losses()) {
+    losses.push_back(std::isnan(loss) ? nlohmann::json() : nlohmann::json(loss));
+  }
+  out["losses"] = losses;
+  out["max_bubble_ratios"] =
+      std::vector<double>(job.max_bubble_ratios().begin(), job.max_bubble_ratios().end());
+  AddTrainingJson(job, out);
+  out["schedule"] = job.schedule();
+  out["num_stages"] = job.num_stages();
+  out["num_ranks"] = job.num_ranks();
+  out["replicas"] = std::max(1, job.replicas());
+  out["microbatches"] = job.microbatches();
+  out["created_time"] = TimestampString(job.created_time());
+  nlohmann::json history = nlohmann::json::array();
+  for (const auto& t : job.history()) {
+    history.push_back({{"state", StateName(t.state())},
+                       {"reason", t.reason()},
+                       {"time", TimestampString(t.time())}});
+  }
+  out["history"] = history;
+  out["ranks"] = RanksJson(job);
   nlohmann::json layers = nlohmann::json::array();
   for (const auto& l : job.layers()) {
     layers.push_back({{"name", l.name()},
@@ -382,6 +412,59 @@ std::string ReplicaGrid(const v1::Job& j) {
   return FormatTable(rows);
 }
 
+// A step's loss; a skipped step has none (NaN).
+std::string LossText(double loss) {
+  return std::isnan(loss) ? "skipped" : absl::StrFormat("%.6f", loss);
+}
+
+// The training recipe's lines of `stagectl status`: learning rate and gradient norm of the
+// latest step, skipped steps, validation losses.
+std::string TrainingLines(const v1::Job& j) {
+  std::ostringstream out;
+  if (j.learning_rate() > 0) {
+    out << "LR:        " << absl::StrFormat("%.6g", j.learning_rate()) << " (latest step)";
+    if (j.has_grad_norm()) out << "; grad norm " << absl::StrFormat("%.6g", j.grad_norm());
+    out << "\n";
+  }
+  if (j.skipped_steps_size() > 0) {
+    std::vector<int64_t> latest(j.skipped_steps().begin(), j.skipped_steps().end());
+    constexpr size_t kShown = 8;
+    if (latest.size() > kShown) latest.erase(latest.begin(), latest.end() - kShown);
+    out << "Skipped:   " << j.skipped_steps_size()
+        << " steps (non-finite gradients), global steps "
+        << (j.skipped_steps_size() > static_cast<int>(kShown) ? "... " : "")
+        << absl::StrJoin(latest, ", ") << "; " << j.consecutive_skipped_steps()
+        << " in a row now\n";
+  }
+  if (j.evals_size() > 0) {
+    const v1::EvalResult& latest = *j.evals().rbegin();
+    out << "Eval loss: " << absl::StrFormat("%.6f", latest.loss()) << " after global step "
+        << latest.global_step() + 1 << " (" << j.evals_size() << " passes";
+    if (j.evals_size() > 1) {
+      out << ", first " << absl::StrFormat("%.6f", j.evals(0).loss());
+    }
+    out << ")\n";
+  }
+  return out.str();
+}
+
+// The STAGE / LAYERS / PARAMS table of `stagectl status`.
+std::string StageTable(const v1::Job& j) {
+  std::vector<std::vector<std::string>> rows = {{"STAGE", "LAYERS", "PARAMS"}};
+  for (const auto& st : j.stages()) {
+    std::string layers;
+    if (st.first_layer() >= 0 && st.end_layer() <= j.layers_size() &&
+        st.first_layer() < st.end_layer()) {
+      layers = j.layers(st.first_layer()).name();
+      if (st.end_layer() - st.first_layer() > 1) {
+        layers = absl::StrCat(layers, " .. ", j.layers(st.end_layer() - 1).name());
+      }
+    }
+    rows.push_back({absl::StrCat(st.stage()), layers, absl::StrCat(st.parameters())});
+  }
+  return FormatTable(rows);
+}
+
 }  // namespace
 
 std::string JobDetails(const v1::Job& j) {
@@ -411,9 +494,10 @@ std::string JobDetails(const v1::Job& j) {
         << ")\n";
   }
   if (!j.losses().empty()) {
-    out << "Loss:      " << absl::StrFormat("%.6f", *j.losses().begin()) << " (first) -> "
-        << absl::StrFormat("%.6f", *j.losses().rbegin()) << " (latest)\n";
+    out << "Loss:      " << LossText(*j.losses().begin()) << " (first) -> "
+        << LossText(*j.losses().rbegin()) << " (latest)\n";
   }
+  out << TrainingLines(j);
   if (!j.max_bubble_ratios().empty()) {
     out << "Bubble:    " << absl::StrFormat("%.3f", *j.max_bubble_ratios().rbegin())
         << " (latest step), " << absl::StrFormat("%.3f", MaxOf(j.max_bubble_ratios()))
@@ -428,21 +512,7 @@ std::string JobDetails(const v1::Job& j) {
     out << "Checkpoint: step " << latest.step() << " in " << latest.directory() << " ("
         << j.checkpoints_size() << " complete)\n";
   }
-  if (j.stages_size() > 0 && j.layers_size() > 0) {
-    std::vector<std::vector<std::string>> rows = {{"STAGE", "LAYERS", "PARAMS"}};
-    for (const auto& st : j.stages()) {
-      std::string layers;
-      if (st.first_layer() >= 0 && st.end_layer() <= j.layers_size() &&
-          st.first_layer() < st.end_layer()) {
-        layers = j.layers(st.first_layer()).name();
-        if (st.end_layer() - st.first_layer() > 1) {
-          layers = absl::StrCat(layers, " .. ", j.layers(st.end_layer() - 1).name());
-        }
-      }
-      rows.push_back({absl::StrCat(st.stage()), layers, absl::StrCat(st.parameters())});
-    }
-    out << "\n" << FormatTable(rows);
-  }
+  if (j.stages_size() > 0 && j.layers_size() > 0) out << "\n" << StageTable(j);
   if (j.ranks_size() > 0 && j.replicas() > 1) out << "\n" << ReplicaGrid(j);
   if (j.ranks_size() > 0) {
     const bool replicated = j.replicas() > 1;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "client/render.h"
 #include "common/rpc/time_conversion.h"
 
@@ -30,6 +31,12 @@ void ApplyEvent(const v1::JobEvent& event, WatchState* state) {
           ? 0.0
           : *std::max_element(step.bubble_ratios().begin(), step.bubble_ratios().end());
   state->client_batch = step.client_batch();
+  state->learning_rate = step.learning_rate();
+  state->grad_norm = step.has_grad_norm() ? std::optional<double>(step.grad_norm()) : std::nullopt;
+  state->skipped = step.skipped();
+  state->nonfinite_ranks.assign(step.nonfinite_ranks().begin(), step.nonfinite_ranks().end());
+  if (step.skipped()) ++state->skipped_seen;
+  if (step.has_eval_loss()) state->eval_loss = step.eval_loss();
   state->recent_step_times.push_back(state->step_time);
   while (state->recent_step_times.size() > WatchState::kRecentSteps) {
     state->recent_step_times.pop_front();
@@ -69,6 +76,17 @@ std::string StepLine(const WatchState& state) {
     absl::StrAppend(&line, "  global ", state.global_step);
   }
   if (state.client_batch) absl::StrAppend(&line, "  (client batch)");
+  if (state.learning_rate > 0) absl::StrAppend(&line, "  lr ", absl::StrFormat("%.4g", state.learning_rate));
+  if (state.grad_norm.has_value()) {
+    absl::StrAppend(&line, "  gnorm ", absl::StrFormat("%.4g", *state.grad_norm));
+  }
+  if (state.skipped) {
+    absl::StrAppend(&line, "  SKIPPED (non-finite on rank ", absl::StrJoin(state.nonfinite_ranks, ","),
+                    ")");
+  }
+  if (state.eval_loss.has_value()) {
+    absl::StrAppend(&line, "  eval ", absl::StrFormat("%.4f", *state.eval_loss));
+  }
   return line;
 }
 
@@ -149,6 +167,12 @@ nlohmann::json EventJson(const v1::JobEvent& event) {
             ? 0.0
             : *std::max_element(step.bubble_ratios().begin(), step.bubble_ratios().end());
     out["client_batch"] = step.client_batch();
+    out["learning_rate"] = step.learning_rate();
+    out["grad_norm"] = step.has_grad_norm() ? nlohmann::json(step.grad_norm()) : nlohmann::json();
+    out["skipped"] = step.skipped();
+    out["nonfinite_ranks"] =
+        std::vector<int>(step.nonfinite_ranks().begin(), step.nonfinite_ranks().end());
+    if (step.has_eval_loss()) out["eval_loss"] = step.eval_loss();
     if (step.reduction_hidden_ratios_size() > 0) {
       out["reduction_hidden_ratios"] = std::vector<double>(step.reduction_hidden_ratios().begin(),
                                                            step.reduction_hidden_ratios().end());

@@ -8,6 +8,7 @@
 #include <deque>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "nlohmann/json.hpp"
@@ -40,6 +41,15 @@ struct WatchState {
   bool client_batch = false;
   // The latest kRecentSteps step times, oldest first.
   std::deque<absl::Duration> recent_step_times;
+  // The training recipe: the latest step's learning rate (0 when not reported) and gradient
+  // norm, whether it was skipped (and on which ranks the gradients were not finite), steps
+  // skipped so far in this stream, and the latest validation loss seen.
+  double learning_rate = 0;
+  std::optional<double> grad_norm;
+  bool skipped = false;
+  std::vector<int> nonfinite_ranks;
+  int64_t skipped_seen = 0;
+  std::optional<double> eval_loss;
 };
 
 // Folds one event into `state` (a state change sets `state`; a completed step the step fields).
@@ -57,8 +67,9 @@ std::string FormatEta(absl::Duration remaining);
 // "step 12/40  loss 0.123456  830 samples/s  0.042s/step  bubble 0.31  ETA 1m12s". The loss is
 // "-" for forward-only steps and the ETA "-" when EstimateRemaining is unknown; a step on a
 // client's batch ends in "  (client batch)", and one whose global step is ahead of its run's
-// step number (a resumed or client-stepped timeline) says so ("  global 52"). Empty before the
-// first step.
+// step number (a resumed or client-stepped timeline) says so ("  global 52"). Then the training
+// recipe's parts when reported: "  lr 0.0003", "  gnorm 1.25", "  SKIPPED (non-finite on rank
+// 1)" and the latest validation loss "  eval 0.4321". Empty before the first step.
 std::string StepLine(const WatchState& state);
 
 // The live line for a terminal `width` columns wide: a progress bar (when there is room) and the
@@ -78,7 +89,9 @@ std::string DroppedLine(const v1::EventsDropped& dropped);
 // "step_completed",
 // ...} with, for a state change, "state" and "reason"; for a step, "step", "global_step",
 // "steps_total", "loss" (null for forward-only steps), "step_time_seconds", "samples_per_second",
-// "bubble_ratios", "max_bubble_ratio" and "client_batch". Times are RFC 3339 UTC.
+// "bubble_ratios", "max_bubble_ratio", "client_batch", and the training recipe's
+// "learning_rate", "grad_norm" (null without training.grad_clip), "skipped", "nonfinite_ranks"
+// and, after a validation pass, "eval_loss". Times are RFC 3339 UTC.
 nlohmann::json EventJson(const v1::JobEvent& event);
 
 }  // namespace stagecoach::client

@@ -80,6 +80,25 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
                               "replicas hidden behind its compute in the job's last completed "
                               "step: 1 - compute's wait / (first bucket start -> last bucket end)")
                         .Register(registry)),
+      learning_rate_(prometheus::BuildGauge()
+                         .Name("stagecoach_learning_rate")
+                         .Help("Learning rate of the job's last completed training step "
+                               "(training.lr_schedule)")
+                         .Register(registry)),
+      grad_norm_(prometheus::BuildGauge()
+                     .Name("stagecoach_grad_norm")
+                     .Help("Global L2 norm of the gradients of the job's last completed step, "
+                           "before clipping (training.grad_clip)")
+                     .Register(registry)),
+      skipped_steps_(prometheus::BuildCounter()
+                         .Name("stagecoach_skipped_steps_total")
+                         .Help("Training steps whose optimizer step every rank skipped because "
+                               "some rank's gradients were not finite")
+                         .Register(registry)),
+      eval_loss_(prometheus::BuildGauge()
+                     .Name("stagecoach_eval_loss")
+                     .Help("Validation loss of the job's latest eval pass (the spec's eval)")
+                     .Register(registry)),
       bytes_(prometheus::BuildCounter()
                  .Name("stagecoach_data_plane_bytes_total")
                  .Help("Data-plane bytes the workers reported, by direction")
@@ -152,7 +171,33 @@ void CoordinatorMetrics::StepCompleted(const std::string& job_id, absl::Duration
     samples_per_second_.Remove(old.samples_per_second);
     for (prometheus::Gauge* g : old.bubble_ratios) bubble_ratio_.Remove(g);
     for (prometheus::Gauge* g : old.hidden_ratios) hidden_ratio_.Remove(g);
+    if (old.learning_rate != nullptr) learning_rate_.Remove(old.learning_rate);
+    if (old.grad_norm != nullptr) grad_norm_.Remove(old.grad_norm);
+    if (old.skipped_steps != nullptr) skipped_steps_.Remove(old.skipped_steps);
+    if (old.eval_loss != nullptr) eval_loss_.Remove(old.eval_loss);
     series_.erase(oldest);
+  }
+}
+
+void CoordinatorMetrics::RecipeStep(const std::string& job_id, double learning_rate,
+                                    std::optional<double> grad_norm, bool skipped,
+                                    std::optional<double> eval_loss) {
+  const std::map<std::string, std::string> labels = {{"job", job_id}};
+  absl::MutexLock lock(&mu_);
+  auto it = series_.find(job_id);
+  if (it == series_.end()) return;  // evicted: its series are gone
+  JobSeries& s = it->second;
+  if (s.learning_rate == nullptr) s.learning_rate = &learning_rate_.Add(labels);
+  s.learning_rate->Set(learning_rate);
+  if (s.skipped_steps == nullptr) s.skipped_steps = &skipped_steps_.Add(labels);
+  if (skipped) s.skipped_steps->Increment();
+  if (grad_norm.has_value()) {
+    if (s.grad_norm == nullptr) s.grad_norm = &grad_norm_.Add(labels);
+    s.grad_norm->Set(*grad_norm);
+  }
+  if (eval_loss.has_value()) {
+    if (s.eval_loss == nullptr) s.eval_loss = &eval_loss_.Add(labels);
+    s.eval_loss->Set(*eval_loss);
   }
 }
 

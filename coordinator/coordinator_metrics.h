@@ -3,7 +3,8 @@
 // data-plane bytes the workers report, and job restarts. JobManager feeds it
 // (JobManagerDeps::metrics); it only records, so tests read it through its registry without HTTP.
 //
-// Series per job (stagecoach_loss, stagecoach_samples_per_second, stagecoach_bubble_ratio) are
+// Series per job (stagecoach_loss, stagecoach_samples_per_second, stagecoach_bubble_ratio, the
+// recipe's learning rate, gradient norm, skipped steps and eval loss) are
 // kept for the kMaxJobSeries jobs that completed a step most recently; older jobs' series are
 // removed, which bounds the cardinality on a long-lived coordinator.
 #pragma once
@@ -50,6 +51,12 @@ class CoordinatorMetrics {
                      std::optional<double> loss, double samples_per_second,
                      const std::vector<double>& bubble_ratios,
                      const std::vector<double>& hidden_ratios = {}, int num_ranks = 0);
+  // The training recipe of a completed training step of `job_id` (after its StepCompleted):
+  // stagecoach_learning_rate{job}, stagecoach_grad_norm{job} (with training.grad_clip),
+  // stagecoach_skipped_steps_total{job} (steps skipped for non-finite gradients) and
+  // stagecoach_eval_loss{job} (when a validation pass ran after the step).
+  void RecipeStep(const std::string& job_id, double learning_rate, std::optional<double> grad_norm,
+                  bool skipped, std::optional<double> eval_loss);
   // A rank's step report: data-plane bytes it sent and received in that step.
   void AddDataPlaneBytes(int64_t sent, int64_t received);
   // A job was restarted from its latest checkpoint (restart.max_restarts allowed it): counts it
@@ -66,6 +73,11 @@ class CoordinatorMetrics {
     prometheus::Gauge* samples_per_second = nullptr;
     std::vector<prometheus::Gauge*> bubble_ratios;  // index = task
     std::vector<prometheus::Gauge*> hidden_ratios;  // index = task
+    // The recipe's (RecipeStep); null until first set.
+    prometheus::Gauge* learning_rate = nullptr;
+    prometheus::Gauge* grad_norm = nullptr;
+    prometheus::Counter* skipped_steps = nullptr;
+    prometheus::Gauge* eval_loss = nullptr;
   };
 
   prometheus::Family<prometheus::Gauge>& jobs_;
@@ -76,6 +88,10 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& samples_per_second_;
   prometheus::Family<prometheus::Gauge>& bubble_ratio_;
   prometheus::Family<prometheus::Gauge>& hidden_ratio_;
+  prometheus::Family<prometheus::Gauge>& learning_rate_;
+  prometheus::Family<prometheus::Gauge>& grad_norm_;
+  prometheus::Family<prometheus::Counter>& skipped_steps_;
+  prometheus::Family<prometheus::Gauge>& eval_loss_;
   prometheus::Family<prometheus::Counter>& bytes_;
   prometheus::Counter& bytes_sent_;
   prometheus::Counter& bytes_received_;

@@ -96,6 +96,7 @@ void Job::ToProto(v1::Job* out) const {
   out->set_steps_total(finish_step - base_step);
   for (double loss : losses) out->add_losses(loss);
   for (double ratio : max_bubble_ratios) out->add_max_bubble_ratios(ratio);
+  training.ToProto(out);
   out->set_num_stages(plan.num_stages);
   out->set_num_ranks(plan.num_ranks);
   out->set_replicas(plan.replicas);

@@ -56,6 +56,7 @@
 #include "coordinator/event_log.h"
 #include "coordinator/planner.h"
 #include "coordinator/step_trace.h"
+#include "coordinator/training_record.h"
 #include "stagecoach/v1/coordinator.pb.h"
 #include "stagecoach/v1/types.pb.h"
 
@@ -110,6 +111,15 @@ struct StepAggregate {
   // Set when two replicas of a stage reported different digests: what differs.
   std::string divergence;
   bool client_batch = false;  // a StepJob step
+  // The training recipe's decisions (the same from every rank; taken from the first report).
+  bool has_recipe = false;
+  double learning_rate = 0.0;
+  std::optional<double> grad_norm;
+  bool skipped = false;
+  std::vector<int> nonfinite_ranks;
+  // A validation pass ran after the step: each replica's last stage's microbatch losses.
+  bool evaluated = false;
+  std::map<int, std::vector<double>> replica_eval_losses;
 };
 
 // Guarded by the job table's lock (JobTable::mu()), except `control_mu`.
@@ -168,9 +178,11 @@ struct Job {
   // forward-only; a restart drops those after the checkpoint it restores.
   std::vector<double> losses;
   std::vector<double> max_bubble_ratios;  // one per completed step: the largest over ranks
-  // Set when a completed step's replicas of a stage held different parameters (the job then
-  // fails): what differs.
-  std::string divergence;
+  // Set when a completed step ends the job as FAILED: a stage's replicas held different
+  // parameters, or training.max_skipped_steps steps in a row were skipped. What happened.
+  std::string step_failure;
+  // The training recipe's per-step decisions and validation results.
+  TrainingRecord training;
 
   // Infer jobs (forward-only, one step on a client batch). The inputs are dropped when the job
   // ends; the outputs (from the last stage's rank) when Infer hands them to its caller.

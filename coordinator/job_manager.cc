@@ -382,9 +382,10 @@ absl::Status JobManager::ReportStep(const v1::ReportStepRequest& req) {
   RETURN_IF_ERROR(aggregator_.CheckLocked(*job, *slot, req));
   RETURN_IF_ERROR(ValidateCheckpointReport(*job, req));
   const bool completed = aggregator_.AddLocked(*job, *slot, req, deps_.clock->Now());
-  if (completed && !job->divergence.empty() && !IsFinal(job->state)) {
-    // Replicas must hold the same bits; training on would average different models.
-    lifecycle_.EndLocked(*job, v1::JOB_STATE_FAILED, job->divergence);
+  if (completed && !job->step_failure.empty() && !IsFinal(job->state)) {
+    // Replicas must hold the same bits (training on would average different models); a run of
+    // skipped steps will not recover by itself.
+    lifecycle_.EndLocked(*job, v1::JOB_STATE_FAILED, job->step_failure);
     ScheduleLocked();
     return absl::OkStatus();
   }

@@ -87,6 +87,7 @@ AttemptStart Placement::PrepareAttemptLocked(Job& job, bool restarting) {
   const size_t kept = static_cast<size_t>(job.attempt_base - job.base_step);
   job.losses.resize(std::min(job.losses.size(), kept));
   job.max_bubble_ratios.resize(std::min(job.max_bubble_ratios.size(), kept));
+  job.training.DropFrom(job.attempt_base);
   job.traces.DropAfter(job.attempt_base - 1);
   job.steps_completed = 0;
   job.pausing = false;

@@ -204,6 +204,10 @@ absl::Status PlanGeneratedSchedule(const spec::JobSpec& spec, const StageRequest
   const absl::string_view name = schedule::ScheduleKindName(*kind);
   plan->schedule_name = std::string(name);
   plan->has_backward = schedule::HasBackward(*kind);
+  if (!plan->has_backward && spec.eval.has_value()) {
+    return FieldError("eval", absl::StrCat("schedule ", name,
+                                           " runs no training steps to validate; remove eval"));
+  }
 
   const int default_spr = schedule::DefaultStagesPerRank(*kind);
   const int stages = request.stages;

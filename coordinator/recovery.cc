@@ -129,6 +129,7 @@ absl::StatusOr<RebuiltJob> RebuildJob(const v1::Job& record, std::vector<std::st
   job.losses.assign(record.losses().begin(), record.losses().end());
   job.max_bubble_ratios.assign(record.max_bubble_ratios().begin(),
                                record.max_bubble_ratios().end());
+  job.training.FromProto(record);
   const bool final_state = IsFinal(record.state());
   RestoreCheckpoints(record, final_state, job, problems);
   job.finish_step = job.base_step + record.steps_total();

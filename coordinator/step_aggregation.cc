@@ -1,10 +1,12 @@
 #include "coordinator/step_aggregation.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/rpc/tensor_data.h"
 #include "common/rpc/time_conversion.h"
 #include "common/util/status_macros.h"
@@ -31,6 +33,13 @@ absl::Status StepAggregator::CheckLocked(const Job& job, const RankSlot& slot,
     return absl::InvalidArgumentError(
         absl::StrCat("microbatch_losses: the last stage's rank must report ",
                      job.plan.num_microbatches, " losses, got ", req.microbatch_losses_size()));
+  }
+  if (req.evaluated() && OwnsLastStage(job, req.rank()) && job.spec.eval.has_value() &&
+      req.eval_microbatch_losses_size() != job.spec.eval->batches * job.plan.num_microbatches) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "eval_microbatch_losses: the last stage's rank must report eval.batches x microbatches (",
+        job.spec.eval->batches * job.plan.num_microbatches, ") losses, got ",
+        req.eval_microbatch_losses_size()));
   }
   if (req.action_timings_size() != 0 && req.action_timings_size() != req.executed_actions_size()) {
     return absl::InvalidArgumentError(
@@ -71,6 +80,21 @@ bool StepAggregator::AddLocked(Job& job, RankSlot& slot, const v1::ReportStepReq
   }
   StepAggregate& agg = job.partial_steps[req.step()];
   ++agg.ranks_reported;
+  if (!agg.has_recipe && !job.forward_only()) {
+    // Every rank took the same decisions (the job reduction); the first report carries them.
+    agg.has_recipe = true;
+    agg.learning_rate = req.learning_rate();
+    if (req.has_grad_norm()) agg.grad_norm = req.grad_norm();
+    agg.skipped = req.skipped();
+    agg.nonfinite_ranks.assign(req.nonfinite_ranks().begin(), req.nonfinite_ranks().end());
+  }
+  if (req.evaluated()) {
+    agg.evaluated = true;
+    if (OwnsLastStage(job, req.rank())) {
+      agg.replica_eval_losses[slot.replica].assign(req.eval_microbatch_losses().begin(),
+                                                   req.eval_microbatch_losses().end());
+    }
+  }
   agg.slowest = std::max(agg.slowest, rpc::FromProtoDuration(req.step_time()));
   if (OwnsLastStage(job, req.rank()) && !job.forward_only()) {
     agg.replica_losses[slot.replica].assign(req.microbatch_losses().begin(),
@@ -109,7 +133,7 @@ void StepAggregator::CompleteStepLocked(Job& job, int64_t step_index, absl::Time
   const bool forward_only = job.forward_only();
   const int64_t global = job.attempt_base + step_index;
   ++job.steps_completed;
-  if (!agg.divergence.empty() && job.divergence.empty()) job.divergence = agg.divergence;
+  if (!agg.divergence.empty() && job.step_failure.empty()) job.step_failure = agg.divergence;
   // Steps after a restart's checkpoint replace those the failed attempt had recorded.
   const size_t index = static_cast<size_t>(global - job.base_step);
   job.max_bubble_ratios.resize(index);
@@ -121,13 +145,15 @@ void StepAggregator::CompleteStepLocked(Job& job, int64_t step_index, absl::Time
   step->set_global_step(global);
   step->set_steps_total(job.finish_step - job.base_step);
   step->set_client_batch(agg.client_batch);
+  std::optional<double> loss;
   if (!forward_only) {
-    const double loss =
-        std::accumulate(agg.microbatch_losses.begin(), agg.microbatch_losses.end(), 0.0) /
-        static_cast<double>(agg.microbatch_losses.size());
+    loss = std::accumulate(agg.microbatch_losses.begin(), agg.microbatch_losses.end(), 0.0) /
+           static_cast<double>(agg.microbatch_losses.size());
+    if (agg.skipped) loss.reset();
     job.losses.resize(index);
-    job.losses.push_back(loss);
-    step->set_loss(loss);
+    job.losses.push_back(loss.value_or(std::nan("")));
+    if (loss.has_value()) step->set_loss(*loss);
+    RecordRecipeLocked(job, agg, global, *step);
   }
   *step->mutable_step_time() = rpc::ToProtoDuration(agg.slowest);
   for (double ratio : agg.bubble_ratios) step->add_bubble_ratios(ratio);
@@ -135,9 +161,16 @@ void StepAggregator::CompleteStepLocked(Job& job, int64_t step_index, absl::Time
   const double seconds = absl::ToDoubleSeconds(agg.slowest);
   step->set_samples_per_second(seconds > 0 ? job.spec.training.batch_size / seconds : 0.0);
   if (metrics_ != nullptr) {
-    metrics_->StepCompleted(
-        job.id, agg.slowest, forward_only ? std::nullopt : std::optional<double>(step->loss()),
-        step->samples_per_second(), agg.bubble_ratios, agg.hidden_ratios, job.plan.num_ranks);
+    metrics_->StepCompleted(job.id, agg.slowest, loss, step->samples_per_second(),
+                            agg.bubble_ratios, agg.hidden_ratios, job.plan.num_ranks);
+    if (!forward_only) {
+      metrics_->RecipeStep(job.id, step->learning_rate(),
+                           step->has_grad_norm() ? std::optional<double>(step->grad_norm())
+                                                 : std::nullopt,
+                           step->skipped(),
+                           step->has_eval_loss() ? std::optional<double>(step->eval_loss())
+                                                 : std::nullopt);
+    }
   }
   // A client batch step (StepJob) hands its losses to its caller.
   if (job.client_step.has_value() && !job.client_step->forward_only &&
@@ -147,6 +180,37 @@ void StepAggregator::CompleteStepLocked(Job& job, int64_t step_index, absl::Time
     job.client_step->done = true;
   }
   job.AddEvent(std::move(event), now);
+}
+
+void StepAggregator::RecordRecipeLocked(Job& job, const StepAggregate& agg, int64_t global,
+                                        v1::StepCompleted& step) {
+  step.set_learning_rate(agg.learning_rate);
+  if (agg.grad_norm.has_value()) step.set_grad_norm(*agg.grad_norm);
+  step.set_skipped(agg.skipped);
+  for (int rank : agg.nonfinite_ranks) step.add_nonfinite_ranks(rank);
+  job.training.AddStep(global, agg.learning_rate, agg.grad_norm, agg.skipped);
+  if (agg.evaluated) {
+    // Every replica's share of every eval batch: batches of equal microbatch counts, so the mean
+    // of the batch losses is the mean of all their microbatch losses.
+    double sum = 0.0;
+    int64_t count = 0;
+    for (const auto& [replica, losses] : agg.replica_eval_losses) {
+      for (double l : losses) sum += l;
+      count += static_cast<int64_t>(losses.size());
+    }
+    if (count > 0) {
+      step.set_eval_loss(sum / static_cast<double>(count));
+      job.training.AddEval(global, step.eval_loss());
+    }
+  }
+  const int64_t run = job.training.ConsecutiveSkipped();
+  if (run >= job.spec.training.max_skipped_steps && job.step_failure.empty()) {
+    job.step_failure = absl::StrCat(
+        run, " steps in a row (global steps ", global - run + 1, " to ", global,
+        ") were skipped for non-finite gradients, the last on pipeline rank(s) ",
+        absl::StrJoin(agg.nonfinite_ranks, ", "), " (training.max_skipped_steps: ",
+        job.spec.training.max_skipped_steps, ")");
+  }
 }
 
 absl::Status StepAggregator::AddForwardOnlyLocked(Job& job, const RankSlot& slot,

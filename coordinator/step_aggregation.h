@@ -48,6 +48,11 @@ class StepAggregator {
  private:
   // The last rank of `step` reported: the step is complete.
   void CompleteStepLocked(Job& job, int64_t step, absl::Time now);
+  // The training recipe's part of a completed training step: its learning rate, gradient norm,
+  // skip and validation loss into the event and the job's TrainingRecord; a run of
+  // training.max_skipped_steps skipped steps sets the job's step_failure.
+  static void RecordRecipeLocked(Job& job, const StepAggregate& agg, int64_t global,
+                                 v1::StepCompleted& step);
 
   CoordinatorMetrics* const metrics_;
 };

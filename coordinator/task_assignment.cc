@@ -34,6 +34,9 @@ v1::TaskAssignment BuildTaskAssignment(const Job& job, const RankSlot& slot,
   *task.mutable_comm_timeout() = rpc::ToProtoDuration(settings.comm_timeout);
   task.set_forward_only(job.forward_only());
   task.set_step_limit(step_limit);
+  // T of training.lr_schedule: the timeline as the spec plans it (RunSteps extensions stay at
+  // min_lr).
+  task.set_timeline_steps(job.base_step + job.spec.training.steps);
   task.set_finish_at_limit(job.inference);
   *task.mutable_hold_timeout() = rpc::ToProtoDuration(settings.hold_timeout);
   if (!job.forward_only() && !job.spec.training.checkpoint.dir.empty()) {

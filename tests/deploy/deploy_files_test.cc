@@ -194,15 +194,17 @@ TEST(Dashboard, EveryQueriedMetricAndLabelIsExportedByARunningCluster) {
     endpoints.push_back(*address);
   }
 
-  // A tiny training job with 2 data-parallel replicas, so that per-job series (the gradient
-  // reduction's among them) and RPC latencies exist.
+  // A tiny training job with 2 data-parallel replicas, clipping and an eval pass, so that
+  // per-job series (the gradient reduction's and the training recipe's among them) and RPC
+  // latencies exist.
   const std::string spec =
       c.WriteFile("dash.yaml",
                   "name: dashboard\n"
                   "model:\n  builtin: {family: mlp, sizes: [8, 16, 16, 4], seed: 1}\n"
                   "split: {stages: 2}\nschedule: {kind: 1F1B, microbatches: 2}\n"
                   "placement: {replicas: 2}\n"
-                  "training: {batch_size: 8, steps: 2, loss: mse}\n");
+                  "training: {batch_size: 8, steps: 2, loss: mse, grad_clip: {max_norm: 1}}\n"
+                  "eval: {every_steps: 1, data: {seed: 7}}\n");
   CommandResult submit = c.Stagectl({"submit", spec, "--wait"});
   ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err << c.Logs();
 

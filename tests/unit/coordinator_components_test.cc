@@ -3,6 +3,7 @@
 // policy, the job lifecycle's start and end, checkpoint collection, recovery and admission.
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -226,14 +227,94 @@ TEST(StepAggregation, ReplicasLossesJoinInReplicaOrderAndDivergedReplicasAreName
   EXPECT_FALSE(aggregator.AddLocked(job, job.ranks[3], report(1, 1, {5, 6, 7, 8}, 0.4, "b"), kT0));
   EXPECT_FALSE(aggregator.AddLocked(job, job.ranks[0], report(0, 0, {}, 0.1, "a"), kT0));
   EXPECT_FALSE(aggregator.AddLocked(job, job.ranks[1], report(1, 0, {1, 2, 3, 4}, 0.2, "b"), kT0));
-  EXPECT_TRUE(job.divergence.empty());
+  EXPECT_TRUE(job.step_failure.empty());
   // Replica 1 of stage 0 holds other parameters than replica 0.
   EXPECT_TRUE(aggregator.AddLocked(job, job.ranks[2], report(0, 1, {}, 0.3, "z"), kT0));
   EXPECT_THAT(job.losses, ElementsAre(4.5));  // the mean of all 8 microbatches
-  const v1::StepCompleted& step = job.events.Since(0).events.back().step_completed();
+  const v1::StepCompleted step = job.events.Since(0).events.back().step_completed();
   EXPECT_THAT(step.bubble_ratios(), ElementsAre(0.1, 0.2, 0.3, 0.4));
   EXPECT_THAT(step.reduction_hidden_ratios(), ElementsAre(0.25, 0.25, 0.5, 0.5));
-  EXPECT_THAT(job.divergence, HasSubstr("replicas 0 and 1 of stage 0 hold different parameters"));
+  EXPECT_THAT(job.step_failure, HasSubstr("replicas 0 and 1 of stage 0 hold different parameters"));
+}
+
+TEST(StepAggregation, TheRecipesSkipsEvalLossesAndARunOfSkippedStepsAreRecorded) {
+  JobTable table{{}, nullptr};
+  StepAggregator aggregator{nullptr};
+  absl::MutexLock lock(&table.mu());
+  // 2 ranks x 2 replicas, eval of 2 batches after every second step, at most 2 skips in a row.
+  Job& job = QueueJob(table, absl::StrCat(Spec(2, ", max_skipped_steps: 2"),
+                                          "placement: {replicas: 2}\n"
+                                          "eval: {every_steps: 2, batches: 2, data: {seed: 1}}\n"));
+  for (int replica = 0; replica < 2; ++replica) {
+    for (int r = 0; r < 2; ++r) {
+      RankSlot& slot = job.ranks.emplace_back();
+      slot.rank = r;
+      slot.replica = replica;
+    }
+  }
+  // Every rank reports the same decisions; the last stage's ranks their losses and eval losses.
+  auto step = [&](int index, bool skipped, std::vector<double> eval) {
+    bool completed = false;
+    for (RankSlot& slot : job.ranks) {
+      v1::ReportStepRequest r;
+      r.set_rank(slot.rank);
+      r.set_replica(slot.replica);
+      r.set_step(index);
+      r.set_learning_rate(0.1 / (index + 1));
+      if (!skipped) r.set_grad_norm(2.0 + index);
+      r.set_skipped(skipped);
+      if (skipped) r.add_nonfinite_ranks(1);
+      if (slot.rank == 1) {
+        for (int mb = 0; mb < 4; ++mb) r.add_microbatch_losses(skipped ? std::nan("") : 1.0);
+      }
+      if (!eval.empty()) {
+        r.set_evaluated(true);
+        if (slot.rank == 1) {
+          for (int i = 0; i < 8; ++i) r.add_eval_microbatch_losses(eval[slot.replica]);
+        }
+      }
+      EXPECT_TRUE(aggregator.CheckLocked(job, slot, r).ok());
+      completed = aggregator.AddLocked(job, slot, r, kT0);
+    }
+    return completed;
+  };
+  ASSERT_TRUE(step(0, false, {}));
+  ASSERT_TRUE(step(1, true, {0.5, 1.5}));  // replica 0's eval losses 0.5, replica 1's 1.5
+  EXPECT_EQ(job.losses[0], 1.0);
+  EXPECT_TRUE(std::isnan(job.losses[1]));
+  const v1::StepCompleted skipped = job.events.Since(0).events.back().step_completed();
+  EXPECT_FALSE(skipped.has_loss());
+  EXPECT_TRUE(skipped.skipped());
+  EXPECT_THAT(skipped.nonfinite_ranks(), ElementsAre(1));
+  EXPECT_DOUBLE_EQ(skipped.learning_rate(), 0.05);
+  EXPECT_FALSE(skipped.has_grad_norm());
+  EXPECT_DOUBLE_EQ(skipped.eval_loss(), 1.0);  // the mean of both replicas' shares
+  ASSERT_EQ(job.training.evals.size(), 1u);
+  EXPECT_EQ(job.training.evals[0].global_step(), 1);
+  EXPECT_EQ(job.training.ConsecutiveSkipped(), 1);
+  EXPECT_TRUE(job.step_failure.empty());
+  ASSERT_TRUE(step(2, true, {}));
+  EXPECT_THAT(job.training.skipped_steps, ElementsAre(1, 2));
+  EXPECT_EQ(job.step_failure,
+            "2 steps in a row (global steps 1 to 2) were skipped for non-finite gradients, the "
+            "last on pipeline rank(s) 1 (training.max_skipped_steps: 2)");
+  v1::Job record;
+  job.ToProto(&record);
+  EXPECT_THAT(record.skipped_steps(), ElementsAre(1, 2));
+  EXPECT_EQ(record.consecutive_skipped_steps(), 2);
+  EXPECT_DOUBLE_EQ(record.learning_rate(), 0.1 / 3);
+
+  // The last stage's rank of an eval step must send eval.batches x microbatches losses.
+  v1::ReportStepRequest short_eval;
+  short_eval.set_rank(1);
+  short_eval.set_step(3);
+  for (int mb = 0; mb < 4; ++mb) short_eval.add_microbatch_losses(1.0);
+  short_eval.set_evaluated(true);
+  short_eval.add_eval_microbatch_losses(1.0);
+  job.ranks[1].steps_done = 3;
+  EXPECT_THAT(aggregator.CheckLocked(job, job.ranks[1], short_eval).message(),
+              HasSubstr("eval_microbatch_losses: the last stage's rank must report "
+                        "eval.batches x microbatches (8) losses, got 1"));
 }
 
 TEST_F(StepAggregationTest, ReportsThatDoNotFitAreRefusedNamingTheField) {

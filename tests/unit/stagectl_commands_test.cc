@@ -4,6 +4,7 @@
 // commands' requests as the coordinator receives them, their output in every format, exit codes).
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -114,6 +115,38 @@ TEST(WatchStateTest, StepLineShowsProgressLossThroughputBubbleAndEta) {
                                      HasSubstr("(client batch)")));
 }
 
+TEST(WatchStateTest, StepLineAndJsonShowTheTrainingRecipe) {
+  WatchState state;
+  ApplyEvent(StateEvent(0, v1::JOB_STATE_RUNNING, ""), &state);
+  v1::JobEvent clipped = StepEvent(1, 4, 40, 0.5, absl::Seconds(1));
+  clipped.mutable_step_completed()->set_learning_rate(3e-4);
+  clipped.mutable_step_completed()->set_grad_norm(1.25);
+  clipped.mutable_step_completed()->set_eval_loss(0.4321);
+  ApplyEvent(clipped, &state);
+  EXPECT_THAT(StepLine(state), HasSubstr("ETA 35s  lr 0.0003  gnorm 1.25  eval 0.4321"));
+  const nlohmann::json json = EventJson(clipped);
+  EXPECT_DOUBLE_EQ(json["learning_rate"].get<double>(), 3e-4);
+  EXPECT_DOUBLE_EQ(json["grad_norm"].get<double>(), 1.25);
+  EXPECT_DOUBLE_EQ(json["eval_loss"].get<double>(), 0.4321);
+  EXPECT_EQ(json["skipped"], false);
+
+  v1::JobEvent skipped = StepEvent(2, 5, 40, 0, absl::Seconds(1));
+  skipped.mutable_step_completed()->clear_loss();
+  skipped.mutable_step_completed()->set_learning_rate(3e-4);
+  skipped.mutable_step_completed()->set_skipped(true);
+  skipped.mutable_step_completed()->add_nonfinite_ranks(0);
+  skipped.mutable_step_completed()->add_nonfinite_ranks(2);
+  ApplyEvent(skipped, &state);
+  // The latest eval loss stays until the next pass.
+  EXPECT_THAT(StepLine(state), AllOf(StartsWith("step 6/40  loss -  "),
+                                     HasSubstr("  SKIPPED (non-finite on rank 0,2)  eval 0.4321")));
+  EXPECT_EQ(state.skipped_seen, 1);
+  const nlohmann::json skipped_json = EventJson(skipped);
+  EXPECT_TRUE(skipped_json["loss"].is_null());
+  EXPECT_TRUE(skipped_json["grad_norm"].is_null());
+  EXPECT_EQ(skipped_json["nonfinite_ranks"], nlohmann::json::array({0, 2}));
+}
+
 TEST(WatchStateTest, ProgressLineFitsTheTerminalAndShowsABar) {
   WatchState state;
   state.job_id = "job-1";
@@ -192,6 +225,29 @@ v1::Job RestartedPausedJob() {
   failure->set_action("1RECV_F3");
   failure->set_error("lost: missed heartbeats for 3s");
   return job;
+}
+
+TEST(RenderJobTest, ShowsTheTrainingRecipe) {
+  v1::Job job = RestartedPausedJob();
+  job.add_losses(0.5);
+  job.add_losses(std::nan(""));
+  job.set_learning_rate(2.5e-4);
+  job.set_grad_norm(0.75);
+  for (int64_t step : {12, 39}) job.add_skipped_steps(step);
+  job.set_consecutive_skipped_steps(1);
+  v1::EvalResult* eval = job.add_evals();
+  eval->set_global_step(29);
+  eval->set_loss(0.3);
+  const std::string details = JobDetails(job);
+  EXPECT_THAT(details, HasSubstr("Loss:      0.500000 (first) -> skipped (latest)"));
+  EXPECT_THAT(details, HasSubstr("LR:        0.00025 (latest step); grad norm 0.75"));
+  EXPECT_THAT(details, HasSubstr("Skipped:   2 steps (non-finite gradients), global steps 12, 39; "
+                                 "1 in a row now"));
+  EXPECT_THAT(details, HasSubstr("Eval loss: 0.300000 after global step 30 (1 passes)"));
+  const nlohmann::json json = JobJson(job);
+  EXPECT_TRUE(json["losses"][1].is_null());
+  EXPECT_EQ(json["skipped_steps"], nlohmann::json::array({12, 39}));
+  EXPECT_DOUBLE_EQ(json["evals"][0]["loss"].get<double>(), 0.3);
 }
 
 TEST(RenderJobTest, ShowsRestartsFailureGlobalStepAndPause) {

@@ -5,6 +5,7 @@
 namespace stagecoach {
 
 sigset_t BlockTerminationSignals() {
+  signal(SIGPIPE, SIG_IGN);
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);

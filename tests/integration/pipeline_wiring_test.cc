@@ -255,8 +255,12 @@ TEST(PipelineWiringLinks, SkipPairsHaveLinksOfTheirOwnOnBothRanks) {
   auto links1 = LinksOfRank(stage_to_rank, 1, false, skips);
   ASSERT_EQ(links0.size(), links1.size());
   for (size_t i = 0; i < links0.size(); ++i) EXPECT_EQ(links0[i].link, links1[i].link);
-  // Three boundaries and one skip pair, three payloads each.
-  EXPECT_EQ(links0.size(), 12u);
+  // Three boundaries and one skip pair, three payloads each, and the job reduction's link
+  // between the two ranks.
+  EXPECT_EQ(links0.size(), 13u);
+  EXPECT_EQ(links0.back().link, LinkOf(MessageTag(Payload::kJobReduction, 0, 0)));
+  EXPECT_EQ(links0.back().peer, 1);
+  EXPECT_EQ(links1.back().peer, 0);
   EXPECT_NE(PairEdge(0, 3), PairEdge(0, 1));
   EXPECT_EQ(PairEdge(2, 3), 2);
 }

@@ -1,6 +1,7 @@
 #include "tests/support/reference_mlp.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/serialize.h>
 #include <torch/torch.h>
@@ -14,6 +15,99 @@
 #include "absl/strings/str_join.h"
 
 namespace stagecoach::testing {
+
+namespace {
+
+// training.lr_schedule at step k of T, from its definition.
+double ScheduledLr(const ReferenceConfig& c, int64_t k) {
+  const int64_t T = c.timeline_steps > 0 ? c.timeline_steps : c.steps;
+  const int64_t w = c.warmup_steps;
+  const bool decays = c.lr_schedule != "constant";
+  if (decays && k >= T - 1) return c.min_lr;
+  if (k < w) return c.lr * (k + 1) / (w + 1);
+  if (!decays) return c.lr;
+  const double t = static_cast<double>(k - w) / static_cast<double>(T - 1 - w);
+  if (c.lr_schedule == "linear") return c.lr + (c.min_lr - c.lr) * t;
+  return c.min_lr + (c.lr - c.min_lr) * 0.5 * (1 + std::cos(M_PI * t));
+}
+
+// Step `step`'s batch of synthetic data from `seed` (a random linear teacher drawn from `seed`),
+// or of the dataset.
+std::pair<torch::Tensor, torch::Tensor> BatchOf(const ReferenceConfig& c, uint64_t seed,
+                                                int64_t step, bool from_dataset) {
+  const int64_t in = c.sizes.front(), out = c.sizes.back();
+  torch::Tensor x, y;
+  if (from_dataset) {
+    // The batch_size rows from (step * batch_size) mod N, wrapping around.
+    const int64_t n = c.dataset_inputs.size(0);
+    std::vector<int64_t> rows;
+    for (int64_t i = 0; i < c.batch_size; ++i) rows.push_back((step * c.batch_size + i) % n);
+    const torch::Tensor index = torch::tensor(rows, torch::kInt64);
+    x = c.dataset_inputs.index_select(0, index).to(torch::kFloat32);
+    y = c.dataset_targets.index_select(0, index);
+    y = c.loss == "cross_entropy" ? y.to(torch::kInt64) : y.to(torch::kFloat32);
+    return {x, y};
+  }
+  at::Generator teacher_gen = at::detail::createCPUGenerator(seed);
+  const torch::Tensor teacher =
+      torch::randn({in, out}, teacher_gen, torch::kFloat32) / std::sqrt(static_cast<double>(in));
+  at::Generator gen = at::detail::createCPUGenerator(seed + 1 + step);
+  x = torch::randn({c.batch_size, in}, gen, torch::kFloat32);
+  const torch::Tensor logits = torch::matmul(x, teacher);
+  y = c.loss == "cross_entropy" ? logits.argmax(1) : torch::tanh(logits);
+  return {x, y};
+}
+
+// LibTorch 1.13's CPU autocast to bf16 while alive (what torch.autocast("cpu", torch.bfloat16)
+// does).
+class CpuBf16Autocast {
+ public:
+  explicit CpuBf16Autocast(bool on) : on_(on) {
+    if (!on_) return;
+    at::autocast::set_cpu_enabled(true);
+    at::autocast::set_autocast_cpu_dtype(torch::kBFloat16);
+    at::autocast::increment_nesting();
+  }
+  ~CpuBf16Autocast() {
+    if (!on_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_cpu_enabled(false);
+  }
+
+ private:
+  bool on_;
+};
+
+// The microbatch losses of one batch through `layers`.
+std::vector<torch::Tensor> MicrobatchLosses(const ReferenceConfig& c,
+                                            std::vector<torch::nn::Linear>& layers,
+                                            const torch::Tensor& x, const torch::Tensor& y) {
+  const auto xs = torch::tensor_split(x, c.microbatches, 0);
+  const auto ys = torch::tensor_split(y, c.microbatches, 0);
+  std::vector<torch::Tensor> losses;
+  for (int mb = 0; mb < c.microbatches; ++mb) {
+    torch::Tensor h = xs[mb];
+    {
+      CpuBf16Autocast autocast(c.bf16);
+      for (size_t i = 0; i < layers.size(); ++i) {
+        h = layers[i]->forward(h);
+        if (i + 1 < layers.size()) h = torch::relu(h);
+      }
+    }
+    h = h.to(torch::kFloat32);
+    losses.push_back(c.loss == "cross_entropy" ? torch::nn::functional::cross_entropy(h, ys[mb])
+                                               : torch::nn::functional::mse_loss(h, ys[mb]));
+  }
+  return losses;
+}
+
+double MeanOf(const std::vector<torch::Tensor>& losses) {
+  double sum = 0;
+  for (const auto& l : losses) sum += l.item<double>();
+  return sum / static_cast<double>(losses.size());
+}
+
+}  // namespace
 
 ReferenceResult TrainReference(const ReferenceConfig& c) {
   torch::manual_seed(c.model_seed);
@@ -32,10 +126,7 @@ ReferenceResult TrainReference(const ReferenceConfig& c) {
     opt = std::make_unique<torch::optim::AdamW>(
         params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
   }
-  const int64_t in = c.sizes.front(), out = c.sizes.back();
-  at::Generator teacher_gen = at::detail::createCPUGenerator(c.data_seed);
-  const torch::Tensor teacher =
-      torch::randn({in, out}, teacher_gen, torch::kFloat32) / std::sqrt(static_cast<double>(in));
+  const bool from_dataset = c.dataset_inputs.defined() && c.dataset_targets.defined();
 
   ReferenceResult result;
   for (size_t i = 0; i < layers.size(); ++i) {
@@ -43,41 +134,39 @@ ReferenceResult TrainReference(const ReferenceConfig& c) {
     result.initial_params[std::to_string(i) + ".bias"] = layers[i]->bias.detach().clone();
   }
   for (int64_t step = 0; step < c.steps; ++step) {
-    torch::Tensor x, y;
-    if (c.dataset_inputs.defined() && c.dataset_targets.defined()) {
-      // The batch_size rows from (step * batch_size) mod N, wrapping around.
-      const int64_t n = c.dataset_inputs.size(0);
-      std::vector<int64_t> rows;
-      for (int64_t i = 0; i < c.batch_size; ++i) rows.push_back((step * c.batch_size + i) % n);
-      const torch::Tensor index = torch::tensor(rows, torch::kInt64);
-      x = c.dataset_inputs.index_select(0, index).to(torch::kFloat32);
-      y = c.dataset_targets.index_select(0, index);
-      y = c.loss == "cross_entropy" ? y.to(torch::kInt64) : y.to(torch::kFloat32);
-    } else {
-      at::Generator gen = at::detail::createCPUGenerator(c.data_seed + 1 + step);
-      x = torch::randn({c.batch_size, in}, gen, torch::kFloat32);
-      const torch::Tensor logits = torch::matmul(x, teacher);
-      y = c.loss == "cross_entropy" ? logits.argmax(1) : torch::tanh(logits);
-    }
-    const auto xs = torch::tensor_split(x, c.microbatches, 0);
-    const auto ys = torch::tensor_split(y, c.microbatches, 0);
+    const auto [x, y] = BatchOf(c, c.data_seed, step, from_dataset);
     opt->zero_grad();
-    std::vector<torch::Tensor> losses;
-    for (int mb = 0; mb < c.microbatches; ++mb) {
-      torch::Tensor h = xs[mb];
-      for (size_t i = 0; i < layers.size(); ++i) {
-        h = layers[i]->forward(h);
-        if (i + 1 < layers.size()) h = torch::relu(h);
+    const std::vector<torch::Tensor> losses = MicrobatchLosses(c, layers, x, y);
+    torch::stack(losses).mean().backward();
+    const double lr = ScheduledLr(c, step);
+    for (auto& group : opt->param_groups()) group.options().set_lr(lr);
+    result.lrs.push_back(lr);
+    bool finite = true;
+    for (const auto& p : params) finite = finite && torch::isfinite(p.grad()).all().item<bool>();
+    result.skipped.push_back(!finite);
+    if (finite && c.max_norm.has_value() && c.clip_groups.empty()) {
+      result.grad_norms.push_back(torch::nn::utils::clip_grad_norm_(params, *c.max_norm));
+    } else if (finite && c.max_norm.has_value()) {
+      for (const std::vector<int>& group : c.clip_groups) {
+        std::vector<torch::Tensor> mine;
+        for (int layer : group) {
+          mine.push_back(layers[layer]->weight);
+          mine.push_back(layers[layer]->bias);
+        }
+        torch::nn::utils::clip_grad_norm_(mine, *c.max_norm);
       }
-      losses.push_back(c.loss == "cross_entropy" ? torch::nn::functional::cross_entropy(h, ys[mb])
-                                                 : torch::nn::functional::mse_loss(h, ys[mb]));
     }
-    torch::Tensor mean = torch::stack(losses).mean();
-    mean.backward();
-    opt->step();
-    double sum = 0;
-    for (const auto& l : losses) sum += l.item<double>();
-    result.losses.push_back(sum / c.microbatches);
+    if (finite) opt->step();
+    result.losses.push_back(finite ? MeanOf(losses) : std::nan(""));
+    if (c.eval_every > 0 && (step + 1) % c.eval_every == 0) {
+      torch::NoGradGuard no_grad;
+      double sum = 0;
+      for (int64_t j = 0; j < c.eval_batches; ++j) {
+        const auto [ex, ey] = BatchOf(c, c.eval_data_seed, j, /*from_dataset=*/false);
+        sum += MeanOf(MicrobatchLosses(c, layers, ex, ey));
+      }
+      result.evals[step] = sum / static_cast<double>(c.eval_batches);
+    }
   }
   for (size_t i = 0; i < layers.size(); ++i) {
     result.params[std::to_string(i) + ".weight"] = layers[i]->weight.detach().clone();

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,29 @@ struct ReferenceConfig {
   // instead of the synthetic data drawn from data_seed.
   torch::Tensor dataset_inputs;
   torch::Tensor dataset_targets;
+
+  // The training recipe (docs/training-recipe.md), done the plain way: the optimizer's lr set
+  // before each step from the schedule (written here from its definition), torch's own
+  // clip_grad_norm_, and a step skipped when a gradient is not finite.
+  std::string lr_schedule = "constant";  // constant | linear | cosine
+  int64_t warmup_steps = 0;
+  double min_lr = 0.0;
+  // T of the schedule; 0 means `steps`.
+  int64_t timeline_steps = 0;
+  // training.grad_clip.max_norm; unset: no clipping.
+  std::optional<double> max_norm;
+  // Not what a job does: clip each group of layers (indices) by its own norm, as ranks clipping
+  // alone would. Empty: one global norm.
+  std::vector<std::vector<int>> clip_groups;
+  // eval: every eval_every steps (0: never), eval_batches batches of synthetic data from
+  // eval_data_seed (batch j drawn like training step j's).
+  int64_t eval_every = 0;
+  int64_t eval_batches = 0;
+  uint64_t eval_data_seed = 0;
+  // training.precision bf16: the forward under LibTorch's CPU autocast to bfloat16 (its own
+  // calls, not the worker's shim), the output cast to float32 for the loss. The MLP's values
+  // between layers are bf16 then, so a pipeline's bf16 stage boundaries round nothing more.
+  bool bf16 = false;
 };
 
 // The MLP `sizes` from `model_seed` trained on synthetic data from `data_seed`: batch_size rows
@@ -56,7 +80,11 @@ struct ReferenceDataset {
 ReferenceDataset LoadReferenceDataset(const std::string& path);
 
 struct ReferenceResult {
-  std::vector<double> losses;                           // one per step
+  std::vector<double> losses;                           // one per step (NaN when skipped)
+  std::vector<double> lrs;                              // the lr each step used
+  std::vector<double> grad_norms;                       // before clipping, with max_norm
+  std::vector<bool> skipped;                            // a gradient was not finite
+  std::map<int64_t, double> evals;                      // step -> eval loss after it
   std::map<std::string, torch::Tensor> params;          // "{layer}.weight" / "{layer}.bias", final
   std::map<std::string, torch::Tensor> initial_params;  // the same, before the first step
 };

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "worker/model/precision.h"
 
 namespace stagecoach::model {
 namespace {
@@ -59,6 +60,9 @@ class Embed : public GptLayer {
     return tok_->forward(x) + pos_->weight.slice(0, 0, t);
   }
 
+  // The token embedding's weight [vocab, d], which a tied head shares or copies.
+  const torch::Tensor& tok_weight() const { return tok_->weight; }
+
  private:
   int64_t seq_;
   torch::nn::Embedding tok_;
@@ -89,7 +93,7 @@ class Attention : public torch::nn::Module {
     torch::Tensor future =
         torch::ones({t, t}, torch::TensorOptions(torch::kBool).device(x.device())).triu(1);
     att = att.masked_fill(future, -std::numeric_limits<float>::infinity());
-    att = torch::softmax(att, -1);
+    att = torch::softmax(ToFloat32(att), -1);
     torch::Tensor y = torch::matmul(att, v).transpose(1, 2).reshape({b, t, d});
     return proj_->forward(y);
   }
@@ -130,8 +134,8 @@ class Block : public GptLayer {
   }
 
   torch::Tensor forward(const torch::Tensor& x) override {
-    torch::Tensor y = x + attn_->forward(ln1_->forward(x));
-    return y + mlp_->forward(ln2_->forward(y));
+    torch::Tensor y = x + attn_->forward(ln1_->forward(ToFloat32(x)));
+    return y + mlp_->forward(ln2_->forward(ToFloat32(y)));
   }
 
  private:
@@ -149,7 +153,7 @@ class Norm : public GptLayer {
         bias_(register_parameter("bias", torch::zeros({d}))) {}
 
   torch::Tensor forward(const torch::Tensor& x) override {
-    return torch::layer_norm(x, {d_}, weight_, bias_, 1e-5);
+    return torch::layer_norm(ToFloat32(x), {d_}, weight_, bias_, 1e-5);
   }
 
  private:
@@ -165,9 +169,23 @@ class Head : public GptLayer {
     weight_.normal_(0.0, kInitStd);
   }
 
+  // Tied embeddings in one stage: the embedding's own tensor, not a parameter of the head (the
+  // stage lists it once, as embed.tok.weight).
+  static std::shared_ptr<Head> Sharing(const torch::Tensor& embedding) {
+    return std::shared_ptr<Head>(new Head(embedding, /*own=*/false));
+  }
+  // Tied embeddings on another stage: a copy of the embedding's initial values as the head's
+  // own "weight" (tied_parameters.h keeps the copies equal).
+  static std::shared_ptr<Head> Copying(const torch::Tensor& embedding) {
+    return std::shared_ptr<Head>(new Head(embedding.detach().clone(), /*own=*/true));
+  }
+
   torch::Tensor forward(const torch::Tensor& x) override { return torch::linear(x, weight_); }
 
  private:
+  Head(torch::Tensor weight, bool own)
+      : weight_(own ? register_parameter("weight", std::move(weight)) : std::move(weight)) {}
+
   torch::Tensor weight_;
 };
 
@@ -231,12 +249,14 @@ absl::StatusOr<std::unique_ptr<StageModel>> BuildGptStage(const spec::BuiltinMod
   {
     std::lock_guard<std::mutex> lock(SeedMutex());
     torch::manual_seed(model.seed);
+    std::shared_ptr<Embed> embed;
     for (int64_t i = 0; i < end_layer; ++i) {
       std::string name;
       std::shared_ptr<GptLayer> layer;
       if (i == 0) {
         name = "embed";
-        layer = std::make_shared<Embed>(model.vocab, model.seq, model.d_model);
+        embed = std::make_shared<Embed>(model.vocab, model.seq, model.d_model);
+        layer = embed;
       } else if (i <= model.layers) {
         name = absl::StrCat("blocks.", i - 1);
         layer = std::make_shared<Block>(model.d_model, model.heads);
@@ -245,7 +265,13 @@ absl::StatusOr<std::unique_ptr<StageModel>> BuildGptStage(const spec::BuiltinMod
         layer = std::make_shared<Norm>(model.d_model);
       } else {
         name = "head";
-        layer = std::make_shared<Head>(model.d_model, model.vocab);
+        if (!model.tie_embeddings) {
+          layer = std::make_shared<Head>(model.d_model, model.vocab);
+        } else if (first_layer == 0) {
+          layer = Head::Sharing(embed->tok_weight());
+        } else {
+          layer = Head::Copying(embed->tok_weight());
+        }
       }
       if (i >= first_layer) kept.emplace_back(std::move(name), std::move(layer));
     }

@@ -10,6 +10,14 @@
 // T may be at most seq. Parameter names are the layer name, ".", and the parameter's path in the
 // layer, e.g. "blocks.3.attn.qkv.weight".
 //
+// LayerNorm and softmax take fp32 inputs (precision.h's bf16 policy: a bf16 activation is cast
+// up first); with fp32 activations that changes nothing.
+//
+// tie_embeddings: the head's weight is the token embedding's. In a stage holding both, the head
+// uses embed.tok.weight itself (one parameter, listed once); a stage holding the head alone has
+// "head.weight" as a copy of the embedding's initial values (no draw of its own), which
+// worker/runtime/tied_parameters.h keeps equal to the first stage's during training.
+//
 // Initialisation: LibTorch's generator is seeded with model.seed, then the layers are built in
 // order (LibTorch's module constructors draw their default init first) and each one's
 // parameters, in the order listed above, are then set: Linear and Embedding weights

@@ -79,6 +79,12 @@ class StageModel {
   // Moves the stage's parameters to `device`; call before handing them to an optimizer.
   virtual void To(const torch::Device& device) = 0;
 
+  // Puts the stage's layers in training (true) or evaluation mode (false), for layers whose
+  // forward differs between them (dropout, batch norm): a validation pass runs in evaluation
+  // mode. The built-in families have no such layers; TorchScript stages set their submodules'
+  // `training` flags (Module::train).
+  virtual void SetTraining(bool training) { (void)training; }
+
   // A stage of a chain: one input, one output.
   torch::Tensor Forward(const torch::Tensor& input);
 

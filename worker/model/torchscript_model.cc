@@ -167,6 +167,10 @@ class TorchScriptStage : public StageModel {
     }
   }
 
+  void SetTraining(bool training) override {
+    for (const std::string& name : layers_) SubmoduleAt(root_, name).train(training);
+  }
+
  protected:
   torch::jit::Module root_;
   std::vector<std::string> layers_;

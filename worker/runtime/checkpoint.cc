@@ -219,12 +219,13 @@ static absl::StatusOr<std::vector<char>> StateBytes(
     int stage, int64_t global_step,
     const std::vector<std::pair<std::string, torch::Tensor>>& params,
     const torch::optim::Optimizer& optimizer, int64_t data_position,
-    std::vector<char>* export_bytes) {
+    std::vector<char>* export_bytes, const std::string& not_exported = "") {
   ASSIGN_OR_RETURN(OptimizerKind kind, KindOf(optimizer));
   try {
-    std::vector<std::pair<std::string, torch::Tensor>> values, optim;
+    std::vector<std::pair<std::string, torch::Tensor>> values, optim, exported;
     for (const auto& [name, p] : params) {
       values.emplace_back(name, ToCpuCopy(p));
+      if (name != not_exported) exported.push_back(values.back());
       const torch::optim::OptimizerParamState* st = FindState(optimizer, p);
       if (st == nullptr) continue;
       if (kind == OptimizerKind::kSgd) {
@@ -249,7 +250,7 @@ static absl::StatusOr<std::vector<char>> StateBytes(
     root.insert("step", global_step);
     root.insert("data_position", data_position);
     if (export_bytes != nullptr)
-      *export_bytes = torch::pickle_save(c10::IValue(TensorDict(values)));
+      *export_bytes = torch::pickle_save(c10::IValue(TensorDict(exported)));
     return torch::pickle_save(c10::IValue(root));
   } catch (const c10::Error& e) {
     return absl::InternalError(
@@ -289,10 +290,12 @@ static absl::StatusOr<v1::StageCheckpointFile> WriteEntry(const std::string& ste
 absl::StatusOr<std::vector<v1::StageCheckpointFile>> WriteStageCheckpoint(
     const std::string& dir, int64_t global_step, int stage,
     const std::vector<std::pair<std::string, torch::Tensor>>& params,
-    const torch::optim::Optimizer& optimizer, int64_t data_position) {
+    const torch::optim::Optimizer& optimizer, int64_t data_position,
+    const std::string& not_exported) {
   std::vector<char> export_bytes;
   ASSIGN_OR_RETURN(std::vector<char> state_bytes,
-                   StateBytes(stage, global_step, params, optimizer, data_position, &export_bytes));
+                   StateBytes(stage, global_step, params, optimizer, data_position, &export_bytes,
+                              not_exported));
   ASSIGN_OR_RETURN(const std::string step_dir, MakeStepDir(dir, global_step));
   ASSIGN_OR_RETURN(v1::StageCheckpointFile state,
                    WriteEntry(step_dir, stage, StageStateFileName(stage), state_bytes));

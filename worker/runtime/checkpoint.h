@@ -53,14 +53,16 @@ using checkpoint::StageStateFileName;
 // is written). `data_position` is where the data stream continues (the global step).
 // Call between steps (not while the optimizer steps). Returns the two files' entries (file
 // names relative to the step directory, sizes, SHA-256), training-state file first, for
-// ReportStepRequest.checkpoint_files.
+// ReportStepRequest.checkpoint_files. The export leaves out the parameter named `not_exported`
+// (a tied copy that another stage's export holds; tied_parameters.h).
 // Errors: ALREADY_EXISTS naming the path when a target file exists (nothing is overwritten);
 // PERMISSION_DENIED / DATA_LOSS naming the path when it cannot be created or written;
 // UNIMPLEMENTED for an optimizer other than SGD or AdamW; INTERNAL when LibTorch fails.
 absl::StatusOr<std::vector<v1::StageCheckpointFile>> WriteStageCheckpoint(
     const std::string& dir, int64_t global_step, int stage,
     const std::vector<std::pair<std::string, torch::Tensor>>& params,
-    const torch::optim::Optimizer& optimizer, int64_t data_position);
+    const torch::optim::Optimizer& optimizer, int64_t data_position,
+    const std::string& not_exported = "");
 
 // One training-state file named `file_name` (the layout above; no export) in the checkpoint
 // after `global_step` steps: `params` and their state in `optimizer` (a ZeRO-1 shard,

@@ -33,7 +33,8 @@ absl::Status CheckpointSteps::Write(int64_t global_steps, v1::ReportStepRequest*
     if (!writer_) break;
     ASSIGN_OR_RETURN(std::vector<v1::StageCheckpointFile> files,
                      WriteStageCheckpoint(dir_, global_steps, s, stage->NamedParameters(),
-                                          *optimizer_, /*data_position=*/global_steps));
+                                          *optimizer_, /*data_position=*/global_steps,
+                                          NotExported(s)));
     for (auto& file : files) *report->add_checkpoint_files() = std::move(file);
   }
   spdlog::info("{} rank {}: checkpoint after step {} in {}", report->job_id(), options_.rank,

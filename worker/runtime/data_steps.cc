@@ -26,6 +26,8 @@ DataSteps::DataSteps(const StepEnv& env) : env_(env) {
   options_.forward_only = setup.forward_only;
   options_.device = setup.device;
   options_.wiring = setup.stages->wiring;
+  options_.recompute = setup.spec.training.activation_checkpointing == "full";
+  options_.precision = setup.precision;
   if (env.reducer != nullptr) {
     options_.on_gradients_ready = [reducer = env.reducer](int stage) {
       reducer->StageReady(stage);
@@ -43,6 +45,10 @@ absl::StatusOr<std::unique_ptr<DataSteps>> DataSteps::Create(const StepEnv& env)
   if (!setup.inference) {
     ASSIGN_OR_RETURN(steps->data_,
                      BatchSource::Open(setup.spec, steps->owns_first_, steps->want_targets_));
+  }
+  if (setup.spec.eval.has_value() && !setup.forward_only) {
+    ASSIGN_OR_RETURN(steps->evaluator_,
+                     Evaluator::Create(*env.task, setup, env.transport, steps->options_));
   }
   std::vector<TensorMeta> first_inputs;
   if (steps->owns_first_) {
@@ -90,14 +96,31 @@ absl::Status DataSteps::RunCounted(const std::vector<torch::Tensor>& inputs,
   if (env_.reducer != nullptr) {
     ASSIGN_OR_RETURN(reduction, env_.reducer->Finish());
   }
-  if (!setup.forward_only) setup.optimizer->step();
-  if (reduction.has_value()) RETURN_IF_ERROR(env_.reducer->GatherParameters(*reduction));
+  if (env_.tied != nullptr) RETURN_IF_ERROR(env_.tied->SumGradients());
+  // The step's bytes: the pipeline's and the tied copies' (not the job reduction's few).
+  const transport::TransferStats pipeline_end = env_.transport->stats();
+  std::optional<RecipeDecision> decision;
+  if (env_.recipe != nullptr) {
+    ASSIGN_OR_RETURN(decision, env_.recipe->Prepare(global_step, *setup.optimizer));
+  }
+  const bool stepped = !setup.forward_only && !(decision.has_value() && decision->skip);
+  if (stepped) setup.optimizer->step();
+  if (reduction.has_value() && stepped) {
+    RETURN_IF_ERROR(env_.reducer->GatherParameters(*reduction));
+  }
   if (setup.inference && owns_last_) {
     ASSIGN_OR_RETURN(*env_.inference_outputs,
                      MergedOutputs(result, options_.num_microbatches, options_.rank));
   }
-  v1::ReportStepRequest report = env_.reports->Step(result, mark, step, global_step + 1);
+  v1::ReportStepRequest report =
+      env_.reports->Step(result, mark, step, global_step + 1, pipeline_end);
   if (reduction.has_value()) StepReports::AddReduction(*reduction, mark, &report);
+  if (decision.has_value()) StepReports::AddRecipe(*decision, &report);
+  if (evaluator_ != nullptr && evaluator_->DueAfter(global_step)) {
+    ASSIGN_OR_RETURN(const std::vector<double> eval_losses, evaluator_->Run());
+    report.set_evaluated(true);
+    for (double loss : eval_losses) report.add_eval_microbatch_losses(loss);
+  }
   report.set_client_batch(client_batch);
   const StepGate::StepEnd end = env_.gate->EndCountedStep();
   RETURN_IF_ERROR(env_.checkpoints->AfterStep(end.steps_done, end.checkpoint_requested, &report));

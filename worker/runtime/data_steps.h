@@ -2,8 +2,9 @@
 // the timeline's step (an Infer job's task: the client's batch, its outputs kept for
 // ReportTaskEnd on the rank owning the last stage); RunCounted is the counted step itself, which
 // a training client step shares: zero the gradients, run the rank's action list, step the
-// optimizer (not on forward-only tasks), end the step at the gate, write the checkpoint that
-// falls due, report. DataSteps owns the task's executor and its data stream, and knows whether
+// optimizer (not on forward-only tasks; the recipe sets its learning rate, clips, or skips the
+// step), run the validation pass that falls due, end the step at the gate, write the checkpoint
+// that falls due, report. DataSteps owns the task's executor and its data stream, and knows whether
 // the executor's agreed shapes are the data's (a client step of another shape changes them
 // until the next data step agrees them again).
 //
@@ -20,11 +21,14 @@
 #include "absl/status/statusor.h"
 #include "stagecoach/v1/types.pb.h"
 #include "worker/runtime/checkpoint_steps.h"
+#include "worker/runtime/evaluation.h"
 #include "worker/runtime/gradient_reduction.h"
 #include "worker/runtime/pipeline_executor.h"
 #include "worker/runtime/step_gate.h"
+#include "worker/runtime/step_recipe.h"
 #include "worker/runtime/step_reports.h"
 #include "worker/runtime/task_setup.h"
+#include "worker/runtime/tied_parameters.h"
 #include "worker/runtime/training_data.h"
 
 namespace stagecoach::runtime {
@@ -43,6 +47,11 @@ struct StepEnv {
   std::optional<v1::TensorData>* inference_outputs = nullptr;
   // With data-parallel replicas (training tasks): reduces the stages' gradients; else null.
   GradientReducer* reducer = nullptr;
+  // Training tasks: the recipe's learning rate, clipping and skipping around each optimizer
+  // step; null for forward-only tasks.
+  StepRecipe* recipe = nullptr;
+  // Training tasks whose rank holds a tied copy on another stage (tied embeddings); else null.
+  TiedGradients* tied = nullptr;
 };
 
 // The shapes and dtypes of stage 0's microbatches, for PipelineExecutor::AgreeShapes (empty on
@@ -51,9 +60,10 @@ std::vector<TensorMeta> MetasOf(const std::vector<torch::Tensor>& microbatches);
 
 class DataSteps {
  public:
-  // Opens the data stream (a tokens file is read here, by the ranks that need it) and agrees
-  // the shapes of the task's first batch with the other ranks. The data source's, the
-  // executor's and AgreeShapes's errors.
+  // Opens the data stream (a tokens file is read here, by the ranks that need it) and, for a
+  // training task whose spec has `eval`, the evaluator's, and agrees the shapes of the task's
+  // first batch with the other ranks. The data sources', the executor's and AgreeShapes's
+  // errors.
   static absl::StatusOr<std::unique_ptr<DataSteps>> Create(const StepEnv& env);
 
   // The data step at `global_step` (the steps the gate had done when it decided on it).
@@ -79,6 +89,8 @@ class DataSteps {
   ExecutorOptions options_;
   std::unique_ptr<PipelineExecutor> executor_;
   std::unique_ptr<BatchSource> data_;
+  // Validation passes (training tasks with `eval`); else null.
+  std::unique_ptr<Evaluator> evaluator_;
   bool owns_first_ = false;
   bool owns_last_ = false;
   bool want_targets_ = false;

@@ -16,7 +16,17 @@
 
 namespace stagecoach::runtime {
 
-enum class Payload : uint64_t { kActivation = 1, kGradient = 2, kShapes = 3 };
+// kJobReduction: the small per-step reduction of every rank's gradient statistics (norm and
+// non-finite flags, job_reduction.h), passed along the ranks' chain: edge r is the boundary
+// between ranks r and r+1 (not stages). kTiedGradients: the gradients of a parameter the first
+// and last stages both hold (tied_parameters.h), edge 0.
+enum class Payload : uint64_t {
+  kActivation = 1,
+  kGradient = 2,
+  kShapes = 3,
+  kJobReduction = 4,
+  kTiedGradients = 5
+};
 
 constexpr int kLinkShift = 28;
 
@@ -47,9 +57,12 @@ struct Link {
 // The links `rank` sends or receives on, given every stage's rank, in one order all ranks
 // agree on (adjacent boundaries by edge, then the skip pairs in the order given; by payload
 // within each): for each boundary or skip pair between stages on different ranks, its
-// activations, gradients (unless forward-only) and shape messages.
+// activations, gradients (unless forward-only) and shape messages; then, unless forward-only,
+// the job reduction's links to rank-1 and rank+1, and with `tied_ends` (the first and last
+// stages hold copies of one parameter) the tied gradients' link between their ranks.
 inline std::vector<Link> LinksOfRank(const std::vector<int>& stage_to_rank, int rank,
-                                     bool forward_only, const std::vector<SkipPair>& skips = {}) {
+                                     bool forward_only, const std::vector<SkipPair>& skips = {},
+                                     bool tied_ends = false) {
   std::vector<Link> out;
   auto add = [&](int producer, int consumer) {
     const int from = stage_to_rank[producer];
@@ -65,6 +78,19 @@ inline std::vector<Link> LinksOfRank(const std::vector<int>& stage_to_rank, int 
     add(static_cast<int>(e), static_cast<int>(e) + 1);
   }
   for (const SkipPair& skip : skips) add(skip.producer, skip.consumer);
+  if (!forward_only) {
+    int ranks = 0;
+    for (int r : stage_to_rank) ranks = r + 1 > ranks ? r + 1 : ranks;
+    for (int r = 0; r + 1 < ranks; ++r) {
+      if (r != rank && r + 1 != rank) continue;
+      out.push_back(Link{LinkOf(MessageTag(Payload::kJobReduction, r, 0)), r == rank ? r + 1 : r});
+    }
+    const int first = stage_to_rank.front(), last = stage_to_rank.back();
+    if (tied_ends && first != last && (rank == first || rank == last)) {
+      out.push_back(
+          Link{LinkOf(MessageTag(Payload::kTiedGradients, 0, 0)), rank == first ? last : first});
+    }
+  }
   return out;
 }
 

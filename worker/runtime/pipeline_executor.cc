@@ -211,8 +211,9 @@ absl::Status PipelineExecutor::CheckStepComplete(const StepState& state) const {
   }
   const int last = options_.num_stages - 1;
   for (int mb = 0; Local(last) && mb < options_.num_microbatches; ++mb) {
+    // (A loss may itself be NaN: non-finite data is the training recipe's to skip.)
     const bool missing = options_.forward_only ? !state.result.outputs[mb].defined()
-                                               : std::isnan(state.result.microbatch_losses[mb]);
+                                               : state.last_stage_forwards.count(mb) == 0;
     if (missing) {
       return absl::FailedPreconditionError(absl::StrCat(
           "rank ", options_.rank, ": the step ended without a forward of the last stage (", last,

@@ -52,6 +52,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/schedule/action.h"
+#include "worker/model/precision.h"
 #include "worker/model/stage_model.h"
 #include "worker/runtime/training_setup.h"
 #include "worker/transport/transport.h"
@@ -80,6 +81,18 @@ struct ExecutorOptions {
   // Called on the executor's thread at each REDUCE_GRAD, once the stage's gradients are scaled
   // (GradientReducer::StageReady with data-parallel replicas); may be empty.
   std::function<void(int stage)> on_gradients_ready;
+  // Activation recomputation (training.activation_checkpointing: full): F runs without
+  // recording a graph and keeps only the stage's inputs (and its outputs until they are sent or
+  // handed over) and the device's random generator state; B and I first run the stage's
+  // forward again with the graph from that random state (a dropout draws the same mask), then
+  // go on as usual (I's pending W keeps what the recomputed graph needs). The recomputed
+  // forward is the same computation on the same inputs, so losses and gradients are
+  // bit-identical.
+  bool recompute = false;
+  // training.precision (worker/model/precision.h): with bf16, stages run under autocast, their
+  // floating outputs cross to the next stage in bf16 (so do the gradients that come back), and
+  // the last stage's output is cast to fp32 for the loss (and for forward-only outputs).
+  model::Precision precision = model::Precision::kFp32;
 };
 
 // Shape and dtype of one tensor crossing a stage boundary.
@@ -189,6 +202,10 @@ class PipelineExecutor {
   absl::Status CheckAction(const schedule::Action& action, const std::string& where) const;
 
   // Forward and backward (pipeline_executor_forward.cc, pipeline_executor_backward.cc).
+  // Stage s's forward on `xs` in options_.precision: under its autocast, outputs cast to the
+  // wire's dtype (the last stage's to fp32). Every forward of a stage (F, recomputation, the
+  // shape probes) goes through it.
+  std::vector<torch::Tensor> RunStage(int stage, const std::vector<torch::Tensor>& xs);
   absl::Status Forward(int stage, int microbatch, const std::string& where, StepState& state);
   // B (split = false) or I (split = true).
   absl::Status Backward(int stage, int microbatch, bool split, const std::string& where,
@@ -200,6 +217,9 @@ class PipelineExecutor {
                                std::vector<torch::Tensor>& grads);
   absl::Status BackwardWeight(int stage, int microbatch, const std::string& where,
                               StepState& state);
+  // With options_.recompute, before B or I: stage s's forward on microbatch m again, recording
+  // the graph, into the step's outputs (or the last stage's loss).
+  absl::Status Recompute(int stage, int microbatch, const std::string& where, StepState& state);
   absl::Status ReduceGrad(int stage, const std::string& where);
 
   // Transfers (pipeline_executor_transfers.cc).

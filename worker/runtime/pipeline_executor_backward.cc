@@ -63,6 +63,7 @@ absl::Status PipelineExecutor::Backward(int s, int mb, bool split, const std::st
     return absl::FailedPreconditionError(
         absl::StrCat(where, ": backward before forward of stage ", s, " microbatch ", mb));
   }
+  if (options_.recompute) RETURN_IF_ERROR(Recompute(s, mb, where, st));
   // The outputs to run backward from, and their gradients: the loss's own on the last stage,
   // else each output's gradients from its consumers, summed.
   std::vector<torch::Tensor> outputs;

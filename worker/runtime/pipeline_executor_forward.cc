@@ -1,6 +1,7 @@
 // PipelineExecutor: F (a stage's forward on a microbatch) and the sends of its outputs.
 #include <torch/torch.h>
 
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -15,6 +16,35 @@ using executor_internal::EdgeKey;
 using executor_internal::GuardTorch;
 using executor_internal::Key;
 using executor_internal::MetaOf;
+
+namespace {
+
+// The state of `device`'s default random generator, and setting it.
+torch::Tensor RngState(const torch::Device& device) {
+  at::Generator gen = at::globalContext().defaultGenerator(device);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void SetRngState(const torch::Device& device, const torch::Tensor& state) {
+  at::Generator gen = at::globalContext().defaultGenerator(device);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+}  // namespace
+
+std::vector<torch::Tensor> PipelineExecutor::RunStage(int s, const std::vector<torch::Tensor>& xs) {
+  std::vector<torch::Tensor> ys;
+  {
+    model::AutocastGuard autocast(options_.precision, options_.device);
+    ys = stages_.at(s)->ForwardValues(xs);
+  }
+  for (torch::Tensor& y : ys) {
+    y = s == options_.num_stages - 1 ? model::ToFloat32(y) : model::ToWire(y, options_.precision);
+  }
+  return ys;
+}
 
 absl::Status PipelineExecutor::Forward(int s, int mb, const std::string& where, StepState& st) {
   const Key key{s, mb};
@@ -55,11 +85,15 @@ absl::Status PipelineExecutor::Forward(int s, int mb, const std::string& where, 
     xs[i] = std::move(x);
   }
   RETURN_IF_ERROR(GuardTorch(where, [&]() -> absl::Status {
-    model::StageModel* model = stages_.at(s);
     std::vector<torch::Tensor> ys;
     {
-      torch::AutoGradMode grad_mode(!options_.forward_only);
-      ys = model->ForwardValues(xs);
+      // Recomputation records no graph here: B runs the forward again with it, from the random
+      // state this forward started in (a dropout draws the same mask).
+      torch::AutoGradMode grad_mode(!options_.forward_only && !options_.recompute);
+      if (options_.recompute && !options_.forward_only) {
+        st.rng_states[key] = RngState(options_.device);
+      }
+      ys = RunStage(s, xs);
     }
     if (static_cast<int>(ys.size()) != options_.wiring[s].num_outputs) {
       return absl::InternalError(absl::StrCat("the stage returned ", ys.size(),
@@ -74,6 +108,7 @@ absl::Status PipelineExecutor::Forward(int s, int mb, const std::string& where, 
         torch::Tensor loss =
             ComputeLoss(options_.loss, ys[0], (*st.targets)[mb].to(options_.device));
         st.result.microbatch_losses[mb] = loss.item<double>();
+        st.last_stage_forwards.insert(mb);
         st.losses[key] = loss;
       }
       return absl::OkStatus();
@@ -93,6 +128,33 @@ absl::Status PipelineExecutor::Forward(int s, int mb, const std::string& where, 
   return absl::OkStatus();
 }
 
+absl::Status PipelineExecutor::Recompute(int s, int mb, const std::string& where, StepState& st) {
+  const Key key{s, mb};
+  auto in = st.stage_inputs.find(key);
+  if (in == st.stage_inputs.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(where, ": backward before forward of stage ", s, " microbatch ", mb));
+  }
+  return GuardTorch(where, [&]() -> absl::Status {
+    torch::AutoGradMode grad_mode(true);
+    // The forward's random state for the recomputation, then the generator's own again.
+    const torch::Tensor now = RngState(options_.device);
+    auto saved = st.rng_states.find(key);
+    if (saved != st.rng_states.end()) {
+      SetRngState(options_.device, saved->second);
+      st.rng_states.erase(saved);
+    }
+    std::vector<torch::Tensor> ys = RunStage(s, in->second);
+    SetRngState(options_.device, now);
+    if (s == options_.num_stages - 1) {
+      st.losses[key] = ComputeLoss(options_.loss, ys[0], (*st.targets)[mb].to(options_.device));
+    } else {
+      st.stage_outputs[key] = std::move(ys);
+    }
+    return absl::OkStatus();
+  });
+}
+
 absl::Status PipelineExecutor::SendActivations(int s, int mb, const std::string& where,
                                                StepState& st) {
   const Key key{s, mb};
@@ -109,8 +171,9 @@ absl::Status PipelineExecutor::SendActivations(int s, int mb, const std::string&
                              absl::StrCat(EdgeName(false, static_cast<int>(e)), " microbatch ", mb),
                              where, st));
   }
-  // Forward-only steps keep no graph; training steps keep the outputs for the backward.
-  if (options_.forward_only) st.stage_outputs.erase(it);
+  // Forward-only steps keep no graph; training steps keep the outputs for the backward, unless
+  // it recomputes them (the send holds the bytes until it is done).
+  if (options_.forward_only || options_.recompute) st.stage_outputs.erase(it);
   return absl::OkStatus();
 }
 

@@ -197,7 +197,7 @@ absl::Status PipelineExecutor::OutputMetas(int s, const std::vector<std::vector<
             }
             probes.push_back(std::move(t));
           }
-          std::vector<torch::Tensor> values = stages_.at(s)->ForwardValues(probes);
+          std::vector<torch::Tensor> values = RunStage(s, probes);
           if (static_cast<int>(values.size()) != options_.wiring[s].num_outputs) {
             return absl::InvalidArgumentError(
                 absl::StrCat("the stage returned ", values.size(), " values, but its wiring has ",

@@ -87,6 +87,8 @@ struct PipelineExecutor::StepState {
   std::map<EdgeKey, torch::Tensor> input_grads;      // for a producer on another rank, to send
   std::map<Key, PendingWeightGrad> pending_weights;  // I ran, W has not
   std::set<Key> early_sends;                         // F outputs already sent by an OVERLAP_F_B
+  std::map<Key, torch::Tensor> rng_states;           // recomputation: the generator's at each F
+  std::set<int> last_stage_forwards;                 // microbatches the last stage ran F on
   std::vector<executor_internal::PendingSend> sends;
   absl::Time step_start;
   absl::Duration action_wait;  // time the current action spent blocked on receives

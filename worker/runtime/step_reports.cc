@@ -37,8 +37,9 @@ v1::ReportStepRequest StepReports::Header(int64_t step, int64_t global_step) con
 }
 
 v1::ReportStepRequest StepReports::Step(const StepResult& result, const StepMark& mark,
-                                        int64_t step, int64_t global_step) const {
-  const transport::TransferStats after = transport_->stats();
+                                        int64_t step, int64_t global_step,
+                                        std::optional<transport::TransferStats> pipeline_end) const {
+  const transport::TransferStats after = pipeline_end.value_or(transport_->stats());
   v1::ReportStepRequest report = Header(step, global_step);
   for (double l : result.microbatch_losses) report.add_microbatch_losses(l);
   for (const auto& a : result.executed) report.add_executed_actions(a);
@@ -60,6 +61,13 @@ v1::ReportStepRequest StepReports::Step(const StepResult& result, const StepMark
   *report.mutable_step_start_time() = rpc::ToProtoTimestamp(result.start);
   report.set_bubble_ratio(result.bubble_ratio);
   return report;
+}
+
+void StepReports::AddRecipe(const RecipeDecision& decision, v1::ReportStepRequest* report) {
+  report->set_learning_rate(decision.learning_rate);
+  if (decision.grad_norm.has_value()) report->set_grad_norm(*decision.grad_norm);
+  report->set_skipped(decision.skip);
+  for (int rank : decision.nonfinite_ranks) report->add_nonfinite_ranks(rank);
 }
 
 void StepReports::AddReduction(const ReductionReport& reduction, const StepMark& mark,

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -15,6 +16,7 @@
 #include "stagecoach/v1/types.pb.h"
 #include "worker/runtime/gradient_reduction.h"
 #include "worker/runtime/pipeline_executor.h"
+#include "worker/runtime/step_recipe.h"
 #include "worker/runtime/task_runner.h"
 #include "worker/transport/transport.h"
 
@@ -37,9 +39,16 @@ class StepReports {
 
   // The report of a step that started at `mark` and produced `result`: `step` is the task's
   // count of counted steps before it, `global_step` the timeline's step count it reports. The
-  // step time runs until this call.
+  // step time runs until this call; the bytes moved until `pipeline_end` (the transport's
+  // counters when the pipeline's transfers and the tied copies' exchange were done, so that the
+  // job reduction's few bytes after them are not counted), else until this call. A validation
+  // pass after the report is built is not counted in any step.
   v1::ReportStepRequest Step(const StepResult& result, const StepMark& mark, int64_t step,
-                             int64_t global_step) const;
+                             int64_t global_step,
+                             std::optional<transport::TransferStats> pipeline_end = {}) const;
+
+  // Adds the training recipe's decisions of the step (step_recipe.h) to its report.
+  static void AddRecipe(const RecipeDecision& decision, v1::ReportStepRequest* report);
 
   // Adds a step's gradient reduction (`reduction`, its bucket times relative to mark.start) to
   // its report, with bucket times moved to the report's step start.

@@ -11,7 +11,7 @@
 #include "worker/runtime/checkpoint_steps.h"
 #include "worker/runtime/client_steps.h"
 #include "worker/runtime/data_steps.h"
-#include "worker/runtime/gradient_reduction.h"
+#include "worker/runtime/training_parts.h"
 #include "worker/runtime/step_reports.h"
 #include "worker/runtime/task_setup.h"
 
@@ -244,69 +244,70 @@ absl::Status TaskRunner::RunSteps() {
   return status;
 }
 
+namespace {
+
+// After an error on a connected data plane: aborts it, so that the peers fail promptly instead
+// of waiting out their timeouts.
+absl::Status AbortDataPlane(transport::Transport& transport, collectives::Collectives* group,
+                            absl::Status status) {
+  transport.Abort();
+  if (group != nullptr) group->Abort();
+  return status;
+}
+
+}  // namespace
+
 absl::Status TaskRunner::RunOnDataPlane(TaskSetup& setup, transport::Transport& transport,
                                         collectives::Collectives* group) {
   StepReports reports(task_, deps_.worker_id, setup.stages->held_parameters, &transport,
                       deps_.reporter);
+  absl::StatusOr<TrainingParts> parts = MakeTrainingParts(task_, setup, transport, group);
+  if (!parts.ok()) return AbortDataPlane(transport, group, parts.status());
   CheckpointStepsOptions checkpoint_options;
   checkpoint_options.dir = setup.forward_only ? "" : setup.spec.training.checkpoint.dir;
   checkpoint_options.every_steps = setup.spec.training.checkpoint.every_steps;
   checkpoint_options.rank = task_.rank();
   checkpoint_options.writer = task_.replica() == 0;
   checkpoint_options.digests = group != nullptr;
+  if (parts->tied != nullptr) checkpoint_options.not_exported = parts->tied->NotExported();
   CheckpointSteps checkpoints(checkpoint_options, setup.stages->by_index, setup.optimizer.get(),
                               &reports, setup.shards.get());
-  // The data-parallel group's communication runs on a thread of its own (declared before the
-  // reducer, so that the reducer is destroyed first).
-  std::unique_ptr<WorkQueue> comm;
-  std::unique_ptr<GradientReducer> reducer;
-  if (group != nullptr) {
-    GradientReductionOptions options;
-    options.overlap = setup.spec.placement.overlap_reduction;
-    options.timeout = rpc::FromProtoDuration(task_.comm_timeout());
-    options.shards = setup.shards.get();
-    comm = std::make_unique<WorkQueue>(1);
-    reducer = std::make_unique<GradientReducer>(options, group, setup.stages->by_index, comm.get());
-  }
-  const StepEnv env{&task_,       &setup,       &transport,          &gate_,       &reports,
-                    &checkpoints, &steps_done_, &inference_outputs_, reducer.get()};
-  ASSIGN_OR_RETURN(std::unique_ptr<DataSteps> data, DataSteps::Create(env));
-  ClientSteps client_steps(env, data.get());
+  const StepEnv env{&task_,        &setup,        &transport,         &gate_,
+                    &reports,      &checkpoints,  &steps_done_,       &inference_outputs_,
+                    parts->reducer.get(), parts->recipe.get(), parts->tied.get()};
+  absl::StatusOr<std::unique_ptr<DataSteps>> data = DataSteps::Create(env);
+  if (!data.ok()) return AbortDataPlane(transport, group, data.status());
+  ClientSteps client_steps(env, data->get());
   spdlog::info("{} rank {}: stages ready, {}{} actions, timeline at step {}", task_.job_id(),
                task_.rank(), setup.forward_only ? "forward-only, " : "", setup.actions.size(),
                setup.base_step);
+  const absl::Status status = StepLoop(**data, client_steps, checkpoints);
+  gate_.Finish();
+  if (!status.ok()) return AbortDataPlane(transport, group, status);
+  // Every rank is done with the data plane before any tears it down.
+  return transport.Barrier(rpc::FromProtoDuration(task_.comm_timeout()));
+}
 
-  absl::Status status;
-  bool finished = false;
-  while (status.ok() && !finished) {
-    absl::StatusOr<StepGate::Decision> decision = gate_.Next();
-    if (!decision.ok()) {
-      status = decision.status();
-      break;
-    }
-    switch (decision->action) {
+absl::Status TaskRunner::StepLoop(DataSteps& data, ClientSteps& client_steps,
+                                  CheckpointSteps& checkpoints) {
+  for (;;) {
+    ASSIGN_OR_RETURN(const StepGate::Decision decision, gate_.Next());
+    absl::Status status;
+    switch (decision.action) {
       case StepGate::Action::kDataStep:
-        status = data->RunDataStep(decision->steps_done);
+        status = data.RunDataStep(decision.steps_done);
         break;
       case StepGate::Action::kClientStep:
-        status = client_steps.Run(decision->client, decision->steps_done);
+        status = client_steps.Run(decision.client, decision.steps_done);
         break;
       case StepGate::Action::kCheckpointAtHold:
-        status = checkpoints.AtHold(decision->steps_done, steps_done_.load() - 1);
+        status = checkpoints.AtHold(decision.steps_done, steps_done_.load() - 1);
         break;
       case StepGate::Action::kFinish:
-        finished = true;
-        break;
+        return absl::OkStatus();
     }
+    RETURN_IF_ERROR(status);
   }
-  gate_.Finish();
-  if (status.ok()) {
-    // Every rank is done with the data plane before any tears it down.
-    return transport.Barrier(rpc::FromProtoDuration(task_.comm_timeout()));
-  }
-  transport.Abort();
-  if (group != nullptr) group->Abort();
-  return status;
 }
 
 }  // namespace stagecoach::runtime

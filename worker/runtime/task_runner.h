@@ -51,6 +51,10 @@
 
 namespace stagecoach::runtime {
 
+class CheckpointSteps;
+class ClientSteps;
+class DataSteps;
+
 struct TaskSetup;
 struct TaskStages;
 
@@ -81,6 +85,9 @@ struct TransportRequest {
   // Producer -> consumer stage pairs that are not adjacent: skip connections of a graph-split
   // model, which have links of their own.
   std::vector<SkipPair> skips;
+  // The first and last stages hold copies of one parameter (tied embeddings on different
+  // stages): their ranks have a link for its gradients.
+  bool tied_ends = false;
 };
 
 // Creates the data-plane transport for a task, rendezvousing through `store`.
@@ -173,6 +180,8 @@ class TaskRunner {
   // (or, after an error, Abort).
   absl::Status RunOnDataPlane(TaskSetup& setup, transport::Transport& transport,
                               collectives::Collectives* group);
+  // The gate's decisions, each run, until it finishes the task or one fails.
+  absl::Status StepLoop(DataSteps& data, ClientSteps& client_steps, CheckpointSteps& checkpoints);
   // Makes the data plane (its data-parallel group, if any) and the stages known to Stop and
   // ControlTask (nullptr: forgets them).
   void UseDataPlane(transport::Transport* transport, collectives::Collectives* group,

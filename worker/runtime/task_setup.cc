@@ -16,6 +16,7 @@
 #include "worker/runtime/checkpoint.h"
 #include "worker/runtime/client_steps.h"
 #include "worker/runtime/device.h"
+#include "worker/runtime/tied_parameters.h"
 #include "worker/runtime/zero_shards.h"
 
 namespace stagecoach::runtime {
@@ -192,6 +193,7 @@ absl::StatusOr<TaskSetup> SetUpTask(const v1::TaskAssignment& task, const TaskRu
   TaskSetup setup;
   ASSIGN_OR_RETURN(setup.spec, spec::ParseJobSpec(task.spec_yaml(), task.job_id()));
   ASSIGN_OR_RETURN(setup.loss, ParseLoss(setup.spec.training.loss));
+  ASSIGN_OR_RETURN(setup.precision, model::ParsePrecision(setup.spec.training.precision));
   setup.forward_only = task.forward_only() || task.has_inference();
   setup.inference = task.has_inference();
   if (task.stage_to_rank_size() != task.num_stages()) {
@@ -259,6 +261,7 @@ TransportRequest DataPlaneRequest(const v1::TaskAssignment& task, const TaskSetu
   request.stage_to_rank.assign(task.stage_to_rank().begin(), task.stage_to_rank().end());
   request.forward_only = setup.forward_only;
   request.skips = setup.skips;
+  request.tied_ends = TiedPairOf(setup.spec, task.num_stages()).has_value();
   return request;
 }
 

@@ -23,6 +23,7 @@
 #include "common/schedule/action.h"
 #include "common/spec/job_spec.h"
 #include "stagecoach/v1/types.pb.h"
+#include "worker/model/precision.h"
 #include "worker/model/stage_model.h"
 #include "worker/model/torchscript_model.h"
 #include "worker/runtime/message_tags.h"
@@ -52,6 +53,8 @@ struct TaskStages {
 struct TaskSetup {
   spec::JobSpec spec;
   LossKind loss = LossKind::kMse;
+  // training.precision.
+  model::Precision precision = model::Precision::kFp32;
   torch::Device device = torch::kCPU;
   // Shared with a client step's check of stage 0 (TaskRunner::ControlTask).
   std::shared_ptr<TaskStages> stages;

@@ -43,8 +43,9 @@ runtime::TransportFactory MakeTransportFactory(TransportConfig config) {
                                                          request.prefix, request.timeout);
     connect.link_shift = runtime::kLinkShift;
     if (!backend.capabilities.matches_tags) {
-      for (const runtime::Link& link : runtime::LinksOfRank(request.stage_to_rank, request.rank,
-                                                            request.forward_only, request.skips)) {
+      for (const runtime::Link& link :
+           runtime::LinksOfRank(request.stage_to_rank, request.rank, request.forward_only,
+                                request.skips, request.tied_ends)) {
         connect.links.push_back(transport::Link{link.link, link.peer});
       }
     }

@@ -1,0 +1,187 @@
+// Tied embeddings (model.builtin.tie_embeddings) across real processes: a built-in GPT whose
+// head is its token embedding trains on 4 stages, with the two ends on different ranks (1F1B on
+// 4 workers: their gradients cross between ranks 0 and 3) and on one rank (ZBVZeroBubble on 2
+// workers: stages 0 and 3 both on rank 0), with global clipping. Every step's loss and gradient
+// norm (the tied weight counted once) and every final parameter equal the tied unpipelined GPT
+// of tests/support/reference_gpt.h, trained from the job's own step-0 export, within rtol 1e-5 +
+// atol 1e-6; the two copies stay bit-identical; the exports hold the weight once. SGD with
+// momentum, not AdamW: the attention's key bias has a gradient that is zero in exact arithmetic
+// (softmax ignores a constant added to every key) and rounding noise in practice, which AdamW
+// divides by its own root mean square into steps of 1e-6 that differ between any two correct
+// implementations.
+#include <torch/serialize.h>
+#include <torch/torch.h>
+
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/support/job_predicates.h"
+#include "tests/support/local_cluster.h"
+#include "tests/support/reference_gpt.h"
+#include "tests/support/stage_files.h"
+
+namespace stagecoach::testing {
+namespace {
+
+constexpr double kRtol = 1e-5;
+constexpr double kAtol = 1e-6;
+constexpr int64_t kSteps = 3;
+
+struct Case {
+  std::string name;
+  std::string schedule;
+  int workers;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+std::string Spec(const Case& c, const std::string& ckpt) {
+  return absl::StrCat(
+      "name: ", c.name, "\n",
+      "model:\n  builtin: {family: gpt, vocab: 32, d_model: 16, layers: 2, heads: 2, seq: 8, "
+      "seed: 4, tie_embeddings: true}\n",
+      "split: {stages: 4}\n", "schedule: {kind: ", c.schedule, ", microbatches: 4}\n",
+      "placement: {workers: ", c.workers, "}\n",
+      "training:\n  batch_size: 8\n  steps: ", kSteps, "\n  loss: cross_entropy\n",
+      "  optimizer: {kind: sgd, lr: 0.1, momentum: 0.9}\n",
+      "  grad_clip: {max_norm: 0.5}\n", "  checkpoint: {dir: ", ckpt, "}\n",
+      "data: {kind: synthetic, seed: 9}\n");
+}
+
+// A training-state file's parameter `name` (stage-<s>.pt: {"state_dict": {...}, ...}).
+torch::Tensor StateParameter(const std::string& path, const std::string& name) {
+  std::ifstream in(path, std::ios::binary);
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
+                                std::istreambuf_iterator<char>());
+  if (bytes.empty()) {
+    ADD_FAILURE() << "cannot read " << path;
+    return torch::Tensor();
+  }
+  for (const auto& entry : torch::pickle_load(bytes).toGenericDict()) {
+    if (entry.key().toStringRef() != "state_dict") continue;
+    for (const auto& p : entry.value().toGenericDict()) {
+      if (p.key().toStringRef() == name) return p.value().toTensor();
+    }
+  }
+  ADD_FAILURE() << path << " has no " << name;
+  return torch::Tensor();
+}
+
+// Submits `spec` held before its first step, checkpoints it there (the initial parameters),
+// resumes it and waits for its end: the finished job in *out.
+void RunFromAStepZeroCheckpoint(LocalCluster& cl, const std::string& spec, v1::Job* out) {
+  // Held before its first step: a checkpoint there is the initial parameters.
+  CommandResult submit = cl.Stagectl({"submit", spec, "--paused"});
+  ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err;
+  const std::string id = LastLine(submit.out);
+  auto paused = cl.WaitForJob(
+      id, [](const v1::Job& j) { return IsFinal(j) || j.state() == v1::JOB_STATE_PAUSED; },
+      absl::Seconds(120));
+  ASSERT_TRUE(paused.ok()) << paused.status() << cl.Logs();
+  ASSERT_EQ(paused->state(), v1::JOB_STATE_PAUSED) << paused->reason();
+  CommandResult checkpoint = cl.Stagectl({"checkpoint", id});
+  ASSERT_EQ(checkpoint.exit_code, 0) << checkpoint.out << checkpoint.err;
+  auto at_zero = cl.WaitForJob(
+      id, [](const v1::Job& j) { return IsFinal(j) || j.checkpoints_size() > 0; },
+      absl::Seconds(60));
+  ASSERT_TRUE(at_zero.ok()) << at_zero.status();
+  ASSERT_GT(at_zero->checkpoints_size(), 0);
+  ASSERT_EQ(at_zero->checkpoints(0).step(), 0);
+  CommandResult resume = cl.Stagectl({"resume", id});
+  ASSERT_EQ(resume.exit_code, 0) << resume.out << resume.err;
+  auto done = cl.WaitForJob(id, IsFinal, absl::Seconds(180));
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->reason() << cl.Logs();
+  *out = *done;
+
+}
+
+class TiedEmbeddings : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override { setenv("OMP_NUM_THREADS", "1", 1); }
+};
+
+TEST_P(TiedEmbeddings, TrainLikeTheTiedUnpipelinedGptAndTheCopiesStayEqual) {
+  const Case& c = GetParam();
+  ClusterOptions options;
+  options.workers = c.workers;
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& cl = **cluster;
+  const std::string ckpt = cl.dir() + "/ckpt";
+  const std::string spec = cl.WriteFile("spec.yaml", Spec(c, ckpt));
+
+  v1::Job done_job;
+  ASSERT_NO_FATAL_FAILURE(RunFromAStepZeroCheckpoint(cl, spec, &done_job));
+  const v1::Job* done = &done_job;
+
+  // The exports hold the tied weight once: stage 0 has it, the last stage's has no head.weight.
+  const std::map<std::string, torch::Tensor> initial = LoadAllStageFiles(ckpt, 0, 4);
+  ASSERT_EQ(initial.count("embed.tok.weight"), 1u);
+  EXPECT_EQ(initial.count("head.weight"), 0u);
+  EXPECT_EQ(LoadStageFile(StageFilePath(ckpt, 0, 3)).count("head.weight"), 0u);
+
+  GptReferenceConfig ref;
+  ref.vocab = 32;
+  ref.d_model = 16;
+  ref.layers = 2;
+  ref.heads = 2;
+  ref.seq = 8;
+  ref.tied = true;
+  ref.data_seed = 9;
+  ref.batch_size = 8;
+  ref.microbatches = 4;
+  ref.steps = kSteps;
+  ref.optimizer = "sgd";
+  ref.lr = 0.1;
+  ref.momentum = 0.9;
+  ref.max_norm = 0.5;
+  ref.initial = initial;
+  const GptReferenceResult want = TrainGptReference(ref);
+
+  ASSERT_EQ(done->losses_size(), kSteps);
+  for (int k = 0; k < kSteps; ++k) {
+    EXPECT_NEAR(done->losses(k), want.losses[k], kAtol + kRtol * std::abs(want.losses[k]))
+        << "step " << k;
+  }
+  // The norm counted the tied weight once (the last step's, as the job reports it).
+  ASSERT_TRUE(done->has_grad_norm());
+  EXPECT_NEAR(done->grad_norm(), want.grad_norms.back(),
+              kAtol + kRtol * want.grad_norms.back());
+  const std::map<std::string, torch::Tensor> final_params = LoadAllStageFiles(ckpt, kSteps, 4);
+  ASSERT_EQ(final_params.size(), want.params.size());
+  double largest = 0;
+  for (const auto& [name, p] : want.params) {
+    ASSERT_EQ(final_params.count(name), 1u) << name;
+    const double diff = (final_params.at(name) - p).abs().max().item<double>();
+    largest = std::max(largest, diff);
+    EXPECT_TRUE(torch::allclose(final_params.at(name), p, kRtol, kAtol)) << name << " by " << diff;
+  }
+  // Both copies, in the two stages' training-state files, hold the same bits.
+  const std::string dir = absl::StrFormat("%s/step-%06d", ckpt, kSteps);
+  const torch::Tensor first = StateParameter(dir + "/stage-0.pt", "embed.tok.weight");
+  const torch::Tensor second = StateParameter(dir + "/stage-3.pt", "head.weight");
+  ASSERT_TRUE(first.defined() && second.defined());
+  EXPECT_TRUE(torch::equal(first, second));
+  EXPECT_FALSE(torch::equal(first, initial.at("embed.tok.weight"))) << "it did not train";
+  std::cerr << c.name << ": largest |parameter - reference| " << largest << "\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(Placements, TiedEmbeddings,
+                         ::testing::Values(Case{"tied-1f1b", "1F1B", 4},
+                                           Case{"tied-zbv", "ZBVZeroBubble", 2}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.schedule;
+                         });
+
+}  // namespace
+}  // namespace stagecoach::testing

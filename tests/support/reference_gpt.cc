@@ -1,0 +1,126 @@
+#include "tests/support/reference_gpt.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <limits>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+
+namespace stagecoach::testing {
+namespace {
+
+// The synthetic token rows of step `step`: per row a start and a stride drawn from
+// generator(seed + 1 + step) (all starts first), tokens (start + i * stride) mod V, i in [0, T].
+std::pair<torch::Tensor, torch::Tensor> SyntheticTokens(const GptReferenceConfig& c,
+                                                        int64_t step) {
+  at::Generator gen = at::detail::createCPUGenerator(c.data_seed + 1 + step);
+  const torch::Tensor start = torch::randint(0, c.vocab, {c.batch_size, 1}, gen, torch::kInt64);
+  const torch::Tensor stride =
+      torch::randint(1, std::max<int64_t>(c.vocab, 2), {c.batch_size, 1}, gen, torch::kInt64);
+  const torch::Tensor i = torch::arange(c.seq + 1, torch::kInt64).unsqueeze(0);
+  const torch::Tensor t = (start + i * stride).remainder(c.vocab);
+  return {t.slice(1, 0, c.seq), t.slice(1, 1, c.seq + 1)};
+}
+
+class Gpt {
+ public:
+  explicit Gpt(const GptReferenceConfig& c) : c_(c) {
+    for (const auto& [name, value] : c.initial) {
+      p_[name] = value.detach().clone().to(torch::kFloat32).requires_grad_(true);
+    }
+  }
+
+  torch::Tensor& P(const std::string& name) {
+    auto it = p_.find(name);
+    if (it == p_.end()) {
+      ADD_FAILURE() << "the initial parameters have no " << name;
+      static torch::Tensor none;
+      return none;
+    }
+    return it->second;
+  }
+
+  std::vector<torch::Tensor> Parameters() {
+    std::vector<torch::Tensor> out;
+    for (auto& [name, p] : p_) out.push_back(p);
+    return out;
+  }
+  const std::map<std::string, torch::Tensor>& named() const { return p_; }
+
+  torch::Tensor Forward(const torch::Tensor& tokens) {
+    const int64_t b = tokens.size(0), t = tokens.size(1), d = c_.d_model, h = c_.heads;
+    torch::Tensor x =
+        torch::embedding(P("embed.tok.weight"), tokens) + P("embed.pos.weight").slice(0, 0, t);
+    for (int64_t l = 0; l < c_.layers; ++l) {
+      const std::string n = absl::StrCat("blocks.", l, ".");
+      torch::Tensor a = torch::layer_norm(x, {d}, P(n + "ln1.weight"), P(n + "ln1.bias"), 1e-5);
+      torch::Tensor qkv = torch::linear(a, P(n + "attn.qkv.weight"), P(n + "attn.qkv.bias"));
+      auto parts = qkv.chunk(3, -1);
+      auto heads = [&](const torch::Tensor& y) {
+        return y.reshape({b, t, h, d / h}).transpose(1, 2);
+      };
+      torch::Tensor scores = torch::matmul(heads(parts[0]), heads(parts[1]).transpose(-2, -1)) /
+                             std::sqrt(static_cast<double>(d / h));
+      const torch::Tensor causal = torch::ones({t, t}, torch::kBool).triu(1);
+      scores = scores.masked_fill(causal, -std::numeric_limits<float>::infinity());
+      torch::Tensor y = torch::matmul(torch::softmax(scores, -1), heads(parts[2]))
+                            .transpose(1, 2)
+                            .reshape({b, t, d});
+      x = x + torch::linear(y, P(n + "attn.proj.weight"), P(n + "attn.proj.bias"));
+      torch::Tensor m = torch::layer_norm(x, {d}, P(n + "ln2.weight"), P(n + "ln2.bias"), 1e-5);
+      m = torch::gelu(torch::linear(m, P(n + "mlp.fc.weight"), P(n + "mlp.fc.bias")));
+      x = x + torch::linear(m, P(n + "mlp.proj.weight"), P(n + "mlp.proj.bias"));
+    }
+    x = torch::layer_norm(x, {d}, P("norm.weight"), P("norm.bias"), 1e-5);
+    return torch::linear(x, c_.tied ? P("embed.tok.weight") : P("head.weight"));
+  }
+
+ private:
+  const GptReferenceConfig& c_;
+  std::map<std::string, torch::Tensor> p_;
+};
+
+}  // namespace
+
+GptReferenceResult TrainGptReference(const GptReferenceConfig& c) {
+  Gpt gpt(c);
+  EXPECT_EQ(c.initial.count("head.weight"), c.tied ? 0u : 1u);
+  const std::vector<torch::Tensor> params = gpt.Parameters();
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  if (c.optimizer == "adamw") {
+    opt = std::make_unique<torch::optim::AdamW>(
+        params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
+  } else {
+    opt = std::make_unique<torch::optim::SGD>(
+        params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay));
+  }
+  GptReferenceResult result;
+  for (int64_t step = 0; step < c.steps; ++step) {
+    const auto [x, y] = SyntheticTokens(c, step);
+    const auto xs = torch::tensor_split(x, c.microbatches, 0);
+    const auto ys = torch::tensor_split(y, c.microbatches, 0);
+    opt->zero_grad();
+    std::vector<torch::Tensor> losses;
+    double sum = 0;
+    for (int mb = 0; mb < c.microbatches; ++mb) {
+      const torch::Tensor logits = gpt.Forward(xs[mb]);
+      losses.push_back(torch::nn::functional::cross_entropy(logits.reshape({-1, c.vocab}),
+                                                            ys[mb].reshape(-1)));
+      sum += losses.back().item<double>();
+    }
+    torch::stack(losses).mean().backward();
+    if (c.max_norm.has_value()) {
+      result.grad_norms.push_back(torch::nn::utils::clip_grad_norm_(params, *c.max_norm));
+    }
+    opt->step();
+    result.losses.push_back(sum / c.microbatches);
+  }
+  for (const auto& [name, p] : gpt.named()) result.params[name] = p.detach().clone();
+  return result;
+}
+
+}  // namespace stagecoach::testing

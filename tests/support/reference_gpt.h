@@ -1,0 +1,44 @@
+// The numerical contract's reference for the built-in GPT (worker/model/gpt.h's architecture,
+// written again here in plain LibTorch from that description, sharing no code with the worker):
+// trained in one process without a pipeline from given initial parameters (a job's step-0
+// export), on the family's synthetic tokens (worker/runtime/training_data.h's definition), each
+// step's batch split with tensor_split into microbatches, loss = the mean of the microbatch
+// cross-entropies (each the mean over its B x T positions), AdamW, optionally clip_grad_norm_.
+// With `tied`, the head uses the token embedding's weight: one parameter.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace stagecoach::testing {
+
+struct GptReferenceConfig {
+  int64_t vocab = 0, d_model = 0, layers = 0, heads = 0, seq = 0;
+  bool tied = false;
+  uint64_t data_seed = 0;
+  int64_t batch_size = 0;
+  int microbatches = 1;
+  int64_t steps = 1;
+  std::string optimizer = "sgd";  // sgd | adamw
+  double lr = 1e-3;
+  double momentum = 0.0;  // sgd
+  double weight_decay = 0.0;
+  std::optional<double> max_norm;
+  // Parameter name -> initial value; with `tied`, no "head.weight".
+  std::map<std::string, torch::Tensor> initial;
+};
+
+struct GptReferenceResult {
+  std::vector<double> losses;
+  std::vector<double> grad_norms;  // with max_norm
+  std::map<std::string, torch::Tensor> params;  // final, by name (as `initial`)
+};
+
+GptReferenceResult TrainGptReference(const GptReferenceConfig& config);
+
+}  // namespace stagecoach::testing

@@ -1,5 +1,7 @@
 #include "coordinator/task_assignment.h"
 
+#include <algorithm>
+
 #include "common/rpc/time_conversion.h"
 
 namespace stagecoach::coordinator {
@@ -48,6 +50,18 @@ v1::TaskAssignment BuildTaskAssignment(const Job& job, const RankSlot& slot,
     resume->set_step(start.checkpoint->step());
     for (int s : slot.stages) {
       for (const v1::StageCheckpointFile& f : start.stage_files[s]) *resume->add_files() = f;
+    }
+    // Tied embeddings on different stages: the last stage's copy is restored from stage 0's
+    // training-state file (the checkpoint holds the weight once).
+    const auto& builtin = job.spec.model.builtin;
+    const bool tied = builtin.has_value() && builtin->family == "gpt" &&
+                      builtin->tie_embeddings && plan.num_stages > 1;
+    const bool holds_first =
+        std::find(slot.stages.begin(), slot.stages.end(), 0) != slot.stages.end();
+    const bool holds_last = std::find(slot.stages.begin(), slot.stages.end(),
+                                      plan.num_stages - 1) != slot.stages.end();
+    if (tied && holds_last && !holds_first) {
+      for (const v1::StageCheckpointFile& f : start.stage_files[0]) *resume->add_files() = f;
     }
   }
   if (job.inference && plan.stage_to_rank[0] == r) {

@@ -219,13 +219,13 @@ static absl::StatusOr<std::vector<char>> StateBytes(
     int stage, int64_t global_step,
     const std::vector<std::pair<std::string, torch::Tensor>>& params,
     const torch::optim::Optimizer& optimizer, int64_t data_position,
-    std::vector<char>* export_bytes, const std::string& not_exported = "") {
+    std::vector<char>* export_bytes, const std::string& omitted = "") {
   ASSIGN_OR_RETURN(OptimizerKind kind, KindOf(optimizer));
   try {
-    std::vector<std::pair<std::string, torch::Tensor>> values, optim, exported;
+    std::vector<std::pair<std::string, torch::Tensor>> values, optim;
     for (const auto& [name, p] : params) {
+      if (name == omitted) continue;
       values.emplace_back(name, ToCpuCopy(p));
-      if (name != not_exported) exported.push_back(values.back());
       const torch::optim::OptimizerParamState* st = FindState(optimizer, p);
       if (st == nullptr) continue;
       if (kind == OptimizerKind::kSgd) {
@@ -250,7 +250,7 @@ static absl::StatusOr<std::vector<char>> StateBytes(
     root.insert("step", global_step);
     root.insert("data_position", data_position);
     if (export_bytes != nullptr)
-      *export_bytes = torch::pickle_save(c10::IValue(TensorDict(exported)));
+      *export_bytes = torch::pickle_save(c10::IValue(TensorDict(values)));
     return torch::pickle_save(c10::IValue(root));
   } catch (const c10::Error& e) {
     return absl::InternalError(
@@ -291,11 +291,11 @@ absl::StatusOr<std::vector<v1::StageCheckpointFile>> WriteStageCheckpoint(
     const std::string& dir, int64_t global_step, int stage,
     const std::vector<std::pair<std::string, torch::Tensor>>& params,
     const torch::optim::Optimizer& optimizer, int64_t data_position,
-    const std::string& not_exported) {
+    const std::string& omitted) {
   std::vector<char> export_bytes;
   ASSIGN_OR_RETURN(std::vector<char> state_bytes,
                    StateBytes(stage, global_step, params, optimizer, data_position, &export_bytes,
-                              not_exported));
+                              omitted));
   ASSIGN_OR_RETURN(const std::string step_dir, MakeStepDir(dir, global_step));
   ASSIGN_OR_RETURN(v1::StageCheckpointFile state,
                    WriteEntry(step_dir, stage, StageStateFileName(stage), state_bytes));
@@ -445,14 +445,10 @@ static absl::Status InstallStageState(
   return absl::OkStatus();
 }
 
-// RestoreStageCheckpoint, and with `optimizer` null RestoreStageParameters.
-static absl::Status RestoreStage(const std::string& step_dir, const v1::StageCheckpointFile& file,
-                                 int stage,
+// RestoreStage's steps 2 and 3 on a file's verified contents.
+static absl::Status RestoreState(StageState saved, const std::string& where,
                                  const std::vector<std::pair<std::string, torch::Tensor>>& params,
                                  torch::optim::Optimizer* optimizer) {
-  ASSIGN_OR_RETURN(StageState saved, ReadVerifiedStageState(step_dir, file, stage));
-  const std::string where =
-      absl::StrCat("stage ", stage, " checkpoint ", PathIn(step_dir, file.file()));
   OptimizerKind kind = OptimizerKind::kSgd;
   if (optimizer != nullptr) {
     ASSIGN_OR_RETURN(kind, KindOf(*optimizer));
@@ -473,6 +469,40 @@ static absl::Status RestoreStage(const std::string& step_dir, const v1::StageChe
         absl::StrCat(where, ": reading optimizer state failed: ", e.what_without_backtrace()));
   }
   return InstallStageState(saved, params, optimizer, std::move(states), where);
+}
+
+// RestoreStageCheckpoint, and with `optimizer` null RestoreStageParameters.
+static absl::Status RestoreStage(const std::string& step_dir, const v1::StageCheckpointFile& file,
+                                 int stage,
+                                 const std::vector<std::pair<std::string, torch::Tensor>>& params,
+                                 torch::optim::Optimizer* optimizer) {
+  ASSIGN_OR_RETURN(StageState saved, ReadVerifiedStageState(step_dir, file, stage));
+  return RestoreState(std::move(saved),
+                      absl::StrCat("stage ", stage, " checkpoint ", PathIn(step_dir, file.file())),
+                      params, optimizer);
+}
+
+absl::Status RestoreParameterCopy(const std::string& step_dir,
+                                  const v1::StageCheckpointFile& file, int stage,
+                                  const std::string& source,
+                                  const std::pair<std::string, torch::Tensor>& copy,
+                                  torch::optim::Optimizer* optimizer) {
+  ASSIGN_OR_RETURN(StageState saved, ReadVerifiedStageState(step_dir, file, stage));
+  const std::string where = absl::StrCat("stage ", stage, " checkpoint ",
+                                         PathIn(step_dir, file.file()), " (for ", copy.first, ")");
+  auto it = saved.params.find(source);
+  if (it == saved.params.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": it has no parameter '", source, "'"));
+  }
+  // The source parameter and its optimizer state, under the copy's name.
+  StageState one;
+  one.stage = saved.stage;
+  one.params[copy.first] = it->second;
+  const std::string prefix = source + ".";
+  for (const auto& [key, value] : saved.optimizer) {
+    if (absl::StartsWith(key, prefix)) one.optimizer[copy.first + key.substr(source.size())] = value;
+  }
+  return RestoreState(std::move(one), where, {copy}, optimizer);
 }
 
 absl::Status RestoreStageCheckpoint(

@@ -53,8 +53,8 @@ using checkpoint::StageStateFileName;
 // is written). `data_position` is where the data stream continues (the global step).
 // Call between steps (not while the optimizer steps). Returns the two files' entries (file
 // names relative to the step directory, sizes, SHA-256), training-state file first, for
-// ReportStepRequest.checkpoint_files. The export leaves out the parameter named `not_exported`
-// (a tied copy that another stage's export holds; tied_parameters.h).
+// ReportStepRequest.checkpoint_files. Both files leave out the parameter named `omitted` (a tied
+// copy, which the other stage's files hold; tied_parameters.h) and its optimizer state.
 // Errors: ALREADY_EXISTS naming the path when a target file exists (nothing is overwritten);
 // PERMISSION_DENIED / DATA_LOSS naming the path when it cannot be created or written;
 // UNIMPLEMENTED for an optimizer other than SGD or AdamW; INTERNAL when LibTorch fails.
@@ -62,7 +62,7 @@ absl::StatusOr<std::vector<v1::StageCheckpointFile>> WriteStageCheckpoint(
     const std::string& dir, int64_t global_step, int stage,
     const std::vector<std::pair<std::string, torch::Tensor>>& params,
     const torch::optim::Optimizer& optimizer, int64_t data_position,
-    const std::string& not_exported = "");
+    const std::string& omitted = "");
 
 // One training-state file named `file_name` (the layout above; no export) in the checkpoint
 // after `global_step` steps: `params` and their state in `optimizer` (a ZeRO-1 shard,
@@ -99,5 +99,15 @@ absl::Status RestoreStageCheckpoint(
 absl::Status RestoreStageParameters(
     const std::string& step_dir, const v1::StageCheckpointFile& file, int stage,
     const std::vector<std::pair<std::string, torch::Tensor>>& params);
+
+// Restores one parameter, `copy` (name, tensor), from parameter `source` of stage `stage`'s
+// training-state file `file` (a tied copy from the stage that holds it): its value, and with an
+// optimizer its optimizer state. The file's checks are RestoreStageCheckpoint's; INVALID_ARGUMENT
+// when the file has no `source` or it does not fit the copy.
+absl::Status RestoreParameterCopy(const std::string& step_dir,
+                                  const v1::StageCheckpointFile& file, int stage,
+                                  const std::string& source,
+                                  const std::pair<std::string, torch::Tensor>& copy,
+                                  torch::optim::Optimizer* optimizer);
 
 }  // namespace stagecoach::runtime

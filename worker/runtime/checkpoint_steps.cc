@@ -34,7 +34,7 @@ absl::Status CheckpointSteps::Write(int64_t global_steps, v1::ReportStepRequest*
     ASSIGN_OR_RETURN(std::vector<v1::StageCheckpointFile> files,
                      WriteStageCheckpoint(dir_, global_steps, s, stage->NamedParameters(),
                                           *optimizer_, /*data_position=*/global_steps,
-                                          NotExported(s)));
+                                          Omitted(s)));
     for (auto& file : files) *report->add_checkpoint_files() = std::move(file);
   }
   spdlog::info("{} rank {}: checkpoint after step {} in {}", report->job_id(), options_.rank,

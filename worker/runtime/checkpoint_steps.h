@@ -42,8 +42,8 @@ struct CheckpointStepsOptions {
   // each of its stages' parameters (ReportStepRequest.parameter_digests), so that the coordinator
   // can check the replicas hold the same bits.
   bool digests = false;
-  // By stage: a parameter its export leaves out (the last stage's copy of tied embeddings).
-  std::map<int, std::string> not_exported;
+  // By stage: a parameter its files leave out (the last stage's copy of tied embeddings).
+  std::map<int, std::string> omitted;
 };
 
 class CheckpointSteps {
@@ -70,10 +70,10 @@ class CheckpointSteps {
   // The digests of the stages' parameters, into `report`.
   void AddDigests(v1::ReportStepRequest* report) const;
 
-  // options_.not_exported's entry for `stage`, or "".
-  std::string NotExported(int stage) const {
-    auto it = options_.not_exported.find(stage);
-    return it == options_.not_exported.end() ? std::string() : it->second;
+  // options_.omitted's entry for `stage`, or "".
+  std::string Omitted(int stage) const {
+    auto it = options_.omitted.find(stage);
+    return it == options_.omitted.end() ? std::string() : it->second;
   }
 
   const CheckpointStepsOptions options_;

@@ -269,7 +269,7 @@ absl::Status TaskRunner::RunOnDataPlane(TaskSetup& setup, transport::Transport& 
   checkpoint_options.rank = task_.rank();
   checkpoint_options.writer = task_.replica() == 0;
   checkpoint_options.digests = group != nullptr;
-  if (parts->tied != nullptr) checkpoint_options.not_exported = parts->tied->NotExported();
+  if (parts->tied != nullptr) checkpoint_options.omitted = parts->tied->Omitted();
   CheckpointSteps checkpoints(checkpoint_options, setup.stages->by_index, setup.optimizer.get(),
                               &reports, setup.shards.get());
   const StepEnv env{&task_,        &setup,        &transport,         &gate_,

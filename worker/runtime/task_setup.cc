@@ -146,6 +146,7 @@ std::vector<SkipPair> SkipPairs(const model::PipelineWiring& wiring) {
 absl::StatusOr<int64_t> Resume(const v1::TaskAssignment& task, TaskSetup& setup) {
   if (!task.has_resume()) return 0;
   const v1::ResumeTask& resume = task.resume();
+  const std::optional<TiedPair> tied = TiedPairOf(setup.spec, task.num_stages());
   for (auto& [s, stage] : setup.stages->by_index) {
     ASSIGN_OR_RETURN(const v1::StageCheckpointFile file, FindStageStateFile(resume, s));
     const bool sharded_files = std::any_of(
@@ -153,19 +154,31 @@ absl::StatusOr<int64_t> Resume(const v1::TaskAssignment& task, TaskSetup& setup)
           return f.stage() == s && f.file() != StageStateFileName(s) &&
                  f.file() != StageExportFileName(s);
         });
+    // A tied copy is not in its stage's file: it comes from the first stage's (tied_parameters.h).
+    std::vector<std::pair<std::string, torch::Tensor>> params = stage->NamedParameters();
+    std::optional<std::pair<std::string, torch::Tensor>> copy;
+    if (tied.has_value() && s == tied->second_stage) {
+      auto it = std::find_if(params.begin(), params.end(),
+                             [&](const auto& p) { return p.first == tied->second_name; });
+      if (it != params.end()) {
+        copy = *it;
+        params.erase(it);
+      }
+    }
     if (setup.forward_only) {
-      RETURN_IF_ERROR(
-          RestoreStageParameters(resume.directory(), file, s, stage->NamedParameters()));
+      RETURN_IF_ERROR(RestoreStageParameters(resume.directory(), file, s, params));
     } else if (setup.shards != nullptr || sharded_files) {
       // Optimizer state of another layout (ZeRO-1 shards, or sharding now): re-laid out.
-      RETURN_IF_ERROR(
-          RestoreStageParameters(resume.directory(), file, s, stage->NamedParameters()));
-      RETURN_IF_ERROR(RestoreOptimizerState(resume, s, stage->NamedParameters(),
-                                            setup.spec.training.optimizer, *setup.optimizer,
-                                            setup.shards.get()));
+      RETURN_IF_ERROR(RestoreStageParameters(resume.directory(), file, s, params));
+      RETURN_IF_ERROR(RestoreOptimizerState(resume, s, params, setup.spec.training.optimizer,
+                                            *setup.optimizer, setup.shards.get()));
     } else {
-      RETURN_IF_ERROR(RestoreStageCheckpoint(resume.directory(), file, s, stage->NamedParameters(),
-                                             *setup.optimizer));
+      RETURN_IF_ERROR(
+          RestoreStageCheckpoint(resume.directory(), file, s, params, *setup.optimizer));
+    }
+    if (copy.has_value()) {
+      RETURN_IF_ERROR(RestoreTiedCopy(*tied, resume, s, *copy,
+                                      setup.forward_only ? nullptr : setup.optimizer.get()));
     }
   }
   if (setup.shards != nullptr) setup.shards->LoadShards();

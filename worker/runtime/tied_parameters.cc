@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/util/status_macros.h"
+#include "worker/runtime/checkpoint.h"
 #include "worker/runtime/message_tags.h"
 
 namespace stagecoach::runtime {
@@ -31,6 +32,16 @@ std::optional<TiedPair> TiedPairOf(const spec::JobSpec& spec, int num_stages) {
     return std::nullopt;
   }
   return TiedPair{0, "embed.tok.weight", num_stages - 1, "head.weight"};
+}
+
+absl::Status RestoreTiedCopy(const TiedPair& pair, const v1::ResumeTask& resume, int stage,
+                             const std::pair<std::string, torch::Tensor>& copy,
+                             torch::optim::Optimizer* optimizer) {
+  if (stage != pair.second_stage) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const v1::StageCheckpointFile file,
+                   FindStageStateFile(resume, pair.first_stage));
+  return RestoreParameterCopy(resume.directory(), file, pair.first_stage, pair.first_name, copy,
+                              optimizer);
 }
 
 absl::StatusOr<std::unique_ptr<TiedGradients>> TiedGradients::Create(
@@ -71,7 +82,7 @@ absl::StatusOr<std::unique_ptr<TiedGradients>> TiedGradients::Create(
   return tied;
 }
 
-std::map<int, std::string> TiedGradients::NotExported() const {
+std::map<int, std::string> TiedGradients::Omitted() const {
   if (!second_.defined()) return {};
   return {{pair_.second_stage, pair_.second_name}};
 }

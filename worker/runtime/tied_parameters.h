@@ -12,13 +12,15 @@
 // kTiedGradients link of message_tags.h): the lower rank sends first, then receives.
 //
 // The global gradient norm counts the tied weight once: the last stage's copy is left out
-// (CountedOnce). Exports hold it once too (the last stage's export leaves "head.weight" out);
-// each stage's training-state file keeps its copy and that copy's optimizer state, so that a
-// rank resumes from its own files.
+// (not_counted). Checkpoints hold it once too: the last stage's training-state file and export
+// leave "head.weight" out, and a rank resuming that stage restores its copy (value and
+// optimizer state, equal to the first stage's) from the first stage's training-state file
+// (RestoreTiedCopies; the coordinator lists that file in the rank's ResumeTask).
 //
 // Not thread-safe: the task's thread, between the executor's step and the optimizer step.
 #pragma once
 
+#include <torch/optim/optimizer.h>
 #include <torch/types.h>
 
 #include <map>
@@ -31,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/spec/job_spec.h"
+#include "stagecoach/v1/types.pb.h"
 #include "worker/model/stage_model.h"
 #include "worker/transport/transport.h"
 
@@ -48,6 +51,13 @@ struct TiedPair {
 // than one stage.
 std::optional<TiedPair> TiedPairOf(const spec::JobSpec& spec, int num_stages);
 
+// After a stage `stage` of this rank was restored from a checkpoint without its tied copy: the
+// copy's value (and with `optimizer` its state) from the first stage's training-state file in
+// `resume`. Nothing for other stages.
+absl::Status RestoreTiedCopy(const TiedPair& pair, const v1::ResumeTask& resume, int stage,
+                             const std::pair<std::string, torch::Tensor>& copy,
+                             torch::optim::Optimizer* optimizer);
+
 class TiedGradients {
  public:
   // For the rank `rank` of a pipeline whose stages are on `stage_to_rank`; `stages` are the
@@ -64,8 +74,8 @@ class TiedGradients {
 
   // The copy the global norm leaves out when this rank holds it (undefined otherwise).
   const torch::Tensor& not_counted() const { return second_; }
-  // Parameter names this rank's exports leave out, by stage.
-  std::map<int, std::string> NotExported() const;
+  // Parameter names this rank's checkpoint files leave out, by stage.
+  std::map<int, std::string> Omitted() const;
 
  private:
   TiedGradients() = default;

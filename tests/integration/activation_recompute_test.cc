@@ -16,10 +16,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/schedule/build.h"
 #include "gtest/gtest.h"
+#include "tests/support/executor_ranks.h"
 #include "worker/model/mlp.h"
 #include "worker/runtime/counting_allocator.h"
 #include "worker/runtime/pipeline_executor.h"
-#include "worker/transport/gloo/factory.h"
 #include "worker/transport/in_memory_store.h"
 
 namespace stagecoach::runtime {
@@ -85,12 +85,7 @@ std::vector<RankOutcome> RunStep(const std::string& kind, int ranks, int stages_
         owned.push_back(*std::move(stage));
         stages[s] = owned.back().get();
       }
-      transport::GlooOptions gloo;
-      gloo.rank = r;
-      gloo.world_size = ranks;
-      gloo.key_prefix = "recompute/";
-      gloo.connect_timeout = absl::Seconds(20);
-      auto transport = transport::CreateGlooTransport(gloo, &store);
+      auto transport = testing::ConnectThreadRank(store, "recompute/", r, ranks);
       if (!transport.ok()) {
         out.status = transport.status();
         return;
@@ -103,14 +98,9 @@ std::vector<RankOutcome> RunStep(const std::string& kind, int ranks, int stages_
       options.comm_timeout = absl::Seconds(20);
       options.recompute = recompute;
       PipelineExecutor executor(options, transport->get(), stages);
-      std::vector<TensorMeta> first;
-      for (const auto& mb : xs) first.push_back(TensorMeta{mb.sizes().vec(), torch::kFloat32});
-      out.status = executor.AgreeShapes(first);
+      out.status = executor.AgreeShapes(testing::Float32Metas(xs));
       if (!out.status.ok()) return;
-      std::vector<schedule::Action> actions;
-      for (const auto& a : built->lowered[r]) {
-        if (a.has_value()) actions.push_back(*a);
-      }
+      const std::vector<schedule::Action> actions = testing::RankActions(*built, r);
       const std::vector<torch::Tensor> inputs = stages.count(0) ? xs : std::vector<torch::Tensor>{};
       const std::vector<torch::Tensor> targets =
           stages.count(num_stages - 1) ? ys : std::vector<torch::Tensor>{};
@@ -133,9 +123,7 @@ std::vector<RankOutcome> RunStep(const std::string& kind, int ranks, int stages_
         return;
       }
       out.result = *std::move(result);
-      for (auto& [s, stage] : stages) {
-        for (auto& [name, p] : stage->NamedParameters()) out.grads[name] = p.grad().clone();
-      }
+      out.grads = testing::GradientsByName(stages);
       out.status = (*transport)->Barrier(absl::Seconds(20));
     });
   }

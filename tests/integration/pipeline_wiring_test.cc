@@ -13,9 +13,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/schedule/build.h"
 #include "gtest/gtest.h"
+#include "tests/support/executor_ranks.h"
 #include "worker/runtime/message_tags.h"
 #include "worker/runtime/pipeline_executor.h"
-#include "worker/transport/gloo/factory.h"
 #include "worker/transport/in_memory_store.h"
 
 namespace stagecoach::runtime {
@@ -130,12 +130,7 @@ TEST_P(PipelineWiringTest, SkipValuesTrainLikeTheWholeModelAndGoStraightToTheirC
         owned.push_back(std::make_unique<SkipStage>(s, layers.linear[s]));
         stages[s] = owned.back().get();
       }
-      transport::GlooOptions gloo;
-      gloo.rank = r;
-      gloo.world_size = c.ranks;
-      gloo.key_prefix = "wiring/";
-      gloo.connect_timeout = absl::Seconds(20);
-      auto transport = transport::CreateGlooTransport(gloo, &store);
+      auto transport = testing::ConnectThreadRank(store, "wiring/", r, c.ranks);
       if (!transport.ok()) {
         out.status = transport.status();
         return;
@@ -148,14 +143,9 @@ TEST_P(PipelineWiringTest, SkipValuesTrainLikeTheWholeModelAndGoStraightToTheirC
       options.comm_timeout = absl::Seconds(20);
       options.wiring = SkipWiring();
       PipelineExecutor executor(options, transport->get(), stages);
-      std::vector<TensorMeta> first;
-      for (const auto& mb : xs) first.push_back(TensorMeta{mb.sizes().vec(), torch::kFloat32});
-      out.status = executor.AgreeShapes(first);
+      out.status = executor.AgreeShapes(testing::Float32Metas(xs));
       if (!out.status.ok()) return;
-      std::vector<schedule::Action> actions;
-      for (const auto& a : built->lowered[r]) {
-        if (a.has_value()) actions.push_back(*a);
-      }
+      const std::vector<schedule::Action> actions = testing::RankActions(*built, r);
       auto result = executor.RunStep(actions, stages.count(0) ? xs : std::vector<torch::Tensor>{},
                                      stages.count(3) ? ts : std::vector<torch::Tensor>{});
       if (!result.ok()) {
@@ -163,9 +153,7 @@ TEST_P(PipelineWiringTest, SkipValuesTrainLikeTheWholeModelAndGoStraightToTheirC
         return;
       }
       out.result = *std::move(result);
-      for (auto& [s, stage] : stages) {
-        for (auto& [name, p] : stage->NamedParameters()) out.grads[name] = p.grad().clone();
-      }
+      out.grads = testing::GradientsByName(stages);
       out.status = (*transport)->Barrier(absl::Seconds(20));
     });
   }

@@ -1,6 +1,7 @@
 #include "common/schedule/action.h"
 
 #include <cctype>
+#include <string>
 #include <tuple>
 
 #include "absl/strings/ascii.h"
@@ -38,13 +39,25 @@ absl::Status Invalid(absl::string_view text, absl::string_view why) {
                    "(0F3;3B1)OVERLAP_F_B)"));
 }
 
-// Parses a non-negative decimal integer made of all of `digits`.
-bool ParseIndex(absl::string_view digits, int* out) {
-  if (digits.empty() || digits.size() > 9) return false;
-  for (char c : digits) {
+// Indices have at most this many digits, so that every one fits an int (999,999,999 at most);
+// callers such as the CSV loader hold them to much lower limits.
+constexpr size_t kMaxIndexDigits = 9;
+
+bool AllDigits(absl::string_view text) {
+  for (char c : text) {
     if (!std::isdigit(static_cast<unsigned char>(c))) return false;
   }
+  return !text.empty();
+}
+
+// Parses a non-negative decimal integer made of all of `digits` (at most kMaxIndexDigits).
+bool ParseIndex(absl::string_view digits, int* out) {
+  if (digits.size() > kMaxIndexDigits || !AllDigits(digits)) return false;
   return absl::SimpleAtoi(digits, out);
+}
+
+std::string TooLarge(absl::string_view what, absl::string_view digits) {
+  return absl::StrCat(what, " ", digits, " is too large (at most ", kMaxIndexDigits, " digits)");
 }
 
 // Parses "{stage}{type}{microbatch?}" (no container).
@@ -52,6 +65,7 @@ absl::StatusOr<Action> ParseSimple(absl::string_view text, absl::string_view who
   size_t pos = 0;
   while (pos < text.size() && std::isdigit(static_cast<unsigned char>(text[pos]))) ++pos;
   int stage = 0;
+  if (pos > kMaxIndexDigits) return Invalid(whole, TooLarge("stage number", text.substr(0, pos)));
   if (pos == 0 || !ParseIndex(text.substr(0, pos), &stage)) {
     return Invalid(whole, "it must start with a stage number");
   }
@@ -67,6 +81,9 @@ absl::StatusOr<Action> ParseSimple(absl::string_view text, absl::string_view who
       int mb = 0;
       if (mb_text.empty()) {
         return Invalid(whole, absl::StrCat("action type ", tn.name, " needs a microbatch index"));
+      }
+      if (mb_text.size() > kMaxIndexDigits && AllDigits(mb_text)) {
+        return Invalid(whole, TooLarge("microbatch index", mb_text));
       }
       if (!ParseIndex(mb_text, &mb)) {
         return Invalid(

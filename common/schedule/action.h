@@ -66,8 +66,8 @@ std::ostream& operator<<(std::ostream& os, const Action& action);
 
 // Parses one action. Surrounding whitespace is ignored; "" (or only whitespace) is an idle slot
 // and parses to std::nullopt. Stricter than PyTorch: trailing characters ("2F0xyz"), a missing
-// or superfluous microbatch index ("2F", "1UNSHARD3"), nested or non-OVERLAP_F_B containers
-// ("(0F1;1B0)B") are INVALID_ARGUMENT errors that quote the string.
+// or superfluous index ("2F", "1UNSHARD3"), an index over 9 digits ("too large"), nested or
+// non-OVERLAP_F_B containers ("(0F1;1B0)B") are INVALID_ARGUMENT errors that quote the string.
 absl::StatusOr<std::optional<Action>> ParseAction(absl::string_view text);
 
 // Like ParseAction, but an idle slot is an error too.

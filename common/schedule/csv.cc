@@ -1,6 +1,7 @@
 #include "common/schedule/csv.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -45,28 +46,102 @@ absl::StatusOr<absl::string_view> Unquote(absl::string_view source, absl::string
                                  "\" (a field may only be wrapped in quotes as a whole)"));
 }
 
-absl::StatusOr<PipelineOrder> ParseRows(absl::string_view text, absl::string_view source) {
-  std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
-  if (!lines.empty() && lines.back().empty()) lines.pop_back();  // final terminator
+// A leaf's stage and microbatch against `limits`.
+absl::Status CheckIndices(const Action& entry, const CsvLimits& limits, absl::string_view source,
+                          size_t line, size_t column) {
+  for (const Action* leaf : LeafActions(entry)) {
+    if (leaf->stage >= limits.max_stages) {
+      return FieldError(source, line, column,
+                        absl::StrCat(DescribeLeaf(*leaf, entry), " names stage ", leaf->stage,
+                                     "; stage indices must be below ", limits.max_stages,
+                                     " (the limit on stages)"));
+    }
+    if (leaf->microbatch.has_value() && *leaf->microbatch >= limits.max_microbatches) {
+      return FieldError(source, line, column,
+                        absl::StrCat(DescribeLeaf(*leaf, entry), " names microbatch ",
+                                     *leaf->microbatch, "; microbatch indices must be below ",
+                                     limits.max_microbatches, " (the limit on microbatches)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Reads the rows one line and one field at a time, checking `limits` before each is stored.
+absl::StatusOr<PipelineOrder> ParseRows(absl::string_view text, absl::string_view source,
+                                        const CsvLimits& limits) {
   PipelineOrder order;
-  order.reserve(lines.size());
-  for (size_t line = 0; line < lines.size(); ++line) {
-    absl::string_view row = lines[line];
+  if (text.empty()) return order;
+  if (text.back() == '\n') text.remove_suffix(1);  // final terminator
+  int64_t total = 0;
+  size_t line = 0;
+  for (absl::string_view row : absl::StrSplit(text, '\n')) {
+    if (line >= static_cast<size_t>(std::max(limits.max_ranks, 0))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Place(source, line, std::nullopt), ": the file has more than ", limits.max_ranks,
+          " rows; a schedule has at most ", limits.max_ranks, " ranks (the limit on ranks)"));
+    }
     if (!row.empty() && row.back() == '\r') row.remove_suffix(1);
     RankActions actions;
     if (!row.empty()) {
-      std::vector<absl::string_view> fields = absl::StrSplit(row, ',');
-      for (size_t column = 0; column < fields.size(); ++column) {
-        auto field = Unquote(source, fields[column], line, column);
+      size_t column = 0;
+      for (absl::string_view raw : absl::StrSplit(row, ',')) {
+        if (column >= static_cast<size_t>(std::max(limits.max_fields_per_rank, 0))) {
+          return FieldError(
+              source, line, column,
+              absl::StrCat("rank ", line, " has more than ", limits.max_fields_per_rank,
+                           " fields (actions and idle slots); the limit is ",
+                           limits.max_fields_per_rank, " per rank"));
+        }
+        if (total >= limits.max_fields) {
+          return FieldError(source, line, column,
+                            absl::StrCat("the file has more than ", limits.max_fields,
+                                         " fields (actions and idle slots); the limit is ",
+                                         limits.max_fields, " in all"));
+        }
+        ++total;
+        auto field = Unquote(source, raw, line, column);
         if (!field.ok()) return field.status();
         auto action = ParseAction(*field);
         if (!action.ok()) return FieldError(source, line, column, action.status().message());
+        if (action->has_value()) {
+          RETURN_IF_ERROR(CheckIndices(**action, limits, source, line, column));
+        }
         actions.push_back(*std::move(action));
+        ++column;
       }
     }
     order.push_back(std::move(actions));
+    ++line;
   }
   return order;
+}
+
+// The counts of stages and microbatches (explicit or from the file) against their limits, and their
+// product against the field limit, before the validator allocates its per-(stage, microbatch)
+// tables.
+absl::Status CheckCountLimits(int stages, int microbatches, const CsvLimits& limits,
+                              absl::string_view source) {
+  if (stages < 1 || microbatches < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", stages, " stages and ",
+                                                   microbatches,
+                                                   " microbatches; both must be at least 1"));
+  }
+  if (stages > limits.max_stages) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": ", stages, " stages is more than the limit of ", limits.max_stages, " stages"));
+  }
+  if (microbatches > limits.max_microbatches) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", microbatches,
+                                                   " microbatches is more than the limit of ",
+                                                   limits.max_microbatches, " microbatches"));
+  }
+  if (static_cast<int64_t>(stages) * microbatches > limits.max_fields) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": ", stages, " stages x ", microbatches, " microbatches need ",
+        static_cast<int64_t>(stages) * microbatches, " forward actions, more than the limit of ",
+        limits.max_fields, " fields in a file"));
+  }
+  return absl::OkStatus();
 }
 
 bool AdmittedBy(CsvFormat format, ActionType type) {
@@ -165,8 +240,8 @@ absl::Status Located(const absl::Status& status, absl::string_view source) {
 
 }  // namespace
 
-absl::StatusOr<PipelineOrder> ParseScheduleCsv(absl::string_view text) {
-  return ParseRows(text, kDefaultSource);
+absl::StatusOr<PipelineOrder> ParseScheduleCsv(absl::string_view text, const CsvLimits& limits) {
+  return ParseRows(text, kDefaultSource, limits);
 }
 
 absl::StatusOr<CsvFormat> ParseCsvFormat(absl::string_view name) {
@@ -186,7 +261,7 @@ absl::StatusOr<LoadedSchedule> LoadScheduleCsv(absl::string_view text, CsvFormat
   const absl::string_view source = options.source;
   LoadedSchedule loaded;
   loaded.format = format;
-  ASSIGN_OR_RETURN(loaded.order, ParseRows(text, source));
+  ASSIGN_OR_RETURN(loaded.order, ParseRows(text, source, options.limits));
   RETURN_IF_ERROR(CheckFormat(loaded.order, format, source));
   loaded.num_ranks = static_cast<int>(loaded.order.size());
   const auto [stages, microbatches] = IndexBounds(loaded.order);
@@ -195,6 +270,8 @@ absl::StatusOr<LoadedSchedule> LoadScheduleCsv(absl::string_view text, CsvFormat
   }
   loaded.num_stages = options.num_stages.value_or(stages);
   loaded.num_microbatches = options.num_microbatches.value_or(std::max(microbatches, 1));
+  RETURN_IF_ERROR(
+      CheckCountLimits(loaded.num_stages, loaded.num_microbatches, options.limits, source));
   ValidationOptions validation;
   validation.has_backward = options.has_backward;
 

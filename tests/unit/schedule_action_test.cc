@@ -134,6 +134,10 @@ TEST(ActionGrammar, StrictErrorsExplainWhatIsWrong) {
            {"(0F1;1B0", "unbalanced"},
            {"3X1", "unknown action type \"X1\""},
            {"F0", "must start with a stage number"},
+           // Indices that do not fit an int (issue 20): refused, not wrapped around.
+           {"99999999999999999999F0", "stage number 99999999999999999999 is too large"},
+           {"0F99999999999999999999", "microbatch index 99999999999999999999 is too large"},
+           {"(0F0;1234567890B0)OVERLAP_F_B", "stage number 1234567890 is too large"},
        }) {
     auto parsed = ParseAction(c.input);
     ASSERT_FALSE(parsed.ok()) << c.input;

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/schedule/csv.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -240,6 +241,108 @@ TEST(LoadScheduleCsv, ExplicitCountsAndForwardOnly) {
   ASSERT_FALSE(with_backward.ok());
   EXPECT_THAT(std::string(with_backward.status().message()),
               HasSubstr("column 2 (step 1): 0B0 in a forward-only schedule"));
+}
+
+// Files that name huge indices or hold too many rows or fields (issue 20: stagectl schedule --csv
+// died of std::bad_alloc on the first two) are refused by CsvLimits before anything is allocated
+// by their numbers, in both formats, with the place and the limit.
+TEST(LoadScheduleCsv, RefusesFilesPastTheLimits) {
+  struct Case {
+    const char* name;
+    std::string text;
+    CsvLimits limits;
+    std::string expected;
+  };
+  CsvLimits two_ranks;
+  two_ranks.max_ranks = 2;
+  CsvLimits two_fields_per_rank;
+  two_fields_per_rank.max_fields_per_rank = 2;
+  CsvLimits three_fields;
+  three_fields.max_fields = 3;
+  const std::vector<Case> cases = {
+      {"huge stage and microbatch",
+       "999999999F999999999",
+       {},
+       "mine.csv line 1 (rank 0), column 1 (step 0): 999999999F999999999 names stage 999999999; "
+       "stage indices must be below 4096 (the limit on stages)"},
+      {"huge microbatch (asked for ~16 GB)",
+       "0F0,0F999999999\n1F0\n",
+       {},
+       "mine.csv line 1 (rank 0), column 2 (step 1): 0F999999999 names microbatch 999999999; "
+       "microbatch indices must be below 65536 (the limit on microbatches)"},
+      {"huge microbatch in an overlap",
+       "(0F0;0B70000)OVERLAP_F_B\n",
+       {},
+       "column 1 (step 0): 0B70000 (in (0F0;0B70000)OVERLAP_F_B) names microbatch 70000"},
+      {"stage number past an int",
+       "99999999999999999999F0",
+       {},
+       "mine.csv line 1 (rank 0), column 1 (step 0): invalid action \"99999999999999999999F0\": "
+       "stage number 99999999999999999999 is too large"},
+      {"microbatch index past an int",
+       "0F0,0F99999999999999999999\n",
+       {},
+       "column 2 (step 1): invalid action \"0F99999999999999999999\": microbatch index "
+       "99999999999999999999 is too large"},
+      {"stages x microbatches",
+       "4095F65535\n",
+       {},
+       "mine.csv: 4096 stages x 65536 microbatches need 268435456 forward actions, more than the "
+       "limit of 1000000 fields in a file"},
+      {"rows", "0F0\n1F0\n2F0\n", two_ranks,
+       "mine.csv line 3 (rank 2): the file has more than 2 rows; a schedule has at most 2 ranks"},
+      {"fields of a rank", "0F0,,0F1\n", two_fields_per_rank,
+       "mine.csv line 1 (rank 0), column 3 (step 2): rank 0 has more than 2 fields (actions and "
+       "idle slots); the limit is 2 per rank"},
+      {"fields in all", "0F0,0F1\n1F0,1F1\n", three_fields,
+       "mine.csv line 2 (rank 1), column 2 (step 1): the file has more than 3 fields (actions and "
+       "idle slots); the limit is 3 in all"},
+  };
+  for (CsvFormat format : {CsvFormat::kComputeOnly, CsvFormat::kComputeComms}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(absl::StrCat(c.name, ", ", CsvFormatName(format)));
+      CsvLoadOptions options;
+      options.source = "mine.csv";
+      options.limits = c.limits;
+      auto loaded = LoadScheduleCsv(c.text, format, options);
+      ASSERT_FALSE(loaded.ok());
+      EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_THAT(std::string(loaded.status().message()), HasSubstr(c.expected));
+    }
+  }
+  // ParseScheduleCsv (the coordinator's first read of schedule.csv_text) holds to them too.
+  auto rows = ParseScheduleCsv("0F0,0F999999999\n1F0\n");
+  ASSERT_FALSE(rows.ok());
+  EXPECT_THAT(std::string(rows.status().message()),
+              HasSubstr("schedule CSV line 1 (rank 0), column 2 (step 1): 0F999999999 names "
+                        "microbatch 999999999"));
+  // The largest indices the defaults admit still read (and fail validation, not allocation).
+  auto largest = LoadScheduleCsv("0F0\n4095F0\n", CsvFormat::kComputeComms);
+  ASSERT_FALSE(largest.ok());
+  EXPECT_THAT(std::string(largest.status().message()), HasSubstr("stage 1 has no actions"));
+}
+
+// Counts given by the caller (stagectl --microbatches, the spec's schedule.microbatches) are
+// held to the same limits.
+TEST(LoadScheduleCsv, RefusesExplicitCountsPastTheLimits) {
+  CsvLoadOptions options;
+  options.num_microbatches = 999999999;
+  auto many = LoadScheduleCsv("0F0,0B0\n", CsvFormat::kComputeOnly, options);
+  ASSERT_FALSE(many.ok());
+  EXPECT_THAT(std::string(many.status().message()),
+              HasSubstr("schedule CSV: 999999999 microbatches is more than the limit of 65536 "
+                        "microbatches"));
+  CsvLoadOptions stages;
+  stages.num_stages = 5000;
+  auto wide = LoadScheduleCsv("0F0,0B0\n", CsvFormat::kComputeComms, stages);
+  ASSERT_FALSE(wide.ok());
+  EXPECT_THAT(std::string(wide.status().message()),
+              HasSubstr("5000 stages is more than the limit of 4096 stages"));
+  CsvLoadOptions negative;
+  negative.num_stages = -1;
+  auto none = LoadScheduleCsv("0F0,0B0\n", CsvFormat::kComputeComms, negative);
+  ASSERT_FALSE(none.ok());
+  EXPECT_THAT(std::string(none.status().message()), HasSubstr("both must be at least 1"));
 }
 
 }  // namespace

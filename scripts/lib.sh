@@ -13,6 +13,8 @@ STAGECOACH_PACKAGES=(
   libabsl-dev libssl-dev libyaml-cpp-dev libgloo-dev libspdlog-dev libcli11-dev nlohmann-json3-dev
   prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
   unzip
+  # clang and its libFuzzer runtime build the fuzz targets (scripts/fuzz.sh, tests/fuzz).
+  clang libclang-rt-dev
 )
 
 log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }

@@ -88,12 +88,24 @@ absl::StatusOr<std::vector<v1::LayerInfo>> Admission::ModelLayers(const spec::Jo
   return std::vector<v1::LayerInfo>(inspected->layers().begin(), inspected->layers().end());
 }
 
+PlanOptions Admission::Planning(const std::function<bool()>& caller_gone,
+                                bool client_batches) const {
+  PlanOptions plan;
+  plan.client_batches = client_batches;
+  plan.limits = options_.limits;
+  plan.deadline = absl::Now() + options_.plan_timeout;
+  plan.cancelled = caller_gone;
+  return plan;
+}
+
 absl::StatusOr<AdmittedJob> Admission::AdmitTraining(const std::string& spec_yaml,
-                                                     const std::string& origin) {
+                                                     const std::string& origin,
+                                                     const std::function<bool()>& caller_gone) {
   AdmittedJob out;
   ASSIGN_OR_RETURN(out.spec, spec::ParseJobSpec(spec_yaml, origin));
+  RETURN_IF_ERROR(spec::CheckSpecLimits(out.spec, options_.limits));
   ASSIGN_OR_RETURN(std::vector<v1::LayerInfo> layers, ModelLayers(out.spec, spec_yaml, {}));
-  ASSIGN_OR_RETURN(out.plan, PlanJob(out.spec, std::move(layers)));
+  ASSIGN_OR_RETURN(out.plan, PlanJob(out.spec, std::move(layers), Planning(caller_gone, false)));
   ASSIGN_OR_RETURN(out.resume, VerifyResumeFrom(out.spec, out.plan));
   RETURN_IF_ERROR(
       CheckCheckpointTargetsFree(out.spec, out.resume.has_value() ? out.resume->step : 0));
@@ -103,7 +115,8 @@ absl::StatusOr<AdmittedJob> Admission::AdmitTraining(const std::string& spec_yam
 
 absl::StatusOr<AdmittedJob> Admission::AdmitInference(const std::string& spec_yaml,
                                                       const std::string& origin,
-                                                      const v1::TensorData& inputs) {
+                                                      const v1::TensorData& inputs,
+                                                      const std::function<bool()>& caller_gone) {
   RETURN_IF_ERROR(rpc::ValidateTensorData(inputs, "inputs"));
   if (inputs.shape_size() < 1 || inputs.shape(0) < 1) {
     return absl::InvalidArgumentError(
@@ -116,6 +129,8 @@ absl::StatusOr<AdmittedJob> Admission::AdmitInference(const std::string& spec_ya
   ASSIGN_OR_RETURN(std::string probe_yaml,
                    InferenceSpecYaml(spec_yaml, origin, std::numeric_limits<int64_t>::max()));
   ASSIGN_OR_RETURN(spec::JobSpec probe, spec::ParseJobSpec(probe_yaml, origin));
+  probe.training.batch_size = rows;  // the limits apply to the client's batch
+  RETURN_IF_ERROR(spec::CheckSpecLimits(probe, options_.limits));
   if (static_cast<int64_t>(probe.schedule.microbatches) * probe.placement.replicas > rows) {
     return absl::InvalidArgumentError(absl::StrCat(
         "schedule.microbatches: must be <= the rows of inputs (", rpc::DescribeTensorData(inputs),
@@ -129,15 +144,16 @@ absl::StatusOr<AdmittedJob> Admission::AdmitInference(const std::string& spec_ya
   ASSIGN_OR_RETURN(out.spec_yaml, InferenceSpecYaml(spec_yaml, origin, rows));
   ASSIGN_OR_RETURN(out.spec, spec::ParseJobSpec(out.spec_yaml, origin));
   // The batch is the client's; profiled layer times are measured on the spec's own data.
-  PlanOptions plan_options;
-  plan_options.client_batches = true;
+  PlanOptions client_batches;
+  client_batches.client_batches = true;
   std::string inspect_yaml = out.spec_yaml;
   if (NeedsProfile(out.spec)) {
     ASSIGN_OR_RETURN(inspect_yaml, InferenceSpecYaml(spec_yaml, origin, rows, /*keep_data=*/true));
   }
   ASSIGN_OR_RETURN(std::vector<v1::LayerInfo> layers,
-                   ModelLayers(out.spec, inspect_yaml, plan_options));
-  ASSIGN_OR_RETURN(out.plan, PlanJob(out.spec, std::move(layers), plan_options));
+                   ModelLayers(out.spec, inspect_yaml, client_batches));
+  ASSIGN_OR_RETURN(out.plan, PlanJob(out.spec, std::move(layers),
+                                     Planning(caller_gone, /*client_batches=*/true)));
   // Inference on a checkpoint's weights (training.resume_from).
   ASSIGN_OR_RETURN(out.resume, VerifyResumeFrom(out.spec, out.plan));
   return out;

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/spec/job_spec.h"
+#include "common/spec/spec_limits.h"
 #include "coordinator/checkpoint_manifest.h"
 #include "coordinator/planner.h"
 #include "coordinator/worker_client.h"
@@ -30,6 +32,11 @@ struct AdmissionOptions {
   absl::Duration inspect_timeout = absl::Seconds(120);
   // Timed repetitions of each layer when profiling; 0 lets the worker choose.
   int profile_iterations = 0;
+  // What a spec may ask for (spec::CheckSpecLimits, checked before anything else).
+  spec::SpecLimits limits;
+  // Bound on planning (after the model's inspection): past it the job is refused with
+  // DEADLINE_EXCEEDED.
+  absl::Duration plan_timeout = absl::Seconds(60);
 };
 
 // A job that passed admission.
@@ -52,8 +59,11 @@ class Admission {
   // a live worker (one of the spec's device if any, idle before busy): FAILED_PRECONDITION when
   // no worker is alive, INVALID_ARGUMENT with the worker's message when it cannot load or run
   // the model, UNAVAILABLE / DEADLINE_EXCEEDED when it does not answer in time.
-  absl::StatusOr<AdmittedJob> AdmitTraining(const std::string& spec_yaml,
-                                            const std::string& origin);
+  // A spec over AdmissionOptions::limits is refused first (INVALID_ARGUMENT naming the field
+  // and the limit). Planning gives up with DEADLINE_EXCEEDED after plan_timeout, and with
+  // CANCELLED as soon as `caller_gone` (when set) returns true.
+  absl::StatusOr<AdmittedJob> AdmitTraining(const std::string& spec_yaml, const std::string& origin,
+                                            const std::function<bool()>& caller_gone = nullptr);
 
   // An Infer job: `spec_yaml` planned as a ForwardOnly job of one step whose batch is `inputs`
   // (the spec's schedule files, checkpoints and data section do not apply; profiled layer times
@@ -61,7 +71,8 @@ class Admission {
   // `inputs...` or `schedule.microbatches` when the batch does not fit.
   absl::StatusOr<AdmittedJob> AdmitInference(const std::string& spec_yaml,
                                              const std::string& origin,
-                                             const v1::TensorData& inputs);
+                                             const v1::TensorData& inputs,
+                                             const std::function<bool()>& caller_gone = nullptr);
 
  private:
   // The model's layers to plan `spec` by (see AdmitTraining); `inspect_yaml` is what the worker
@@ -69,6 +80,9 @@ class Admission {
   absl::StatusOr<std::vector<v1::LayerInfo>> ModelLayers(const spec::JobSpec& spec,
                                                          const std::string& inspect_yaml,
                                                          const PlanOptions& plan_options);
+
+  // The planner's options for one admission: limits, deadline from now, cancellation.
+  PlanOptions Planning(const std::function<bool()>& caller_gone, bool client_batches) const;
 
   const AdmissionOptions options_;
   const WorkerRegistry* const registry_;

@@ -83,6 +83,13 @@ void DeclareFlags(sc::daemon::FlagSet& flags, Config* c) {
                     "forget a finished job (and its record on disk) this long after it ended");
   flags.AddInt("max-job-events", &c->jobs.max_job_events, 1, "events",
                "events a job's log keeps for watchers; older ones are dropped");
+  flags.AddDuration("plan-timeout", &c->jobs.plan_timeout,
+                    "refuse a job whose planning (after the model's inspection) takes longer");
+  for (const sc::spec::SpecLimitFlag& limit : sc::spec::SpecLimitFlags()) {
+    flags.AddInt(limit.flag, &(c->jobs.limits.*limit.field), 1, limit.what,
+                 absl::StrCat("admission limit: the most ", limit.what,
+                              " a job spec may ask for (docs/spec.md, Limits)"));
+  }
   flags.AddTokenFile(
       "client-token-file", &c->auth.client_token,
       "require the token in this file as 'authorization: Bearer' on client RPCs (stagectl)");

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/schedule/build.h"
+#include "common/spec/spec_limits.h"
 #include "common/spec/spec_parser.h"
 #include "common/transport/backends.h"
 #include "common/util/status_macros.h"
@@ -196,8 +197,35 @@ absl::Status CheckStagesFitLayers(int stages, int64_t layers, const StageRequest
 
 // schedule.kind: stage and worker counts, then the generator's lists, placed, lowered and
 // validated.
+int64_t ActionCount(const schedule::PipelineOrder& order) {
+  int64_t n = 0;
+  for (const auto& rank : order) n += static_cast<int64_t>(rank.size());
+  return n;
+}
+
+// The stages and actions a generated schedule would have, within `limits`: refused before the
+// schedule is built (every stage runs at most F, B or I and W, and their sends and receives, for
+// each microbatch: at most 8 actions per stage and microbatch over all ranks).
+absl::Status CheckScheduleSize(const Plan& plan, const StageRequest& request,
+                               const spec::SpecLimits& limits) {
+  if (plan.num_stages > limits.max_stages) {
+    return FieldError(request.field,
+                      absl::StrCat(plan.num_stages, " stages are over the limit of ",
+                                   limits.max_stages, " stages (the coordinator's --max-stages)"));
+  }
+  const int64_t actions = 8 * static_cast<int64_t>(plan.num_stages) * plan.num_microbatches;
+  if (actions > limits.max_actions) {
+    return FieldError(
+        "schedule.microbatches",
+        absl::StrCat(plan.num_stages, " stages x ", plan.num_microbatches,
+                     " microbatches make up to ", actions, " schedule actions, over the limit of ",
+                     limits.max_actions, " (the coordinator's --max-actions)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status PlanGeneratedSchedule(const spec::JobSpec& spec, const StageRequest& request,
-                                   int64_t layers, Plan* plan) {
+                                   int64_t layers, const spec::SpecLimits& limits, Plan* plan) {
   auto kind = schedule::ParseScheduleKind(spec.schedule.kind);
   if (!kind.ok()) return FieldError("schedule.kind", kind.status().message());
   plan->kind = *kind;
@@ -242,6 +270,7 @@ absl::Status PlanGeneratedSchedule(const spec::JobSpec& spec, const StageRequest
   }
   plan->stages_per_rank = plan->num_stages / plan->num_ranks;
   RETURN_IF_ERROR(CheckStagesFitLayers(plan->num_stages, layers, request));
+  RETURN_IF_ERROR(CheckScheduleSize(*plan, request, limits));
 
   // Generate, lower and validate. Unsharded stages: no UNSHARD/RESHARD.
   schedule::ScheduleConfig config;
@@ -274,54 +303,9 @@ absl::Status PlanGeneratedSchedule(const spec::JobSpec& spec, const StageRequest
 }  // namespace
 
 std::vector<int64_t> BuiltinLayerParameters(const spec::BuiltinModel& model) {
-  std::vector<int64_t> out;
-  if (model.family == "mlp") {
-    for (size_t i = 0; i + 1 < model.sizes.size(); ++i) {
-      out.push_back(model.sizes[i] * model.sizes[i + 1] + model.sizes[i + 1]);
-    }
-  } else if (model.family == "gpt") {
-    const int64_t d = model.d_model;
-    // embed: token and position tables.
-    out.push_back(model.vocab * d + model.seq * d);
-    // A block: ln1 (2d), attn.qkv (3d*d + 3d), attn.proj (d*d + d), ln2 (2d), mlp.fc (4d*d + 4d),
-    // mlp.proj (4d*d + d).
-    for (int64_t i = 0; i < model.layers; ++i) out.push_back(12 * d * d + 13 * d);
-    out.push_back(2 * d);            // norm
-    out.push_back(d * model.vocab);  // head, no bias
-  }
-  return out;
-}
-
-std::vector<int> PartitionBalanced(const std::vector<int64_t>& costs, int stages) {
-  const int n = static_cast<int>(costs.size());
-  std::vector<int64_t> prefix(n + 1, 0);
-  for (int i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + costs[i];
-  constexpr int64_t kInf = std::numeric_limits<int64_t>::max();
-  // best[k][i]: the smallest possible maximum part cost when the first i layers form k parts.
-  std::vector<std::vector<int64_t>> best(stages + 1, std::vector<int64_t>(n + 1, kInf));
-  std::vector<std::vector<int>> cut(stages + 1, std::vector<int>(n + 1, 0));
-  best[0][0] = 0;
-  for (int k = 1; k <= stages; ++k) {
-    for (int i = k; i <= n; ++i) {
-      // The last part is layers [j, i); scanning j upwards keeps the longest last part among
-      // equally good cuts, so on ties later stages take more layers and earlier ones fewer
-      // (earlier stages hold more microbatches in flight under 1F1B).
-      for (int j = k - 1; j < i; ++j) {
-        if (best[k - 1][j] == kInf) continue;
-        const int64_t cost = std::max(best[k - 1][j], prefix[i] - prefix[j]);
-        if (cost < best[k][i]) {
-          best[k][i] = cost;
-          cut[k][i] = j;
-        }
-      }
-    }
-  }
-  std::vector<int> firsts(stages);
-  for (int k = stages, i = n; k >= 1; --k) {
-    firsts[k - 1] = cut[k][i];
-    i = cut[k][i];
-  }
-  return firsts;
+  // Admission refuses a model whose counts overflow (spec::CheckSpecLimits).
+  absl::StatusOr<std::vector<int64_t>> counts = spec::BuiltinLayerParameterCounts(model);
+  return counts.ok() ? *std::move(counts) : std::vector<int64_t>{};
 }
 
 bool NeedsInspection(const spec::JobSpec& spec) {
@@ -412,6 +396,12 @@ absl::StatusOr<Plan> PlanJob(const spec::JobSpec& spec, std::vector<v1::LayerInf
                              const PlanOptions& options) {
   RETURN_IF_ERROR(CheckSupported(spec, options));
   if (layers.empty()) return FieldError(ModelField(spec), "the model has no layers to split");
+  if (static_cast<int64_t>(layers.size()) > options.limits.max_layers) {
+    return FieldError(
+        ModelField(spec),
+        absl::StrCat("the model's ", layers.size(), " layers are over the limit of ",
+                     options.limits.max_layers, " layers (the coordinator's --max-layers)"));
+  }
   const int num_layers = static_cast<int>(layers.size());
   Plan plan;
   ASSIGN_OR_RETURN(plan.transport, ResolveTransport(spec.placement));
@@ -438,11 +428,32 @@ absl::StatusOr<Plan> PlanJob(const spec::JobSpec& spec, std::vector<v1::LayerInf
   if (!spec.schedule.csv.empty()) {
     RETURN_IF_ERROR(PlanFileSchedule(spec, request, num_layers, &plan));
   } else {
-    RETURN_IF_ERROR(PlanGeneratedSchedule(spec, request, num_layers, &plan));
+    RETURN_IF_ERROR(PlanGeneratedSchedule(spec, request, num_layers, options.limits, &plan));
+  }
+
+  RETURN_IF_ERROR(options.Interrupted("building the schedule"));
+  const int64_t actions = ActionCount(plan.lowered);
+  if (actions > options.limits.max_actions) {
+    return FieldError(
+        spec.schedule.csv.empty() ? "schedule.microbatches" : "schedule.csv",
+        absl::StrCat("the schedule has ", actions, " actions over its ranks, over the limit of ",
+                     options.limits.max_actions, " (the coordinator's --max-actions)"));
   }
 
   // Partition layers into stages.
-  if (!firsts.empty()) {
+  if (!options.stage_first_layers.empty()) {
+    firsts = options.stage_first_layers;
+    bool fits = static_cast<int>(firsts.size()) == plan.num_stages && firsts[0] == 0;
+    for (size_t s = 1; fits && s < firsts.size(); ++s) {
+      fits = firsts[s] > firsts[s - 1] && firsts[s] < num_layers;
+    }
+    if (!fits) {
+      return FieldError(
+          "split",
+          absl::StrCat("the recorded partition (first layers ", absl::StrJoin(firsts, ", "),
+                       ") does not fit ", num_layers, " layers in ", plan.num_stages, " stages"));
+    }
+  } else if (!firsts.empty()) {
     if (static_cast<int>(firsts.size()) != plan.num_stages) {
       return FieldError("split.points",
                         absl::StrCat("the points make ", firsts.size(), " stages, but the ",
@@ -451,7 +462,7 @@ absl::StatusOr<Plan> PlanJob(const spec::JobSpec& spec, std::vector<v1::LayerInf
   } else if (spec.split.policy == "equal-params") {
     std::vector<int64_t> params;
     for (const v1::LayerInfo& layer : layers) params.push_back(layer.parameters());
-    firsts = PartitionBalanced(params, plan.num_stages);
+    ASSIGN_OR_RETURN(firsts, PartitionBalanced(params, plan.num_stages, options));
   } else if (spec.split.policy == "profiled") {
     // Integer costs in nanoseconds of forward + backward.
     std::vector<int64_t> costs;
@@ -473,9 +484,10 @@ absl::StatusOr<Plan> PlanJob(const spec::JobSpec& spec, std::vector<v1::LayerInf
                         "the model's layers carry none (a worker's InspectModel must profile "
                         "them)");
     }
-    firsts = PartitionBalanced(costs, plan.num_stages);
+    ASSIGN_OR_RETURN(firsts, PartitionBalanced(costs, plan.num_stages, options));
   } else {
-    firsts = PartitionBalanced(std::vector<int64_t>(layers.size(), 1), plan.num_stages);
+    ASSIGN_OR_RETURN(firsts, PartitionBalanced(std::vector<int64_t>(layers.size(), 1),
+                                               plan.num_stages, options));
   }
   for (int s = 0; s < plan.num_stages; ++s) {
     StagePlan st;

@@ -13,15 +13,20 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/schedule/action.h"
 #include "common/schedule/generators.h"
 #include "common/spec/job_spec.h"
+#include "common/spec/spec_limits.h"
 #include "stagecoach/v1/types.pb.h"
 
 namespace stagecoach::coordinator {
@@ -76,6 +81,23 @@ struct PlanOptions {
   // The job's batches come from the client (an Infer job), not from the spec's data section:
   // the checks that the data can feed the model do not apply.
   bool client_batches = false;
+  // Admission limits (spec::CheckSpecLimits checks the spec itself before planning); PlanJob
+  // enforces those only the plan knows: the layers it is given, the stages a schedule derives
+  // from placement.workers, and the actions of the schedule (bounded by 8 x stages x
+  // microbatches before it is built).
+  spec::SpecLimits limits;
+  // Planning gives up with DEADLINE_EXCEEDED once past `deadline`, and with CANCELLED once
+  // `cancelled` (when set) returns true (its client went away); checked between its phases and
+  // between the stages of the split search.
+  absl::Time deadline = absl::InfiniteFuture();
+  std::function<bool()> cancelled;
+  // A recorded plan's partition (each stage's first layer), used instead of split.points and
+  // split.policy: a recovered job keeps the stages its checkpoints were written with, and no
+  // split search runs. INVALID_ARGUMENT when it does not fit the layers and the schedule.
+  std::vector<int> stage_first_layers;
+
+  // OK, or why planning must stop now; `phase` says where it was ("splitting the layers").
+  absl::Status Interrupted(absl::string_view phase) const;
 };
 
 // The checks PlanJob makes of the spec alone (model family, data kind and path, loss) before it
@@ -100,7 +122,9 @@ absl::StatusOr<Plan> PlanJob(const spec::JobSpec& spec, std::vector<v1::LayerInf
 // InspectModel.
 absl::StatusOr<Plan> PlanJob(const spec::JobSpec& spec);
 
-// Parameter count of each layer of a built-in model, in layer order.
+// Parameter count of each layer of a built-in model, in layer order
+// (spec::BuiltinLayerParameterCounts; empty for a model whose counts overflow, which admission
+// refuses).
 std::vector<int64_t> BuiltinLayerParameters(const spec::BuiltinModel& model);
 
 // The layers of a built-in model: names (spec::BuiltinLayerNames) and parameter counts, no
@@ -114,10 +138,13 @@ std::vector<v1::LayerInfo> BuiltinLayers(const spec::BuiltinModel& model);
 absl::StatusOr<std::vector<int>> SplitPointsToFirstLayers(
     const std::map<std::string, std::string>& points, const std::vector<v1::LayerInfo>& layers);
 
-// Contiguous partition of `layer_costs` into `stages` non-empty parts that minimises the most
-// expensive part (ties: earlier stages take fewer layers,
-// since under 1F1B they hold more microbatches in flight). Returns the first layer of each part.
-// Requires 1 <= stages <= layer_costs.size().
+// Contiguous partition of `layer_costs` (non-negative) into `stages` non-empty parts that
+// minimises the most expensive part (ties: earlier stages take fewer layers, since under 1F1B
+// they hold more microbatches in flight). Returns the first layer of each part. Requires
+// 1 <= stages <= layer_costs.size(). O(stages^2 x log(layers) x log(total cost)) time, O(layers)
+// memory. With `options`, gives up between stages as PlanOptions::Interrupted says.
+absl::StatusOr<std::vector<int>> PartitionBalanced(const std::vector<int64_t>& layer_costs,
+                                                   int stages, const PlanOptions& options);
 std::vector<int> PartitionBalanced(const std::vector<int64_t>& layer_costs, int stages);
 
 }  // namespace stagecoach::coordinator

@@ -556,9 +556,12 @@ TEST(PlanJob, BrokenCsvIsRefusedNamingFileLineAndColumn) {
       {"microbatch out of range", CsvSpec("bad.csv", gpipe, 3), "schedule.csv: bad.csv line 1"},
       {"stages", stages, "split.stages: 'bad.csv' runs 2 stages (0..1), but split.stages is 3"},
       {"not sent", not_sent, "schedule.csv: the contents of 'bad.csv' were not sent with the spec"},
-      {"stage past the model's layers", CsvSpec("bad.csv", "0F0,1F0\n,2F0,1000000F0\n", 1),
-       "schedule.csv: bad.csv line 2 (rank 1), column 3 (step 2): 1000000F0 runs stage 1000000, "
+      {"stage past the model's layers", CsvSpec("bad.csv", "0F0,1F0\n,2F0,1000F0\n", 1),
+       "schedule.csv: bad.csv line 2 (rank 1), column 3 (step 2): 1000F0 runs stage 1000, "
        "but the model has 8 layers"},
+      {"stage past the file limits", CsvSpec("bad.csv", "0F0,1F0\n,2F0,1000000F0\n", 1),
+       "schedule.csv: bad.csv line 2 (rank 1), column 3 (step 2): 1000000F0 names stage "
+       "1000000; stage indices must be below 4096"},
       {"empty rank", CsvSpec("bad.csv", "0F0,1F0\n\n", 1, "compute_only"),
        "schedule.csv: bad.csv line 2 (rank 1): the rank runs no stage"},
   };

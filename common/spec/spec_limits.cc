@@ -1,0 +1,161 @@
+#include "common/spec/spec_limits.h"
+
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/spec/spec_parser.h"
+
+namespace stagecoach::spec {
+namespace {
+
+// a * b + c, or false when it does not fit.
+bool MulAdd(int64_t a, int64_t b, int64_t c, int64_t* out) {
+  int64_t product = 0;
+  return !__builtin_mul_overflow(a, b, &product) && !__builtin_add_overflow(product, c, out);
+}
+
+class LimitChecker {
+ public:
+  explicit LimitChecker(const SpecLimits& limits) : limits_(limits) {}
+
+  // Records an error when `value` is over the limit `field` of SpecLimits.
+  void Check(const std::string& path, int64_t value, int64_t SpecLimits::*field) {
+    const int64_t limit = limits_.*field;
+    if (value <= limit) return;
+    for (const SpecLimitFlag& f : SpecLimitFlags()) {
+      if (f.field != field) continue;
+      errors_.push_back(absl::StrCat(path, ": ", value, " is over the limit of ", limit, " ",
+                                     f.what, " (the coordinator's --", f.flag, ")"));
+      return;
+    }
+  }
+  void Error(std::string message) { errors_.push_back(std::move(message)); }
+
+  absl::Status Result() const {
+    if (errors_.empty()) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrJoin(errors_, "; "));
+  }
+
+ private:
+  const SpecLimits& limits_;
+  std::vector<std::string> errors_;
+};
+
+void CheckModel(const BuiltinModel& model, LimitChecker& check) {
+  if (model.family == "mlp") {
+    check.Check("model.builtin.sizes", static_cast<int64_t>(model.sizes.size()) - 1,
+                &SpecLimits::max_layers);
+    for (size_t i = 0; i < model.sizes.size(); ++i) {
+      check.Check(absl::StrCat("model.builtin.sizes[", i, "]"), model.sizes[i],
+                  &SpecLimits::max_dimension);
+    }
+  } else if (model.family == "gpt") {
+    // embed, the blocks, norm, head.
+    check.Check("model.builtin.layers", model.layers + 3, &SpecLimits::max_layers);
+    check.Check("model.builtin.vocab", model.vocab, &SpecLimits::max_dimension);
+    check.Check("model.builtin.d_model", model.d_model, &SpecLimits::max_dimension);
+    check.Check("model.builtin.heads", model.heads, &SpecLimits::max_dimension);
+    check.Check("model.builtin.seq", model.seq, &SpecLimits::max_dimension);
+  }
+}
+
+}  // namespace
+
+const std::vector<SpecLimitFlag>& SpecLimitFlags() {
+  static const std::vector<SpecLimitFlag> kFlags = {
+      {"max-layers", &SpecLimits::max_layers, "layers"},
+      {"max-stages", &SpecLimits::max_stages, "stages"},
+      {"max-microbatches", &SpecLimits::max_microbatches, "microbatches"},
+      {"max-workers", &SpecLimits::max_workers, "workers"},
+      {"max-replicas", &SpecLimits::max_replicas, "replicas"},
+      {"max-dimension", &SpecLimits::max_dimension, "elements in one model dimension"},
+      {"max-batch-size", &SpecLimits::max_batch_size, "rows"},
+      {"max-parameters", &SpecLimits::max_parameters, "parameters"},
+      {"max-actions", &SpecLimits::max_actions, "schedule actions"},
+  };
+  return kFlags;
+}
+
+absl::StatusOr<std::vector<int64_t>> BuiltinLayerParameterCounts(const BuiltinModel& model) {
+  std::vector<int64_t> out;
+  const auto overflow = [&](const std::string& what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.builtin: the parameter count of ", what, " does not fit in 64 bits"));
+  };
+  if (model.family == "mlp") {
+    for (size_t i = 0; i + 1 < model.sizes.size(); ++i) {
+      int64_t n = 0;  // weight and bias
+      if (!MulAdd(model.sizes[i], model.sizes[i + 1], model.sizes[i + 1], &n)) {
+        return overflow(absl::StrCat("layer ", i));
+      }
+      out.push_back(n);
+    }
+  } else if (model.family == "gpt") {
+    const int64_t d = model.d_model;
+    int64_t tokens = 0, embed = 0, d2 = 0, block = 0, head = 0;
+    // embed: token and position tables.
+    if (!MulAdd(model.vocab, d, 0, &tokens) || !MulAdd(model.seq, d, tokens, &embed)) {
+      return overflow("embed");
+    }
+    out.push_back(embed);
+    // A block: ln1 (2d), attn.qkv (3d*d + 3d), attn.proj (d*d + d), ln2 (2d), mlp.fc
+    // (4d*d + 4d), mlp.proj (4d*d + d).
+    int64_t thirteen_d = 0;
+    if (!MulAdd(d, d, 0, &d2) || !MulAdd(13, d, 0, &thirteen_d) ||
+        !MulAdd(12, d2, thirteen_d, &block)) {
+      return overflow("a block");
+    }
+    // The layer count is checked against max_layers before anything sized by it is built.
+    if (model.layers > 0) out.insert(out.end(), static_cast<size_t>(model.layers), block);
+    out.push_back(2 * d);  // norm (d <= 2^31 by the parser)
+    if (!MulAdd(d, model.vocab, 0, &head)) return overflow("head");
+    out.push_back(head);  // no bias
+  }
+  return out;
+}
+
+absl::Status CheckSpecLimits(const JobSpec& spec, const SpecLimits& limits) {
+  LimitChecker check(limits);
+  bool layers_ok = true;
+  if (spec.model.builtin.has_value()) {
+    CheckModel(*spec.model.builtin, check);
+    layers_ok = BuiltinLayerCount(*spec.model.builtin) <= limits.max_layers;
+  }
+  check.Check("split.stages", spec.split.stages, &SpecLimits::max_stages);
+  if (!spec.split.points.empty()) {
+    check.Check("split.points", static_cast<int64_t>(spec.split.points.size()) + 1,
+                &SpecLimits::max_stages);
+  }
+  check.Check("schedule.microbatches", spec.schedule.microbatches, &SpecLimits::max_microbatches);
+  check.Check("placement.replicas", spec.placement.replicas, &SpecLimits::max_replicas);
+  const int64_t workers = static_cast<int64_t>(std::max(1, spec.placement.workers)) *
+                          std::max(1, spec.placement.replicas);
+  check.Check(
+      spec.placement.replicas > 1 ? "placement.workers x placement.replicas" : "placement.workers",
+      workers, &SpecLimits::max_workers);
+  check.Check("training.batch_size", spec.training.batch_size, &SpecLimits::max_batch_size);
+  check.Check("data.seq", spec.data.seq, &SpecLimits::max_dimension);
+  if (spec.eval.has_value()) {
+    int64_t rows = 0;
+    if (!MulAdd(spec.eval->batches, spec.training.batch_size, 0, &rows)) rows = INT64_MAX;
+    check.Check("eval.batches x training.batch_size", rows, &SpecLimits::max_batch_size);
+  }
+  if (spec.model.builtin.has_value() && layers_ok) {
+    absl::StatusOr<std::vector<int64_t>> counts = BuiltinLayerParameterCounts(*spec.model.builtin);
+    int64_t total = 0;
+    bool fits = counts.ok();
+    for (size_t i = 0; fits && i < counts->size(); ++i) {
+      fits = !__builtin_add_overflow(total, (*counts)[i], &total);
+    }
+    if (!fits) {
+      check.Error("model.builtin: its parameter count does not fit in 64 bits");
+    } else {
+      check.Check("model.builtin (parameters)", total, &SpecLimits::max_parameters);
+    }
+  }
+  return check.Result();
+}
+
+}  // namespace stagecoach::spec

@@ -17,12 +17,14 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "client/npy.h"
+#include "client/spec_text.h"
 #include "client/watch.h"
 #include "common/rpc/channel.h"
 #include "common/rpc/tensor_data.h"
 #include "common/rpc/time_conversion.h"
 #include "common/spec/spec_overrides.h"
 #include "common/util/sha256.h"
+#include "common/util/utf8.h"
 
 namespace stagecoach::client {
 namespace {
@@ -37,111 +39,6 @@ int TerminalWidth(std::ostream& s) {
   winsize size{};
   if (ioctl(fd, TIOCGWINSZ, &size) == 0 && size.ws_col > 0) return size.ws_col;
   return 80;
-}
-
-// `text` as a YAML double-quoted scalar, on one line.
-std::string DoubleQuoted(absl::string_view text) {
-  std::string out = "\"";
-  for (char c : text) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
-          out += absl::StrFormat("\\x%02x", static_cast<unsigned char>(c));
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
-
-// For a spec with `schedule.csv: PATH`, the spec text with `schedule.csv_text` (the file's
-// contents) inserted just before the csv key, so that the rest of the user's text stays as
-// written. PATH is read relative to the spec file's directory. Anything else (no schedule.csv,
-// csv_text already there, text that is not YAML) comes back unchanged for the coordinator to
-// judge. The error says which file cannot be read.
-absl::StatusOr<std::string> InlineScheduleCsv(const std::string& spec_text,
-                                              const std::string& spec_path) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(spec_text);
-  } catch (const YAML::Exception&) {
-    return spec_text;
-  }
-  if (!root.IsMap()) return spec_text;
-  const YAML::Node& const_root = root;
-  const YAML::Node schedule = const_root["schedule"];
-  if (!schedule.IsDefined() || !schedule.IsMap()) return spec_text;
-  std::optional<YAML::Node> key;
-  std::string csv;
-  for (auto it = schedule.begin(); it != schedule.end(); ++it) {
-    if (!it->first.IsScalar()) continue;
-    if (it->first.Scalar() == "csv_text") return spec_text;
-    if (it->first.Scalar() == "csv" && !key.has_value() && it->second.IsScalar()) {
-      key = it->first;
-      csv = it->second.Scalar();
-    }
-  }
-  if (!key.has_value() || csv.empty()) return spec_text;
-
-  std::filesystem::path file(csv);
-  if (file.is_relative()) file = std::filesystem::path(spec_path).parent_path() / file;
-  std::error_code error;
-  std::ifstream in;
-  if (std::filesystem::is_regular_file(file, error)) in.open(file, std::ios::binary);
-  std::stringstream contents;
-  if (in) contents << in.rdbuf();
-  if (!in.is_open() || in.bad()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot read schedule.csv '", file.string(), "' (named in ", spec_path,
-                     (std::filesystem::path(csv).is_relative()
-                          ? "; a relative path is read from the spec file's directory)"
-                          : ")")));
-  }
-  if (contents.str().empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("schedule.csv '", file.string(), "' is empty (named in ", spec_path, ")"));
-  }
-
-  // yaml-cpp's marks count bytes, after a UTF-8 byte order mark.
-  size_t at = key->Mark().pos;
-  if (spec_text.rfind("\xEF\xBB\xBF", 0) == 0) at += 3;
-  const absl::string_view rest =
-      absl::string_view(spec_text).substr(std::min(at, spec_text.size()));
-  const bool at_key = absl::StartsWith(rest, "csv") || absl::StartsWith(rest, "\"csv\"") ||
-                      absl::StartsWith(rest, "'csv'");
-  const std::string entry = absl::StrCat("csv_text: ", DoubleQuoted(contents.str()));
-  std::string out = spec_text;
-  if (at_key && schedule.Style() == YAML::EmitterStyle::Flow) {
-    out.insert(at, absl::StrCat(entry, ", "));
-    return out;
-  }
-  const size_t line_start = spec_text.rfind('\n', at == 0 ? 0 : at - 1);
-  const size_t indent_from = line_start == std::string::npos ? 0 : line_start + 1;
-  const absl::string_view indent =
-      absl::string_view(spec_text).substr(indent_from, at - std::min(at, indent_from));
-  if (at_key && at >= indent_from && indent.find_first_not_of(' ') == absl::string_view::npos) {
-    out.insert(at, absl::StrCat(entry, "\n", indent));
-    return out;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("cannot add the contents of schedule.csv to ", spec_path,
-                   "; write it as a plain `csv: PATH` entry of the schedule mapping"));
 }
 
 // "12.3 MiB" and the like (binary units).
@@ -159,18 +56,6 @@ std::string FormatBytes(int64_t bytes) {
 
 // An artifact uri of the right form, to try spec edits on before the real one is known.
 std::string ArtifactUriPlaceholder() { return "artifact:" + std::string(64, '0'); }
-
-// Whether the spec text has a model.builtin entry (text that is not YAML: no).
-bool HasBuiltinModel(const std::string& spec_text) {
-  try {
-    const YAML::Node root = YAML::Load(spec_text);
-    if (!root.IsMap()) return false;
-    const YAML::Node model = root["model"];
-    return model.IsDefined() && model.IsMap() && model["builtin"].IsDefined();
-  } catch (const YAML::Exception&) {
-    return false;
-  }
-}
 
 }  // namespace
 
@@ -271,6 +156,11 @@ int Commands::Submit(const std::string& spec_path, bool wait, const SubmitUpload
   std::stringstream text;
   text << in.rdbuf();
   std::string spec_text = text.str();
+  if (std::string bad = Utf8Problem(spec_text, absl::StrCat("spec file '", spec_path, "'"));
+      !bad.empty()) {
+    err_ << "stagectl: submit: " << bad << "\n";
+    return 1;
+  }
   if (!uploads.model.empty() || !uploads.data.empty()) {
     if (!uploads.model.empty() && HasBuiltinModel(spec_text)) {
       err_ << "stagectl: submit: --model: " << spec_path
@@ -309,6 +199,11 @@ int Commands::Submit(const std::string& spec_path, bool wait, const SubmitUpload
   absl::StatusOr<std::string> spec_yaml = InlineScheduleCsv(spec_text, spec_path);
   if (!spec_yaml.ok()) {
     err_ << "stagectl: submit: " << spec_yaml.status().message() << "\n";
+    return 1;
+  }
+  if (std::string bad = Utf8Problem(*spec_yaml, "the spec with its schedule.csv file inlined");
+      !bad.empty()) {
+    err_ << "stagectl: submit: " << bad << " (the schedule CSV file)\n";
     return 1;
   }
   v1::SubmitJobRequest req;
@@ -354,9 +249,12 @@ int Commands::List() {
   return 0;
 }
 
-int Commands::Status(const std::string& job_id) {
+int Commands::Status(const std::string& job_id, const HistoryRequest& history) {
   v1::GetJobRequest req;
   req.set_job_id(job_id);
+  req.set_history_all(history.all);
+  req.set_history_from(history.from);
+  req.set_history_limit(history.steps);
   v1::GetJobResponse resp;
   grpc::Status status = Call(&v1::CoordinatorService::Stub::GetJob, req, &resp);
   if (!status.ok()) return RpcError(status, absl::StrCat("status ", job_id));
@@ -449,6 +347,11 @@ int Commands::Infer(const std::string& spec_path, const std::string& input_path,
   auto inputs = ReadNpy(input_path);
   if (!inputs.ok()) {
     err_ << "stagectl: infer: " << inputs.status().message() << "\n";
+    return 1;
+  }
+  if (std::string bad = Utf8Problem(text.str(), absl::StrCat("spec file '", spec_path, "'"));
+      !bad.empty()) {
+    err_ << "stagectl: infer: " << bad << "\n";
     return 1;
   }
   v1::InferRequest req;

@@ -53,6 +53,13 @@ struct StepOptions {
 // duration (30s, 5m).
 absl::StatusOr<absl::Duration> ValidateStepOptions(const StepOptions& options);
 
+// How much of a job's history `status` asks for (GetJobRequest's history fields).
+struct HistoryRequest {
+  bool all = false;
+  int64_t from = 0;
+  int steps = 0;  // > 0: a page of this many steps from job step `from`
+};
+
 class Commands {
  public:
   // Bytes per UploadArtifact message.
@@ -67,7 +74,9 @@ class Commands {
   int Submit(const std::string& spec_path, bool wait, const SubmitUploads& uploads = {},
              bool paused = false);
   int List();
-  int Status(const std::string& job_id);
+  // The job with the latest 100 steps of its history (losses, bubble ratios, skipped steps,
+  // evals) and state changes; `history` chooses the whole or a page.
+  int Status(const std::string& job_id, const HistoryRequest& history = HistoryRequest());
   // Follows the job until it ends: a redrawn progress line with state changes above it on a
   // terminal (table format), one plain line per event otherwise, one JSON object per line with
   // -o json, one YAML document per event with -o yaml. 0 when the job SUCCEEDED, else 1.

@@ -191,6 +191,10 @@ nlohmann::json JobJson(const v1::Job& job) {
     losses.push_back(std::isnan(loss) ? nlohmann::json() : nlohmann::json(loss));
   }
   out["losses"] = losses;
+  // losses[i] is job step history_first_step + i (GetJob returns a window of the history).
+  out["history_first_step"] = job.history_first_step();
+  out["missing_loss_steps"] =
+      std::vector<int64_t>(job.missing_loss_steps().begin(), job.missing_loss_steps().end());
   out["max_bubble_ratios"] =
       std::vector<double>(job.max_bubble_ratios().begin(), job.max_bubble_ratios().end());
   AddTrainingJson(job, out);
@@ -207,6 +211,7 @@ nlohmann::json JobJson(const v1::Job& job) {
                        {"time", TimestampString(t.time())}});
   }
   out["history"] = history;
+  out["history_transitions_omitted"] = job.history_transitions_omitted();
   out["ranks"] = RanksJson(job);
   nlohmann::json layers = nlohmann::json::array();
   for (const auto& l : job.layers()) {
@@ -494,14 +499,20 @@ std::string JobDetails(const v1::Job& j) {
         << ")\n";
   }
   if (!j.losses().empty()) {
-    out << "Loss:      " << LossText(*j.losses().begin()) << " (first) -> "
-        << LossText(*j.losses().rbegin()) << " (latest)\n";
+    const int64_t first = j.history_first_step();
+    out << "Loss:      " << LossText(*j.losses().begin()) << " (step " << first << ") -> "
+        << LossText(*j.losses().rbegin()) << " (step " << first + j.losses_size() - 1
+        << ", latest shown)\n";
+  }
+  if (j.missing_loss_steps_size() > 0) {
+    out << "Missing:   no loss recorded for step(s) " << absl::StrJoin(j.missing_loss_steps(), ", ")
+        << "\n";
   }
   out << TrainingLines(j);
   if (!j.max_bubble_ratios().empty()) {
     out << "Bubble:    " << absl::StrFormat("%.3f", *j.max_bubble_ratios().rbegin())
         << " (latest step), " << absl::StrFormat("%.3f", MaxOf(j.max_bubble_ratios()))
-        << " (worst step); largest ratio over the ranks\n";
+        << " (worst step shown); largest ratio over the ranks\n";
   }
   if (j.has_resumed_from()) {
     out << "Resumed:   from " << j.resumed_from().directory() << " (step "
@@ -540,6 +551,10 @@ std::string JobDetails(const v1::Job& j) {
     out << "\n" << FormatTable(rows);
   }
   out << "\nHistory:\n";
+  if (j.history_transitions_omitted() > 0) {
+    out << "  (" << j.history_transitions_omitted()
+        << " earlier state changes not shown: stagectl status --history)\n";
+  }
   for (const auto& t : j.history()) {
     out << "  " << TimestampString(t.time()) << "  " << StateName(t.state());
     if (!t.reason().empty()) out << "  " << t.reason();

@@ -59,6 +59,19 @@ int main(int argc, char** argv) {
   auto* list = app.add_subcommand("list", "list jobs");
   auto* status = app.add_subcommand("status", "show a job");
   status->add_option("JOB", job_id, "job id")->required();
+  bool status_history = false;
+  int64_t history_from = 0;
+  int history_steps = 0;
+  status->add_flag("--history", status_history,
+                   "every step's loss and every state change (default: the latest 100 of each)");
+  status
+      ->add_option("--history-from", history_from,
+                   "with --history-steps: the first job step of the page of history shown")
+      ->check(CLI::NonNegativeNumber);
+  status
+      ->add_option("--history-steps", history_steps,
+                   "show this many steps of history from --history-from (a page)")
+      ->check(CLI::NonNegativeNumber);
   auto* watch = app.add_subcommand(
       "watch",
       "follow a job until it ends: live progress on a terminal, a line (-o json: a JSON object) "
@@ -233,7 +246,9 @@ int main(int argc, char** argv) {
   sc::client::Commands commands(options, std::cout, std::cerr);
   if (submit->parsed()) return commands.Submit(spec_path, wait, uploads, paused);
   if (list->parsed()) return commands.List();
-  if (status->parsed()) return commands.Status(job_id);
+  if (status->parsed()) {
+    return commands.Status(job_id, {status_history, history_from, history_steps});
+  }
   if (watch->parsed()) return commands.Watch(job_id);
   if (cancel->parsed()) return commands.Cancel(job_id);
   if (checkpoint->parsed()) return commands.Checkpoint(job_id);

@@ -1,7 +1,7 @@
-// stagectl's client side of step control, traces, job schedules and the live watch view: the
-// pure rendering functions (progress line, ETA, state lines, event JSON, job tables), argument
+// stagectl's client side of step control, traces, job schedules and the live watch view: argument
 // validation, and each command against a fake CoordinatorService on a loopback gRPC server (the
 // commands' requests as the coordinator receives them, their output in every format, exit codes).
+// The pure rendering functions are stagectl_render_test's.
 #include <unistd.h>
 
 #include <cmath>
@@ -26,6 +26,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/unit/stagectl_test_events.h"
 
 namespace stagecoach::client {
 namespace {
@@ -35,252 +36,6 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using ::testing::StartsWith;
-
-v1::JobEvent StateEvent(int64_t sequence, v1::JobState state, const std::string& reason,
-                        absl::Time time = absl::FromUnixSeconds(1'700'000'000)) {
-  v1::JobEvent e;
-  e.set_job_id("job-1");
-  e.set_sequence(sequence);
-  *e.mutable_time() = rpc::ToProtoTimestamp(time);
-  v1::JobTransition* t = e.mutable_state_change();
-  t->set_state(state);
-  t->set_reason(reason);
-  *t->mutable_time() = rpc::ToProtoTimestamp(time);
-  return e;
-}
-
-v1::JobEvent StepEvent(int64_t sequence, int64_t step, int64_t total, double loss,
-                       absl::Duration step_time, std::vector<double> bubbles = {0.25, 0.5}) {
-  v1::JobEvent e;
-  e.set_job_id("job-1");
-  e.set_sequence(sequence);
-  *e.mutable_time() = rpc::ToProtoTimestamp(absl::FromUnixSeconds(1'700'000'100));
-  v1::StepCompleted* s = e.mutable_step_completed();
-  s->set_step(step);
-  s->set_global_step(step);
-  s->set_steps_total(total);
-  s->set_loss(loss);
-  *s->mutable_step_time() = rpc::ToProtoDuration(step_time);
-  s->set_samples_per_second(800);
-  for (double b : bubbles) s->add_bubble_ratios(b);
-  return e;
-}
-
-// --- Pure rendering ---
-
-TEST(FormatEtaTest, RoundsToSecondsMinutesAndHours) {
-  EXPECT_EQ(FormatEta(absl::Seconds(0)), "0s");
-  EXPECT_EQ(FormatEta(absl::Milliseconds(41'600)), "42s");
-  EXPECT_EQ(FormatEta(absl::Seconds(187)), "3m07s");
-  EXPECT_EQ(FormatEta(absl::Minutes(125) + absl::Seconds(10)), "2h05m");
-  EXPECT_EQ(FormatEta(absl::Seconds(-1)), "?");
-  EXPECT_EQ(FormatEta(absl::Hours(2000)), "?");
-}
-
-TEST(WatchStateTest, EtaIsTheMeanOfRecentStepTimesTimesStepsLeft) {
-  WatchState state;
-  EXPECT_FALSE(EstimateRemaining(state).has_value());
-  ApplyEvent(StateEvent(0, v1::JOB_STATE_RUNNING, ""), &state);
-  // 12 steps: the first two (10 s each) fall out of the 10-step window; the rest take 1 s and 3 s
-  // alternately (mean 2 s).
-  for (int i = 0; i < 12; ++i) {
-    const absl::Duration t = i < 2 ? absl::Seconds(10) : absl::Seconds(i % 2 == 0 ? 1 : 3);
-    ApplyEvent(StepEvent(i + 1, i, 40, 0.5, t), &state);
-  }
-  EXPECT_EQ(state.steps_done, 12);
-  EXPECT_EQ(state.recent_step_times.size(), WatchState::kRecentSteps);
-  ASSERT_TRUE(EstimateRemaining(state).has_value());
-  EXPECT_EQ(*EstimateRemaining(state), absl::Seconds(2 * 28));
-
-  // No estimate while the job does not run.
-  ApplyEvent(StateEvent(13, v1::JOB_STATE_PAUSED, "paused after step 12"), &state);
-  EXPECT_EQ(state.state, v1::JOB_STATE_PAUSED);
-  EXPECT_FALSE(EstimateRemaining(state).has_value());
-}
-
-TEST(WatchStateTest, StepLineShowsProgressLossThroughputBubbleAndEta) {
-  WatchState state;
-  EXPECT_EQ(StepLine(state), "");
-  ApplyEvent(StateEvent(0, v1::JOB_STATE_RUNNING, ""), &state);
-  ApplyEvent(StepEvent(1, 11, 40, 0.1234567, absl::Milliseconds(42)), &state);
-  EXPECT_EQ(StepLine(state),
-            "step 12/40  loss 0.123457  800 samples/s  0.042s/step  bubble 0.50  ETA 1s");
-
-  v1::JobEvent forward = StepEvent(2, 12, 40, 0, absl::Seconds(1));
-  forward.mutable_step_completed()->clear_loss();
-  forward.mutable_step_completed()->set_global_step(52);
-  forward.mutable_step_completed()->set_client_batch(true);
-  ApplyEvent(forward, &state);
-  EXPECT_THAT(StepLine(state), AllOf(StartsWith("step 13/40  loss -  "), HasSubstr("  global 52"),
-                                     HasSubstr("(client batch)")));
-}
-
-TEST(WatchStateTest, StepLineAndJsonShowTheTrainingRecipe) {
-  WatchState state;
-  ApplyEvent(StateEvent(0, v1::JOB_STATE_RUNNING, ""), &state);
-  v1::JobEvent clipped = StepEvent(1, 4, 40, 0.5, absl::Seconds(1));
-  clipped.mutable_step_completed()->set_learning_rate(3e-4);
-  clipped.mutable_step_completed()->set_grad_norm(1.25);
-  clipped.mutable_step_completed()->set_eval_loss(0.4321);
-  ApplyEvent(clipped, &state);
-  EXPECT_THAT(StepLine(state), HasSubstr("ETA 35s  lr 0.0003  gnorm 1.25  eval 0.4321"));
-  const nlohmann::json json = EventJson(clipped);
-  EXPECT_DOUBLE_EQ(json["learning_rate"].get<double>(), 3e-4);
-  EXPECT_DOUBLE_EQ(json["grad_norm"].get<double>(), 1.25);
-  EXPECT_DOUBLE_EQ(json["eval_loss"].get<double>(), 0.4321);
-  EXPECT_EQ(json["skipped"], false);
-
-  v1::JobEvent skipped = StepEvent(2, 5, 40, 0, absl::Seconds(1));
-  skipped.mutable_step_completed()->clear_loss();
-  skipped.mutable_step_completed()->set_learning_rate(3e-4);
-  skipped.mutable_step_completed()->set_skipped(true);
-  skipped.mutable_step_completed()->add_nonfinite_ranks(0);
-  skipped.mutable_step_completed()->add_nonfinite_ranks(2);
-  ApplyEvent(skipped, &state);
-  // The latest eval loss stays until the next pass.
-  EXPECT_THAT(StepLine(state), AllOf(StartsWith("step 6/40  loss -  "),
-                                     HasSubstr("  SKIPPED (non-finite on rank 0,2)  eval 0.4321")));
-  EXPECT_EQ(state.skipped_seen, 1);
-  const nlohmann::json skipped_json = EventJson(skipped);
-  EXPECT_TRUE(skipped_json["loss"].is_null());
-  EXPECT_TRUE(skipped_json["grad_norm"].is_null());
-  EXPECT_EQ(skipped_json["nonfinite_ranks"], nlohmann::json::array({0, 2}));
-}
-
-TEST(WatchStateTest, ProgressLineFitsTheTerminalAndShowsABar) {
-  WatchState state;
-  state.job_id = "job-1";
-  EXPECT_EQ(ProgressLine(state, 80), "job-1 UNSPECIFIED");
-  ApplyEvent(StateEvent(0, v1::JOB_STATE_RUNNING, ""), &state);
-  ApplyEvent(StepEvent(1, 9, 40, 0.5, absl::Seconds(1)), &state);
-
-  const std::string wide = ProgressLine(state, 200);
-  // 10 of 40 steps: a quarter of the (at most 40-cell) bar is filled.
-  EXPECT_THAT(wide, StartsWith(absl::StrCat("[", std::string(10, '#'), std::string(30, '.'),
-                                            "] step 10/40  loss 0.500000")));
-  EXPECT_THAT(wide, HasSubstr("ETA 30s"));
-
-  for (int width : {120, 100, 80, 60, 30, 5, 1}) {
-    const std::string line = ProgressLine(state, width);
-    EXPECT_LE(line.size(), static_cast<size_t>(std::max(width - 1, 1))) << width;
-    EXPECT_FALSE(line.empty()) << width;
-  }
-  // An 80-column terminal: the compact text, with a bar.
-  EXPECT_THAT(ProgressLine(state, 80),
-              AllOf(StartsWith("["), HasSubstr("] 10/40 loss 0.5000 800/s 1.000s/step bubble 0.50 "
-                                               "ETA 30s")));
-  // Too narrow for a bar: the compact text alone, cut.
-  EXPECT_THAT(ProgressLine(state, 40), StartsWith("10/40 loss 0.5000"));
-
-  ApplyEvent(StateEvent(2, v1::JOB_STATE_PAUSED, "paused after step 10"), &state);
-  EXPECT_THAT(ProgressLine(state, 200), AllOf(HasSubstr("ETA -"), HasSubstr("PAUSED")));
-}
-
-TEST(WatchStateTest, StateLineHasTimeStateAndReason) {
-  const absl::TimeZone utc = absl::UTCTimeZone();
-  const absl::Time t = absl::FromCivil(absl::CivilSecond(2026, 11, 21, 12, 3, 4), utc);
-  EXPECT_EQ(
-      StateLine(StateEvent(0, v1::JOB_STATE_PAUSED, "paused after step 40", t).state_change(), utc),
-      "12:03:04 PAUSED  paused after step 40");
-  EXPECT_EQ(StateLine(StateEvent(0, v1::JOB_STATE_RESTARTING, "", t).state_change(), utc),
-            "12:03:04 RESTARTING");
-}
-
-TEST(WatchStateTest, EventJsonNamesTheEventAndItsFields) {
-  const nlohmann::json state =
-      EventJson(StateEvent(3, v1::JOB_STATE_PLANNING, "inspecting the model"));
-  EXPECT_EQ(state["event"], "state_change");
-  EXPECT_EQ(state["state"], "PLANNING");
-  EXPECT_EQ(state["sequence"], 3);
-  EXPECT_EQ(state["reason"], "inspecting the model");
-
-  v1::JobEvent step_event = StepEvent(4, 2, 6, 0.25, absl::Milliseconds(1500), {0.1, 0.4});
-  const nlohmann::json step = EventJson(step_event);
-  EXPECT_EQ(step["event"], "step_completed");
-  EXPECT_EQ(step["step"], 2);
-  EXPECT_EQ(step["steps_total"], 6);
-  EXPECT_DOUBLE_EQ(step["loss"].get<double>(), 0.25);
-  EXPECT_DOUBLE_EQ(step["step_time_seconds"].get<double>(), 1.5);
-  EXPECT_DOUBLE_EQ(step["max_bubble_ratio"].get<double>(), 0.4);
-  EXPECT_EQ(step["client_batch"], false);
-  step_event.mutable_step_completed()->clear_loss();
-  EXPECT_TRUE(EventJson(step_event)["loss"].is_null());
-}
-
-v1::Job RestartedPausedJob() {
-  v1::Job job;
-  job.set_id("job-7");
-  job.set_name("mlp");
-  job.set_state(v1::JOB_STATE_PAUSED);
-  job.set_steps_done(30);
-  job.set_steps_total(50);
-  job.set_global_steps_done(40);
-  job.set_pause_at_global_step(40);
-  job.set_attempt(2);
-  job.set_restarts(1);
-  job.set_max_restarts(3);
-  v1::JobFailure* failure = job.mutable_failure();
-  failure->set_rank(1);
-  failure->set_worker_id("w-2");
-  failure->set_action("1RECV_F3");
-  failure->set_error("lost: missed heartbeats for 3s");
-  return job;
-}
-
-TEST(RenderJobTest, ShowsTheTrainingRecipe) {
-  v1::Job job = RestartedPausedJob();
-  job.add_losses(0.5);
-  job.add_losses(std::nan(""));
-  job.set_learning_rate(2.5e-4);
-  job.set_grad_norm(0.75);
-  for (int64_t step : {12, 39}) job.add_skipped_steps(step);
-  job.set_consecutive_skipped_steps(1);
-  v1::EvalResult* eval = job.add_evals();
-  eval->set_global_step(29);
-  eval->set_loss(0.3);
-  const std::string details = JobDetails(job);
-  EXPECT_THAT(details, HasSubstr("Loss:      0.500000 (first) -> skipped (latest)"));
-  EXPECT_THAT(details, HasSubstr("LR:        0.00025 (latest step); grad norm 0.75"));
-  EXPECT_THAT(details, HasSubstr("Skipped:   2 steps (non-finite gradients), global steps 12, 39; "
-                                 "1 in a row now"));
-  EXPECT_THAT(details, HasSubstr("Eval loss: 0.300000 after global step 30 (1 passes)"));
-  const nlohmann::json json = JobJson(job);
-  EXPECT_TRUE(json["losses"][1].is_null());
-  EXPECT_EQ(json["skipped_steps"], nlohmann::json::array({12, 39}));
-  EXPECT_DOUBLE_EQ(json["evals"][0]["loss"].get<double>(), 0.3);
-}
-
-TEST(RenderJobTest, ShowsRestartsFailureGlobalStepAndPause) {
-  const v1::Job job = RestartedPausedJob();
-  const std::string details = JobDetails(job);
-  EXPECT_THAT(details, HasSubstr("State:     PAUSED"));
-  EXPECT_THAT(details, HasSubstr("Steps:     30/50 (global step 40)"));
-  EXPECT_THAT(details, HasSubstr("holding at global step 40"));
-  EXPECT_THAT(details, HasSubstr("Attempt:   2 (restarts 1/3)"));
-  EXPECT_THAT(details,
-              HasSubstr("Failure:   rank 1 on w-2 at 1RECV_F3: lost: missed heartbeats for 3s"));
-
-  const nlohmann::json json = JobJson(job);
-  EXPECT_EQ(json["state"], "PAUSED");
-  EXPECT_EQ(json["global_steps_done"], 40);
-  EXPECT_EQ(json["pause_at_global_step"], 40);
-  EXPECT_EQ(json["attempt"], 2);
-  EXPECT_EQ(json["restarts"], 1);
-  EXPECT_EQ(json["max_restarts"], 3);
-  EXPECT_EQ(json["failure"]["rank"], 1);
-  EXPECT_EQ(json["failure"]["worker_id"], "w-2");
-  EXPECT_EQ(json["failure"]["action"], "1RECV_F3");
-  EXPECT_EQ(json["failure"]["error"], "lost: missed heartbeats for 3s");
-
-  const std::string table = JobsTable({job});
-  EXPECT_THAT(table, AllOf(HasSubstr("GLOBAL"), HasSubstr("RESTARTS"), HasSubstr("PAUSED@40"),
-                           HasSubstr("1/3")));
-  v1::Job clean;
-  clean.set_state(v1::JOB_STATE_STARTING);
-  EXPECT_FALSE(JobJson(clean).contains("failure"));
-  EXPECT_THAT(JobDetails(clean), Not(HasSubstr("Failure:")));
-  EXPECT_EQ(StateName(v1::JOB_STATE_RESTARTING), "RESTARTING");
-}
 
 // --- Argument validation ---
 
@@ -319,8 +74,12 @@ class FakeCoordinator final : public v1::CoordinatorService::Service {
     resp->set_job_id("job-1");
     return grpc::Status::OK;
   }
-  grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest*,
+  grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest* req,
                       v1::GetJobResponse* resp) override {
+    {
+      absl::MutexLock lock(&mu_);
+      got_ = *req;
+    }
     *resp->mutable_job() = RestartedPausedJob();
     return grpc::Status::OK;
   }
@@ -408,6 +167,10 @@ class FakeCoordinator final : public v1::CoordinatorService::Service {
     absl::MutexLock lock(&mu_);
     events_ = std::move(events);
   }
+  v1::GetJobRequest got() {
+    absl::MutexLock lock(&mu_);
+    return got_;
+  }
   v1::SubmitJobRequest submitted() {
     absl::MutexLock lock(&mu_);
     return submitted_;
@@ -421,6 +184,7 @@ class FakeCoordinator final : public v1::CoordinatorService::Service {
   absl::Mutex mu_;
   std::vector<v1::JobEvent> events_ ABSL_GUARDED_BY(mu_);
   v1::SubmitJobRequest submitted_ ABSL_GUARDED_BY(mu_);
+  v1::GetJobRequest got_ ABSL_GUARDED_BY(mu_);
   v1::StepJobRequest stepped_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -614,6 +378,32 @@ TEST_F(CommandsTest, TraceWritesTheFileAndSaysWhichStep) {
       Run(OutputFormat::kTable, [&](Commands& c) { return c.Trace("job-1", 12, Path("t.json")); }),
       1);
   EXPECT_THAT(err_.str(), HasSubstr("kept: 5..9"));
+}
+
+TEST_F(CommandsTest, SubmitRefusesASpecThatIsNotUtf8SayingWhere) {
+  const std::string path = Path("latin1.yaml");
+  std::ofstream(path) << "name: t\n# caf\xE9\nmodel: {builtin: {family: mlp}}\n";
+  EXPECT_EQ(Run(OutputFormat::kTable, [&](Commands& c) { return c.Submit(path, false); }), 1);
+  EXPECT_THAT(err_.str(), HasSubstr("is not UTF-8 text: the byte at line 2, column 6 (byte 13): "
+                                    "0xE9 is not valid UTF-8"));
+  EXPECT_TRUE(fake_.submitted().spec_yaml().empty()) << "nothing was sent";
+}
+
+TEST_F(CommandsTest, StatusAsksForASummaryUnlessTheHistoryIsWanted) {
+  ASSERT_EQ(Run(OutputFormat::kJson, [](Commands& c) { return c.Status("job-7"); }), 0);
+  EXPECT_FALSE(fake_.got().history_all());
+  EXPECT_EQ(fake_.got().history_limit(), 0);
+  HistoryRequest all;
+  all.all = true;
+  ASSERT_EQ(Run(OutputFormat::kJson, [&](Commands& c) { return c.Status("job-7", all); }), 0);
+  EXPECT_TRUE(fake_.got().history_all());
+  HistoryRequest page;
+  page.from = 100;
+  page.steps = 50;
+  ASSERT_EQ(Run(OutputFormat::kJson, [&](Commands& c) { return c.Status("job-7", page); }), 0);
+  EXPECT_EQ(fake_.got().history_from(), 100);
+  EXPECT_EQ(fake_.got().history_limit(), 50);
+  EXPECT_EQ(nlohmann::json::parse(out_.str())["history_first_step"], 0);
 }
 
 TEST_F(CommandsTest, StatusShowsTheNewJobFields) {

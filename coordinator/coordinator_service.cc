@@ -57,7 +57,7 @@ grpc::Status CoordinatorServiceImpl::SubmitJob(grpc::ServerContext* ctx,
   if (auto s = Bounded(req->spec_origin(), "spec_origin", kMaxNameBytes); !s.ok()) return s;
   auto id =
       jobs_->SubmitJob(req->spec_yaml(), req->spec_origin().empty() ? "spec" : req->spec_origin(),
-                       req->start_paused());
+                       req->start_paused(), [ctx] { return ctx->IsCancelled(); });
   if (!id.ok()) return ToGrpcStatus(id.status());
   resp->set_job_id(*id);
   return grpc::Status::OK;
@@ -66,7 +66,18 @@ grpc::Status CoordinatorServiceImpl::SubmitJob(grpc::ServerContext* ctx,
 grpc::Status CoordinatorServiceImpl::GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
                                             v1::GetJobResponse* resp) {
   if (auto s = RequiredId(req->job_id(), "job_id"); !s.ok()) return s;
-  auto job = jobs_->GetJob(req->job_id());
+  if (req->history_from() < 0 || req->history_limit() < 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("history_from and history_limit must not be negative, got ",
+                                     req->history_from(), " and ", req->history_limit()));
+  }
+  HistoryWindow window = HistoryWindow::Summary();
+  if (req->history_all()) {
+    window = HistoryWindow::All();
+  } else if (req->history_limit() > 0) {
+    window = HistoryWindow::Page(req->history_from(), req->history_limit());
+  }
+  auto job = jobs_->GetJob(req->job_id(), window);
   if (!job.ok()) return ToGrpcStatus(job.status());
   *resp->mutable_job() = *std::move(job);
   return grpc::Status::OK;
@@ -161,7 +172,7 @@ grpc::Status CoordinatorServiceImpl::PauseJob(grpc::ServerContext* ctx,
                                               const v1::PauseJobRequest* req,
                                               v1::PauseJobResponse* resp) {
   if (auto s = RequiredId(req->job_id(), "job_id"); !s.ok()) return s;
-  auto out = jobs_->PauseJob(req->job_id());
+  auto out = jobs_->PauseJob(req->job_id(), [ctx] { return ctx->IsCancelled(); });
   if (!out.ok()) return ToGrpcStatus(out.status());
   *resp = *std::move(out);
   return grpc::Status::OK;

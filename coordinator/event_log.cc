@@ -20,7 +20,7 @@ void EventLog::Add(v1::JobEvent event, const std::string& job_id, absl::Time now
   event.set_job_id(job_id);
   event.set_sequence(next_sequence());
   *event.mutable_time() = rpc::ToProtoTimestamp(now);
-  events_.push_back(std::move(event));
+  events_.push_back(event.SerializeAsString());
   if (size() > capacity_) {
     events_.pop_front();
     ++first_kept_;
@@ -36,7 +36,8 @@ EventLog::Slice EventLog::Since(int64_t from) const {
     from = first_kept_;
   }
   for (int64_t seq = from; seq < next_sequence(); ++seq) {
-    out.events.push_back(events_[static_cast<size_t>(seq - first_kept_)]);
+    // Written by Add from a valid message: parsing it back cannot fail.
+    out.events.emplace_back().ParseFromString(events_[static_cast<size_t>(seq - first_kept_)]);
   }
   return out;
 }

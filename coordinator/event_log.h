@@ -1,7 +1,9 @@
 // A job's event log, as WatchJob streams it: state changes and completed steps numbered from 0
 // in the order they were recorded, of which the newest `capacity` are kept. A watcher that asks
 // for events older than the oldest kept one gets the kept ones and learns what it missed
-// (EventLog::Since), so the log of a job that runs for months stays bounded.
+// (EventLog::Since), so the log of a job that runs for months stays bounded. Events are kept
+// serialized (about 100 bytes for a step's, against about 600 as message objects): the 10,000
+// a job keeps by default take about 1 MB.
 #pragma once
 
 #include <cstdint>
@@ -47,7 +49,7 @@ class EventLog {
  private:
   int64_t capacity_;
   int64_t first_kept_ = 0;
-  std::deque<v1::JobEvent> events_;
+  std::deque<std::string> events_;  // serialized v1::JobEvent
 };
 
 }  // namespace stagecoach::coordinator

@@ -1,5 +1,8 @@
 #include "coordinator/job.h"
 
+#include <algorithm>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "common/rpc/time_conversion.h"
 #include "common/schedule/generators.h"
@@ -86,17 +89,48 @@ std::string Job::RendezvousPrefix() const {
   return absl::StrCat("jobs/", id, "/attempt-", attempt, "/");
 }
 
-void Job::ToProto(v1::Job* out) const {
+namespace {
+
+// The window's job steps [first, end) within `size` recorded steps.
+std::pair<int64_t, int64_t> WindowSteps(const HistoryWindow& window, int64_t size) {
+  if (window.steps < 0) return {0, size};
+  const int64_t first =
+      window.latest ? std::max<int64_t>(0, size - window.steps) : std::min(window.first_step, size);
+  return {first, first + std::min(window.steps, size - first)};
+}
+
+}  // namespace
+
+void Job::ToProto(v1::Job* out, const HistoryWindow& window) const {
   out->set_id(id);
   out->set_name(spec.name);
   out->set_state(state);
   out->set_reason(reason);
-  for (const auto& t : history) *out->add_history() = t;
+  const int64_t omitted =
+      window.transitions < 0
+          ? 0
+          : std::max<int64_t>(0, static_cast<int64_t>(history.size()) - window.transitions);
+  out->set_history_transitions_omitted(omitted);
+  for (size_t i = static_cast<size_t>(omitted); i < history.size(); ++i) {
+    *out->add_history() = history[i];
+  }
   out->set_steps_done(steps_done());
   out->set_steps_total(finish_step - base_step);
-  for (double loss : losses) out->add_losses(loss);
-  for (double ratio : max_bubble_ratios) out->add_max_bubble_ratios(ratio);
-  training.ToProto(out);
+  // Every completed step has a bubble ratio; forward-only steps have no loss.
+  const int64_t ratios = static_cast<int64_t>(max_bubble_ratios.size());
+  const int64_t recorded = static_cast<int64_t>(losses.size());
+  const auto [first, end] = WindowSteps(window, std::max(recorded, ratios));
+  out->set_history_first_step(first);
+  out->mutable_losses()->Add(losses.begin() + std::min(first, recorded),
+                             losses.begin() + std::min(end, recorded));
+  out->mutable_max_bubble_ratios()->Add(max_bubble_ratios.begin() + std::min(first, ratios),
+                                        max_bubble_ratios.begin() + std::min(end, ratios));
+  for (int64_t step : missing_loss_steps) {
+    if (step >= first && step < end) out->add_missing_loss_steps(step);
+  }
+  // Whole history: every skipped step and eval, even those past the losses recorded so far.
+  const bool whole = window.steps < 0;
+  training.ToProto(out, base_step + first, whole ? INT64_MAX : base_step + end);
   out->set_num_stages(plan.num_stages);
   out->set_num_ranks(plan.num_ranks);
   out->set_replicas(plan.replicas);
@@ -137,8 +171,8 @@ void Job::ToProto(v1::Job* out) const {
   out->set_attempt(attempt);
 }
 
-void Job::ToRecord(v1::Job* out) const {
-  ToProto(out);
+void Job::ToRecord(v1::Job* out, const HistoryWindow& window) const {
+  ToProto(out, window);
   // The plan's partition: the model's layers and each stage's share of them.
   for (const v1::LayerInfo& layer : plan.layers) *out->add_layers() = layer;
   for (const StagePlan& stage : plan.stages) {
@@ -151,7 +185,8 @@ void Job::ToRecord(v1::Job* out) const {
 }
 
 void Job::ToSummary(v1::Job* out) const {
-  ToProto(out);
+  // The latest step's loss only (the list's LOSS column), no transitions.
+  ToProto(out, HistoryWindow{0, 1, 0, true});
   out->clear_spec_yaml();
   for (v1::RankStatus& rank : *out->mutable_ranks()) {
     rank.clear_assigned_actions();

@@ -122,6 +122,23 @@ struct StepAggregate {
   std::map<int, std::vector<double>> replica_eval_losses;
 };
 
+// Which part of a job's per-step history (losses, bubble ratios, skipped steps, evals) and of
+// its state transitions a view of the job carries (GetJobRequest's history fields).
+struct HistoryWindow {
+  int64_t first_step = 0;    // job step (index into Job::losses) of the first step shown
+  int64_t steps = -1;        // steps shown from first_step; -1 for all
+  int64_t transitions = -1;  // the latest transitions shown; -1 for all
+  bool latest = false;       // first_step is ignored: the latest `steps` steps
+
+  static HistoryWindow All() { return {}; }
+  // The default view of GetJob: the latest 100 steps and transitions.
+  static HistoryWindow Summary() { return {0, 100, 100, true}; }
+  // Up to `steps` steps from job step `first_step`, and the latest 100 transitions.
+  static HistoryWindow Page(int64_t first_step, int64_t steps) {
+    return {first_step, steps, 100, false};
+  }
+};
+
 // Guarded by the job table's lock (JobTable::mu()), except `control_mu`.
 struct Job {
   std::string id;
@@ -168,6 +185,9 @@ struct Job {
   };
   std::optional<ClientStepState> client_step;
   bool starting = false;  // StartTask calls of the current attempt are in flight
+  // Reloaded after a coordinator restart and not planned again yet (recovery.h): its plan only
+  // describes it and its checkpoints are unchecked; placement waits for it.
+  bool recovering = false;
   // Checkpoints whose manifest is being written (checkpoint collection, off the lock): the job
   // succeeds, and a restart is placed, only once they are listed.
   int manifests_in_flight = 0;
@@ -178,6 +198,12 @@ struct Job {
   // forward-only; a restart drops those after the checkpoint it restores.
   std::vector<double> losses;
   std::vector<double> max_bubble_ratios;  // one per completed step: the largest over ranks
+  // A checkpoint was recorded before the loss of its last step: the job's record is saved
+  // again once steps_done() reaches this; -1 when no save waits.
+  int64_t save_at_steps_done = -1;
+  // Job steps whose loss the coordinator does not have (NaN in `losses`): only when a record
+  // was lost; shown as missing, never invented.
+  std::vector<int64_t> missing_loss_steps;
   // Set when a completed step ends the job as FAILED: a stage's replicas held different
   // parameters, or training.max_skipped_steps steps in a row were skipped. What happened.
   std::string step_failure;
@@ -236,12 +262,14 @@ struct Job {
   // Key prefix of the current attempt in the rendezvous store.
   std::string RendezvousPrefix() const;
 
-  // The job as ListJobs shows it (state, steps, losses, ranks and their counters).
-  void ToProto(v1::Job* out) const;
-  // The job as GetJob returns it and the job table stores it: ToProto plus the plan's layers
-  // and stages.
-  void ToRecord(v1::Job* out) const;
-  // ToProto without the parts that grow with the job (spec text, action lists): a ListJobs row.
+  // The job (state, steps, ranks and their counters, spec, checkpoints) with the part of its
+  // history `window` selects.
+  void ToProto(v1::Job* out, const HistoryWindow& window = HistoryWindow::All()) const;
+  // The job as GetJob returns it (with `window`) and, whole, as the job table stores it:
+  // ToProto plus the plan's layers and stages.
+  void ToRecord(v1::Job* out, const HistoryWindow& window = HistoryWindow::All()) const;
+  // ToProto without the parts that grow with the job (spec text, action lists, per-step history
+  // but the latest loss, state transitions): a ListJobs row.
   void ToSummary(v1::Job* out) const;
 };
 

@@ -43,8 +43,9 @@ JobManager::JobManager(JobManagerOptions options, JobManagerDeps deps)
       writer_(deps.store != nullptr ? std::make_unique<JobWriter>(deps.store, deps.executor)
                                     : nullptr),
       table_(TableOptions(options), writer_.get()),
-      admission_(AdmissionOptions{options.inspect_timeout, options.profile_iterations}, &registry_,
-                 deps.workers),
+      admission_(AdmissionOptions{options.inspect_timeout, options.profile_iterations,
+                                  options.limits, options.plan_timeout},
+                 &registry_, deps.workers),
       placement_(TaskSettings{options.comm_timeout, options.hold_timeout}, &registry_),
       aggregator_(deps.metrics),
       lifecycle_(LifecycleOptions{options.worker_rpc_timeout, options.probe_timeout},
@@ -141,8 +142,9 @@ Job& JobManager::AddJobLocked(AdmittedJob admitted) {
 }
 
 absl::StatusOr<std::string> JobManager::SubmitJob(const std::string& spec_yaml,
-                                                  const std::string& origin, bool start_paused) {
-  ASSIGN_OR_RETURN(AdmittedJob admitted, admission_.AdmitTraining(spec_yaml, origin));
+                                                  const std::string& origin, bool start_paused,
+                                                  const std::function<bool()>& caller_gone) {
+  ASSIGN_OR_RETURN(AdmittedJob admitted, admission_.AdmitTraining(spec_yaml, origin, caller_gone));
   absl::MutexLock lock(&table_.mu());
   Job& job = AddJobLocked(std::move(admitted));
   job.finish_step = job.base_step + job.spec.training.steps;
@@ -157,7 +159,8 @@ absl::StatusOr<InferenceResult> JobManager::Infer(const std::string& spec_yaml,
                                                   const std::string& origin, v1::TensorData inputs,
                                                   absl::Duration timeout,
                                                   const std::function<bool()>& caller_gone) {
-  ASSIGN_OR_RETURN(AdmittedJob admitted, admission_.AdmitInference(spec_yaml, origin, inputs));
+  ASSIGN_OR_RETURN(AdmittedJob admitted,
+                   admission_.AdmitInference(spec_yaml, origin, inputs, caller_gone));
   std::shared_ptr<Job> shared;
   absl::Time deadline;
   {
@@ -219,11 +222,11 @@ absl::StatusOr<InferenceResult> JobManager::AwaitInference(
   }
 }
 
-absl::StatusOr<v1::Job> JobManager::GetJob(const std::string& job_id) {
+absl::StatusOr<v1::Job> JobManager::GetJob(const std::string& job_id, const HistoryWindow& window) {
   absl::MutexLock lock(&table_.mu());
   ASSIGN_OR_RETURN(Job * job, table_.FindOrErrorLocked(job_id));
   v1::Job out;
-  job->ToRecord(&out);
+  job->ToRecord(&out, window);
   return out;
 }
 
@@ -250,7 +253,7 @@ absl::StatusOr<v1::Job> JobManager::CancelJob(const std::string& job_id,
                        reason.empty() ? "cancelled by client" : reason);
   ScheduleLocked();
   v1::Job out;
-  job->ToProto(&out);
+  job->ToProto(&out, HistoryWindow::Summary());
   return out;
 }
 
@@ -302,8 +305,9 @@ absl::StatusOr<v1::CheckpointJobResponse> JobManager::CheckpointJob(const std::s
   return control_.Checkpoint(job_id);
 }
 
-absl::StatusOr<v1::PauseJobResponse> JobManager::PauseJob(const std::string& job_id) {
-  return control_.Pause(job_id);
+absl::StatusOr<v1::PauseJobResponse> JobManager::PauseJob(
+    const std::string& job_id, const std::function<bool()>& caller_gone) {
+  return control_.Pause(job_id, caller_gone);
 }
 
 absl::StatusOr<v1::Job> JobManager::ResumeJob(const std::string& job_id) {
@@ -392,6 +396,10 @@ absl::Status JobManager::ReportStep(const v1::ReportStepRequest& req) {
   if (std::optional<PendingManifest> pending = AddReportedFilesLocked(*job, req)) {
     QueueManifestLocked(*job, *std::move(pending));
   }
+  if (completed && job->save_at_steps_done >= 0 && job->steps_done() >= job->save_at_steps_done) {
+    job->save_at_steps_done = -1;
+    table_.PersistLocked(*job);
+  }
   if (completed) control_.AfterProgressLocked(*job);
   return absl::OkStatus();
 }
@@ -416,6 +424,11 @@ void JobManager::QueueManifestLocked(Job& job, PendingManifest pending) {
     --job->manifests_in_flight;
     if (written.ok()) {
       RecordCheckpointLocked(*job, pending);
+      // The record must hold the loss of every step before the checkpoint: when that step's
+      // loss is not in yet, the record is saved again once it is (ReportStep).
+      if (!job->forward_only() && job->steps_done() < pending.manifest.step - job->base_step) {
+        job->save_at_steps_done = pending.manifest.step - job->base_step;
+      }
       table_.PersistLocked(*job);
     } else {
       spdlog::error("{}: checkpoint at step {} left incomplete (no manifest): {}", job->id,
@@ -440,10 +453,11 @@ absl::Status JobManager::ReportTaskEnd(const v1::ReportTaskEndRequest& req) {
 std::vector<std::string> JobManager::Recover() {
   std::vector<std::string> problems;
   if (deps_.store == nullptr) return problems;
-  // Disk reads and re-planning happen before the lock is taken.
+  // Records are read and rebuilt before the lock is taken; nothing is planned or verified here,
+  // so the coordinator answers at once.
   std::vector<RebuiltJob> rebuilt;
   for (const v1::Job& record : deps_.store->LoadAll(&problems)) {
-    absl::StatusOr<RebuiltJob> job = RebuildJob(record, &problems);
+    absl::StatusOr<RebuiltJob> job = RebuildJob(record);
     if (job.ok()) {
       rebuilt.push_back(*std::move(job));
     } else {
@@ -458,40 +472,63 @@ std::vector<std::string> JobManager::Recover() {
       problems.push_back(std::string(added.message()));
       continue;
     }
-    if (IsFinal(job.state)) continue;
-    if (!r.plan_error.empty()) {
-      lifecycle_.EndLocked(
-          job, v1::JOB_STATE_FAILED,
-          absl::StrCat("cannot plan it again after the coordinator restarted: ", r.plan_error));
-      continue;
+    if (!r.recovering) continue;
+    if (job.state != v1::JOB_STATE_PENDING) {
+      if (job.state != v1::JOB_STATE_RESTARTING) {
+        if (absl::Status moved =
+                job.TransitionTo(v1::JOB_STATE_RESTARTING, "the coordinator restarted", now);
+            !moved.ok()) {
+          problems.push_back(absl::StrCat(job.id, ": ", moved.message()));
+        }
+      }
+      job.reason = "the coordinator restarted; planning it again and checking its checkpoint";
+      table_.PersistLocked(job);
     }
-    if (job.inference) {
-      lifecycle_.EndLocked(job, v1::JOB_STATE_FAILED,
-                           "the coordinator restarted while the inference ran; its client's "
-                           "batch was not kept");
-      continue;
-    }
-    if (job.state == v1::JOB_STATE_PENDING) continue;
-    // It was placed: it continues from its latest checkpoint on the workers that register.
-    const std::string why = absl::StrCat(
-        "the coordinator restarted; continuing from ",
-        job.checkpoints.empty()
-            ? std::string(job.resumed_from.has_value() ? "the checkpoint it resumed from"
-                                                       : "its initial parameters")
-            : absl::StrCat("the checkpoint after step ", job.checkpoints.back().step()),
-        " once workers register");
-    if (job.state == v1::JOB_STATE_RESTARTING) {
-      job.reason = why;
-    } else if (absl::Status moved = job.TransitionTo(v1::JOB_STATE_RESTARTING, why, now);
-               !moved.ok()) {
-      problems.push_back(absl::StrCat(job.id, ": ", moved.message()));
-    }
-    table_.PersistLocked(job);
-    spdlog::info("{} recovered: {}", job.id, why);
+    QueueRecoveryLocked(job);
   }
   spdlog::info("job table: {} jobs loaded from {}", table_.SizeLocked(), deps_.store->Describe());
-  ScheduleLocked();
   return problems;
+}
+
+void JobManager::QueueRecoveryLocked(Job& job) {
+  deps_.executor->Run(scope_.Wrap([this, input = RecoveryInput::Of(job)] {
+    RecoveredState state = PrepareRecovery(input);
+    for (const std::string& problem : state.problems) spdlog::error("job table: {}", problem);
+    absl::MutexLock lock(&table_.mu());
+    Job* job = table_.FindLocked(input.job_id);
+    if (job == nullptr || !job->recovering || IsFinal(job->state)) return;
+    const std::string plan_error =
+        state.plan.ok() ? "" : std::string(state.plan.status().message());
+    ApplyRecovery(*job, std::move(state));
+    FinishRecoveryLocked(*job, plan_error);
+    ScheduleLocked();
+  }));
+}
+
+void JobManager::FinishRecoveryLocked(Job& job, const std::string& plan_error) {
+  if (!plan_error.empty()) {
+    lifecycle_.EndLocked(
+        job, v1::JOB_STATE_FAILED,
+        absl::StrCat("cannot plan it again after the coordinator restarted: ", plan_error));
+    return;
+  }
+  if (job.inference) {
+    lifecycle_.EndLocked(job, v1::JOB_STATE_FAILED,
+                         "the coordinator restarted while the inference ran; its client's "
+                         "batch was not kept");
+    return;
+  }
+  if (job.state == v1::JOB_STATE_PENDING) return;
+  // It was placed: it continues from its latest checkpoint on the workers that register.
+  job.reason =
+      absl::StrCat("the coordinator restarted; continuing from ",
+                   job.checkpoints.empty()
+                       ? std::string(job.resumed_from.has_value() ? "the checkpoint it resumed from"
+                                                                  : "its initial parameters")
+                       : absl::StrCat("the checkpoint after step ", job.checkpoints.back().step()),
+                   " once workers register");
+  table_.PersistLocked(job);
+  spdlog::info("{} recovered: {}", job.id, job.reason);
 }
 
 }  // namespace stagecoach::coordinator

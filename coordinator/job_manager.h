@@ -65,6 +65,10 @@ struct JobManagerOptions {
   absl::Duration inspect_timeout = absl::Seconds(120);
   // Timed repetitions of each layer when profiling; 0 lets the worker choose (3).
   int profile_iterations = 0;
+  // What a submitted spec may ask for (--max-layers, --max-stages, ...: docs/spec.md
+  // "Limits"), and the bound on planning it (--plan-timeout).
+  spec::SpecLimits limits;
+  absl::Duration plan_timeout = absl::Seconds(60);
   // Longest a task holds at a step boundary (a PAUSED job) before it gives up and fails
   // (TaskAssignment.hold_timeout).
   absl::Duration hold_timeout = absl::Hours(24);
@@ -120,22 +124,29 @@ class JobManager : private LifecycleHooks {
   // Starts the background thread (Tick every options.tick_interval). Tests may call Tick().
   void Start();
 
-  // Reloads the job table from deps.store (call before Start). Final jobs come back as they
-  // were. Jobs that were PENDING stay queued. Jobs that were STARTING, RUNNING, PAUSED or
-  // RESTARTING go RESTARTING ("the coordinator restarted"; not counted against
-  // restart.max_restarts) and continue from their latest checkpoint once enough workers have
-  // registered again, holding where they held. An Infer job that had not ended FAILS (its
-  // client's batch was not kept). Returns the problems met (unreadable records, specs or
-  // checkpoints), each naming the job or file; the rest is still loaded.
+  // Reloads the job table from deps.store (call before Start). It reads the records only and
+  // returns at once: final jobs come back as they were; jobs that had not ended are planned
+  // again (with their recorded partition) and their checkpoints checked in the background
+  // (recovery.h), and wait in the queue meanwhile. Jobs that were PENDING stay queued. Jobs that
+  // were STARTING, RUNNING, PAUSED or RESTARTING go RESTARTING ("the coordinator restarted"; not
+  // counted against restart.max_restarts) and continue from their latest checkpoint once enough
+  // workers have registered again, holding where they held. An Infer job that had not ended
+  // FAILS (its client's batch was not kept), as does a job that no longer plans. Returns the
+  // problems met reading records (unreadable ones, specs, histories), each naming the job or
+  // file; the rest is still loaded. Checkpoints that do not verify are logged.
   std::vector<std::string> Recover();
 
   // --- Clients ---
 
   // Admits (Admission::AdmitTraining: its errors) and queues the job. With `start_paused` the
   // job's ranks set up and hold before its first step (PAUSED).
+  // Admission stops as soon as `caller_gone` (when set) returns true.
   absl::StatusOr<std::string> SubmitJob(const std::string& spec_yaml, const std::string& origin,
-                                        bool start_paused = false);
-  absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
+                                        bool start_paused = false,
+                                        const std::function<bool()>& caller_gone = nullptr);
+  // The job with the part of its history `window` selects (the whole by default).
+  absl::StatusOr<v1::Job> GetJob(const std::string& job_id,
+                                 const HistoryWindow& window = HistoryWindow::All());
   // Every job, oldest first, as summaries (Job::ToSummary: GetJob has the spec and action lists).
   std::vector<v1::Job> ListJobs();
   // One page of them (JobTable::List).
@@ -161,7 +172,8 @@ class JobManager : private LifecycleHooks {
   absl::StatusOr<v1::CheckpointJobResponse> CheckpointJob(const std::string& job_id);
   // Step control (CoordinatorService.PauseJob, ResumeJob, RunSteps, StepJob; see their
   // contracts in coordinator.proto and StepControl). Serialised per job.
-  absl::StatusOr<v1::PauseJobResponse> PauseJob(const std::string& job_id);
+  absl::StatusOr<v1::PauseJobResponse> PauseJob(const std::string& job_id,
+                                                const std::function<bool()>& caller_gone = nullptr);
   absl::StatusOr<v1::Job> ResumeJob(const std::string& job_id);
   absl::StatusOr<v1::RunStepsResponse> RunSteps(const std::string& job_id, int64_t steps);
   // Waits up to `timeout` for the step; `caller_gone` (optional) is polled meanwhile.
@@ -213,6 +225,10 @@ class JobManager : private LifecycleHooks {
                                           const v1::ReportStepRequest& req);
   // Writes a completed checkpoint's manifest on the executor, then lists it in its job.
   void QueueManifestLocked(Job& job, PendingManifest pending);
+  // Recover's background part for one job: PrepareRecovery off the lock, then ApplyRecovery and
+  // FinishRecoveryLocked (what the job does next) under it.
+  void QueueRecoveryLocked(Job& job);
+  void FinishRecoveryLocked(Job& job, const std::string& plan_error);
   // Sets the metrics' job and worker counts from the current table (when deps_.metrics).
   void UpdateStateMetricsLocked();
 

@@ -21,6 +21,11 @@ std::vector<StartOrder> Placement::PlaceLocked(JobTable& table, absl::Time now) 
     // A restarting job's previous workers must be free of it first (StopTask returned), and
     // the checkpoints it completed listed (it continues from the latest).
     if (restarting && (registry_->AnyBusyWith(job->id) || job->manifests_in_flight > 0)) continue;
+    if (job->recovering) {  // re-planned in the background first (JobManager::Recover)
+      blocked = true;
+      blocker = job->id;
+      continue;
+    }
     const int needed = job->plan.num_tasks();
     const std::string& device = job->spec.placement.device;
     // A restarting job keeps its cause in view while it waits.
@@ -72,6 +77,21 @@ AttemptStart Placement::PrepareAttemptLocked(Job& job, bool restarting) {
   // checkpoint the job resumes from, if any.
   AttemptStart start{job.resumed_from, job.resume_files};
   job.restored.reset();
+  if (restarting) {
+    // A checkpoint past the losses on record (the coordinator stopped after writing its
+    // manifest but before its step's loss was saved) is not restarted from: the steps before
+    // it would have no loss. An earlier one is, and the steps after it run again.
+    const int64_t covered =
+        job.forward_only() ? INT64_MAX : job.base_step + static_cast<int64_t>(job.losses.size());
+    while (!job.checkpoints.empty() && job.checkpoints.back().step() > covered) {
+      spdlog::warn(
+          "{}: not restarting from the checkpoint after step {}: the losses on record "
+          "end at step {}; an earlier starting point runs them again",
+          job.id, job.checkpoints.back().step(), covered);
+      job.checkpoint_stage_files.erase(job.checkpoints.back().step());
+      job.checkpoints.pop_back();
+    }
+  }
   if (restarting && !job.checkpoints.empty()) {
     const v1::JobCheckpoint& latest = job.checkpoints.back();
     auto files = job.checkpoint_stage_files.find(latest.step());
@@ -87,6 +107,10 @@ AttemptStart Placement::PrepareAttemptLocked(Job& job, bool restarting) {
   const size_t kept = static_cast<size_t>(job.attempt_base - job.base_step);
   job.losses.resize(std::min(job.losses.size(), kept));
   job.max_bubble_ratios.resize(std::min(job.max_bubble_ratios.size(), kept));
+  auto& missing = job.missing_loss_steps;
+  missing.erase(std::remove_if(missing.begin(), missing.end(),
+                               [kept](int64_t step) { return step >= static_cast<int64_t>(kept); }),
+                missing.end());
   job.training.DropFrom(job.attempt_base);
   job.traces.DropAfter(job.attempt_base - 1);
   job.steps_completed = 0;

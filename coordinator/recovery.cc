@@ -5,27 +5,29 @@
 #include "absl/strings/str_cat.h"
 #include "common/rpc/time_conversion.h"
 #include "common/spec/spec_parser.h"
+#include "common/util/status_macros.h"
 #include "coordinator/checkpoint_manifest.h"
 #include "coordinator/planner.h"
 
 namespace stagecoach::coordinator {
 namespace {
 
-// Plans the recorded job again; an Infer job's spec plans with the client's batch in place of
-// its data (and marks the job as one).
-absl::StatusOr<Plan> PlanAgain(const v1::Job& record, Job& job) {
-  std::vector<v1::LayerInfo> layers(record.layers().begin(), record.layers().end());
-  absl::StatusOr<Plan> plan = PlanJob(job.spec, layers);
-  if (plan.ok()) return plan;
+// Plans the job again with its recorded partition; an Infer job's spec plans with the client's
+// batch in place of its data.
+absl::StatusOr<Plan> PlanAgain(const RecoveryInput& input, bool* inference) {
   PlanOptions options;
+  options.stage_first_layers = input.stage_first_layers;
+  absl::StatusOr<Plan> plan = PlanJob(input.spec, input.layers, options);
+  if (plan.ok()) return plan;
   options.client_batches = true;
-  absl::StatusOr<Plan> inference_plan = PlanJob(job.spec, layers, options);
+  absl::StatusOr<Plan> inference_plan = PlanJob(input.spec, input.layers, options);
   if (!inference_plan.ok()) return plan.status();
-  job.inference = true;
+  *inference = true;
   return inference_plan;
 }
 
-// The plan's description from the record alone, for a job that no longer plans.
+// The plan's description from the record alone (no schedule): what a job shows until it is
+// planned again, and all a finished job needs.
 Plan DescribedPlan(const v1::Job& record) {
   Plan plan;
   plan.layers.assign(record.layers().begin(), record.layers().end());
@@ -34,40 +36,49 @@ Plan DescribedPlan(const v1::Job& record) {
   plan.replicas = std::max(1, record.replicas());
   plan.schedule_name = record.schedule();
   plan.num_microbatches = record.microbatches();
+  for (const v1::StageAssignment& st : record.stages()) {
+    StagePlan& stage = plan.stages.emplace_back();
+    stage.stage = st.stage();
+    stage.first_layer = st.first_layer();
+    stage.end_layer = st.end_layer();
+    stage.parameters = st.parameters();
+  }
   return plan;
 }
 
-void RestoreCheckpoints(const v1::Job& record, bool final_state, Job& job,
-                        std::vector<std::string>* problems) {
-  if (record.has_resumed_from()) {
-    job.resumed_from = record.resumed_from();
-    job.base_step = record.resumed_from().step();
-    if (!final_state) {
-      auto m = VerifyCheckpoint(record.resumed_from().directory());
-      if (m.ok()) {
-        for (const ManifestStage& st : m->stages) job.resume_files.push_back(st.files);
-      } else {
-        problems->push_back(
-            absl::StrCat(job.id, ": the checkpoint it resumed from: ", m.status().message()));
-      }
+void CheckCheckpoints(const RecoveryInput& input, bool forward_only, RecoveredState& out) {
+  const std::string& id = input.job_id;
+  if (input.resumed_from.has_value()) {
+    auto m = VerifyCheckpoint(input.resumed_from->directory());
+    if (m.ok()) {
+      for (const ManifestStage& st : m->stages) out.resume_files.push_back(st.files);
+    } else {
+      out.problems.push_back(
+          absl::StrCat(id, ": the checkpoint it resumed from: ", m.status().message()));
     }
   }
-  for (const v1::JobCheckpoint& c : record.checkpoints()) {
-    if (final_state) {
-      job.checkpoints.push_back(c);
+  // Newest first: those past the recorded losses are kept for placement to set aside; the
+  // first one the losses cover is verified in full; older ones are listed by their manifest.
+  bool verified = false;
+  std::vector<v1::JobCheckpoint> kept;
+  for (auto c = input.checkpoints.rbegin(); c != input.checkpoints.rend(); ++c) {
+    if (!forward_only && c->step() > input.losses_cover) {
+      kept.push_back(*c);
       continue;
     }
-    auto m = VerifyCheckpoint(c.directory());
+    auto m = verified ? ReadManifest(c->directory()) : VerifyCheckpoint(c->directory());
     if (!m.ok()) {
-      problems->push_back(absl::StrCat(job.id, ": checkpoint after step ", c.step(),
-                                       " is unusable: ", m.status().message()));
+      out.problems.push_back(absl::StrCat(id, ": checkpoint after step ", c->step(),
+                                          " is unusable: ", m.status().message()));
       continue;
     }
-    job.checkpoints.push_back(c);
+    verified = true;
+    kept.push_back(*c);
     for (const ManifestStage& st : m->stages) {
-      job.checkpoint_stage_files[c.step()].push_back(st.files);
+      out.checkpoint_stage_files[c->step()].push_back(st.files);
     }
   }
+  out.checkpoints.assign(kept.rbegin(), kept.rend());
 }
 
 // The ranks of a finished job, as recorded (for display).
@@ -88,7 +99,35 @@ void RestoreFinishedRanks(const v1::Job& record, Job& job) {
 
 }  // namespace
 
-absl::StatusOr<RebuiltJob> RebuildJob(const v1::Job& record, std::vector<std::string>* problems) {
+RecoveryInput RecoveryInput::Of(const Job& job) {
+  RecoveryInput in;
+  in.job_id = job.id;
+  in.spec = job.spec;
+  in.layers = job.plan.layers;
+  for (const StagePlan& st : job.plan.stages) in.stage_first_layers.push_back(st.first_layer);
+  in.checkpoints = job.checkpoints;
+  in.resumed_from = job.resumed_from;
+  in.losses_cover = job.base_step + static_cast<int64_t>(job.losses.size());
+  return in;
+}
+
+RecoveredState PrepareRecovery(const RecoveryInput& input) {
+  RecoveredState out;
+  out.plan = PlanAgain(input, &out.inference);
+  CheckCheckpoints(input, out.plan.ok() && !out.plan->has_backward, out);
+  return out;
+}
+
+void ApplyRecovery(Job& job, RecoveredState state) {
+  if (state.plan.ok()) job.plan = *std::move(state.plan);
+  job.inference = state.inference;
+  job.checkpoints = std::move(state.checkpoints);
+  job.checkpoint_stage_files = std::move(state.checkpoint_stage_files);
+  job.resume_files = std::move(state.resume_files);
+  job.recovering = false;
+}
+
+absl::StatusOr<RebuiltJob> RebuildJob(const v1::Job& record) {
   RebuiltJob out;
   out.job = std::make_shared<Job>();
   Job& job = *out.job;
@@ -101,13 +140,7 @@ absl::StatusOr<RebuiltJob> RebuildJob(const v1::Job& record, std::vector<std::st
   job.spec = *std::move(spec);
   job.spec_yaml = record.spec_yaml();
   job.created = rpc::FromProtoTimestamp(record.created_time());
-  absl::StatusOr<Plan> plan = PlanAgain(record, job);
-  if (plan.ok()) {
-    job.plan = *std::move(plan);
-  } else {
-    job.plan = DescribedPlan(record);
-    out.plan_error = std::string(plan.status().message());
-  }
+  job.plan = DescribedPlan(record);
   for (const v1::JobTransition& t : record.history()) {
     absl::Status replayed =
         job.TransitionTo(t.state(), t.reason(), rpc::FromProtoTimestamp(t.time()));
@@ -129,15 +162,24 @@ absl::StatusOr<RebuiltJob> RebuildJob(const v1::Job& record, std::vector<std::st
   job.losses.assign(record.losses().begin(), record.losses().end());
   job.max_bubble_ratios.assign(record.max_bubble_ratios().begin(),
                                record.max_bubble_ratios().end());
+  job.missing_loss_steps.assign(record.missing_loss_steps().begin(),
+                                record.missing_loss_steps().end());
   job.training.FromProto(record);
-  const bool final_state = IsFinal(record.state());
-  RestoreCheckpoints(record, final_state, job, problems);
+  if (record.has_resumed_from()) {
+    job.resumed_from = record.resumed_from();
+    job.base_step = record.resumed_from().step();
+  }
+  job.checkpoints.assign(record.checkpoints().begin(), record.checkpoints().end());
   job.finish_step = job.base_step + record.steps_total();
   job.attempt_base = record.global_steps_done();
   if (record.state() == v1::JOB_STATE_PAUSED || record.pause_at_global_step() > 0) {
     job.hold_step = record.pause_at_global_step();
   }
-  if (final_state) RestoreFinishedRanks(record, job);
+  if (IsFinal(record.state())) {
+    RestoreFinishedRanks(record, job);
+  } else {
+    out.recovering = job.recovering = true;
+  }
   return out;
 }
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "common/rpc/tensor_data.h"
 #include "common/rpc/time_conversion.h"
+#include "common/util/logging.h"
 #include "common/util/status_macros.h"
 #include "coordinator/failure_investigation.h"
 
@@ -136,7 +137,15 @@ void StepAggregator::CompleteStepLocked(Job& job, int64_t step_index, absl::Time
   if (!agg.divergence.empty() && job.step_failure.empty()) job.step_failure = agg.divergence;
   // Steps after a restart's checkpoint replace those the failed attempt had recorded.
   const size_t index = static_cast<size_t>(global - job.base_step);
-  job.max_bubble_ratios.resize(index);
+  // Steps before this one with no record (PrepareAttemptLocked restarts where the losses on
+  // record end, so only a lost record leaves any): NaN and named as missing, never invented.
+  if (!forward_only) {
+    for (size_t missing = job.losses.size(); missing < index; ++missing) {
+      spdlog::error("{}: no loss on record for step {}; it is shown as missing", job.id, missing);
+      job.missing_loss_steps.push_back(static_cast<int64_t>(missing));
+    }
+  }
+  job.max_bubble_ratios.resize(index, std::nan(""));
   job.max_bubble_ratios.push_back(
       *std::max_element(agg.bubble_ratios.begin(), agg.bubble_ratios.end()));
   v1::JobEvent event;
@@ -150,7 +159,7 @@ void StepAggregator::CompleteStepLocked(Job& job, int64_t step_index, absl::Time
     loss = std::accumulate(agg.microbatch_losses.begin(), agg.microbatch_losses.end(), 0.0) /
            static_cast<double>(agg.microbatch_losses.size());
     if (agg.skipped) loss.reset();
-    job.losses.resize(index);
+    job.losses.resize(index, std::nan(""));
     job.losses.push_back(loss.value_or(std::nan("")));
     if (loss.has_value()) step->set_loss(*loss);
     RecordRecipeLocked(job, agg, global, *step);

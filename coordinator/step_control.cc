@@ -113,9 +113,15 @@ void StepControl::MaybeFinishLocked(Job& job) {
   SendControlLocked(job, std::move(requests));
 }
 
-absl::StatusOr<v1::PauseJobResponse> StepControl::Pause(const std::string& job_id) {
+absl::StatusOr<v1::PauseJobResponse> StepControl::Pause(const std::string& job_id,
+                                                        const std::function<bool()>& caller_gone) {
   ASSIGN_OR_RETURN(std::shared_ptr<absl::Mutex> control_mu, ControlLock(job_id));
   absl::MutexLock control(control_mu.get());
+  const auto gone = [&] { return caller_gone && caller_gone(); };
+  if (gone()) {
+    return absl::CancelledError(absl::StrCat(
+        "pausing ", job_id, ": the client went away before the pause was sent; nothing changed"));
+  }
   std::vector<std::pair<int, std::string>> ranks;
   int attempt = 0;
   int64_t boundary = 0, finish = 0;
@@ -126,7 +132,7 @@ absl::StatusOr<v1::PauseJobResponse> StepControl::Pause(const std::string& job_i
     if (job->state == v1::JOB_STATE_PAUSED ||
         (job->state == v1::JOB_STATE_RUNNING && job->hold_step >= 0)) {
       response.set_global_step(job->hold_step);
-      job->ToProto(response.mutable_job());
+      job->ToProto(response.mutable_job(), HistoryWindow::Summary());
       return response;
     }
     if (job->state != v1::JOB_STATE_RUNNING) return NotInState(*job, "pausing", "RUNNING");
@@ -165,6 +171,16 @@ absl::StatusOr<v1::PauseJobResponse> StepControl::Pause(const std::string& job_i
     return absl::AbortedError(absl::StrCat("job ", job_id, " became ", JobStateName(job->state),
                                            " while it was being paused: ", job->reason));
   }
+  if (failure.ok() && gone()) {
+    // Its caller was told it failed (or gave up): the ranks run on as before.
+    SendControlLocked(*job, std::vector<v1::ControlTaskRequest>(
+                                job->ranks.size(), ControlRequest(*job, job->finish_step)));
+    MaybeFinishLocked(*job);
+    spdlog::warn("{}: pause at global step {} withdrawn: its client went away", job_id, boundary);
+    return absl::CancelledError(absl::StrCat("pausing ", job_id,
+                                             ": the client went away before the ranks answered; "
+                                             "the pause was withdrawn and the job runs on"));
+  }
   if (!failure.ok()) {
     if (absl::IsFailedPrecondition(failure)) {
       // Ranks that took a lower limit run on to the end again.
@@ -183,7 +199,7 @@ absl::StatusOr<v1::PauseJobResponse> StepControl::Pause(const std::string& job_i
   MaybePauseLocked(*job);
   deps_.table->PersistLocked(*job);
   response.set_global_step(boundary);
-  job->ToProto(response.mutable_job());
+  job->ToProto(response.mutable_job(), HistoryWindow::Summary());
   return response;
 }
 
@@ -220,7 +236,7 @@ absl::StatusOr<v1::Job> StepControl::Resume(const std::string& job_id) {
   deps_.table->PersistLocked(*job);
   MaybeFinishLocked(*job);
   v1::Job out;
-  job->ToProto(&out);
+  job->ToProto(&out, HistoryWindow::Summary());
   return out;
 }
 
@@ -296,7 +312,7 @@ absl::StatusOr<v1::RunStepsResponse> StepControl::RunSteps(const std::string& jo
   deps_.table->PersistLocked(*job);
   v1::RunStepsResponse response;
   response.set_until_global_step(until);
-  job->ToProto(response.mutable_job());
+  job->ToProto(response.mutable_job(), HistoryWindow::Summary());
   return response;
 }
 

@@ -59,8 +59,12 @@ class StepControl {
   // CoordinatorService.PauseJob: the ranks hold at the earliest step boundary none has passed
   // (a later one when a rank already passed it, a few times). FAILED_PRECONDITION unless
   // RUNNING (PAUSED answers where it holds); ABORTED when no boundary was left or the job
-  // changed meanwhile; a worker's error (naming the rank) fails or restarts the job.
-  absl::StatusOr<v1::PauseJobResponse> Pause(const std::string& job_id);
+  // changed meanwhile; a worker's error (naming the rank) fails or restarts the job. A pause
+  // whose caller went away (`caller_gone`, when set: its deadline passed or it cancelled) before
+  // it took effect is not applied later: CANCELLED, and ranks that had taken its step limit are
+  // told to run on (a client told the pause failed never finds the job paused by it).
+  absl::StatusOr<v1::PauseJobResponse> Pause(const std::string& job_id,
+                                             const std::function<bool()>& caller_gone = nullptr);
   // CoordinatorService.ResumeJob: a PAUSED job runs to its end.
   absl::StatusOr<v1::Job> Resume(const std::string& job_id);
   // CoordinatorService.RunSteps: `steps` (>= 1) more steps, then hold; extends the job's end

@@ -38,12 +38,16 @@ void TrainingRecord::DropFrom(int64_t global_step) {
   last_step = std::min(last_step, global_step - 1);
 }
 
-void TrainingRecord::ToProto(v1::Job* out) const {
+void TrainingRecord::ToProto(v1::Job* out, int64_t from, int64_t to) const {
   out->set_learning_rate(learning_rate);
   if (grad_norm.has_value()) out->set_grad_norm(*grad_norm);
-  for (int64_t step : skipped_steps) out->add_skipped_steps(step);
+  for (int64_t step : skipped_steps) {
+    if (step >= from && step < to) out->add_skipped_steps(step);
+  }
   out->set_consecutive_skipped_steps(ConsecutiveSkipped());
-  for (const v1::EvalResult& e : evals) *out->add_evals() = e;
+  for (const v1::EvalResult& e : evals) {
+    if (e.global_step() >= from && e.global_step() < to) *out->add_evals() = e;
+  }
 }
 
 void TrainingRecord::FromProto(const v1::Job& record) {

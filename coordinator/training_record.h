@@ -38,7 +38,8 @@ struct TrainingRecord {
 
   // Into / from the job's record (v1::Job's learning_rate, grad_norm, skipped_steps,
   // consecutive_skipped_steps, evals); `global_steps_done` is the record's.
-  void ToProto(v1::Job* out) const;
+  // ToProto(out, from, to) shows only the skipped steps and evals of global steps [from, to).
+  void ToProto(v1::Job* out, int64_t from = 0, int64_t to = INT64_MAX) const;
   void FromProto(const v1::Job& record);
 };
 

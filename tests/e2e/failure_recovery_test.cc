@@ -389,8 +389,9 @@ TEST_F(FailureRecovery, RestartedCoordinatorKeepsItsJobsAndContinuesFromTheCheck
   EXPECT_EQ(again->restarts(), 0);
   const int restarting = FindState(*again, v1::JOB_STATE_RESTARTING);
   ASSERT_EQ(restarting, held->history_size()) << History(*again);
-  EXPECT_THAT(again->history(restarting).reason(),
-              HasSubstr("the coordinator restarted; continuing from the checkpoint after step 5"));
+  // Which checkpoint it continues from is known once its recovery (in the background) has
+  // checked it: the STARTING transition says.
+  EXPECT_THAT(again->history(restarting).reason(), HasSubstr("the coordinator restarted"));
   ASSERT_GT(again->history_size(), restarting + 3) << History(*again);
   EXPECT_EQ(again->history(restarting + 1).state(), v1::JOB_STATE_STARTING) << History(*again);
   EXPECT_THAT(again->history(restarting + 1).reason(),

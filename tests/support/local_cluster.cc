@@ -200,6 +200,7 @@ absl::StatusOr<v1::Job> LocalCluster::GetJob(const std::string& job_id) {
   rpc::SetDeadline(&ctx, absl::Seconds(10));
   v1::GetJobRequest req;
   req.set_job_id(job_id);
+  req.set_history_all(true);  // tests compare whole loss histories
   v1::GetJobResponse resp;
   grpc::Status status = stub_->GetJob(&ctx, req, &resp);
   if (!status.ok()) return rpc::FromGrpcStatus(status);

@@ -69,6 +69,7 @@ class LocalCluster {
   CommandResult Stagectl(const std::vector<std::string>& args,
                          absl::Duration timeout = absl::Seconds(120));
 
+  // The whole job, every step of its history (GetJobRequest.history_all).
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
   // SubmitJob of `spec_yaml` (held before its first step when `paused`): the job id.
   absl::StatusOr<std::string> Submit(const std::string& spec_yaml, bool paused = false);

@@ -37,20 +37,8 @@ std::string Spec(int stages, const std::string& extra = "") {
                       "training: {batch_size: 8, steps: 3", extra, "}\n");
 }
 
-// A planned job of `spec` queued in `table` (PENDING), as admission and JobManager make it.
 Job& QueueJob(JobTable& table, const std::string& spec_yaml) {
-  Job& job = table.CreateLocked();
-  auto spec = spec::ParseJobSpec(spec_yaml, "spec");
-  EXPECT_TRUE(spec.ok()) << spec.status();
-  job.spec = *spec;
-  job.spec_yaml = spec_yaml;
-  auto plan = PlanJob(job.spec);
-  EXPECT_TRUE(plan.ok()) << plan.status();
-  job.plan = *plan;
-  job.finish_step = job.spec.training.steps;
-  EXPECT_TRUE(job.TransitionTo(v1::JOB_STATE_PLANNING, "submitted", kT0).ok());
-  EXPECT_TRUE(job.TransitionTo(v1::JOB_STATE_PENDING, "planned", kT0).ok());
-  return job;
+  return QueuePlannedJob(table, spec_yaml, kT0);
 }
 
 std::string Register(WorkerRegistry& registry, int n) {
@@ -519,27 +507,33 @@ TEST(Recovery, AJobIsRebuiltByReplayingItsHistory) {
     job.attempt = 2;
     job.ToRecord(&record);
   }
-  std::vector<std::string> problems;
-  auto rebuilt = RebuildJob(record, &problems);
+  auto rebuilt = RebuildJob(record);
   ASSERT_TRUE(rebuilt.ok()) << rebuilt.status();
-  EXPECT_TRUE(problems.empty());
-  EXPECT_TRUE(rebuilt->plan_error.empty());
-  const Job& job = *rebuilt->job;
+  EXPECT_TRUE(rebuilt->recovering) << "it had not ended: planned again in the background";
+  Job& job = *rebuilt->job;
   EXPECT_EQ(job.state, v1::JOB_STATE_RUNNING);
   EXPECT_EQ(job.history.size(), 4u);
   EXPECT_EQ(job.events.size(), 4) << "every replayed transition is an event again";
   EXPECT_THAT(job.losses, ElementsAre(1.5));
   EXPECT_EQ(job.attempt, 2);
   EXPECT_EQ(job.plan.num_stages, 2);
+  EXPECT_TRUE(job.plan.lowered.empty()) << "not planned yet";
+  RecoveredState state = PrepareRecovery(RecoveryInput::Of(job));
+  ASSERT_TRUE(state.plan.ok()) << state.plan.status();
+  EXPECT_FALSE(state.inference);
+  ApplyRecovery(job, std::move(state));
+  EXPECT_FALSE(job.recovering);
+  EXPECT_EQ(job.plan.lowered.size(), 2u);
+  EXPECT_EQ(job.plan.stages[1].first_layer, 2) << "the recorded partition";
 
   v1::Job forged = record;
   forged.mutable_history(2)->set_state(v1::JOB_STATE_SUCCEEDED);  // PENDING -> SUCCEEDED
-  auto refused = RebuildJob(forged, &problems);
+  auto refused = RebuildJob(forged);
   EXPECT_TRUE(absl::IsInvalidArgument(refused.status()));
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("not a path of the job state"));
   v1::Job unparsable = record;
   unparsable.set_spec_yaml("name: [");
-  EXPECT_THAT(std::string(RebuildJob(unparsable, &problems).status().message()),
+  EXPECT_THAT(std::string(RebuildJob(unparsable).status().message()),
               HasSubstr("its spec no longer parses"));
 }
 

@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/spec/spec_parser.h"
 #include "common/util/clock.h"
 #include "common/util/executor.h"
 #include "coordinator/job_manager.h"
@@ -164,6 +165,24 @@ inline std::string TwoStageSpec(int steps, const std::string& extra = "") {
   return absl::StrCat("name: t\nmodel: {builtin: {family: mlp, sizes: [4, 8, 8, 8, 2]}}\n",
                       "split: {stages: 2}\nschedule: {kind: 1F1B, microbatches: 4}\n",
                       "training: {batch_size: 8, steps: ", steps, "}\n", extra);
+}
+
+// A planned job of `spec_yaml` queued in `table` (PENDING at `now`), as admission and
+// JobManager make it.
+// The caller holds table.mu().
+inline Job& QueuePlannedJob(JobTable& table, const std::string& spec_yaml, absl::Time now) {
+  Job& job = table.CreateLocked();
+  auto spec = spec::ParseJobSpec(spec_yaml, "spec");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  job.spec = *spec;
+  job.spec_yaml = spec_yaml;
+  auto plan = PlanJob(job.spec);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  job.plan = *plan;
+  job.finish_step = job.spec.training.steps;
+  EXPECT_TRUE(job.TransitionTo(v1::JOB_STATE_PLANNING, "submitted", now).ok());
+  EXPECT_TRUE(job.TransitionTo(v1::JOB_STATE_PENDING, "planned", now).ok());
+  return job;
 }
 
 // A float32 [rows, cols] tensor of zeros, as a client batch.

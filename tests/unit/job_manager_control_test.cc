@@ -2,6 +2,7 @@
 // resume, run N more steps and client batch steps steer the same attempt through ControlTask;
 // a lost worker restarts a job that has restarts left; a coordinator that starts again from
 // its job table continues the jobs it had placed.
+#include <atomic>
 #include <filesystem>
 #include <thread>
 
@@ -15,7 +16,9 @@
 namespace stagecoach::coordinator {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string Spec(int steps, const std::string& extra = "") { return TwoStageSpec(steps, extra); }
 
@@ -154,6 +157,46 @@ TEST_F(JobManagerControlTest, PauseRunStepAndResumeSteerTheSameAttempt) {
   EXPECT_TRUE(absl::IsFailedPrecondition(manager_->PauseJob(*id).status()));
 }
 
+// The hostile-use report: a pause whose client gave up (its deadline passed while a worker was
+// slow to answer) took effect later. It must not: the ranks are told to run on.
+TEST_F(JobManagerControlTest, APauseWhoseClientWentAwayIsWithdrawnNotAppliedLater) {
+  const std::string w1 = Register(1), w2 = Register(2);
+  auto id = manager_->SubmitJob(Spec(10), "spec.yaml");
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(Eventually([&] { return State(*id) == v1::JOB_STATE_RUNNING; }));
+  StepBoth(*id, w1, w2, 0);
+  std::atomic<bool> gone{false};
+  // Rank 1's worker answers only after the client's deadline passed.
+  workers_.SetControlAnswer(Address(2), [&](const v1::ControlTaskRequest& request) {
+    gone = true;
+    v1::ControlTaskResponse response;
+    response.set_global_steps_done(1);
+    return absl::StatusOr<v1::ControlTaskResponse>(response);
+  });
+  auto paused = manager_->PauseJob(*id, [&] { return gone.load(); });
+  EXPECT_TRUE(absl::IsCancelled(paused.status())) << paused.status();
+  EXPECT_THAT(std::string(paused.status().message()), HasSubstr("withdrawn"));
+  v1::Job job = Job(*id);
+  EXPECT_EQ(job.pause_at_global_step(), 0) << "no hold step was recorded";
+  ASSERT_TRUE(Eventually([&] {
+    const auto controls = workers_.Controls(Address(1));
+    return !controls.empty() && controls.back().step_limit() == 10;
+  })) << "the ranks are told to run on to the end";
+  // The ranks pass the boundary the withdrawn pause had chosen; the job never turns PAUSED.
+  StepBoth(*id, w1, w2, 1);
+  StepBoth(*id, w1, w2, 2);
+  EXPECT_EQ(State(*id), v1::JOB_STATE_RUNNING);
+  // A client gone before anything was sent changes nothing.
+  workers_.SetControlAnswer(Address(2), nullptr);
+  const size_t sent = workers_.Controls(Address(1)).size();
+  EXPECT_TRUE(absl::IsCancelled(manager_->PauseJob(*id, [] { return true; }).status()));
+  EXPECT_EQ(workers_.Controls(Address(1)).size(), sent);
+  // A client still there pauses it.
+  auto again = manager_->PauseJob(*id, [] { return false; });
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->global_step(), 4);
+}
+
 TEST_F(JobManagerControlTest, ALostWorkerRestartsTheJobOnAFreeWorkerUntilNoRestartIsLeft) {
   const std::string w1 = Register(1), w2 = Register(2), w3 = Register(3);
   auto id = manager_->SubmitJob(Spec(5, "restart: {max_restarts: 1}\n"), "spec.yaml");
@@ -242,6 +285,12 @@ TEST_F(JobManagerControlTest, ARestartedCoordinatorContinuesItsJobsFromTheJobTab
   EXPECT_EQ(resumed->history_size(), history + 1);
   EXPECT_THAT(resumed->reason(), HasSubstr("coordinator restarted"));
   EXPECT_EQ(resumed->restarts(), 0) << "a coordinator restart is not the job's";
+  // Recover answered before planning anything: that happens in the background.
+  EXPECT_THAT(resumed->reason(), HasSubstr("planning it again"));
+  EXPECT_GT(executor_.pending(), 0);
+  executor_.RunUntilIdle();
+  EXPECT_THAT(again.GetJob(*running)->reason(),
+              AllOf(HasSubstr("coordinator restarted"), Not(HasSubstr("planning it again"))));
   // New jobs get new ids.
   // Workers register again: the job is placed as attempt 2.
   for (int n : {1, 2}) {

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/spec/spec_parser.h"
+#include "common/spec/yaml_documents.h"
 
 namespace stagecoach::spec {
 namespace {
@@ -42,12 +43,9 @@ absl::StatusOr<YAML::Node> Parent(YAML::Node root, const std::vector<std::string
 absl::StatusOr<std::string> ApplySpecOverrides(absl::string_view yaml_text,
                                                absl::string_view origin,
                                                const SpecOverrides& overrides) {
-  std::vector<YAML::Node> docs;
-  try {
-    docs = YAML::LoadAll(std::string(yaml_text));
-  } catch (const YAML::Exception&) {
-    return DocumentError(yaml_text, origin);
-  }
+  absl::StatusOr<std::vector<YAML::Node>> loaded = LoadYamlDocuments(yaml_text, origin, 1);
+  if (!loaded.ok()) return DocumentError(yaml_text, origin);
+  std::vector<YAML::Node>& docs = *loaded;
   if (docs.size() != 1 || !docs[0].IsMap()) return DocumentError(yaml_text, origin);
   YAML::Node root = docs[0];
   try {

@@ -22,6 +22,8 @@
 #include "absl/strings/strip.h"
 #include "common/checkpoint/layout.h"
 #include "common/spec/recipe_fields.h"
+#include "common/spec/yaml_documents.h"
+#include "common/util/status_macros.h"
 #include "common/spec/yaml_fields.h"
 #include "common/transport/backends.h"
 
@@ -495,19 +497,10 @@ absl::Status Invalid(absl::string_view message) { return absl::InvalidArgumentEr
 }  // namespace
 
 absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view yaml_text, absl::string_view origin) {
-  std::vector<YAML::Node> documents;
-  try {
-    documents = YAML::LoadAll(std::string(yaml_text));
-  } catch (const YAML::Exception& e) {
-    if (e.mark.is_null()) return Invalid(absl::StrCat(origin, ": invalid YAML: ", e.msg));
-    return Invalid(absl::StrCat(origin, ":", e.mark.line + 1, ":", e.mark.column + 1,
-                                ": invalid YAML: ", e.msg));
-  }
+  ASSIGN_OR_RETURN(std::vector<YAML::Node> documents,
+                   LoadYamlDocuments(yaml_text, origin, /*max_documents=*/1));
   const std::string expected =
       absl::StrCat("a mapping with keys ", absl::StrJoin(TopLevelKeys(), ", "));
-  if (documents.size() > 1) {
-    return Invalid(absl::StrCat(origin, ": expected one YAML document, got ", documents.size()));
-  }
   if (documents.empty() || documents[0].IsNull()) {
     return Invalid(absl::StrCat(origin, ": the spec is empty; expected ", expected));
   }

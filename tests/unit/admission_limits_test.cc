@@ -3,6 +3,8 @@
 // at once naming the field and the limit; the split search is near-linear in layers and gives
 // the cuts of the dynamic programme it replaced; planning stops at its deadline or when its
 // client goes away; long refusals are summarised to fit a gRPC trailer.
+#include <fstream>
+#include <iterator>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +16,7 @@
 #include "coordinator/planner.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/test_paths.h"
 #include "tests/unit/coordinator_test_fakes.h"
 
 namespace stagecoach::coordinator {
@@ -181,6 +184,25 @@ TEST(AdmissionLimits, ParameterCountsAreCheckedNotOverflowed) {
   EXPECT_FALSE(spec::BuiltinLayerParameterCounts(mlp).ok());
   mlp.sizes = {3, 4};
   EXPECT_EQ(*spec::BuiltinLayerParameterCounts(mlp), std::vector<int64_t>{16});
+}
+
+// Found by tests/fuzz/spec_parser_fuzz: yaml-cpp 0.7's LoadAll never returned on these (it
+// kept producing empty documents, its memory growing), so a 2-byte spec held a coordinator
+// core. They are refused as YAML the parser cannot read.
+TEST(HostileYaml, InputsThatLoopedTheYamlLibraryAreRefused) {
+  for (const std::string name : {"yaml-cpp-loop-1", "yaml-cpp-loop-2"}) {
+    std::ifstream in(
+        absl::StrCat(testing::ConfigsDir(), "/../tests/fuzz/corpus/spec_parser/", name),
+        std::ios::binary);
+    ASSERT_TRUE(in) << name;
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto spec = spec::ParseJobSpec(text, name);
+    ASSERT_FALSE(spec.ok()) << name;
+    EXPECT_THAT(std::string(spec.status().message()), HasSubstr("invalid YAML")) << name;
+  }
+  auto two = spec::ParseJobSpec(",\n", "spec.yaml");
+  EXPECT_THAT(std::string(two.status().message()),
+              HasSubstr("spec.yaml:1:1: invalid YAML: the parser cannot read past this point"));
 }
 
 TEST(ErrorText, LongRefusalsAreSummarisedToFitATrailer) {

@@ -111,6 +111,7 @@ absl::Status Validate(Config* c) {
 
 int main(int argc, char** argv) {
   sc::LimitMallocArenas(1);  // first, before any thread exists: memory stays flat over time
+  sc::MapLargeAllocations(256 << 10);  // job records and status replies: returned when freed
   sc::daemon::Daemon daemon(CoordinatorInfo());
   Config config;
   DeclareFlags(daemon.flags(), &config);

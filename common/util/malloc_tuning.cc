@@ -12,4 +12,6 @@ void TuneMallocForTensors() {
 
 void LimitMallocArenas(int arenas) { mallopt(M_ARENA_MAX, arenas); }
 
+void MapLargeAllocations(int bytes) { mallopt(M_MMAP_THRESHOLD, bytes); }
+
 }  // namespace stagecoach

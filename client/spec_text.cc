@@ -48,9 +48,6 @@ std::string DoubleQuoted(absl::string_view text) {
 
 }  // namespace
 
-// Empty when `text` is valid UTF-8 (a protobuf string must be: the coordinator would not even
-// read the request), else what is wrong and where: "spec file 'a.yaml' is not UTF-8 text: the
-// byte at line 3, column 7 (byte 40): 0xFF is not valid UTF-8".
 std::string Utf8Problem(absl::string_view text, absl::string_view what) {
   const std::optional<size_t> bad = util::FirstInvalidUtf8(text);
   if (!bad.has_value()) return "";
@@ -58,11 +55,6 @@ std::string Utf8Problem(absl::string_view text, absl::string_view what) {
                       " is not valid UTF-8");
 }
 
-// For a spec with `schedule.csv: PATH`, the spec text with `schedule.csv_text` (the file's
-// contents) inserted just before the csv key, so that the rest of the user's text stays as
-// written. PATH is read relative to the spec file's directory. Anything else (no schedule.csv,
-// csv_text already there, text that is not YAML) comes back unchanged for the coordinator to
-// judge. The error says which file cannot be read.
 absl::StatusOr<std::string> InlineScheduleCsv(const std::string& spec_text,
                                               const std::string& spec_path) {
   YAML::Node root;
@@ -132,7 +124,6 @@ absl::StatusOr<std::string> InlineScheduleCsv(const std::string& spec_text,
                    "; write it as a plain `csv: PATH` entry of the schedule mapping"));
 }
 
-// Whether the spec text has a model.builtin entry (text that is not YAML: no).
 bool HasBuiltinModel(const std::string& spec_text) {
   try {
     const YAML::Node root = YAML::Load(spec_text);

@@ -11,21 +11,20 @@ namespace stagecoach::rpc {
 
 namespace {
 
-// Bytes `text` takes in grpc-message: printable ASCII but '%' as is, the rest as %XX.
+// Bytes `c` takes in grpc-message: printable ASCII but '%' as is, the rest as %XX.
+size_t EncodedBytes(char c) { return (c >= 0x20 && c <= 0x7E && c != '%') ? 1 : 3; }
+
 size_t EncodedSize(absl::string_view text) {
   size_t n = 0;
-  for (char c : text) n += (c >= 0x20 && c <= 0x7E && c != '%') ? 1 : 3;
+  for (char c : text) n += EncodedBytes(c);
   return n;
 }
 
 // The longest prefix of `text` whose encoded size is at most `budget`, at a UTF-8 boundary.
 absl::string_view EncodedPrefix(absl::string_view text, size_t budget) {
-  size_t end = 0, used = 0;
-  for (; end < text.size(); ++end) {
-    const char c = text[end];
-    const size_t cost = (c >= 0x20 && c <= 0x7E && c != '%') ? 1 : 3;
-    if (used + cost > budget) break;
-    used += cost;
+  size_t end = 0;
+  for (size_t used = 0; end < text.size() && used + EncodedBytes(text[end]) <= budget; ++end) {
+    used += EncodedBytes(text[end]);
   }
   return util::Utf8Prefix(text, end);
 }

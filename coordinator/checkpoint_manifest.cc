@@ -3,7 +3,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "common/util/durable_file.h"
@@ -74,6 +76,21 @@ template <typename T>
 absl::Status Field(const json& obj, const std::string& key, const std::string& where, T* out) {
   auto it = obj.find(key);
   if (it == obj.end()) return absl::DataLossError(absl::StrCat(where, ": '", key, "' is missing"));
+  if constexpr (std::is_integral_v<T>) {
+    // get<T>() converts a JSON float (4e20) or an out-of-range integer with undefined behaviour:
+    // only integers that fit T are read.
+    static_assert(std::is_signed_v<T>, "manifest integers are signed");
+    const bool fits =
+        it->is_number_unsigned()
+            ? it->template get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())
+        : it->is_number_integer() ? it->template get<int64_t>() >= std::numeric_limits<T>::min() &&
+                                        it->template get<int64_t>() <= std::numeric_limits<T>::max()
+                                  : false;
+    if (!fits) {
+      return absl::DataLossError(
+          absl::StrCat(where, ": '", key, "' is not an integer in range: ", it->dump()));
+    }
+  }
   try {
     *out = it->template get<T>();
   } catch (const json::exception& e) {

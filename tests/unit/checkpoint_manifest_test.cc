@@ -176,6 +176,23 @@ TEST_F(CheckpointManifestTest, MalformedManifestIsRefused) {
   EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(std::string(read.status().message()), HasSubstr("'step'"));
 
+  // Found by the checkpoint_manifest fuzzer: a float or out-of-range number where an integer
+  // belongs was converted with undefined behaviour; it is now refused by name.
+  for (const char* step : {"4.07778e+20", "1.5", "9223372036854775808", "-1e30"}) {
+    std::ofstream(ManifestPath(dir_), std::ios::trunc)
+        << R"({"format": "stagecoach-checkpoint-v1", "job_id": "j", "step": )" << step << "}";
+    read = ReadManifest(dir_);
+    EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << step;
+    EXPECT_THAT(std::string(read.status().message()),
+                HasSubstr("'step' is not an integer in range"))
+        << step;
+  }
+  std::ofstream(ManifestPath(dir_), std::ios::trunc)
+      << R"({"format": "stagecoach-checkpoint-v1", "job_id": "j", "step": 1, "data_position": 1,)"
+      << R"( "num_stages": 4294967296})";
+  read = ReadManifest(dir_);
+  EXPECT_THAT(std::string(read.status().message()), HasSubstr("'num_stages' is not an integer"));
+
   std::ofstream(ManifestPath(dir_), std::ios::trunc) << R"({"format": "other"})";
   read = ReadManifest(dir_);
   EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss);

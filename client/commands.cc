@@ -23,6 +23,7 @@
 #include "common/rpc/tensor_data.h"
 #include "common/rpc/time_conversion.h"
 #include "common/spec/spec_overrides.h"
+#include "common/util/byte_size.h"
 #include "common/util/sha256.h"
 #include "common/util/utf8.h"
 
@@ -39,19 +40,6 @@ int TerminalWidth(std::ostream& s) {
   winsize size{};
   if (ioctl(fd, TIOCGWINSZ, &size) == 0 && size.ws_col > 0) return size.ws_col;
   return 80;
-}
-
-// "12.3 MiB" and the like (binary units).
-std::string FormatBytes(int64_t bytes) {
-  if (bytes < 1024) return absl::StrCat(bytes, " B");
-  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
-  double value = static_cast<double>(bytes) / 1024;
-  int unit = 0;
-  while (value >= 1024 && unit < 3) {
-    value /= 1024;
-    ++unit;
-  }
-  return absl::StrFormat("%.1f %s", value, units[unit]);
 }
 
 // An artifact uri of the right form, to try spec edits on before the real one is known.
@@ -140,8 +128,9 @@ int Commands::UploadFile(const std::string& path, const std::string& flag, std::
     }
     return RpcError(status, absl::StrCat("submit: uploading ", path));
   }
-  err_ << "uploaded " << name << " (" << FormatBytes(resp.size_bytes()) << ", " << resp.chunks()
-       << (resp.chunks() == 1 ? " chunk" : " chunks") << ") as " << resp.uri() << std::endl;
+  err_ << "uploaded " << name << " (" << util::FormatBytes(resp.size_bytes()) << ", "
+       << resp.chunks() << (resp.chunks() == 1 ? " chunk" : " chunks") << ") as " << resp.uri()
+       << std::endl;
   *uri = resp.uri();
   return 0;
 }
@@ -484,8 +473,8 @@ int Commands::Trace(const std::string& job_id, int64_t global_step, const std::s
                 {"out", out_path},
                 {"bytes", bytes}},
                absl::StrCat(job_id, " step ", resp.global_step(), ": trace written to ", out_path,
-                            " (", FormatBytes(bytes), "); steps ", resp.first_kept_step(), "..",
-                            resp.last_kept_step(), " kept\n"));
+                            " (", util::FormatBytes(bytes), "); steps ", resp.first_kept_step(),
+                            "..", resp.last_kept_step(), " kept\n"));
 }
 
 }  // namespace stagecoach::client

@@ -3,6 +3,7 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/schedule/build.h"
@@ -18,6 +20,7 @@
 #include "common/schedule/csv.h"
 #include "common/schedule/generators.h"
 #include "common/schedule/lowering.h"
+#include "common/schedule/memory_model.h"
 #include "common/schedule/simulator.h"
 #include "common/schedule/validator.h"
 #include "nlohmann/json.hpp"
@@ -189,6 +192,52 @@ absl::StatusOr<sched::CostModel> ParseCosts(const ScheduleCommandOptions& o) {
   return costs;
 }
 
+// The memory model of the --*-bytes flags, or nullopt when none is above 0.
+absl::StatusOr<std::optional<sched::MemoryModel>> ParseMemory(const ScheduleCommandOptions& o) {
+  for (const auto& [flag, value] :
+       {std::pair<const char*, double>{"--activation-bytes", o.activation_bytes},
+        {"--weight-activation-bytes", o.weight_activation_bytes},
+        {"--static-bytes", o.static_bytes}}) {
+    if (!(value >= 0) || value == std::numeric_limits<double>::infinity()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, " must be a finite number >= 0, got ", value));
+    }
+  }
+  if (o.weight_activation_bytes > o.activation_bytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--weight-activation-bytes (%.15g) is part of --activation-bytes (%.15g) and cannot "
+        "exceed it",
+        o.weight_activation_bytes, o.activation_bytes));
+  }
+  if (o.activation_bytes == 0 && o.static_bytes == 0 && o.message_bytes == 0) {
+    return std::optional<sched::MemoryModel>();
+  }
+  sched::MemoryModel model;
+  model.defaults.activations = o.activation_bytes;
+  model.defaults.weight_activations = o.weight_activation_bytes;
+  model.defaults.parameters = o.static_bytes;
+  model.defaults.output = o.message_bytes;
+  return std::optional<sched::MemoryModel>(model);
+}
+
+nlohmann::json MemoryJson(const sched::MemoryProfile& profile) {
+  nlohmann::json ranks = nlohmann::json::array();
+  for (size_t r = 0; r < profile.ranks.size(); ++r) {
+    const sched::RankMemory& m = profile.ranks[r];
+    nlohmann::json curve = nlohmann::json::array();
+    for (const sched::MemoryPoint& p : m.curve) curve.push_back({p.time, p.bytes});
+    ranks.push_back({{"rank", r},
+                     {"static_bytes", m.static_bytes},
+                     {"peak_dynamic_bytes", m.peak_dynamic},
+                     {"peak_total_bytes", m.peak_total},
+                     {"peak_time", m.peak_time},
+                     {"peak_action", m.peak_action},
+                     {"peak_microbatches", m.peak_microbatches},
+                     {"curve", std::move(curve)}});
+  }
+  return ranks;
+}
+
 nlohmann::json ActionsJson(const sched::PipelineOrder& order) {
   nlohmann::json ranks = nlohmann::json::array();
   for (const sched::RankActions& actions : order) {
@@ -239,6 +288,7 @@ absl::StatusOr<std::string> Render(const ScheduleCommandOptions& o, const Prepar
     return absl::InvalidArgumentError(failure.message);
   }
   std::optional<sched::Simulation> sim;
+  std::optional<sched::MemoryProfile> memory;
   sched::CostModel costs;
   if (simulate) {
     auto parsed = ParseCosts(o);
@@ -254,12 +304,27 @@ absl::StatusOr<std::string> Render(const ScheduleCommandOptions& o, const Prepar
       return result.status();
     }
     sim = *std::move(result);
+    auto model = ParseMemory(o);
+    if (!model.ok()) {
+      failure = {kUsage, std::string(model.status().message())};
+      return model.status();
+    }
+    if (model->has_value()) {
+      auto profile = sched::SimulateMemory(*sim, p.stage_to_rank, p.num_stages, **model);
+      if (!profile.ok()) {
+        failure = {kInvalid,
+                   absl::StrCat("memory simulation failed: ", profile.status().message())};
+        return profile.status();
+      }
+      memory = *std::move(profile);
+    }
   }
   switch (output) {
     case Output::kGrid: {
       std::string text =
           absl::StrCat(p.title, o.lowered ? ", lowered" : "", "\n", sched::FormatGrid(shown));
       if (sim.has_value()) absl::StrAppend(&text, "\n", sched::FormatTimeline(*sim));
+      if (memory.has_value()) absl::StrAppend(&text, "\n", sched::FormatMemory(*memory));
       return text;
     }
     case Output::kCsv:
@@ -270,11 +335,22 @@ absl::StatusOr<std::string> Render(const ScheduleCommandOptions& o, const Prepar
       doc["lowered"] = o.lowered;
       doc["actions"] = ActionsJson(shown);
       if (sim.has_value()) doc["simulation"] = SimulationJson(*sim, costs);
+      if (memory.has_value()) doc["simulation"]["memory"] = MemoryJson(*memory);
       return doc.dump(2) + "\n";
     }
     case Output::kChrome: {
       sched::ChromeTraceOptions trace;
       trace.title = p.title;
+      if (memory.has_value()) {
+        for (size_t r = 0; r < memory->ranks.size(); ++r) {
+          sched::TraceCounter& counter = trace.counters.emplace_back();
+          counter.rank = static_cast<int>(r);
+          counter.name = "memory (predicted)";
+          for (const sched::MemoryPoint& point : memory->ranks[r].curve) {
+            counter.points.emplace_back(point.time, point.bytes);
+          }
+        }
+      }
       return sched::FormatChromeTrace(sim->timeline, sim->messages, trace);
     }
   }

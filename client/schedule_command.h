@@ -43,6 +43,12 @@ struct ScheduleCommandOptions {
   double latency = 0;
   double bandwidth = 0;
   double message_bytes = 0;
+  // The memory model (memory_model.h), per stage; the received buffers are message_bytes. Any
+  // of these above 0 adds each rank's predicted memory to the simulation (a counter track in
+  // chrome).
+  double activation_bytes = 0;         // what F keeps per microbatch until its backward
+  double weight_activation_bytes = 0;  // the part of it W still needs after I
+  double static_bytes = 0;             // parameters, gradients and optimizer state
 
   // Write the output here instead of stdout.
   std::string out_path;

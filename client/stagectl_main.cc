@@ -182,6 +182,14 @@ int main(int argc, char** argv) {
                        "simulated bytes per time unit of every link (default 0: infinite)");
   schedule->add_option("--message-bytes", sched.message_bytes,
                        "simulated size of every activation and gradient message");
+  schedule->add_option("--activation-bytes", sched.activation_bytes,
+                       "simulated memory: bytes a stage's forward keeps per microbatch until "
+                       "its backward (adds each rank's predicted peak)");
+  schedule->add_option("--weight-activation-bytes", sched.weight_activation_bytes,
+                       "simulated memory: the part of --activation-bytes that W still needs "
+                       "after I (split backward)");
+  schedule->add_option("--static-bytes", sched.static_bytes,
+                       "simulated memory: a stage's parameters, gradients and optimizer state");
   schedule->add_option("--out", sched.out_path, "write the output to this file");
   std::string schedule_job;
   auto* job_opt = schedule->add_option(

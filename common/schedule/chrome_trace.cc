@@ -103,6 +103,7 @@ class TraceBuilder {
     }
     AddFlows();
     AddSpans();
+    AddCounters();
     return absl::StrCat("{\"traceEvents\":[", events_, "],\"displayTimeUnit\":\"ms\",",
                         "\"otherData\":", OtherData().dump(), "}");
   }
@@ -241,6 +242,20 @@ class TraceBuilder {
       end_ = std::max(end_, span.end);
       AddComplete(span.name, "collective", span.rank, kSpanTid, span.start, span.end,
                   {{"bytes", span.bytes}});
+    }
+  }
+
+  void AddCounters() {
+    for (const TraceCounter& counter : options_.counters) {
+      if (!HasRank(counter.rank)) continue;
+      for (const auto& [time, value] : counter.points) {
+        end_ = std::max(end_, time);
+        Emit({{"name", counter.name},
+              {"ph", "C"},
+              {"pid", counter.rank},
+              {"ts", Micros(time)},
+              {"args", {{counter.series, value}}}});
+      }
     }
   }
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/schedule/simulator.h"
@@ -20,6 +21,15 @@ struct TraceSpan {
   int64_t bytes = 0;
 };
 
+// A counter drawn as a track of a rank's process (ph "C"), e.g. the memory model's live bytes.
+struct TraceCounter {
+  int rank = 0;
+  std::string name;              // the track's name, e.g. "memory (predicted)"
+  std::string series = "bytes";  // the value's name in each event's args
+  // (time in timeline units, value) in time order; the value holds until the next point.
+  std::vector<std::pair<double, double>> points;
+};
+
 struct ChromeTraceOptions {
   // Trace microseconds per timeline time unit (> 0). The default shows one simulator unit as
   // 1 ms; use 1e6 for timelines measured in seconds.
@@ -32,6 +42,8 @@ struct ChromeTraceOptions {
   // measured gradient reduction's buckets: complete events, cat "collective", args "bytes".
   std::vector<TraceSpan> spans;
   std::string span_track = "gradient reduction";
+  // Counter tracks; one whose rank is not a row of the timeline adds nothing.
+  std::vector<TraceCounter> counters;
 };
 
 // The trace as JSON text:
@@ -53,6 +65,8 @@ struct ChromeTraceOptions {
 // its args hold "type" (e.g. "SEND_F") and, where the action has them, "stage" and "microbatch"
 // (OVERLAP_F_B: "sub_actions"); posts add "event": "post", transfers "event": "transfer",
 // "peer_rank" and "bytes". Output is compact (no whitespace); ~150 bytes per event.
+// Each counter adds one event per point: {"name": name, "ph": "C", "pid": rank, "ts": ...,
+// "args": {series: value}}.
 // otherData holds "title" (if set), "microseconds_per_unit", "num_ranks" and "end" (the latest end
 // in the timeline and the messages, in timeline units). Ranks are the rows of `timeline`; a
 // message naming a rank beyond them adds no events for that rank.

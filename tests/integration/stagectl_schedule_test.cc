@@ -1,5 +1,6 @@
 // `stagectl schedule`, run as a process with no cluster: its CSV output is PyTorch's files byte
 // for byte (LF for CRLF), it reads PyTorch's files back, and its errors and exit codes are clear.
+#include <algorithm>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -124,6 +125,65 @@ TEST(StagectlSchedule, SimulationInJsonAndChromeTrace) {
   std::ifstream in(trace_path);
   const nlohmann::json trace = nlohmann::json::parse(in);
   EXPECT_GT(trace["traceEvents"].size(), 0u);
+}
+
+TEST(StagectlSchedule, PredictedMemoryInGridJsonAndChromeTrace) {
+  const std::vector<std::string> base = {"schedule",
+                                         "--kind",
+                                         "1F1B",
+                                         "--ranks",
+                                         "4",
+                                         "--microbatches",
+                                         "8",
+                                         "--simulate",
+                                         "--activation-bytes",
+                                         "1048576",
+                                         "--static-bytes",
+                                         "1024"};
+  std::vector<std::string> args = base;
+  for (const char* arg : {"--format", "json"}) args.push_back(arg);
+  CommandResult json = Stagectl(args);
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  const nlohmann::json memory = nlohmann::json::parse(json.out)["simulation"]["memory"];
+  ASSERT_EQ(memory.size(), 4u);
+  for (int r = 0; r < 4; ++r) {  // rank r of 1F1B holds 4 - r microbatches
+    EXPECT_EQ(memory[r]["peak_dynamic_bytes"], (4 - r) * 1048576.0);
+    EXPECT_EQ(memory[r]["peak_total_bytes"], (4 - r) * 1048576.0 + 1024);
+    EXPECT_EQ(memory[r]["peak_microbatches"], 4 - r);
+  }
+  EXPECT_EQ(memory[0]["peak_action"], "0F3");
+
+  CommandResult grid = Stagectl(base);
+  ASSERT_EQ(grid.exit_code, 0) << grid.err;
+  EXPECT_THAT(grid.out, HasSubstr("peak total"));
+  EXPECT_THAT(grid.out, HasSubstr("4.0 MiB"));
+
+  TempDir dir;
+  const std::string trace_path = dir.path() + "/trace.json";
+  args = base;
+  for (const std::string& arg :
+       {std::string("--format"), std::string("chrome"), std::string("--out"), trace_path}) {
+    args.push_back(arg);
+  }
+  CommandResult chrome = Stagectl(args);
+  ASSERT_EQ(chrome.exit_code, 0) << chrome.err;
+  std::ifstream in(trace_path);
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  double highest = 0;
+  for (const auto& event : trace["traceEvents"]) {
+    if (event["ph"] == "C" && event["pid"] == 0) {
+      EXPECT_EQ(event["name"], "memory (predicted)");
+      highest = std::max(highest, event["args"]["bytes"].get<double>());
+    }
+  }
+  EXPECT_EQ(highest, 4 * 1048576.0);
+
+  args = base;
+  for (const char* arg : {"--weight-activation-bytes", "2000000"}) args.push_back(arg);
+  CommandResult bad = Stagectl(args);
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("--weight-activation-bytes (2000000) is part of "
+                                 "--activation-bytes (1048576) and cannot exceed it"));
 }
 
 TEST(StagectlSchedule, UsageAndConstraintErrors) {

@@ -1,0 +1,119 @@
+// A memory model for pipeline schedules: what each rank holds while it runs a lowered schedule,
+// computed from a Simulation (simulator.h) and the bytes each stage keeps. The planner uses it to
+// refuse plans that do not fit a worker and to rank those that do; `stagectl schedule` prints it
+// and draws it as a counter track in the Chrome trace. Pure functions; thread-safe; no LibTorch.
+//
+// What a rank holds, by kind:
+//  - static: its stages' parameters, gradients and optimizer state, live for the whole step;
+//  - activations: per (stage, microbatch), what F keeps for the backward (its saved tensors and
+//    its output, which the runtime keeps to run the backward from);
+//  - buffers: a received input (RECV_F), kept until the backward that produces its gradient; a
+//    received output gradient (RECV_B), kept until the I or B that consumes it; a computed input
+//    gradient, kept until its SEND_B has arrived or, when the previous stage is on the same rank,
+//    until that stage's I or B has consumed it. Stage 0's input batch is the data, not counted.
+// "Dynamic" bytes are activations plus buffers; the peak a worker measures from the start of a
+// step (counting_allocator.h) is the dynamic peak.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/schedule/simulator.h"
+
+namespace stagecoach::schedule {
+
+// The bytes one stage holds. All values finite and >= 0; bytes are doubles so that fractional
+// models (an average over layers) need no rounding.
+struct StageMemory {
+  double parameters = 0;       // its weights
+  double gradients = 0;        // its gradient buffers
+  double optimizer_state = 0;  // e.g. OptimizerStateBytes
+  // Per microbatch: what F(stage, mb) keeps until the backward, its output included. B releases
+  // all of it; with a split backward I releases all but `weight_activations`, which W releases.
+  double activations = 0;
+  // Per microbatch: the part of `activations` that W still needs after I (the inputs of the
+  // stage's weight products). <= activations.
+  double weight_activations = 0;
+  // Per microbatch: extra bytes live while the stage's B or I runs and freed when it ends (the
+  // activations a recomputing stage rebuilds, autograd's temporaries).
+  double backward_transient = 0;
+  // Per microbatch: the tensor the stage sends forward; the next stage's receive buffer and the
+  // size of the gradient that comes back.
+  double output = 0;
+};
+
+// What every stage holds.
+struct MemoryModel {
+  // Stages without an entry in per_stage.
+  StageMemory defaults;
+  // Element s overrides `defaults` for stage s; may be shorter than the number of stages, not
+  // longer.
+  std::vector<StageMemory> per_stage;
+};
+
+// Optimizers whose state the model knows.
+enum class OptimizerKind {
+  kSgd,          // no state
+  kSgdMomentum,  // one buffer the size of the parameters
+  kAdamW,        // two (first and second moments)
+};
+
+// The optimizer state for `parameter_bytes` of fp32 parameters, divided over `shards` replicas
+// (ZeRO-1; 1 when not sharded), each shard rounded up to whole bytes. shards >= 1.
+double OptimizerStateBytes(OptimizerKind kind, double parameter_bytes, int shards = 1);
+
+// One point of a rank's dynamic-memory curve: from `time` on, `bytes` are live.
+struct MemoryPoint {
+  double time = 0;
+  double bytes = 0;
+};
+
+struct RankMemory {
+  double static_bytes = 0;  // parameters + gradients + optimizer state of the rank's stages
+  double peak_dynamic = 0;  // the most activation and buffer bytes live at once
+  double peak_total = 0;    // static_bytes + peak_dynamic
+  double peak_time = 0;     // when peak_dynamic was first reached
+  // The action during (or at the end of) which the peak was first reached, e.g. "0F3"; empty when
+  // peak_dynamic is 0.
+  std::string peak_action;
+  // Activations (stage, microbatch pairs) held at that moment.
+  int peak_microbatches = 0;
+  // The dynamic bytes over the step: a point wherever they change, in time order (0 bytes before
+  // the first). Bytes live only while an action runs are a point at its start followed by one at
+  // its end; of several changes at one time the curve keeps the last.
+  std::vector<MemoryPoint> curve;
+};
+
+struct MemoryProfile {
+  std::vector<RankMemory> ranks;  // element r: rank r (a row of the simulated timeline)
+};
+
+// Replays `simulation` (the result of Simulate on the same lowered lists and `stage_to_rank`) and
+// says what each rank holds over time. Rules, per rank, in time order:
+//  - RECV_F(s, mb) at its post allocates output(s-1); RECV_B(s, mb) at its post allocates
+//    output(s);
+//  - F(s, mb) holds activations(s) from its start (they build up while it runs);
+//  - B(s, mb) while it runs also holds backward_transient(s) and the input gradient output(s-1)
+//    (s > 0); at its end it frees activations(s), the transient, its RECV_F and RECV_B buffers and
+//    a locally handed gradient, and keeps the input gradient;
+//  - I(s, mb) is B that keeps weight_activations(s); W(s, mb) frees them at its end;
+//  - an OVERLAP_F_B runs its sub-actions one after another: its peak is the highest any of them
+//    reaches on what the earlier ones left; the changes apply at its end;
+//  - an input gradient sent by SEND_B is freed when the message arrives; one handed to a stage on
+//    the same rank is freed at the end of that stage's I or B;
+//  - at equal times, frees on message arrival come before the rank's own events.
+// Forward-only schedules never free activations: model an inference stage with activations 0
+// and its output as `output`.
+// Errors, INVALID_ARGUMENT: a value negative or not finite (named, e.g.
+// "memory.per_stage[1].activations"), weight_activations above activations, per_stage longer
+// than num_stages, stage_to_rank or simulation inconsistent with num_stages.
+absl::StatusOr<MemoryProfile> SimulateMemory(const Simulation& simulation,
+                                             const std::vector<int>& stage_to_rank, int num_stages,
+                                             const MemoryModel& model);
+
+// For a terminal: per rank, static bytes, dynamic peak (with when and at which action) and total
+// peak, in binary units (util::FormatBytes). Ends with "\n".
+std::string FormatMemory(const MemoryProfile& profile);
+
+}  // namespace stagecoach::schedule

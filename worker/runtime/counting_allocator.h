@@ -30,12 +30,15 @@ class CountingCpuAllocator final : public c10::Allocator {
   // Starts a new peak at the current live bytes.
   void ResetPeak() { peak_.store(live_bytes(), std::memory_order_relaxed); }
 
+  // The data pointer is also the context (raw_allocate and raw_deallocate work); each block
+  // carries a 64-byte header in front, not counted.
   c10::DataPtr allocate(size_t bytes) const override;
+  c10::DeleterFnPtr raw_deleter() const override;
 
  private:
   explicit CountingCpuAllocator(c10::Allocator* wrapped) : wrapped_(wrapped) {}
-  // The deleter of every DataPtr this allocator returns.
-  static void Release(void* context);
+  // The deleter of every DataPtr this allocator returns: `data` is what allocate handed out.
+  static void Release(void* data);
 
   c10::Allocator* const wrapped_;
   mutable std::atomic<int64_t> live_{0};

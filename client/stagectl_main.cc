@@ -147,7 +147,7 @@ int main(int argc, char** argv) {
   auto* kind_opt = schedule->add_option(
       "--kind", sched.kind,
       "schedule to generate: GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, "
-      "ZBVZeroBubble, DualPipeV or ForwardOnly (any case)");
+      "ZBVZeroBubble, DualPipeV, VHalf, VMin or ForwardOnly (any case)");
   auto* csv_opt = schedule->add_option("--csv", sched.csv_path,
                                        "read this schedule CSV instead (PyTorch's "
                                        "_dump_csv layout: one row per rank)");

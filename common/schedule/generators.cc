@@ -78,6 +78,10 @@ absl::string_view ScheduleKindName(ScheduleKind kind) {
       return "ZBVZeroBubble";
     case ScheduleKind::kDualPipeV:
       return "DualPipeV";
+    case ScheduleKind::kVHalf:
+      return "VHalf";
+    case ScheduleKind::kVMin:
+      return "VMin";
     case ScheduleKind::kForwardOnly:
       return "ForwardOnly";
   }
@@ -105,6 +109,8 @@ const std::vector<ScheduleKind>& AllScheduleKinds() {
                                                            ScheduleKind::kInterleavedZeroBubble,
                                                            ScheduleKind::kZBVZeroBubble,
                                                            ScheduleKind::kDualPipeV,
+                                                           ScheduleKind::kVHalf,
+                                                           ScheduleKind::kVMin,
                                                            ScheduleKind::kForwardOnly};
   return *kinds;
 }
@@ -128,6 +134,10 @@ absl::StatusOr<PipelineOrder> GenerateTimeAligned(const ScheduleConfig& config) 
       return internal::GenerateZBVZeroBubble(config);
     case ScheduleKind::kDualPipeV:
       return internal::GenerateDualPipeV(config);
+    case ScheduleKind::kVHalf:
+      return internal::GenerateVHalf(config);
+    case ScheduleKind::kVMin:
+      return internal::GenerateVMin(config);
     case ScheduleKind::kForwardOnly:
       return internal::GenerateForwardOnly(config);
   }
@@ -147,9 +157,15 @@ absl::StatusOr<PipelineOrder> GenerateSchedule(const ScheduleConfig& config) {
 }
 
 MappingStyle DefaultMappingStyle(ScheduleKind kind) {
-  return kind == ScheduleKind::kZBVZeroBubble || kind == ScheduleKind::kDualPipeV
-             ? MappingStyle::kV
-             : MappingStyle::kLoop;
+  switch (kind) {
+    case ScheduleKind::kZBVZeroBubble:
+    case ScheduleKind::kDualPipeV:
+    case ScheduleKind::kVHalf:
+    case ScheduleKind::kVMin:
+      return MappingStyle::kV;
+    default:
+      return MappingStyle::kLoop;
+  }
 }
 
 absl::StatusOr<MappingStyle> ParseMappingStyle(absl::string_view name) {

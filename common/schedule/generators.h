@@ -49,6 +49,14 @@ enum class ScheduleKind {
   // PyTorch (valid and deadlock-free for every config checked, up to 16 ranks and 64
   // microbatches).
   kDualPipeV,
+  // Not in PyTorch: "V" schedules with a bounded activation memory, after "Pipeline Parallelism
+  // with Controllable Memory" (Qi et al., 2024), from our own budgeted list scheduler
+  // (generators/controllable_v.cc). Two stages per rank in "v" placement, backward split into I
+  // and W, any number of microbatches. Each rank holds at most 2*floor((p+2)/2) (VHalf) or
+  // 2*floor((p+4)/3) (VMin) stage activations at once, against ZBVZeroBubble's 2p: about 1/2
+  // and 1/3 of 1F1B's activation memory for large p, at the cost of more bubbles.
+  kVHalf,
+  kVMin,
   // Inference: forwards only, no backward (PyTorch's unregistered _ScheduleForwardOnly). Any
   // number of loop-placed stages per rank.
   kForwardOnly,
@@ -113,7 +121,7 @@ enum class MappingStyle {
   kV,
 };
 
-// The placement `kind` assumes: kV for kZBVZeroBubble and kDualPipeV, else kLoop.
+// The placement `kind` assumes: kV for kZBVZeroBubble, kDualPipeV, kVHalf and kVMin, else kLoop.
 MappingStyle DefaultMappingStyle(ScheduleKind kind);
 
 // "loop" or "v" (case-insensitive). INVALID_ARGUMENT naming the valid styles otherwise.

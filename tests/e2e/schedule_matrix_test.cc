@@ -165,7 +165,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(schedule::ScheduleKind::kGPipe, schedule::ScheduleKind::k1F1B,
                       schedule::ScheduleKind::kInterleaved1F1B, schedule::ScheduleKind::kLoopedBFS,
                       schedule::ScheduleKind::kInterleavedZeroBubble,
-                      schedule::ScheduleKind::kZBVZeroBubble, schedule::ScheduleKind::kDualPipeV),
+                      schedule::ScheduleKind::kZBVZeroBubble, schedule::ScheduleKind::kDualPipeV,
+                      schedule::ScheduleKind::kVHalf, schedule::ScheduleKind::kVMin),
     [](const ::testing::TestParamInfo<schedule::ScheduleKind>& info) {
       std::string name(schedule::ScheduleKindName(info.param));
       return name == "1F1B" ? std::string("OneFOneB") : name;

@@ -203,7 +203,7 @@ TEST(StagectlSchedule, UsageAndConstraintErrors) {
       {{"schedule", "--kind", "ZeroBubble", "--ranks", "4", "--microbatches", "4"},
        2,
        "--kind: unknown schedule 'ZeroBubble'; valid schedules: GPipe, 1F1B, Interleaved1F1B, "
-       "LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV, ForwardOnly"},
+       "LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV, VHalf, VMin, ForwardOnly"},
       {{"schedule", "--ranks", "4"}, 2, "give exactly one of --kind NAME"},
       {{"schedule", "--kind", "GPipe", "--microbatches", "4"}, 2, "--ranks and --microbatches"},
       {{"schedule", "--kind", "GPipe", "--ranks", "2", "--microbatches", "4", "--format", "svg"},

@@ -251,7 +251,8 @@ bool NeedsOneStagePerRank(schedule::ScheduleKind kind) {
 }
 bool NeedsTwoStagesPerRank(schedule::ScheduleKind kind) {
   return kind == schedule::ScheduleKind::kZBVZeroBubble ||
-         kind == schedule::ScheduleKind::kDualPipeV;
+         kind == schedule::ScheduleKind::kDualPipeV || kind == schedule::ScheduleKind::kVHalf ||
+         kind == schedule::ScheduleKind::kVMin;
 }
 
 TEST(PlanJob, EveryKindPlansWhereTheLibraryAllowsAndTheListsValidate) {

@@ -177,7 +177,7 @@ TEST(ScheduleGenerators, NamesMatchGetScheduleClass) {
   const nlohmann::json entries = nlohmann::json::parse(in);
   const std::string valid =
       "GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV, "
-      "ForwardOnly";
+      "VHalf, VMin, ForwardOnly";
   int schedules = 0, base_classes = 0, unknown = 0;
   for (const auto& entry : entries) {
     const std::string name = entry["name"];
@@ -214,7 +214,7 @@ TEST(ScheduleGenerators, NamesMatchGetScheduleClass) {
   }
   EXPECT_FALSE(ParseScheduleKind("").ok());
   EXPECT_FALSE(ParseScheduleKind("GPipe ").ok());
-  EXPECT_EQ(AllScheduleKinds().size(), 8u);
+  EXPECT_EQ(AllScheduleKinds().size(), 10u);
   for (ScheduleKind kind : AllScheduleKinds()) {
     EXPECT_EQ(*ParseScheduleKind(ScheduleKindName(kind)), kind);
   }

@@ -68,6 +68,14 @@ std::string ExpectedError(const ScheduleConfig& c) {
                             m, " microbatches and ", stages, " stages.");
       }
       return "";
+    case ScheduleKind::kVHalf:
+    case ScheduleKind::kVMin:
+      if (c.stages_per_rank != 2) {
+        return absl::StrCat(ScheduleKindName(c.kind),
+                            " requires exactly 2 stages per rank, but got ", c.stages_per_rank,
+                            ".");
+      }
+      return "";
     case ScheduleKind::kLoopedBFS:
     case ScheduleKind::kForwardOnly:
       return "";

@@ -29,6 +29,10 @@ absl::StatusOr<PipelineOrder> GenerateZBVZeroBubble(const ScheduleConfig& config
 // dual_pipe_v.cc
 absl::StatusOr<PipelineOrder> GenerateDualPipeV(const ScheduleConfig& config);
 
+// controllable_v.cc (not PyTorch's: memory-budgeted V schedules)
+absl::StatusOr<PipelineOrder> GenerateVHalf(const ScheduleConfig& config);
+absl::StatusOr<PipelineOrder> GenerateVMin(const ScheduleConfig& config);
+
 // Appends `count` idle slots to `actions`.
 inline void AppendIdle(RankActions& actions, int count) {
   for (int i = 0; i < count; ++i) actions.push_back(std::nullopt);

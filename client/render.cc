@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "client/render_memory.h"
 #include "common/rpc/tensor_data.h"
 #include "common/rpc/time_conversion.h"
 
@@ -213,6 +214,7 @@ nlohmann::json JobJson(const v1::Job& job) {
   out["history"] = history;
   out["history_transitions_omitted"] = job.history_transitions_omitted();
   out["ranks"] = RanksJson(job);
+  out["memory"] = MemoryJson(job);
   nlohmann::json layers = nlohmann::json::array();
   for (const auto& l : job.layers()) {
     layers.push_back({{"name", l.name()},
@@ -525,6 +527,7 @@ std::string JobDetails(const v1::Job& j) {
   }
   if (j.stages_size() > 0 && j.layers_size() > 0) out << "\n" << StageTable(j);
   if (j.ranks_size() > 0 && j.replicas() > 1) out << "\n" << ReplicaGrid(j);
+  if (j.memory_size() > 0) out << "\n" << MemoryTable(j);
   if (j.ranks_size() > 0) {
     const bool replicated = j.replicas() > 1;
     std::vector<std::vector<std::string>> rows = {

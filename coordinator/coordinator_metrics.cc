@@ -99,6 +99,17 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
                      .Name("stagecoach_eval_loss")
                      .Help("Validation loss of the job's latest eval pass (the spec's eval)")
                      .Register(registry)),
+      measured_memory_(prometheus::BuildGauge()
+                           .Name("stagecoach_activation_peak_bytes")
+                           .Help("Most bytes of tensors a rank allocated above what was live at "
+                                 "the start of the job's last completed step, as its worker "
+                                 "measured (CPU workers)")
+                           .Register(registry)),
+      predicted_memory_(prometheus::BuildGauge()
+                            .Name("stagecoach_predicted_activation_peak_bytes")
+                            .Help("The planner's prediction of a rank's activation and buffer "
+                                  "peak in a step (the schedule memory model)")
+                            .Register(registry)),
       bytes_(prometheus::BuildCounter()
                  .Name("stagecoach_data_plane_bytes_total")
                  .Help("Data-plane bytes the workers reported, by direction")
@@ -175,7 +186,34 @@ void CoordinatorMetrics::StepCompleted(const std::string& job_id, absl::Duration
     if (old.grad_norm != nullptr) grad_norm_.Remove(old.grad_norm);
     if (old.skipped_steps != nullptr) skipped_steps_.Remove(old.skipped_steps);
     if (old.eval_loss != nullptr) eval_loss_.Remove(old.eval_loss);
+    for (prometheus::Gauge* g : old.measured_memory) measured_memory_.Remove(g);
+    for (prometheus::Gauge* g : old.predicted_memory) predicted_memory_.Remove(g);
     series_.erase(oldest);
+  }
+}
+
+void CoordinatorMetrics::RankMemory(const std::string& job_id, const std::vector<int64_t>& measured,
+                                    const std::vector<int64_t>& predicted, int num_ranks) {
+  const size_t per_replica = std::max(num_ranks, 1);
+  absl::MutexLock lock(&mu_);
+  auto it = series_.find(job_id);
+  if (it == series_.end()) return;  // evicted: its series are gone
+  JobSeries& s = it->second;
+  for (size_t task = s.measured_memory.size(); task < measured.size(); ++task) {
+    s.measured_memory.push_back(
+        &measured_memory_.Add({{"job", job_id},
+                               {"rank", absl::StrCat(task % per_replica)},
+                               {"replica", absl::StrCat(task / per_replica)}}));
+  }
+  for (size_t task = 0; task < measured.size(); ++task) {
+    s.measured_memory[task]->Set(static_cast<double>(measured[task]));
+  }
+  for (size_t rank = s.predicted_memory.size(); rank < predicted.size(); ++rank) {
+    s.predicted_memory.push_back(
+        &predicted_memory_.Add({{"job", job_id}, {"rank", absl::StrCat(rank)}}));
+  }
+  for (size_t rank = 0; rank < predicted.size(); ++rank) {
+    s.predicted_memory[rank]->Set(static_cast<double>(predicted[rank]));
   }
 }
 

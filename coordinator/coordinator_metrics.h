@@ -57,6 +57,12 @@ class CoordinatorMetrics {
   // stagecoach_eval_loss{job} (when a validation pass ran after the step).
   void RecipeStep(const std::string& job_id, double learning_rate, std::optional<double> grad_norm,
                   bool skipped, std::optional<double> eval_loss);
+  // The measured activation peak of each task of `job_id`'s last completed step
+  // (stagecoach_activation_peak_bytes{job, rank, replica}, index = task as for StepCompleted)
+  // and the plan's prediction per pipeline rank (stagecoach_predicted_activation_peak_bytes
+  // {job, rank}). Call after the step's StepCompleted; an evicted job's series stay gone.
+  void RankMemory(const std::string& job_id, const std::vector<int64_t>& measured,
+                  const std::vector<int64_t>& predicted, int num_ranks);
   // A rank's step report: data-plane bytes it sent and received in that step.
   void AddDataPlaneBytes(int64_t sent, int64_t received);
   // A job was restarted from its latest checkpoint (restart.max_restarts allowed it): counts it
@@ -78,6 +84,8 @@ class CoordinatorMetrics {
     prometheus::Gauge* grad_norm = nullptr;
     prometheus::Counter* skipped_steps = nullptr;
     prometheus::Gauge* eval_loss = nullptr;
+    std::vector<prometheus::Gauge*> measured_memory;   // index = task
+    std::vector<prometheus::Gauge*> predicted_memory;  // index = rank
   };
 
   prometheus::Family<prometheus::Gauge>& jobs_;
@@ -92,6 +100,8 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& grad_norm_;
   prometheus::Family<prometheus::Counter>& skipped_steps_;
   prometheus::Family<prometheus::Gauge>& eval_loss_;
+  prometheus::Family<prometheus::Gauge>& measured_memory_;
+  prometheus::Family<prometheus::Gauge>& predicted_memory_;
   prometheus::Family<prometheus::Counter>& bytes_;
   prometheus::Counter& bytes_sent_;
   prometheus::Counter& bytes_received_;

@@ -101,6 +101,22 @@ std::pair<int64_t, int64_t> WindowSteps(const HistoryWindow& window, int64_t siz
 
 }  // namespace
 
+void Job::MemoryToProto(v1::Job* out) const {
+  const size_t ranks = std::max(
+      {plan.predicted_memory.size(), measured_peak_bytes.size(), measured_max_bytes.size()});
+  for (size_t r = 0; r < ranks; ++r) {
+    v1::RankMemory* m = out->add_memory();
+    m->set_rank(static_cast<int>(r));
+    if (r < plan.predicted_memory.size()) {
+      m->set_predicted_static_bytes(plan.predicted_memory[r].static_bytes);
+      m->set_predicted_peak_bytes(plan.predicted_memory[r].peak_bytes);
+      m->set_predicted_peak_action(plan.predicted_memory[r].peak_action);
+    }
+    if (r < measured_peak_bytes.size()) m->set_measured_peak_bytes(measured_peak_bytes[r]);
+    if (r < measured_max_bytes.size()) m->set_measured_max_bytes(measured_max_bytes[r]);
+  }
+}
+
 void Job::ToProto(v1::Job* out, const HistoryWindow& window) const {
   out->set_id(id);
   out->set_name(spec.name);
@@ -136,6 +152,7 @@ void Job::ToProto(v1::Job* out, const HistoryWindow& window) const {
   out->set_replicas(plan.replicas);
   out->set_schedule(plan.schedule_name);
   out->set_microbatches(plan.num_microbatches);
+  MemoryToProto(out);
   for (const RankSlot& slot : ranks) {
     v1::RankStatus* r = out->add_ranks();
     r->set_rank(slot.rank);

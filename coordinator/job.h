@@ -106,6 +106,7 @@ struct StepAggregate {
   absl::Duration slowest = absl::ZeroDuration();
   std::vector<double> bubble_ratios;  // indexed by task (Plan::TaskIndex)
   std::vector<double> hidden_ratios;  // of the gradient reduction, by task; with replicas
+  std::vector<int64_t> peak_activation_bytes;  // measured, by task; 0 where not measured
   // Parameter digests reported with the step (replicas): stage -> (first replica, digest).
   std::map<int, std::pair<int, std::string>> digests;
   // Set when two replicas of a stage reported different digests: what differs.
@@ -198,6 +199,11 @@ struct Job {
   // forward-only; a restart drops those after the checkpoint it restores.
   std::vector<double> losses;
   std::vector<double> max_bubble_ratios;  // one per completed step: the largest over ranks
+  // By pipeline rank: the activation peak the workers measured in the latest completed step
+  // (the most over the replicas) and the most in any step since the coordinator started
+  // following the job; empty until a step reported one.
+  std::vector<int64_t> measured_peak_bytes;
+  std::vector<int64_t> measured_max_bytes;
   // A checkpoint was recorded before the loss of its last step: the job's record is saved
   // again once steps_done() reaches this; -1 when no save waits.
   int64_t save_at_steps_done = -1;
@@ -265,6 +271,8 @@ struct Job {
   // The job (state, steps, ranks and their counters, spec, checkpoints) with the part of its
   // history `window` selects.
   void ToProto(v1::Job* out, const HistoryWindow& window = HistoryWindow::All()) const;
+  // Job.memory: the plan's predicted memory per rank and what the workers measured.
+  void MemoryToProto(v1::Job* out) const;
   // The job as GetJob returns it (with `window`) and, whole, as the job table stores it:
   // ToProto plus the plan's layers and stages.
   void ToRecord(v1::Job* out, const HistoryWindow& window = HistoryWindow::All()) const;

@@ -14,6 +14,7 @@
 #include "common/spec/spec_parser.h"
 #include "common/transport/backends.h"
 #include "common/util/status_macros.h"
+#include "coordinator/memory_prediction.h"
 #include "coordinator/planner_parts.h"
 
 namespace stagecoach::coordinator {
@@ -498,6 +499,7 @@ absl::StatusOr<Plan> PlanJob(const spec::JobSpec& spec, std::vector<v1::LayerInf
     plan.stages.push_back(st);
   }
   plan.layers = std::move(layers);
+  ASSIGN_OR_RETURN(plan.predicted_memory, PredictMemory(spec, plan));
   return plan;
 }
 }  // namespace stagecoach::coordinator

@@ -38,6 +38,13 @@ struct StagePlan {
   int64_t parameters = 0;
 };
 
+// What one pipeline rank is predicted to hold (memory_prediction.h), in bytes.
+struct PredictedRankMemory {
+  int64_t static_bytes = 0;  // parameters, gradients, optimizer state
+  int64_t peak_bytes = 0;    // the most activation and buffer bytes live at once in a step
+  std::string peak_action;   // during which it happens, e.g. "0F3"
+};
+
 struct Plan {
   // The model's ordered layers the plan partitions (names, parameters, profiled times when
   // measured); StagePlan layer indices point into it.
@@ -66,6 +73,9 @@ struct Plan {
   // task replica * num_ranks + rank holding `rank` of replica `replica`. The D tasks of one rank
   // form that rank's data-parallel group.
   int replicas = 1;
+  // Indexed by rank: the memory model's prediction when the layers carry measured sizes (a
+  // profiled InspectModel), else empty.
+  std::vector<PredictedRankMemory> predicted_memory;
 
   int num_tasks() const { return num_ranks * replicas; }
   int TaskIndex(int replica, int rank) const { return replica * num_ranks + rank; }

@@ -104,6 +104,8 @@ bool StepAggregator::AddLocked(Job& job, RankSlot& slot, const v1::ReportStepReq
   const int task = job.plan.TaskIndex(slot.replica, slot.rank);
   agg.bubble_ratios.resize(job.plan.num_tasks(), 0.0);
   agg.bubble_ratios[task] = req.bubble_ratio();
+  agg.peak_activation_bytes.resize(job.plan.num_tasks(), 0);
+  agg.peak_activation_bytes[task] = req.peak_activation_bytes();
   if (job.plan.replicas > 1) {
     agg.hidden_ratios.resize(job.plan.num_tasks(), 0.0);
     agg.hidden_ratios[task] = req.reduction().hidden_ratio();
@@ -167,6 +169,7 @@ void StepAggregator::CompleteStepLocked(Job& job, int64_t step_index, absl::Time
   *step->mutable_step_time() = rpc::ToProtoDuration(agg.slowest);
   for (double ratio : agg.bubble_ratios) step->add_bubble_ratios(ratio);
   for (double ratio : agg.hidden_ratios) step->add_reduction_hidden_ratios(ratio);
+  RecordMemoryLocked(job, agg, *step);
   const double seconds = absl::ToDoubleSeconds(agg.slowest);
   step->set_samples_per_second(seconds > 0 ? job.spec.training.batch_size / seconds : 0.0);
   if (metrics_ != nullptr) {
@@ -189,6 +192,32 @@ void StepAggregator::CompleteStepLocked(Job& job, int64_t step_index, absl::Time
     job.client_step->done = true;
   }
   job.AddEvent(std::move(event), now);
+}
+
+void StepAggregator::RecordMemoryLocked(Job& job, const StepAggregate& agg,
+                                        v1::StepCompleted& step) {
+  for (int64_t bytes : agg.peak_activation_bytes) step.add_peak_activation_bytes(bytes);
+  const bool measured =
+      std::any_of(agg.peak_activation_bytes.begin(), agg.peak_activation_bytes.end(),
+                  [](int64_t bytes) { return bytes > 0; });
+  if (!measured) return;
+  const int num_ranks = job.plan.num_ranks;
+  job.measured_peak_bytes.assign(num_ranks, 0);
+  job.measured_max_bytes.resize(num_ranks, 0);
+  for (size_t task = 0; task < agg.peak_activation_bytes.size(); ++task) {
+    const int rank = static_cast<int>(task) % num_ranks;
+    job.measured_peak_bytes[rank] =
+        std::max(job.measured_peak_bytes[rank], agg.peak_activation_bytes[task]);
+    job.measured_max_bytes[rank] =
+        std::max(job.measured_max_bytes[rank], agg.peak_activation_bytes[task]);
+  }
+  if (metrics_ != nullptr) {
+    std::vector<int64_t> predicted;
+    for (const PredictedRankMemory& rank : job.plan.predicted_memory) {
+      predicted.push_back(rank.peak_bytes);
+    }
+    metrics_->RankMemory(job.id, agg.peak_activation_bytes, predicted, num_ranks);
+  }
 }
 
 void StepAggregator::RecordRecipeLocked(Job& job, const StepAggregate& agg, int64_t global,

@@ -53,6 +53,9 @@ class StepAggregator {
   // training.max_skipped_steps skipped steps sets the job's step_failure.
   static void RecordRecipeLocked(Job& job, const StepAggregate& agg, int64_t global,
                                  v1::StepCompleted& step);
+  // The ranks' measured activation peaks: into the event, the job's latest and largest per
+  // rank, and the metrics (with the plan's predictions).
+  void RecordMemoryLocked(Job& job, const StepAggregate& agg, v1::StepCompleted& step);
 
   CoordinatorMetrics* const metrics_;
 };

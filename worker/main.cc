@@ -8,6 +8,7 @@
 #include "common/rpc/authorized_service.h"
 #include "common/util/logging.h"
 #include "common/util/malloc_tuning.h"
+#include "worker/runtime/counting_allocator.h"
 #include "worker/runtime/device.h"
 #include "worker/service/artifact_cache.h"
 #include "worker/service/coordinator_client.h"
@@ -112,6 +113,8 @@ int main(int argc, char** argv) {
   task_deps.transports = sc::worker::AvailableTransports(transport_config);
   task_deps.device = config.device;
   task_deps.resolve_file = (*artifact_cache)->Resolver();
+  // One task per worker process, so the process's tensor bytes are the task's.
+  task_deps.memory_counter = &sc::runtime::CountingCpuAllocator::Install();
   sc::worker::TaskManager tasks(task_deps);
   sc::worker::WorkerServiceOptions service_options;
   service_options.resolve_file = task_deps.resolve_file;

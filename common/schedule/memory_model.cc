@@ -24,6 +24,7 @@ absl::Status CheckStageMemory(const StageMemory& m, const std::string& where) {
                                     {"activations", m.activations},
                                     {"weight_activations", m.weight_activations},
                                     {"backward_transient", m.backward_transient},
+                                    {"forward_transient", m.forward_transient},
                                     {"output", m.output}}) {
     if (!std::isfinite(value) || value < 0) {
       return absl::InvalidArgumentError(
@@ -163,21 +164,23 @@ class RankReplay {
           const double input_grad = Output(s - 1);
           during = m.backward_transient + input_grad;
           const double base = net;
+          const double input = Take(recv_f_, key);
           net += input_grad - (full ? m.activations : m.activations - m.weight_activations) -
-                 Take(recv_f_, key) - Take(recv_b_, key) - Take(handed_, key);
+                 (full ? input : 0.0) - Take(recv_b_, key) - Take(handed_, key);
+          if (!full && input > 0) weight_inputs_[key] = input;
           during += base;
           if (full) --held;
           if (s > 0 && stage_to_rank_[s - 1] == rank_) handed_[{s - 1, key.second}] = input_grad;
           break;
         }
         case ActionType::kBackwardWeight:
-          net -= m.weight_activations;
+          net -= m.weight_activations + Take(weight_inputs_, key);
           --held;
           break;
         default:
           break;
       }
-      if (leaf->type == ActionType::kForward) during = net;  // built by its end
+      if (leaf->type == ActionType::kForward) during = net + m.forward_transient;
       if (during > highest) {
         highest = during;
         held_at_highest = held_during;
@@ -217,6 +220,7 @@ class RankReplay {
   std::map<Key, double> recv_f_;  // received inputs, until the backward
   std::map<Key, double> recv_b_;  // received output gradients, until the backward
   std::map<Key, double> handed_;  // output gradients from a stage on this rank
+  std::map<Key, double> weight_inputs_;  // received inputs I left for W
   double live_ = 0;
   int held_ = 0;  // (stage, microbatch) activations held
   RankMemory result_;
@@ -254,7 +258,11 @@ absl::StatusOr<MemoryProfile> SimulateMemory(const Simulation& simulation,
   for (const Message& m : simulation.messages) {
     if (m.send.type != ActionType::kSendB || m.from_rank < 0 || m.from_rank >= num_ranks) continue;
     if (m.send.stage < 1 || m.send.stage >= num_stages) continue;
-    replays[m.from_rank].FreeOnArrival(m.arrive, stages[m.send.stage - 1].output);
+    const std::vector<TimedAction>& timeline = simulation.timeline[m.from_rank];
+    const double freed = model.gradient_sends_held_to_step_end && !timeline.empty()
+                             ? std::max(m.arrive, timeline.back().end)
+                             : m.arrive;
+    replays[m.from_rank].FreeOnArrival(freed, stages[m.send.stage - 1].output);
   }
   MemoryProfile profile;
   profile.ranks.reserve(num_ranks);

@@ -7,10 +7,12 @@
 //  - static: its stages' parameters, gradients and optimizer state, live for the whole step;
 //  - activations: per (stage, microbatch), what F keeps for the backward (its saved tensors and
 //    its output, which the runtime keeps to run the backward from);
-//  - buffers: a received input (RECV_F), kept until the backward that produces its gradient; a
-//    received output gradient (RECV_B), kept until the I or B that consumes it; a computed input
-//    gradient, kept until its SEND_B has arrived or, when the previous stage is on the same rank,
-//    until that stage's I or B has consumed it. Stage 0's input batch is the data, not counted.
+//  - buffers: a received input (RECV_F), kept until the B that produces its gradient or, with a
+//    split backward, until W (the first weight product's gradient needs it); a received output
+//    gradient (RECV_B), kept until the I or B that consumes it; a computed input gradient, kept
+//    until its SEND_B has arrived (or the step's end, see MemoryModel) or, when the previous
+//    stage is on the same rank, until that stage's I or B has consumed it. Stage 0's input batch
+//    is the data, not counted.
 // "Dynamic" bytes are activations plus buffers; the peak a worker measures from the start of a
 // step (counting_allocator.h) is the dynamic peak.
 #pragma once
@@ -38,6 +40,9 @@ struct StageMemory {
   // Per microbatch: extra bytes live while the stage's B or I runs and freed when it ends (the
   // activations a recomputing stage rebuilds, autograd's temporaries).
   double backward_transient = 0;
+  // Per microbatch: extra bytes live while its F runs beyond what F keeps (intermediate values
+  // it frees itself).
+  double forward_transient = 0;
   // Per microbatch: the tensor the stage sends forward; the next stage's receive buffer and the
   // size of the gradient that comes back.
   double output = 0;
@@ -50,6 +55,11 @@ struct MemoryModel {
   // Element s overrides `defaults` for stage s; may be shorter than the number of stages, not
   // longer.
   std::vector<StageMemory> per_stage;
+  // Input gradients sent by SEND_B are kept until the rank's last action ends rather than until
+  // they arrive: what a runtime does that cannot test a send without waiting for it (ours: its
+  // activation sends are released when their gradient comes back, gradient sends at the end of
+  // the step).
+  bool gradient_sends_held_to_step_end = false;
 };
 
 // Optimizers whose state the model knows.
@@ -93,15 +103,18 @@ struct MemoryProfile {
 // says what each rank holds over time. Rules, per rank, in time order:
 //  - RECV_F(s, mb) at its post allocates output(s-1); RECV_B(s, mb) at its post allocates
 //    output(s);
-//  - F(s, mb) holds activations(s) from its start (they build up while it runs);
+//  - F(s, mb) holds activations(s) from its start (they build up while it runs), and
+//    forward_transient(s) while it runs;
 //  - B(s, mb) while it runs also holds backward_transient(s) and the input gradient output(s-1)
 //    (s > 0); at its end it frees activations(s), the transient, its RECV_F and RECV_B buffers and
 //    a locally handed gradient, and keeps the input gradient;
-//  - I(s, mb) is B that keeps weight_activations(s); W(s, mb) frees them at its end;
+//  - I(s, mb) is B that keeps weight_activations(s) and its RECV_F buffer; W(s, mb) frees them
+//    at its end;
 //  - an OVERLAP_F_B runs its sub-actions one after another: its peak is the highest any of them
 //    reaches on what the earlier ones left; the changes apply at its end;
-//  - an input gradient sent by SEND_B is freed when the message arrives; one handed to a stage on
-//    the same rank is freed at the end of that stage's I or B;
+//  - an input gradient sent by SEND_B is freed when the message arrives (with
+//    gradient_sends_held_to_step_end, when the rank's last action ends); one handed to a stage
+//    on the same rank is freed at the end of that stage's I or B;
 //  - at equal times, frees on message arrival come before the rank's own events.
 // Forward-only schedules never free activations: model an inference stage with activations 0
 // and its output as `output`.

@@ -155,6 +155,18 @@ TEST(ScheduleMemoryTest, BackwardTransientAddsWhileTheBackwardRuns) {
                           std::pair(4.0, 150.0), std::pair(6.0, 0.0)));
 }
 
+TEST(ScheduleMemoryTest, ForwardTransientAddsWhileTheForwardRuns) {
+  MemoryModel model = Activations(100);
+  model.defaults.forward_transient = 30;
+  Replay run = MustRun({ParseActions({"0F0", "0F1", "0B0", "0B1"})}, {0}, 1, 2, model);
+  const RankMemory& m = run.memory.ranks[0];
+  EXPECT_EQ(m.peak_dynamic, 230);
+  EXPECT_EQ(m.peak_action, "0F1");
+  EXPECT_THAT(Curve(m),
+              ElementsAre(std::pair(0.0, 130.0), std::pair(1.0, 230.0), std::pair(2.0, 200.0),
+                          std::pair(4.0, 100.0), std::pair(6.0, 0.0)));
+}
+
 TEST(ScheduleMemoryTest, ReceiveAndSendBuffersAcrossRanks) {
   // GPipe on 2 ranks, one microbatch; F 1, B 2, every message 1. Activations 100, outputs 10.
   //  rank 0: 0F0 [0,1] 100; 0RECV_B0 at 1 +10 = 110; waits for the gradient (arrives 6);
@@ -185,6 +197,44 @@ TEST(ScheduleMemoryTest, ReceiveAndSendBuffersAcrossRanks) {
   EXPECT_THAT(Curve(r1),
               ElementsAre(std::pair(0.0, 10.0), std::pair(2.0, 110.0), std::pair(3.0, 120.0),
                           std::pair(5.0, 10.0), std::pair(6.0, 0.0)));
+}
+
+TEST(ScheduleMemoryTest, SplitBackwardKeepsTheReceivedInputUntilW) {
+  // Rank 1 runs the last stage with a split backward: its received input (10) stays with W.
+  //  1RECV_F0 at 0: 10; 1F0 [1,2]: 110; 1I0 [2,3] builds the input gradient: 120, then frees
+  //  60 of the activations: 60; the gradient arrives at 3: 50; 1W0 [3,4] frees the rest: 0.
+  MemoryModel model = Activations(100);
+  model.defaults.weight_activations = 40;
+  model.defaults.output = 10;
+  const PipelineOrder lowered = {ParseActions({"0F0", "0SEND_F0", "0RECV_B0", "0B0"}),
+                                 ParseActions({"1RECV_F0", "1F0", "1I0", "1SEND_B0", "1W0"})};
+  Replay run = MustRun(lowered, {0, 1}, 2, 1, model);
+  const RankMemory& m = run.memory.ranks[1];
+  EXPECT_EQ(m.peak_dynamic, 120);
+  EXPECT_EQ(m.peak_action, "1I0");
+  EXPECT_THAT(Curve(m),
+              ElementsAre(std::pair(0.0, 10.0), std::pair(1.0, 110.0), std::pair(2.0, 120.0),
+                          std::pair(3.0, 50.0), std::pair(4.0, 0.0)));
+  // A runtime that keeps gradient sends to the end of the step: 60 until 4.
+  model.gradient_sends_held_to_step_end = true;
+  Replay held = MustRun(lowered, {0, 1}, 2, 1, model);
+  EXPECT_THAT(Curve(held.memory.ranks[1]),
+              ElementsAre(std::pair(0.0, 10.0), std::pair(1.0, 110.0), std::pair(2.0, 120.0),
+                          std::pair(3.0, 60.0), std::pair(4.0, 0.0)));
+}
+
+TEST(ScheduleMemoryTest, GradientSendsHeldToStepEndGrowWithMicrobatches) {
+  // 1F1B's last rank holds one microbatch's activations, but a runtime that keeps every
+  // gradient send to the end of the step holds m input gradients by then.
+  MemoryModel model = Activations(100);
+  model.defaults.output = 10;
+  model.gradient_sends_held_to_step_end = true;
+  Replay run = MustRunKind(ScheduleKind::k1F1B, 2, 8, model);
+  // During its last B: 8 gradients (7 sent, the 8th being built), its input and activations.
+  EXPECT_EQ(run.memory.ranks[1].peak_dynamic, 8 * 10 + 10 + 100);
+  model.gradient_sends_held_to_step_end = false;
+  EXPECT_EQ(MustRunKind(ScheduleKind::k1F1B, 2, 8, model).memory.ranks[1].peak_dynamic,
+            10 + 10 + 100 + 10);
 }
 
 TEST(ScheduleMemoryTest, GradientHandedToAStageOnTheSameRank) {

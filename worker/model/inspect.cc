@@ -21,6 +21,7 @@
 #include "worker/model/mlp.h"
 #include "worker/model/stage_model.h"
 #include "worker/model/torchscript_model.h"
+#include "worker/runtime/counting_allocator.h"
 #include "worker/runtime/training_data.h"
 
 namespace stagecoach::model {
@@ -69,12 +70,36 @@ double MedianSeconds(int iterations, const torch::Device& device, Fn&& fn) {
   return n % 2 == 1 ? times[n / 2] : (times[n / 2 - 1] + times[n / 2]) / 2;
 }
 
+// Runs `stage`'s forward once more, the previous run's outputs and graph freed first, and
+// records the bytes it leaves allocated (saved tensors and outputs: what a pipeline keeps until
+// the backward), the most it allocated beyond those while it ran, and its outputs' bytes. The
+// inputs were allocated before, so they are not counted. `counter` counts the whole process: a task
+// running beside the profile blurs it.
+void MeasureForward(StageModel& stage, const std::vector<torch::Tensor>& inputs,
+                    runtime::CountingCpuAllocator& counter, std::vector<torch::Tensor>& outputs,
+                    v1::LayerInfo* layer) {
+  outputs.clear();
+  const int64_t before = counter.live_bytes();
+  counter.ResetPeak();
+  outputs = stage.ForwardValues(inputs);
+  const int64_t kept = counter.live_bytes() - before;
+  layer->set_forward_transient_bytes(std::max<int64_t>(counter.peak_bytes() - before - kept, 0));
+  int64_t output_bytes = 0;
+  for (const torch::Tensor& t : outputs) {
+    if (t.defined()) output_bytes += static_cast<int64_t>(t.nbytes());
+  }
+  layer->set_activation_bytes(std::max<int64_t>(kept, 0));
+  layer->set_output_bytes(output_bytes);
+}
+
 // Times every layer's forward, then every layer's backward (see inspect.h), into `out`'s
 // layers, which are in the stages' order. `running` says what runs ("the forward of layer
 // blocks.2"), for an error LibTorch throws.
 void ProfileLayers(LayerStages& layers, const torch::Tensor& microbatch, int iterations,
                    const torch::Device& device, v1::InspectModelResponse* out,
                    std::string* running) {
+  runtime::CountingCpuAllocator* counter =
+      device.is_cpu() ? &runtime::CountingCpuAllocator::Install() : nullptr;
   torch::AutoGradMode grad_mode(true);
   const int n = static_cast<int>(layers.stages.size());
   std::vector<std::vector<torch::Tensor>> inputs(n), outputs(n), output_grads(n);
@@ -93,6 +118,8 @@ void ProfileLayers(LayerStages& layers, const torch::Tensor& microbatch, int ite
     const double seconds =
         MedianSeconds(iterations, device, [&] { outputs[s] = stage->ForwardValues(inputs[s]); });
     out->mutable_layers(s)->set_forward_seconds(seconds);
+    if (counter != nullptr)
+      MeasureForward(*stage, inputs[s], *counter, outputs[s], out->mutable_layers(s));
     output_grads[s].resize(outputs[s].size());
   }
   for (int s = n - 1; s >= 0; --s) {
@@ -117,6 +144,18 @@ void ProfileLayers(LayerStages& layers, const torch::Tensor& microbatch, int ite
       torch::autograd::backward(roots, grads, /*retain_graph=*/true);
     });
     out->mutable_layers(s)->set_backward_seconds(seconds);
+    if (counter != nullptr) {
+      // Once more, to measure the most its backward allocates (weight gradients are computed
+      // apart, then accumulated into the .grad the timed runs left).
+      for (torch::Tensor& input : inputs[s]) {
+        if (input.requires_grad()) input.mutable_grad() = torch::Tensor();
+      }
+      const int64_t before = counter->live_bytes();
+      counter->ResetPeak();
+      torch::autograd::backward(roots, grads, /*retain_graph=*/true);
+      out->mutable_layers(s)->set_backward_transient_bytes(
+          std::max<int64_t>(counter->peak_bytes() - before, 0));
+    }
     // Hand each input's gradient to the output it came from (summed over its consumers).
     for (size_t i = 0; i < inputs[s].size(); ++i) {
       const ValueSource& src = layers.wiring[s].inputs[i];

@@ -10,7 +10,12 @@
 // layer by layer, last first: the last layer's output gets a gradient of ones, every other
 // output the sum of the gradients its consumers computed for it. Each layer's forward and
 // backward are timed apart: one warm-up, then `iterations` timed repeats, of which the median
-// is reported (CUDA work is synchronised before the clock stops).
+// is reported (CUDA work is synchronised before the clock stops). On CPU each layer's forward
+// then runs once more under the process's counting allocator (installed if it was not), to
+// record the bytes it keeps for the backward, the most it allocates beyond those and its
+// output's bytes, and its backward once more for the most that allocates (LayerInfo.
+// activation_bytes, forward_transient_bytes, output_bytes, backward_transient_bytes; 0 on
+// CUDA).
 //
 // Torch-free header: the worker's service includes it.
 #pragma once

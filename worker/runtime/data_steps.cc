@@ -28,6 +28,7 @@ DataSteps::DataSteps(const StepEnv& env) : env_(env) {
   options_.wiring = setup.stages->wiring;
   options_.recompute = setup.spec.training.activation_checkpointing == "full";
   options_.precision = setup.precision;
+  if (setup.device.is_cpu()) options_.memory_counter = env.memory_counter;
   if (env.reducer != nullptr) {
     options_.on_gradients_ready = [reducer = env.reducer](int stage) {
       reducer->StageReady(stage);

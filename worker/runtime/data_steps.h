@@ -52,6 +52,9 @@ struct StepEnv {
   StepRecipe* recipe = nullptr;
   // Training tasks whose rank holds a tied copy on another stage (tied embeddings); else null.
   TiedGradients* tied = nullptr;
+  // CPU tasks of a worker daemon: measures each step's activation peak (ExecutorOptions::
+  // memory_counter); else null.
+  CountingCpuAllocator* memory_counter = nullptr;
 };
 
 // The shapes and dtypes of stage 0's microbatches, for PipelineExecutor::AgreeShapes (empty on

@@ -116,6 +116,9 @@ absl::StatusOr<StepResult> PipelineExecutor::RunStep(const std::vector<Action>& 
   state.targets = &targets;
   state.step_start = absl::Now();
   state.result.start = state.step_start;
+  const int64_t live_at_start =
+      options_.memory_counter != nullptr ? options_.memory_counter->live_bytes() : 0;
+  if (options_.memory_counter != nullptr) options_.memory_counter->ResetPeak();
   state.result.executed.reserve(actions.size());
   state.result.timings.reserve(actions.size());
   const int m = options_.num_microbatches;
@@ -137,6 +140,9 @@ absl::StatusOr<StepResult> PipelineExecutor::RunStep(const std::vector<Action>& 
     return status;
   }
   state.result.duration = absl::Now() - state.step_start;
+  if (options_.memory_counter != nullptr) {
+    state.result.peak_activation_bytes = options_.memory_counter->peak_bytes() - live_at_start;
+  }
   state.result.bubble_ratio =
       state.result.duration > absl::ZeroDuration()
           ? std::max(0.0, 1.0 - absl::FDivDuration(busy, state.result.duration))
@@ -174,13 +180,14 @@ absl::Status PipelineExecutor::RunActions(const std::vector<Action>& actions, St
 }
 
 absl::Status PipelineExecutor::WaitSends(StepState& state) {
-  for (executor_internal::PendingSend& send : state.sends) {
+  auto wait = [&](executor_internal::PendingSend& send) {
     absl::Status sent = send.work->Wait(options_.comm_timeout);
-    if (!sent.ok()) {
-      return absl::Status(
-          sent.code(), absl::StrCat("rank ", options_.rank, ": ", send.what, ": ", sent.message()));
-    }
-  }
+    if (sent.ok()) return sent;
+    return absl::Status(
+        sent.code(), absl::StrCat("rank ", options_.rank, ": ", send.what, ": ", sent.message()));
+  };
+  for (executor_internal::PendingSend& send : state.sends) RETURN_IF_ERROR(wait(send));
+  for (auto& [key, send] : state.activation_sends) RETURN_IF_ERROR(wait(send));
   return absl::OkStatus();
 }
 

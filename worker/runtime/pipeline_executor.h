@@ -30,7 +30,9 @@
 //               scale_grads is off, then calls on_gradients_ready(s) (the reduction across
 //               data-parallel replicas starts there)
 //   UNSHARD s, RESHARD s  nothing: stages are not sharded
-// Sends are waited for at the end of the step. Every wait is bounded by comm_timeout and its
+// An activation's send is released once the gradient for it came back (the consumer has used
+// it, so the send is complete); the other sends are waited for at the end of the step (a
+// transport cannot test a send without waiting). Every wait is bounded by comm_timeout and its
 // error names the rank, action, peer, stage and microbatch.
 //
 // Shapes: AgreeShapes runs once before the first step. Each stage infers its outputs' shapes
@@ -54,6 +56,7 @@
 #include "common/schedule/action.h"
 #include "worker/model/precision.h"
 #include "worker/model/stage_model.h"
+#include "worker/runtime/counting_allocator.h"
 #include "worker/runtime/training_setup.h"
 #include "worker/transport/transport.h"
 
@@ -93,6 +96,10 @@ struct ExecutorOptions {
   // floating outputs cross to the next stage in bf16 (so do the gradients that come back), and
   // the last stage's output is cast to fp32 for the loss (and for forward-only outputs).
   model::Precision precision = model::Precision::kFp32;
+  // When set (CPU workers: the process's counting allocator), RunStep measures the most bytes
+  // of tensors allocated above what was live at the step's start (StepResult::
+  // peak_activation_bytes). Process-wide: meaningful with one executor per process.
+  CountingCpuAllocator* memory_counter = nullptr;
 };
 
 // Shape and dtype of one tensor crossing a stage boundary.
@@ -139,6 +146,9 @@ struct StepResult {
   // Payload bytes this rank posted to send to, and received from, each peer rank in the step.
   std::map<int, int64_t> bytes_sent_to;
   std::map<int, int64_t> bytes_received_from;
+  // With ExecutorOptions::memory_counter: the step's peak of live tensor bytes minus those live
+  // when it started; 0 otherwise.
+  int64_t peak_activation_bytes = 0;
 };
 
 // Not thread-safe: one step at a time. The transport and the stage models must outlive it.
@@ -237,6 +247,9 @@ class PipelineExecutor {
   // Checks `t` against the agreed `meta` and posts its send to `peer`.
   absl::Status PostSend(const torch::Tensor& t, const TensorMeta& meta, int peer, uint64_t tag,
                         const std::string& what, const std::string& where, StepState& state);
+  // Waits for and frees the send of edge `edge`'s value for `microbatch`, if it is held, once
+  // its gradient came back.
+  absl::Status ReleaseActivationSend(int edge, int microbatch, StepState& state);
   // Posts the receive of edge `edge`'s value (or its gradient) for `microbatch`.
   absl::Status PostRecv(bool gradient, int edge, int microbatch, const std::string& where,
                         StepState& state);

@@ -44,6 +44,7 @@ absl::Status PipelineExecutor::OutputGradients(int s, int mb, const std::string&
         st.handed_grads.erase(it);
       } else {
         ASSIGN_OR_RETURN(g, WaitRecv(true, e, mb, where, st));
+        RETURN_IF_ERROR(ReleaseActivationSend(e, mb, st));
       }
       grad = grad.defined() ? grad + g : g;
     }

@@ -170,6 +170,10 @@ absl::Status PipelineExecutor::SendActivations(int s, int mb, const std::string&
                              RankOf(edge.consumer), EdgeTag(false, static_cast<int>(e), mb),
                              absl::StrCat(EdgeName(false, static_cast<int>(e)), " microbatch ", mb),
                              where, st));
+    if (!options_.forward_only && EdgeMeta(static_cast<int>(e), mb).requires_grad) {
+      st.activation_sends[EdgeKey{static_cast<int>(e), mb}] = std::move(st.sends.back());
+      st.sends.pop_back();
+    }
   }
   // Forward-only steps keep no graph; training steps keep the outputs for the backward, unless
   // it recomputes them (the send holds the bytes until it is done).

@@ -90,6 +90,8 @@ struct PipelineExecutor::StepState {
   std::map<Key, torch::Tensor> rng_states;           // recomputation: the generator's at each F
   std::set<int> last_stage_forwards;                 // microbatches the last stage ran F on
   std::vector<executor_internal::PendingSend> sends;
+  // Activation sends whose gradient comes back: released when it has (the consumer used them).
+  std::map<EdgeKey, executor_internal::PendingSend> activation_sends;
   absl::Time step_start;
   absl::Duration action_wait;  // time the current action spent blocked on receives
   StepResult result;

@@ -90,6 +90,18 @@ absl::Status PipelineExecutor::PostSend(const torch::Tensor& t, const TensorMeta
   return absl::OkStatus();
 }
 
+absl::Status PipelineExecutor::ReleaseActivationSend(int e, int mb, StepState& st) {
+  auto it = st.activation_sends.find(EdgeKey{e, mb});
+  if (it == st.activation_sends.end()) return absl::OkStatus();
+  // Its gradient came back, so the consumer received it: the wait returns at once.
+  absl::Status sent = it->second.work->Wait(options_.comm_timeout);
+  if (!sent.ok()) {
+    return absl::Status(sent.code(), absl::StrCat(it->second.what, ": ", sent.message()));
+  }
+  st.activation_sends.erase(it);
+  return absl::OkStatus();
+}
+
 absl::Status PipelineExecutor::PostActivationRecvs(int s, int mb, const std::string& where,
                                                    StepState& st) {
   for (int e : edges_into_[s]) {

@@ -60,6 +60,7 @@ v1::ReportStepRequest StepReports::Step(const StepResult& result, const StepMark
   }
   *report.mutable_step_start_time() = rpc::ToProtoTimestamp(result.start);
   report.set_bubble_ratio(result.bubble_ratio);
+  report.set_peak_activation_bytes(result.peak_activation_bytes);
   return report;
 }
 

@@ -272,9 +272,18 @@ absl::Status TaskRunner::RunOnDataPlane(TaskSetup& setup, transport::Transport& 
   if (parts->tied != nullptr) checkpoint_options.omitted = parts->tied->Omitted();
   CheckpointSteps checkpoints(checkpoint_options, setup.stages->by_index, setup.optimizer.get(),
                               &reports, setup.shards.get());
-  const StepEnv env{&task_,        &setup,        &transport,         &gate_,
-                    &reports,      &checkpoints,  &steps_done_,       &inference_outputs_,
-                    parts->reducer.get(), parts->recipe.get(), parts->tied.get()};
+  const StepEnv env{&task_,
+                    &setup,
+                    &transport,
+                    &gate_,
+                    &reports,
+                    &checkpoints,
+                    &steps_done_,
+                    &inference_outputs_,
+                    parts->reducer.get(),
+                    parts->recipe.get(),
+                    parts->tied.get(),
+                    deps_.memory_counter};
   absl::StatusOr<std::unique_ptr<DataSteps>> data = DataSteps::Create(env);
   if (!data.ok()) return AbortDataPlane(transport, group, data.status());
   ClientSteps client_steps(env, data->get());

@@ -118,6 +118,8 @@ using CollectivesFactory = std::function<absl::StatusOr<std::unique_ptr<collecti
 // is a path on the worker's filesystem and is returned as is. Errors name the reference.
 using FileResolver = std::function<absl::StatusOr<std::string>(const std::string& ref)>;
 
+class CountingCpuAllocator;  // counting_allocator.h
+
 struct TaskRunnerDeps {
   std::string worker_id;
   TaskReporter* reporter = nullptr;             // required
@@ -130,6 +132,9 @@ struct TaskRunnerDeps {
   std::string device = "cpu";
   // Resolves model.torchscript and data.path; when unset, references are used as paths.
   FileResolver resolve_file;
+  // The process's counting CPU allocator (a worker daemon installs it): CPU tasks report each
+  // step's activation peak from it (ExecutorOptions::memory_counter). Null: not measured.
+  CountingCpuAllocator* memory_counter = nullptr;
 };
 
 class TaskRunner {

@@ -31,6 +31,8 @@ struct TaskManagerDeps {
   // Resolves model.torchscript and data.path references, e.g. "artifact:<id>" through the
   // worker's ArtifactCache (TaskRunnerDeps::resolve_file); unset: references are paths.
   runtime::FileResolver resolve_file;
+  // TaskRunnerDeps::memory_counter.
+  runtime::CountingCpuAllocator* memory_counter = nullptr;
 };
 
 // Thread-safe.

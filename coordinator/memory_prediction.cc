@@ -1,0 +1,110 @@
+#include "coordinator/memory_prediction.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/schedule/simulator.h"
+
+namespace stagecoach::coordinator {
+namespace {
+
+constexpr double kBytesPerParameter = 4;  // fp32 weights, gradients and optimizer buffers
+
+schedule::OptimizerKind OptimizerOf(const spec::OptimizerSpec& optimizer) {
+  if (optimizer.kind == "adamw") return schedule::OptimizerKind::kAdamW;
+  return optimizer.momentum > 0 ? schedule::OptimizerKind::kSgdMomentum
+                                : schedule::OptimizerKind::kSgd;
+}
+
+bool HasMeasuredSizes(const Plan& plan) {
+  return std::any_of(plan.layers.begin(), plan.layers.end(), [](const v1::LayerInfo& layer) {
+    return layer.activation_bytes() > 0 || layer.output_bytes() > 0;
+  });
+}
+
+// Stage costs from the layers' measured times; an unprofiled plan keeps the simulator's
+// defaults (F 1, B 2, I 1, W 1), which order the actions the same way.
+schedule::CostModel StageCosts(const Plan& plan) {
+  schedule::CostModel costs;
+  bool measured = false;
+  for (const StagePlan& stage : plan.stages) {
+    schedule::StageCosts c{0, 0, 0, 0};
+    for (int l = stage.first_layer; l < stage.end_layer; ++l) {
+      c.forward += plan.layers[l].forward_seconds();
+      c.backward += plan.layers[l].backward_seconds();
+    }
+    c.backward_input = c.backward_weight = c.backward / 2;
+    measured = measured || c.forward > 0 || c.backward > 0;
+    costs.per_stage.push_back(c);
+  }
+  if (!measured) costs.per_stage.clear();
+  return costs;
+}
+
+}  // namespace
+
+schedule::MemoryModel StageMemoryModel(const spec::JobSpec& spec, const Plan& plan) {
+  schedule::MemoryModel model;
+  model.gradient_sends_held_to_step_end = true;
+  const bool recompute = spec.training.activation_checkpointing == "full";
+  const int shards = spec.placement.shard_optimizer ? std::max(1, plan.replicas) : 1;
+  for (const StagePlan& stage : plan.stages) {
+    schedule::StageMemory m;
+    m.parameters = kBytesPerParameter * static_cast<double>(stage.parameters);
+    m.gradients = m.parameters;
+    m.optimizer_state =
+        schedule::OptimizerStateBytes(OptimizerOf(spec.training.optimizer), m.parameters, shards);
+    double kept = 0;
+    double transient = 0;  // the layers' backwards run one after another
+    for (int l = stage.first_layer; l < stage.end_layer; ++l) {
+      kept += static_cast<double>(plan.layers[l].activation_bytes());
+      // A layer's measured backward includes its input's gradient (the previous layer's output
+      // size; none for the data): the model counts the stage's own apart (its input gradient).
+      const double input_grad =
+          l > 0 ? static_cast<double>(plan.layers[l - 1].output_bytes()) : 0.0;
+      transient = std::max(
+          transient, static_cast<double>(plan.layers[l].backward_transient_bytes()) - input_grad);
+      m.forward_transient = std::max(m.forward_transient,
+                                     static_cast<double>(plan.layers[l].forward_transient_bytes()));
+    }
+    m.output = stage.end_layer > stage.first_layer
+                   ? static_cast<double>(plan.layers[stage.end_layer - 1].output_bytes())
+                   : 0;
+    m.backward_transient = transient;
+    if (recompute) {
+      m.activations = std::min(m.output, kept);
+      m.backward_transient += kept;
+    } else {
+      m.activations = kept;
+    }
+    m.weight_activations = std::max(0.0, m.activations - m.output);
+    model.per_stage.push_back(m);
+  }
+  return model;
+}
+
+absl::StatusOr<std::vector<PredictedRankMemory>> PredictMemory(const spec::JobSpec& spec,
+                                                               const Plan& plan) {
+  if (!plan.has_backward || !HasMeasuredSizes(plan)) return std::vector<PredictedRankMemory>();
+  auto sim = schedule::Simulate(plan.lowered, plan.stage_to_rank, plan.num_stages,
+                                plan.num_microbatches, StageCosts(plan));
+  if (!sim.ok()) {
+    return absl::InternalError(absl::StrCat("predicting memory: simulating the ",
+                                            plan.schedule_name,
+                                            " schedule failed: ", sim.status().message()));
+  }
+  auto profile = schedule::SimulateMemory(*sim, plan.stage_to_rank, plan.num_stages,
+                                          StageMemoryModel(spec, plan));
+  if (!profile.ok()) {
+    return absl::InternalError(absl::StrCat("predicting memory: ", profile.status().message()));
+  }
+  std::vector<PredictedRankMemory> out;
+  for (const schedule::RankMemory& rank : profile->ranks) {
+    out.push_back({static_cast<int64_t>(std::llround(rank.static_bytes)),
+                   static_cast<int64_t>(std::llround(rank.peak_dynamic)), rank.peak_action});
+  }
+  return out;
+}
+
+}  // namespace stagecoach::coordinator

@@ -20,6 +20,7 @@
 //   build/bench/pipeline_bench [--width N] [--layers N] [--batch N] [--microbatches N]
 //                              [--steps N] [--warmup N] [--repetitions N]
 //                              [--trace FILE] [--trace-schedule KIND] [--malloc-tuning]
+//                              [--count-memory]
 #include <sys/resource.h>
 #include <torch/torch.h>
 
@@ -46,6 +47,7 @@
 #include "common/schedule/simulator.h"
 #include "common/util/malloc_tuning.h"
 #include "worker/model/mlp.h"
+#include "worker/runtime/counting_allocator.h"
 #include "worker/runtime/pipeline_executor.h"
 #include "worker/runtime/split_backward.h"
 #include "worker/runtime/training_data.h"
@@ -78,6 +80,7 @@ struct Options {
   std::string trace_file;
   std::string trace_schedule = "ZBVZeroBubble";
   bool malloc_tuning = false;
+  bool count_memory = false;
 };
 
 double Percentile(std::vector<double> values, double p) {
@@ -786,6 +789,9 @@ int main(int argc, char** argv) {
   app.add_option("--trace-schedule", o.trace_schedule, "schedule of the trace");
   app.add_flag("--malloc-tuning", o.malloc_tuning,
                "raise glibc's mmap and trim thresholds and use one arena from the start");
+  app.add_flag("--count-memory", o.count_memory,
+               "install the counting CPU allocator a worker daemon runs under (its cost: compare "
+               "with a run without)");
   CLI11_PARSE(app, argc, argv);
   if (o.batch < o.microbatches) {
     std::fprintf(stderr, "--batch must be at least --microbatches\n");
@@ -797,12 +803,14 @@ int main(int argc, char** argv) {
   const CpuSample cpu_start = SampleCpu();
   torch::set_num_threads(1);
   if (o.malloc_tuning) stagecoach::TuneMallocForTensors();
+  if (o.count_memory) stagecoach::runtime::CountingCpuAllocator::Install();
   std::printf(
       "pipeline_bench: MLP %d x Linear(%d,%d)+ReLU, batch %d, %d microbatches, mse, SGD; "
       "%d ranks as threads over Gloo (loopback), 1 LibTorch thread each; "
-      "%d warm-up + %d measured steps, medians; malloc %s\n\n",
+      "%d warm-up + %d measured steps, medians; malloc %s; %s\n\n",
       o.layers, o.width, o.width, o.batch, o.microbatches, kRanks, o.warmup, o.steps,
-      o.malloc_tuning ? "tuned (mallopt: mmap/trim thresholds, one arena)" : "glibc defaults");
+      o.malloc_tuning ? "tuned (mallopt: mmap/trim thresholds, one arena)" : "glibc defaults",
+      o.count_memory ? "counting CPU allocator installed" : "LibTorch's CPU allocator");
   const Data data = MakeData(o);
   const Link link = MeasureLink(o);
 

@@ -65,6 +65,9 @@ schedule::MemoryModel StageMemoryModel(const spec::JobSpec& spec, const Plan& pl
           l > 0 ? static_cast<double>(plan.layers[l - 1].output_bytes()) : 0.0;
       transient = std::max(
           transient, static_cast<double>(plan.layers[l].backward_transient_bytes()) - input_grad);
+      m.weight_transient =
+          std::max(m.weight_transient,
+                   kBytesPerParameter * static_cast<double>(plan.layers[l].parameters()));
       m.forward_transient = std::max(m.forward_transient,
                                      static_cast<double>(plan.layers[l].forward_transient_bytes()));
     }
@@ -79,6 +82,9 @@ schedule::MemoryModel StageMemoryModel(const spec::JobSpec& spec, const Plan& pl
       m.activations = kept;
     }
     m.weight_activations = std::max(0.0, m.activations - m.output);
+    for (int l = stage.first_layer; l < stage.end_layer; ++l) {
+      m.weight_gradients += static_cast<double>(plan.layers[l].output_bytes());
+    }
     model.per_stage.push_back(m);
   }
   return model;

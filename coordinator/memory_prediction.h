@@ -31,6 +31,10 @@ namespace stagecoach::coordinator {
 //  - backward transient: the most any of its layers' backward allocates
 //    (backward_transient_bytes) beyond the gradient of its input (the model counts the stage's
 //    input gradient apart), plus with recomputation the activations it rebuilds;
+//  - weight transient: its largest layer's parameter bytes (that layer's weight gradients,
+//    computed before they are accumulated);
+//  - weight gradients (split backward, from I to W): the sum of its layers' output_bytes, the
+//    gradient at each layer's output, which its weight gradient needs;
 //  - output: its last layer's output_bytes.
 // The layer sizes are those of the profile: fp32 (a bf16 job keeps less).
 // gradient_sends_held_to_step_end is set: the worker's executor keeps gradient sends to the end

@@ -25,6 +25,8 @@ absl::Status CheckStageMemory(const StageMemory& m, const std::string& where) {
                                     {"weight_activations", m.weight_activations},
                                     {"backward_transient", m.backward_transient},
                                     {"forward_transient", m.forward_transient},
+                                    {"weight_transient", m.weight_transient},
+                                    {"weight_gradients", m.weight_gradients},
                                     {"output", m.output}}) {
     if (!std::isfinite(value) || value < 0) {
       return absl::InvalidArgumentError(
@@ -162,10 +164,13 @@ class RankReplay {
         case ActionType::kBackwardInput: {
           const bool full = leaf->type == ActionType::kFullBackward;
           const double input_grad = Output(s - 1);
-          during = m.backward_transient + input_grad;
+          during = (full ? m.backward_transient
+                         : std::max(0.0, m.backward_transient - m.weight_transient)) +
+                   input_grad;
           const double base = net;
           const double input = Take(recv_f_, key);
-          net += input_grad - (full ? m.activations : m.activations - m.weight_activations) -
+          net += input_grad + (full ? 0.0 : m.weight_gradients) -
+                 (full ? m.activations : m.activations - m.weight_activations) -
                  (full ? input : 0.0) - Take(recv_b_, key) - Take(handed_, key);
           if (!full && input > 0) weight_inputs_[key] = input;
           during += base;
@@ -174,7 +179,8 @@ class RankReplay {
           break;
         }
         case ActionType::kBackwardWeight:
-          net -= m.weight_activations + Take(weight_inputs_, key);
+          during = net + m.weight_transient;
+          net -= m.weight_activations + m.weight_gradients + Take(weight_inputs_, key);
           --held;
           break;
         default:

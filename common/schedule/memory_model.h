@@ -37,12 +37,19 @@ struct StageMemory {
   // Per microbatch: the part of `activations` that W still needs after I (the inputs of the
   // stage's weight products). <= activations.
   double weight_activations = 0;
+  // Per microbatch, with a split backward: what I computes that W still needs (the gradients at
+  // the outputs of the stage's weight products), from the end of I to the end of W.
+  double weight_gradients = 0;
   // Per microbatch: extra bytes live while the stage's B or I runs and freed when it ends (the
   // activations a recomputing stage rebuilds, autograd's temporaries).
   double backward_transient = 0;
   // Per microbatch: extra bytes live while its F runs beyond what F keeps (intermediate values
   // it frees itself).
   double forward_transient = 0;
+  // Per microbatch: the part of backward_transient that belongs to the weight gradients (each
+  // computed before it is accumulated): with a split backward it is live while W runs, and I
+  // runs with the rest.
+  double weight_transient = 0;
   // Per microbatch: the tensor the stage sends forward; the next stage's receive buffer and the
   // size of the gradient that comes back.
   double output = 0;
@@ -108,8 +115,10 @@ struct MemoryProfile {
 //  - B(s, mb) while it runs also holds backward_transient(s) and the input gradient output(s-1)
 //    (s > 0); at its end it frees activations(s), the transient, its RECV_F and RECV_B buffers and
 //    a locally handed gradient, and keeps the input gradient;
-//  - I(s, mb) is B that keeps weight_activations(s) and its RECV_F buffer; W(s, mb) frees them
-//    at its end;
+//  - I(s, mb) is B that keeps weight_activations(s) and its RECV_F buffer, adds
+//    weight_gradients(s), and runs with
+//    backward_transient - weight_transient while it runs; W(s, mb) holds weight_transient while
+//    it runs and frees all of them at its end;
 //  - an OVERLAP_F_B runs its sub-actions one after another: its peak is the highest any of them
 //    reaches on what the earlier ones left; the changes apply at its end;
 //  - an input gradient sent by SEND_B is freed when the message arrives (with

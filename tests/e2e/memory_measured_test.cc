@@ -3,12 +3,12 @@
 // 256 x 256 layers and a 16-class head, 2,048-row batches in 8 microbatches, cross-entropy) with
 // split.policy profiled (those costs have one best split: 2 or 1 layers per stage), so the
 // InspectModel profile measures every layer's kept, output and backward bytes. For GPipe, 1F1B,
-// Interleaved1F1B, ZBVZeroBubble and DualPipeV, every rank's predicted activation peak is
-// within 10% of the peak its worker's counting allocator measured in the last step (the
-// worker's executor releases an activation's send once its gradient came back; the model keeps
-// gradient sends to the end of the step, as the executor does). The measured/predicted ratios
-// are printed for the record (the profiled split may differ from run to run with the measured
-// times; the prediction follows it). `stagectl status` shows both figures.
+// Interleaved1F1B, ZBVZeroBubble, DualPipeV, VHalf and VMin, every rank's predicted activation peak
+// is within 10% of the peak its worker's counting allocator measured in the last step (the worker's
+// executor releases an activation's send once its gradient came back; the model keeps gradient
+// sends to the end of the step, as the executor does). The measured/predicted ratios are printed
+// for the record (the profiled split may differ from run to run with the measured times; the
+// prediction follows it). `stagectl status` shows both figures.
 #include <cmath>
 #include <iostream>
 #include <string>
@@ -49,8 +49,9 @@ TEST(MemoryMeasuredTest, PredictedPeaksWithinTenPercentOfMeasured) {
     std::string kind;
     int stages;
   };
-  const std::vector<Case> cases = {
-      {"GPipe", 4}, {"1F1B", 4}, {"Interleaved1F1B", 8}, {"ZBVZeroBubble", 8}, {"DualPipeV", 8}};
+  const std::vector<Case> cases = {{"GPipe", 4},         {"1F1B", 4},      {"Interleaved1F1B", 8},
+                                   {"ZBVZeroBubble", 8}, {"DualPipeV", 8}, {"VHalf", 8},
+                                   {"VMin", 8}};
   std::string table = "schedule          rank  predicted    measured   measured/predicted\n";
   for (const Case& c : cases) {
     SCOPED_TRACE(c.kind);

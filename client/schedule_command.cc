@@ -1,6 +1,7 @@
 #include "client/schedule_command.h"
 
 #include <fstream>
+#include <initializer_list>
 #include <iostream>
 #include <limits>
 #include <optional>
@@ -23,6 +24,7 @@
 #include "common/schedule/memory_model.h"
 #include "common/schedule/simulator.h"
 #include "common/schedule/validator.h"
+#include "common/util/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace stagecoach::client {
@@ -157,6 +159,17 @@ absl::StatusOr<Prepared> ReadCsv(const ScheduleCommandOptions& o, Failure& failu
   return p;
 }
 
+// OK when every (flag, value) is a finite number >= 0, else an error naming the first that is not.
+absl::Status CheckAmounts(std::initializer_list<std::pair<const char*, double>> flags) {
+  for (const auto& [flag, value] : flags) {
+    if (!(value >= 0) || value == std::numeric_limits<double>::infinity()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, " must be a finite number >= 0, got ", value));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<sched::CostModel> ParseCosts(const ScheduleCommandOptions& o) {
   std::vector<std::string> parts = absl::StrSplit(o.costs, ',');
   std::vector<double> values;
@@ -173,14 +186,9 @@ absl::StatusOr<sched::CostModel> ParseCosts(const ScheduleCommandOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--costs takes four durations F,B,I,W (e.g. 1,2,1,1), got '", o.costs, "'"));
   }
-  for (const auto& [flag, value] : {std::pair<const char*, double>{"--latency", o.latency},
-                                    {"--bandwidth", o.bandwidth},
-                                    {"--message-bytes", o.message_bytes}}) {
-    if (!(value >= 0) || value == std::numeric_limits<double>::infinity()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(flag, " must be a finite number >= 0, got ", value));
-    }
-  }
+  RETURN_IF_ERROR(CheckAmounts({{"--latency", o.latency},
+                                {"--bandwidth", o.bandwidth},
+                                {"--message-bytes", o.message_bytes}}));
   sched::CostModel costs;
   costs.defaults.forward = values[0];
   costs.defaults.backward = values[1];
@@ -194,15 +202,9 @@ absl::StatusOr<sched::CostModel> ParseCosts(const ScheduleCommandOptions& o) {
 
 // The memory model of the --*-bytes flags, or nullopt when none is above 0.
 absl::StatusOr<std::optional<sched::MemoryModel>> ParseMemory(const ScheduleCommandOptions& o) {
-  for (const auto& [flag, value] :
-       {std::pair<const char*, double>{"--activation-bytes", o.activation_bytes},
-        {"--weight-activation-bytes", o.weight_activation_bytes},
-        {"--static-bytes", o.static_bytes}}) {
-    if (!(value >= 0) || value == std::numeric_limits<double>::infinity()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(flag, " must be a finite number >= 0, got ", value));
-    }
-  }
+  RETURN_IF_ERROR(CheckAmounts({{"--activation-bytes", o.activation_bytes},
+                                {"--weight-activation-bytes", o.weight_activation_bytes},
+                                {"--static-bytes", o.static_bytes}}));
   if (o.weight_activation_bytes > o.activation_bytes) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "--weight-activation-bytes (%.15g) is part of --activation-bytes (%.15g) and cannot "

@@ -135,11 +135,11 @@ int Commands::UploadFile(const std::string& path, const std::string& flag, std::
   return 0;
 }
 
-int Commands::Submit(const std::string& spec_path, bool wait, const SubmitUploads& uploads,
-                     bool paused) {
+int Commands::ReadSpec(const std::string& command, const std::string& spec_path,
+                       const SubmitUploads& uploads, std::string* spec_yaml_out) {
   std::ifstream in(spec_path);
   if (!in) {
-    err_ << "stagectl: submit: cannot read spec file '" << spec_path << "'\n";
+    err_ << "stagectl: " << command << ": cannot read spec file '" << spec_path << "'\n";
     return 1;
   }
   std::stringstream text;
@@ -147,12 +147,12 @@ int Commands::Submit(const std::string& spec_path, bool wait, const SubmitUpload
   std::string spec_text = text.str();
   if (std::string bad = Utf8Problem(spec_text, absl::StrCat("spec file '", spec_path, "'"));
       !bad.empty()) {
-    err_ << "stagectl: submit: " << bad << "\n";
+    err_ << "stagectl: " << command << ": " << bad << "\n";
     return 1;
   }
   if (!uploads.model.empty() || !uploads.data.empty()) {
     if (!uploads.model.empty() && HasBuiltinModel(spec_text)) {
-      err_ << "stagectl: submit: --model: " << spec_path
+      err_ << "stagectl: " << command << ": --model: " << spec_path
            << " sets model.builtin; --model supplies model.torchscript instead (remove "
               "model.builtin from the spec)\n";
       return 2;
@@ -164,7 +164,7 @@ int Commands::Submit(const std::string& spec_path, bool wait, const SubmitUpload
     if (!uploads.model.empty()) overrides.set.emplace_back("model.torchscript", placeholder);
     if (!uploads.data.empty()) overrides.set.emplace_back("data.path", placeholder);
     if (auto checked = spec::ApplySpecOverrides(spec_text, spec_path, overrides); !checked.ok()) {
-      err_ << "stagectl: submit: " << checked.status().message() << "\n";
+      err_ << "stagectl: " << command << ": " << checked.status().message() << "\n";
       return 1;
     }
     overrides.set.clear();
@@ -179,7 +179,7 @@ int Commands::Submit(const std::string& spec_path, bool wait, const SubmitUpload
     }
     absl::StatusOr<std::string> edited = spec::ApplySpecOverrides(spec_text, spec_path, overrides);
     if (!edited.ok()) {
-      err_ << "stagectl: submit: " << edited.status().message() << "\n";
+      err_ << "stagectl: " << command << ": " << edited.status().message() << "\n";
       return 1;
     }
     spec_text = *std::move(edited);
@@ -187,16 +187,24 @@ int Commands::Submit(const std::string& spec_path, bool wait, const SubmitUpload
   // schedule.csv names a file on this machine: its contents travel with the spec.
   absl::StatusOr<std::string> spec_yaml = InlineScheduleCsv(spec_text, spec_path);
   if (!spec_yaml.ok()) {
-    err_ << "stagectl: submit: " << spec_yaml.status().message() << "\n";
+    err_ << "stagectl: " << command << ": " << spec_yaml.status().message() << "\n";
     return 1;
   }
   if (std::string bad = Utf8Problem(*spec_yaml, "the spec with its schedule.csv file inlined");
       !bad.empty()) {
-    err_ << "stagectl: submit: " << bad << " (the schedule CSV file)\n";
+    err_ << "stagectl: " << command << ": " << bad << " (the schedule CSV file)\n";
     return 1;
   }
+  *spec_yaml_out = *std::move(spec_yaml);
+  return 0;
+}
+
+int Commands::Submit(const std::string& spec_path, bool wait, const SubmitUploads& uploads,
+                     bool paused) {
+  std::string spec_yaml;
+  if (int rc = ReadSpec("submit", spec_path, uploads, &spec_yaml); rc != 0) return rc;
   v1::SubmitJobRequest req;
-  req.set_spec_yaml(*spec_yaml);
+  req.set_spec_yaml(spec_yaml);
   req.set_spec_origin(spec_path);
   req.set_start_paused(paused);
   v1::SubmitJobResponse resp;

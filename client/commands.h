@@ -110,6 +110,13 @@ class Commands {
   // complete once `status` lists it.
   int Checkpoint(const std::string& job_id);
   int Workers();
+  // Asks the coordinator to search plans for the spec in `spec_path` (PlanSpec: the model is
+  // profiled on a worker, every open schedule x stages per worker x microbatches x split
+  // simulated) and prints them ranked: the first `top` (all with -o json|yaml, PlanJson).
+  // `memory_limit` ("8GiB"; empty: the spec's placement.memory_limit) that is no byte size is
+  // a usage error naming --memory-limit. `uploads` as for Submit.
+  int Plan(const std::string& spec_path, const std::string& memory_limit, int top,
+           const SubmitUploads& uploads = {});
   // Runs forward-only inference of the spec's model on the batch in `input_path` (.npy) and
   // writes the outputs to `out_path` (.npy), or prints them when it is empty: a summary (table)
   // or the tensor's shape and values (json, yaml). `timeout` bounds the whole run, queueing
@@ -118,6 +125,11 @@ class Commands {
             const std::string& out_path, absl::Duration timeout);
 
  private:
+  // Reads the spec in `spec_path` for `command` ("submit", "plan"), uploads `uploads` and
+  // inlines its schedule.csv file (see Submit) into `*spec_yaml`; returns 0, or the exit code
+  // after printing the problem.
+  int ReadSpec(const std::string& command, const std::string& spec_path,
+               const SubmitUploads& uploads, std::string* spec_yaml);
   // Prints a failed call's error and returns 1. UNAVAILABLE becomes a message saying the
   // coordinator cannot be reached and how to point stagectl at it.
   int RpcError(const grpc::Status& status, const std::string& what);

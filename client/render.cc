@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/render_memory.h"
+#include "client/render_plan.h"
 #include "common/rpc/tensor_data.h"
 #include "common/rpc/time_conversion.h"
 
@@ -215,6 +216,7 @@ nlohmann::json JobJson(const v1::Job& job) {
   out["history_transitions_omitted"] = job.history_transitions_omitted();
   out["ranks"] = RanksJson(job);
   out["memory"] = MemoryJson(job);
+  if (job.has_plan_choice()) out["plan_choice"] = PlanChoiceJson(job);
   nlohmann::json layers = nlohmann::json::array();
   for (const auto& l : job.layers()) {
     layers.push_back({{"name", l.name()},
@@ -511,6 +513,7 @@ std::string JobDetails(const v1::Job& j) {
         << "\n";
   }
   out << TrainingLines(j);
+  out << PlanChoiceText(j);
   if (!j.max_bubble_ratios().empty()) {
     out << "Bubble:    " << absl::StrFormat("%.3f", *j.max_bubble_ratios().rbegin())
         << " (latest step), " << absl::StrFormat("%.3f", MaxOf(j.max_bubble_ratios()))

@@ -56,6 +56,21 @@ int main(int argc, char** argv) {
   submit->add_flag("--paused", paused,
                    "start the job paused: placed and started, holding before its first step "
                    "(then: resume, run --steps N, or step)");
+  std::string memory_limit;
+  int plan_top = 15;
+  auto* plan = app.add_subcommand(
+      "plan",
+      "search plans for a job spec without submitting it: the coordinator profiles the model on "
+      "a worker, simulates every schedule x stages per worker x microbatches x split the spec "
+      "leaves open (schedule.kind auto, or a named schedule's variants) and ranks them by "
+      "predicted step time and memory");
+  plan->add_option("SPEC", spec_path, "job spec (YAML); placement.workers is required")->required();
+  plan->add_option("--memory-limit", memory_limit,
+                   "most bytes a worker may hold, e.g. 8GiB (default: the spec's "
+                   "placement.memory_limit, or none)");
+  plan->add_option("--top", plan_top, "table rows to print (default 15; -o json prints all)");
+  plan->add_option("--model", uploads.model, "as for submit");
+  plan->add_option("--data", uploads.data, "as for submit");
   auto* list = app.add_subcommand("list", "list jobs");
   auto* status = app.add_subcommand("status", "show a job");
   status->add_option("JOB", job_id, "job id")->required();
@@ -253,6 +268,7 @@ int main(int argc, char** argv) {
   }
   sc::client::Commands commands(options, std::cout, std::cerr);
   if (submit->parsed()) return commands.Submit(spec_path, wait, uploads, paused);
+  if (plan->parsed()) return commands.Plan(spec_path, memory_limit, plan_top, uploads);
   if (list->parsed()) return commands.List();
   if (status->parsed()) {
     return commands.Status(job_id, {status_history, history_from, history_steps});

@@ -1,11 +1,13 @@
 #include "coordinator/admission.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc/tensor_data.h"
 #include "common/spec/spec_overrides.h"
 #include "common/spec/spec_parser.h"
+#include "common/util/byte_size.h"
 #include "common/util/logging.h"
 #include "common/util/status_macros.h"
 #include "coordinator/checkpoint_collection.h"
@@ -47,6 +49,30 @@ std::optional<WorkerRecord> InspectingWorker(const WorkerRegistry& registry,
   return best;
 }
 
+// placement.memory_limit against `plan`'s prediction: INVALID_ARGUMENT naming the field when
+// a rank is predicted over it, or when there is no prediction to hold it to.
+absl::Status CheckMemoryLimit(const spec::JobSpec& spec, const Plan& plan) {
+  const int64_t limit = spec.placement.memory_limit_bytes;
+  if (limit <= 0 || !plan.has_backward) return absl::OkStatus();
+  if (plan.predicted_memory.empty()) {
+    return absl::InvalidArgumentError(
+        "placement.memory_limit: the model's profile carries no measured sizes to predict "
+        "memory from (a CPU worker measures them; CUDA profiles do not yet)");
+  }
+  for (size_t r = 0; r < plan.predicted_memory.size(); ++r) {
+    const PredictedRankMemory& m = plan.predicted_memory[r];
+    if (m.static_bytes + m.peak_bytes <= limit) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "placement.memory_limit: worker rank ", r, " of the ", plan.schedule_name,
+        " plan is predicted to hold ", util::FormatBytes(m.static_bytes + m.peak_bytes),
+        " (parameters, gradients and optimizer state ", util::FormatBytes(m.static_bytes),
+        ", activations at ", m.peak_action, " ", util::FormatBytes(m.peak_bytes),
+        "), over the limit of ", util::FormatBytes(limit),
+        "; schedule.kind auto searches for a plan that fits"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 Admission::Admission(AdmissionOptions options, const WorkerRegistry* registry,
@@ -55,14 +81,15 @@ Admission::Admission(AdmissionOptions options, const WorkerRegistry* registry,
 
 absl::StatusOr<std::vector<v1::LayerInfo>> Admission::ModelLayers(const spec::JobSpec& spec,
                                                                   const std::string& inspect_yaml,
-                                                                  const PlanOptions& plan_options) {
-  if (!NeedsInspection(spec)) return BuiltinLayers(*spec.model.builtin);
+                                                                  const PlanOptions& plan_options,
+                                                                  std::string* profiled_by,
+                                                                  bool force_profile) {
+  const bool profile = force_profile || NeedsProfile(spec);
+  if (!profile && !NeedsInspection(spec)) return BuiltinLayers(*spec.model.builtin);
   // What the planner refuses anyway is refused before a worker is troubled.
   RETURN_IF_ERROR(CheckPlannable(spec, plan_options));
-  const bool profile = NeedsProfile(spec);
-  const std::string what = spec.model.torchscript.has_value()
-                               ? "inspect model.torchscript"
-                               : "profile the model's layers (split.policy profiled)";
+  const std::string what = spec.model.torchscript.has_value() ? "inspect model.torchscript"
+                                                              : "profile the model's layers";
   std::optional<WorkerRecord> worker = InspectingWorker(*registry_, spec.placement.device);
   if (!worker.has_value()) {
     return absl::FailedPreconditionError(
@@ -85,6 +112,7 @@ absl::StatusOr<std::vector<v1::LayerInfo>> Admission::ModelLayers(const spec::Jo
   }
   spdlog::info("worker {} inspected the model: {} layers{}", worker->id, inspected->layers_size(),
                profile ? ", profiled" : "");
+  if (profiled_by != nullptr) *profiled_by = worker->id;
   return std::vector<v1::LayerInfo>(inspected->layers().begin(), inspected->layers().end());
 }
 
@@ -104,12 +132,17 @@ absl::StatusOr<AdmittedJob> Admission::AdmitTraining(const std::string& spec_yam
   AdmittedJob out;
   ASSIGN_OR_RETURN(out.spec, spec::ParseJobSpec(spec_yaml, origin));
   RETURN_IF_ERROR(spec::CheckSpecLimits(out.spec, options_.limits));
-  ASSIGN_OR_RETURN(std::vector<v1::LayerInfo> layers, ModelLayers(out.spec, spec_yaml, {}));
-  ASSIGN_OR_RETURN(out.plan, PlanJob(out.spec, std::move(layers), Planning(caller_gone, false)));
+  if (spec::IsAutoSchedule(out.spec.schedule)) {
+    RETURN_IF_ERROR(AdmitSearched(spec_yaml, origin, caller_gone, &out));
+  } else {
+    ASSIGN_OR_RETURN(std::vector<v1::LayerInfo> layers, ModelLayers(out.spec, spec_yaml, {}));
+    ASSIGN_OR_RETURN(out.plan, PlanJob(out.spec, std::move(layers), Planning(caller_gone, false)));
+    RETURN_IF_ERROR(CheckMemoryLimit(out.spec, out.plan));
+    out.spec_yaml = spec_yaml;
+  }
   ASSIGN_OR_RETURN(out.resume, VerifyResumeFrom(out.spec, out.plan));
   RETURN_IF_ERROR(
       CheckCheckpointTargetsFree(out.spec, out.resume.has_value() ? out.resume->step : 0));
-  out.spec_yaml = spec_yaml;
   return out;
 }
 
@@ -157,6 +190,74 @@ absl::StatusOr<AdmittedJob> Admission::AdmitInference(const std::string& spec_ya
   // Inference on a checkpoint's weights (training.resume_from).
   ASSIGN_OR_RETURN(out.resume, VerifyResumeFrom(out.spec, out.plan));
   return out;
+}
+
+absl::StatusOr<std::vector<LayerProfile>> Admission::SearchProfiles(const spec::JobSpec& spec,
+                                                                    const std::string& spec_yaml,
+                                                                    const std::string& origin,
+                                                                    std::string* profiled_by) {
+  const std::vector<int> counts = SearchMicrobatchCounts(spec);
+  const int replicas = std::max(1, spec.placement.replicas);
+  std::vector<int> profiled = {counts.front()};
+  if (counts.back() != counts.front()) profiled.push_back(counts.back());
+  std::vector<LayerProfile> out;
+  for (int m : profiled) {
+    spec::SpecOverrides overrides;
+    overrides.set = {{"schedule.microbatches", absl::StrCat(static_cast<int64_t>(m) * replicas)}};
+    overrides.remove = {"placement.replicas", "placement.shard_optimizer"};
+    ASSIGN_OR_RETURN(std::string inspect_yaml,
+                     spec::ApplySpecOverrides(spec_yaml, origin, overrides));
+    LayerProfile profile;
+    profile.rows = (spec.training.batch_size / replicas + m - 1) / m;
+    ASSIGN_OR_RETURN(profile.layers,
+                     ModelLayers(spec, inspect_yaml, {}, profiled_by, /*force_profile=*/true));
+    out.push_back(std::move(profile));
+  }
+  return out;
+}
+
+absl::StatusOr<SearchedPlans> Admission::SearchPlans(const std::string& spec_yaml,
+                                                     const std::string& origin,
+                                                     int64_t memory_limit_bytes,
+                                                     const std::function<bool()>& caller_gone) {
+  SearchedPlans out;
+  ASSIGN_OR_RETURN(out.spec, spec::ParseJobSpec(spec_yaml, origin));
+  RETURN_IF_ERROR(spec::CheckSpecLimits(out.spec, options_.limits));
+  RETURN_IF_ERROR(CheckPlannable(out.spec));
+  if (out.spec.placement.workers <= 0) {
+    return absl::InvalidArgumentError(
+        "placement.workers: required to search plans (the search chooses how the workers are "
+        "used: schedule, stages per worker, microbatches and split, not how many)");
+  }
+  ASSIGN_OR_RETURN(out.profiles, SearchProfiles(out.spec, spec_yaml, origin, &out.profiled_by));
+  SearchOptions options;
+  options.memory_limit_bytes = memory_limit_bytes;
+  options.planning = Planning(caller_gone, false);
+  ASSIGN_OR_RETURN(out.result, coordinator::SearchPlans(out.spec, out.profiles, options));
+  return out;
+}
+
+absl::Status Admission::AdmitSearched(const std::string& spec_yaml, const std::string& origin,
+                                      const std::function<bool()>& caller_gone, AdmittedJob* out) {
+  ASSIGN_OR_RETURN(SearchedPlans searched, SearchPlans(spec_yaml, origin, 0, caller_gone));
+  ASSIGN_OR_RETURN(v1::PlanChoice choice, ChoosePlan(searched.result));
+  const v1::PlanCandidate& chosen = choice.chosen();
+  ASSIGN_OR_RETURN(out->spec_yaml,
+                   spec::ApplySpecOverrides(spec_yaml, origin, CandidateOverrides(chosen)));
+  ASSIGN_OR_RETURN(out->spec, spec::ParseJobSpec(out->spec_yaml, origin));
+  const int64_t rows = (out->spec.training.batch_size / std::max(1, out->spec.placement.replicas) +
+                        chosen.microbatches() - 1) /
+                       chosen.microbatches();
+  PlanOptions planning = Planning(caller_gone, false);
+  // The partition the search simulated (a memory split is a search of its own).
+  planning.stage_first_layers.assign(chosen.stage_first_layers().begin(),
+                                     chosen.stage_first_layers().end());
+  ASSIGN_OR_RETURN(out->plan, PlanJob(out->spec, LayersForRows(searched.profiles, rows), planning));
+  spdlog::info("plan search: {} of {} candidates fit; chose {} (predicted step {:.4f} s)",
+               choice.fitting(), choice.candidates(), DescribeCandidate(chosen),
+               chosen.step_seconds());
+  out->plan_choice = std::move(choice);
+  return absl::OkStatus();
 }
 
 }  // namespace stagecoach::coordinator

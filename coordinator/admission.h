@@ -19,6 +19,7 @@
 #include "common/spec/job_spec.h"
 #include "common/spec/spec_limits.h"
 #include "coordinator/checkpoint_manifest.h"
+#include "coordinator/plan_search.h"
 #include "coordinator/planner.h"
 #include "coordinator/worker_client.h"
 #include "coordinator/worker_registry.h"
@@ -46,6 +47,18 @@ struct AdmittedJob {
   Plan plan;
   // training.resume_from, verified; nullopt without one.
   std::optional<CheckpointManifest> resume;
+  // For a `schedule.kind: auto` spec: the plan the search chose and its runner-up (spec and
+  // spec_yaml are then the chosen plan's: its schedule, microbatches, stages and policy).
+  std::optional<v1::PlanChoice> plan_choice;
+};
+
+// What a plan search found for a spec (Admission::SearchPlans).
+struct SearchedPlans {
+  spec::JobSpec spec;
+  SearchResult result;
+  // The profiles the search scaled its layers from, and the worker that measured them.
+  std::vector<LayerProfile> profiles;
+  std::string profiled_by;
 };
 
 class Admission {
@@ -53,7 +66,11 @@ class Admission {
   // `registry` and `workers` must outlive it.
   Admission(AdmissionOptions options, const WorkerRegistry* registry, WorkerClient* workers);
 
-  // A training (or ForwardOnly-schedule) job. INVALID_ARGUMENT naming the field path when the
+  // A training (or ForwardOnly-schedule) job. `schedule.kind: auto` runs the plan search
+  // (SearchPlans) and plans the fastest candidate within placement.memory_limit (refused,
+  // naming the field and the smallest peak found, when none is); a named schedule with a
+  // placement.memory_limit is refused when its predicted peak is over it.
+  // INVALID_ARGUMENT naming the field path when the
   // spec is invalid, cannot be planned, resumes from a checkpoint that does not verify or would
   // overwrite a checkpoint. A TorchScript model, or split.policy profiled, is first inspected by
   // a live worker (one of the spec's device if any, idle before busy): FAILED_PRECONDITION when
@@ -63,6 +80,14 @@ class Admission {
   // and the limit). Planning gives up with DEADLINE_EXCEEDED after plan_timeout, and with
   // CANCELLED as soon as `caller_gone` (when set) returns true.
   absl::StatusOr<AdmittedJob> AdmitTraining(const std::string& spec_yaml, const std::string& origin,
+                                            const std::function<bool()>& caller_gone = nullptr);
+
+  // The plan search for a spec (plan_search.h), as `stagectl plan` asks: the model profiled on
+  // a live worker at the largest and the smallest microbatch searched, then every candidate
+  // planned and simulated. `memory_limit_bytes` > 0 replaces placement.memory_limit. Errors
+  // as AdmitTraining's (the spec, the worker) and SearchPlans'.
+  absl::StatusOr<SearchedPlans> SearchPlans(const std::string& spec_yaml, const std::string& origin,
+                                            int64_t memory_limit_bytes,
                                             const std::function<bool()>& caller_gone = nullptr);
 
   // An Infer job: `spec_yaml` planned as a ForwardOnly job of one step whose batch is `inputs`
@@ -77,9 +102,25 @@ class Admission {
  private:
   // The model's layers to plan `spec` by (see AdmitTraining); `inspect_yaml` is what the worker
   // inspects.
+  // `profiled_by`, when given, receives the inspecting worker's id; `force_profile` profiles
+  // whatever the spec needs.
   absl::StatusOr<std::vector<v1::LayerInfo>> ModelLayers(const spec::JobSpec& spec,
                                                          const std::string& inspect_yaml,
-                                                         const PlanOptions& plan_options);
+                                                         const PlanOptions& plan_options,
+                                                         std::string* profiled_by = nullptr,
+                                                         bool force_profile = false);
+
+  // The layers profiled at the search's largest and smallest microbatch (one profile when
+  // they are the same): the spec with schedule.microbatches set so that one microbatch of
+  // training.batch_size has a replica's microbatch rows.
+  absl::StatusOr<std::vector<LayerProfile>> SearchProfiles(const spec::JobSpec& spec,
+                                                           const std::string& spec_yaml,
+                                                           const std::string& origin,
+                                                           std::string* profiled_by);
+
+  // AdmitTraining for `schedule.kind: auto`: the search, the choice, the chosen spec planned.
+  absl::Status AdmitSearched(const std::string& spec_yaml, const std::string& origin,
+                             const std::function<bool()>& caller_gone, AdmittedJob* out);
 
   // The planner's options for one admission: limits, deadline from now, cancellation.
   PlanOptions Planning(const std::function<bool()>& caller_gone, bool client_batches) const;

@@ -63,6 +63,35 @@ grpc::Status CoordinatorServiceImpl::SubmitJob(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
+grpc::Status CoordinatorServiceImpl::PlanSpec(grpc::ServerContext* ctx,
+                                              const v1::PlanSpecRequest* req,
+                                              v1::PlanSpecResponse* resp) {
+  if (auto s = Required(req->spec_yaml(), "spec_yaml"); !s.ok()) return s;
+  if (auto s = Bounded(req->spec_yaml(), "spec_yaml", kMaxSpecBytes); !s.ok()) return s;
+  if (auto s = Bounded(req->spec_origin(), "spec_origin", kMaxNameBytes); !s.ok()) return s;
+  if (req->memory_limit_bytes() < 0) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("memory_limit_bytes must not be negative, got ", req->memory_limit_bytes()));
+  }
+  auto searched =
+      jobs_->SearchPlans(req->spec_yaml(), req->spec_origin().empty() ? "spec" : req->spec_origin(),
+                         req->memory_limit_bytes(), [ctx] { return ctx->IsCancelled(); });
+  if (!searched.ok()) return ToGrpcStatus(searched.status());
+  for (v1::PlanCandidate& c : searched->result.candidates) *resp->add_candidates() = std::move(c);
+  resp->set_memory_limit_bytes(searched->result.memory_limit_bytes);
+  if (!searched->profiles.empty()) {
+    // The profile at the largest microbatch (fewest microbatches), as measured.
+    const LayerProfile* largest = &searched->profiles.front();
+    for (const LayerProfile& p : searched->profiles) {
+      if (p.rows > largest->rows) largest = &p;
+    }
+    for (const v1::LayerInfo& layer : largest->layers) *resp->add_layers() = layer;
+  }
+  resp->set_profiled_by(searched->profiled_by);
+  return grpc::Status::OK;
+}
+
 grpc::Status CoordinatorServiceImpl::GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
                                             v1::GetJobResponse* resp) {
   if (auto s = RequiredId(req->job_id(), "job_id"); !s.ok()) return s;

@@ -48,6 +48,8 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
                          v1::SubmitJobResponse* resp) override;
   grpc::Status GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
                       v1::GetJobResponse* resp) override;
+  grpc::Status PlanSpec(grpc::ServerContext* ctx, const v1::PlanSpecRequest* req,
+                        v1::PlanSpecResponse* resp) override;
   grpc::Status ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
                         v1::ListJobsResponse* resp) override;
   grpc::Status WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,

@@ -153,6 +153,7 @@ void Job::ToProto(v1::Job* out, const HistoryWindow& window) const {
   out->set_schedule(plan.schedule_name);
   out->set_microbatches(plan.num_microbatches);
   MemoryToProto(out);
+  if (plan_choice.has_value()) *out->mutable_plan_choice() = *plan_choice;
   for (const RankSlot& slot : ranks) {
     v1::RankStatus* r = out->add_ranks();
     r->set_rank(slot.rank);

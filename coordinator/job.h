@@ -146,6 +146,9 @@ struct Job {
   spec::JobSpec spec;
   std::string spec_yaml;
   Plan plan;
+  // For a `schedule.kind: auto` job, the plan search's choice (the chosen plan and its
+  // runner-up); unset otherwise.
+  std::optional<v1::PlanChoice> plan_choice;
   absl::Time created;
 
   // Written only by TransitionTo.

@@ -122,6 +122,7 @@ Job& JobManager::AddJobLocked(AdmittedJob admitted) {
   job.spec = std::move(admitted.spec);
   job.spec_yaml = std::move(admitted.spec_yaml);
   job.plan = std::move(admitted.plan);
+  job.plan_choice = std::move(admitted.plan_choice);
   job.created = now;
   ApplyResume(admitted.resume, job);
   job.attempt_base = job.base_step;
@@ -131,7 +132,11 @@ Job& JobManager::AddJobLocked(AdmittedJob admitted) {
        {std::pair{v1::JOB_STATE_PLANNING, std::string("submitted")},
         std::pair{v1::JOB_STATE_PENDING,
                   absl::StrCat("planned: ", job.plan.num_stages, " stages on ", job.plan.num_ranks,
-                               " workers, ", job.plan.schedule_name)}}) {
+                               " workers, ", job.plan.schedule_name,
+                               job.plan_choice.has_value()
+                                   ? absl::StrCat(" (chosen by the plan search of ",
+                                                  job.plan_choice->candidates(), " plans)")
+                                   : std::string())}}) {
     absl::Status moved = job.TransitionTo(state, why, now);
     if (!moved.ok()) spdlog::error("{}: {}", job.id, moved.message());
   }
@@ -153,6 +158,13 @@ absl::StatusOr<std::string> JobManager::SubmitJob(const std::string& spec_yaml,
   table_.PersistLocked(job);
   ScheduleLocked();
   return id;
+}
+
+absl::StatusOr<SearchedPlans> JobManager::SearchPlans(const std::string& spec_yaml,
+                                                      const std::string& origin,
+                                                      int64_t memory_limit_bytes,
+                                                      const std::function<bool()>& caller_gone) {
+  return admission_.SearchPlans(spec_yaml, origin, memory_limit_bytes, caller_gone);
 }
 
 absl::StatusOr<InferenceResult> JobManager::Infer(const std::string& spec_yaml,

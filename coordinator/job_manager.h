@@ -144,6 +144,11 @@ class JobManager : private LifecycleHooks {
   absl::StatusOr<std::string> SubmitJob(const std::string& spec_yaml, const std::string& origin,
                                         bool start_paused = false,
                                         const std::function<bool()>& caller_gone = nullptr);
+  // The plan search for a spec (Admission::SearchPlans: its errors), for `stagectl plan`;
+  // queues nothing.
+  absl::StatusOr<SearchedPlans> SearchPlans(const std::string& spec_yaml, const std::string& origin,
+                                            int64_t memory_limit_bytes,
+                                            const std::function<bool()>& caller_gone = nullptr);
   // The job with the part of its history `window` selects (the whole by default).
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id,
                                  const HistoryWindow& window = HistoryWindow::All());

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/schedule/simulator.h"
+#include "coordinator/plan_costs.h"
 
 namespace stagecoach::coordinator {
 namespace {
@@ -15,31 +16,6 @@ schedule::OptimizerKind OptimizerOf(const spec::OptimizerSpec& optimizer) {
   if (optimizer.kind == "adamw") return schedule::OptimizerKind::kAdamW;
   return optimizer.momentum > 0 ? schedule::OptimizerKind::kSgdMomentum
                                 : schedule::OptimizerKind::kSgd;
-}
-
-bool HasMeasuredSizes(const Plan& plan) {
-  return std::any_of(plan.layers.begin(), plan.layers.end(), [](const v1::LayerInfo& layer) {
-    return layer.activation_bytes() > 0 || layer.output_bytes() > 0;
-  });
-}
-
-// Stage costs from the layers' measured times; an unprofiled plan keeps the simulator's
-// defaults (F 1, B 2, I 1, W 1), which order the actions the same way.
-schedule::CostModel StageCosts(const Plan& plan) {
-  schedule::CostModel costs;
-  bool measured = false;
-  for (const StagePlan& stage : plan.stages) {
-    schedule::StageCosts c{0, 0, 0, 0};
-    for (int l = stage.first_layer; l < stage.end_layer; ++l) {
-      c.forward += plan.layers[l].forward_seconds();
-      c.backward += plan.layers[l].backward_seconds();
-    }
-    c.backward_input = c.backward_weight = c.backward / 2;
-    measured = measured || c.forward > 0 || c.backward > 0;
-    costs.per_stage.push_back(c);
-  }
-  if (!measured) costs.per_stage.clear();
-  return costs;
 }
 
 }  // namespace
@@ -93,14 +69,21 @@ schedule::MemoryModel StageMemoryModel(const spec::JobSpec& spec, const Plan& pl
 absl::StatusOr<std::vector<PredictedRankMemory>> PredictMemory(const spec::JobSpec& spec,
                                                                const Plan& plan) {
   if (!plan.has_backward || !HasMeasuredSizes(plan)) return std::vector<PredictedRankMemory>();
-  auto sim = schedule::Simulate(plan.lowered, plan.stage_to_rank, plan.num_stages,
-                                plan.num_microbatches, StageCosts(plan));
+  auto sim =
+      schedule::Simulate(plan.lowered, plan.stage_to_rank, plan.num_stages, plan.num_microbatches,
+                         PlanCostModel(plan, DefaultCostAssumptions()));
   if (!sim.ok()) {
     return absl::InternalError(absl::StrCat("predicting memory: simulating the ",
                                             plan.schedule_name,
                                             " schedule failed: ", sim.status().message()));
   }
-  auto profile = schedule::SimulateMemory(*sim, plan.stage_to_rank, plan.num_stages,
+  return PredictMemory(spec, plan, *sim);
+}
+
+absl::StatusOr<std::vector<PredictedRankMemory>> PredictMemory(
+    const spec::JobSpec& spec, const Plan& plan, const schedule::Simulation& simulation) {
+  if (!plan.has_backward || !HasMeasuredSizes(plan)) return std::vector<PredictedRankMemory>();
+  auto profile = schedule::SimulateMemory(simulation, plan.stage_to_rank, plan.num_stages,
                                           StageMemoryModel(spec, plan));
   if (!profile.ok()) {
     return absl::InternalError(absl::StrCat("predicting memory: ", profile.status().message()));
@@ -111,6 +94,12 @@ absl::StatusOr<std::vector<PredictedRankMemory>> PredictMemory(const spec::JobSp
                    static_cast<int64_t>(std::llround(rank.peak_dynamic)), rank.peak_action});
   }
   return out;
+}
+
+bool HasMeasuredSizes(const Plan& plan) {
+  return std::any_of(plan.layers.begin(), plan.layers.end(), [](const v1::LayerInfo& layer) {
+    return layer.activation_bytes() > 0 || layer.output_bytes() > 0;
+  });
 }
 
 }  // namespace stagecoach::coordinator

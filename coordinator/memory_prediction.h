@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/schedule/memory_model.h"
+#include "common/schedule/simulator.h"
 #include "common/spec/job_spec.h"
 #include "coordinator/planner.h"
 
@@ -41,11 +42,18 @@ namespace stagecoach::coordinator {
 // of the step (worker/runtime/pipeline_executor.h).
 schedule::MemoryModel StageMemoryModel(const spec::JobSpec& spec, const Plan& plan);
 
-// Simulates `plan`'s lowered lists (stage costs from the layers' measured times when they have
-// them, else F 1, B 2, I 1, W 1) and returns each pipeline rank's prediction; empty when no layer
-// carries a measured size (nothing to predict from) and for forward-only plans. INTERNAL if the
-// plan cannot be simulated.
+// Simulates `plan`'s lowered lists (PlanCostModel with DefaultCostAssumptions: the layers'
+// profiled times, or F 1, B 2, I 1, W 1 without them) and returns each pipeline rank's
+// prediction; empty when no layer carries a measured size (nothing to predict from) and for
+// forward-only plans. INTERNAL if the plan cannot be simulated.
 absl::StatusOr<std::vector<PredictedRankMemory>> PredictMemory(const spec::JobSpec& spec,
                                                                const Plan& plan);
+
+// The same from `simulation`, a Simulate run of `plan`'s lowered lists.
+absl::StatusOr<std::vector<PredictedRankMemory>> PredictMemory(
+    const spec::JobSpec& spec, const Plan& plan, const schedule::Simulation& simulation);
+
+// Whether any of `plan`'s layers carries a measured size (activation or output bytes).
+bool HasMeasuredSizes(const Plan& plan);
 
 }  // namespace stagecoach::coordinator

@@ -14,6 +14,7 @@
 #include "common/spec/spec_parser.h"
 #include "common/transport/backends.h"
 #include "common/util/status_macros.h"
+#include "coordinator/memory_partition.h"
 #include "coordinator/memory_prediction.h"
 #include "coordinator/planner_parts.h"
 
@@ -22,6 +23,21 @@ namespace planning {
 
 absl::Status FieldError(absl::string_view field, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
+}
+
+std::vector<StagePlan> StagesFor(const std::vector<int>& firsts,
+                                 const std::vector<v1::LayerInfo>& layers) {
+  std::vector<StagePlan> stages;
+  const int n = static_cast<int>(firsts.size());
+  for (int s = 0; s < n; ++s) {
+    StagePlan st;
+    st.stage = s;
+    st.first_layer = firsts[s];
+    st.end_layer = s + 1 < n ? firsts[s + 1] : static_cast<int>(layers.size());
+    for (int l = st.first_layer; l < st.end_layer; ++l) st.parameters += layers[l].parameters();
+    stages.push_back(st);
+  }
+  return stages;
 }
 
 }  // namespace planning
@@ -227,6 +243,11 @@ absl::Status CheckScheduleSize(const Plan& plan, const StageRequest& request,
 
 absl::Status PlanGeneratedSchedule(const spec::JobSpec& spec, const StageRequest& request,
                                    int64_t layers, const spec::SpecLimits& limits, Plan* plan) {
+  if (spec::IsAutoSchedule(spec.schedule)) {
+    return FieldError("schedule.kind",
+                      "'auto' is a search over plans (the coordinator's plan search chooses the "
+                      "schedule before planning), not a schedule to plan");
+  }
   auto kind = schedule::ParseScheduleKind(spec.schedule.kind);
   if (!kind.ok()) return FieldError("schedule.kind", kind.status().message());
   plan->kind = *kind;
@@ -314,7 +335,9 @@ bool NeedsInspection(const spec::JobSpec& spec) {
 }
 
 bool NeedsProfile(const spec::JobSpec& spec) {
-  return spec.split.points.empty() && spec.split.policy == "profiled";
+  const bool policy_measures = spec.split.policy == "profiled" || spec.split.policy == "memory";
+  return (spec.split.points.empty() && policy_measures) || spec::IsAutoSchedule(spec.schedule) ||
+         spec.placement.memory_limit_bytes > 0;
 }
 
 absl::Status CheckPlannable(const spec::JobSpec& spec, const PlanOptions& options) {
@@ -386,9 +409,12 @@ absl::StatusOr<Plan> PlanJob(const spec::JobSpec& spec) {
                       "plan it with them");
   }
   if (NeedsProfile(spec)) {
-    return FieldError("split.policy",
-                      "'profiled' needs the layer times a worker's InspectModel measures; plan "
-                      "with them");
+    const char* field = spec::IsAutoSchedule(spec.schedule)     ? "schedule.kind"
+                        : spec.placement.memory_limit_bytes > 0 ? "placement.memory_limit"
+                                                                : "split.policy";
+    return FieldError(field,
+                      "needs the layer times and sizes a worker's InspectModel profile measures; "
+                      "plan with them");
   }
   return PlanJob(spec, BuiltinLayers(*spec.model.builtin));
 }
@@ -486,18 +512,16 @@ absl::StatusOr<Plan> PlanJob(const spec::JobSpec& spec, std::vector<v1::LayerInf
                         "them)");
     }
     ASSIGN_OR_RETURN(firsts, PartitionBalanced(costs, plan.num_stages, options));
+  } else if (spec.split.policy == "memory") {
+    plan.layers = layers;
+    ASSIGN_OR_RETURN(firsts, PartitionByMemory(spec, plan, options));
+  } else if (spec.split.policy == "fewer-first-last") {
+    ASSIGN_OR_RETURN(firsts, PartitionFewerFirstLast(num_layers, plan.num_stages, 1, options));
   } else {
     ASSIGN_OR_RETURN(firsts, PartitionBalanced(std::vector<int64_t>(layers.size(), 1),
                                                plan.num_stages, options));
   }
-  for (int s = 0; s < plan.num_stages; ++s) {
-    StagePlan st;
-    st.stage = s;
-    st.first_layer = firsts[s];
-    st.end_layer = s + 1 < plan.num_stages ? firsts[s + 1] : num_layers;
-    for (int l = st.first_layer; l < st.end_layer; ++l) st.parameters += layers[l].parameters();
-    plan.stages.push_back(st);
-  }
+  plan.stages = planning::StagesFor(firsts, layers);
   plan.layers = std::move(layers);
   ASSIGN_OR_RETURN(plan.predicted_memory, PredictMemory(spec, plan));
   return plan;

@@ -7,9 +7,12 @@
 // Partition. split.points maps a layer name to "beginning" (a stage boundary right before that
 // layer) or "end" (right after it), as PyTorch's SplitPoint does. Without points, split.policy
 // cuts the layers into the planned number of stages: equal-layers (layer counts differ by at
-// most one), equal-params (minimise the largest stage's parameter count) or profiled (minimise
-// the largest stage's measured forward + backward time). Among equally good cuts, earlier
-// stages take fewer layers.
+// most one), equal-params (minimise the largest stage's parameter count), profiled (minimise
+// the largest stage's measured forward + backward time), memory (minimise the largest rank's
+// predicted memory under the schedule) or fewer-first-last (equal layers, the first and last
+// stage counting one layer more; memory_partition.h). Among equally good cuts, earlier stages
+// take fewer layers. schedule.kind auto is not planned here: the plan search (plan_search.h)
+// chooses a schedule and plans each candidate with PlanJob.
 #pragma once
 
 #include <cstdint>
@@ -82,9 +85,10 @@ struct Plan {
 };
 
 // Whether planning `spec` needs a worker's InspectModel: a TorchScript model (its layers are
-// only known from the file) or split.policy profiled (layer times are measured).
+// only known from the file) or a profile (NeedsProfile).
 bool NeedsInspection(const spec::JobSpec& spec);
-// Whether that inspection must measure layer times (split.policy profiled).
+// Whether that inspection must profile the layers (times and sizes): split.policy profiled or
+// memory without split.points, schedule.kind auto, or a placement.memory_limit.
 bool NeedsProfile(const spec::JobSpec& spec);
 
 struct PlanOptions {

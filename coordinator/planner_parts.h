@@ -33,6 +33,11 @@ absl::Status CheckStyle(const spec::PlacementSpec& placement, const std::vector<
                         int num_ranks, absl::string_view lists,
                         const std::function<std::string(int)>& row);
 
+// The stages that begin at `firsts` (each stage's first layer, ascending, starting at 0) over
+// `layers`, with their parameter counts.
+std::vector<StagePlan> StagesFor(const std::vector<int>& firsts,
+                                 const std::vector<v1::LayerInfo>& layers);
+
 // schedule.csv: the file's lists (schedule.csv_text), checked against the spec, lowered if
 // compute_only, validated; stage placement and worker count come from the file's rows. Fills
 // `plan`'s schedule, stages, ranks and lowered lists. INVALID_ARGUMENT naming the field (and the

@@ -141,6 +141,7 @@ absl::StatusOr<RebuiltJob> RebuildJob(const v1::Job& record) {
   job.spec_yaml = record.spec_yaml();
   job.created = rpc::FromProtoTimestamp(record.created_time());
   job.plan = DescribedPlan(record);
+  if (record.has_plan_choice()) job.plan_choice = record.plan_choice();
   for (const v1::JobTransition& t : record.history()) {
     absl::Status replayed =
         job.TransitionTo(t.state(), t.reason(), rpc::FromProtoTimestamp(t.time()));

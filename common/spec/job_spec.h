@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+
 namespace stagecoach::spec {
 
 // model.builtin: a model family built in to the worker.
@@ -46,16 +48,27 @@ struct SplitSpec {
   int stages = 0;
   // split.points: qualified submodule name -> "beginning" | "end" (PyTorch's SplitPoint).
   std::map<std::string, std::string> points;
-  // "equal-layers" (default), "equal-params" or "profiled".
+  // "equal-layers" (default), "equal-params", "profiled", "memory" (balance the ranks'
+  // predicted memory; needs the profile's sizes) or "fewer-first-last" (equal layers, but the
+  // first and last stage each count as holding one layer more: torchtitan's
+  // first/last_stage_less_layers).
   std::string policy = "equal-layers";
+  // Whether the spec gave split.policy (a `schedule.kind: auto` search tries every policy
+  // unless it is given).
+  bool policy_given = false;
 };
 
 struct ScheduleSpec {
-  // Generator name as the user wrote it (lookup is case-insensitive), e.g. "1F1B". Empty when
-  // `csv` is given.
+  // Generator name as the user wrote it (lookup is case-insensitive), e.g. "1F1B", or "auto"
+  // (the coordinator searches schedules, stages per worker, microbatch counts and split
+  // policies and takes the fastest plan that fits placement.memory_limit; see IsAutoSchedule).
+  // Empty when `csv` is given.
   std::string kind;
   // Microbatches per step, >= 1.
   int microbatches = 1;
+  // Whether the spec gave schedule.microbatches (an auto search tries the batch's divisors
+  // unless it is given).
+  bool microbatches_given = false;
   // schedule.csv: a user's schedule file (stagectl sends its contents in csv_text).
   std::string csv;
   std::string csv_text;
@@ -83,6 +96,10 @@ struct PlacementSpec {
   // Start a stage's gradient reduction at its REDUCE_GRAD, on a communication thread, while the
   // rank goes on with the rest of its actions (true); false reduces every stage after the step.
   bool overlap_reduction = true;
+  // placement.memory_limit ("8GiB", "512MiB" or a number of bytes): the most one worker may
+  // hold, parameters, gradients, optimizer state and a step's activations together, as the
+  // planner predicts them; 0 means no limit. A plan predicted over it is refused.
+  int64_t memory_limit_bytes = 0;
 };
 
 struct OptimizerSpec {
@@ -191,5 +208,10 @@ struct JobSpec {
   // Unset: no validation.
   std::optional<EvalSpec> eval;
 };
+
+// Whether schedule.kind asks the coordinator to choose the plan ("auto", in any case).
+inline bool IsAutoSchedule(const ScheduleSpec& schedule) {
+  return absl::EqualsIgnoreCase(schedule.kind, "auto");
+}
 
 }  // namespace stagecoach::spec

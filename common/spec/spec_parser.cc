@@ -23,9 +23,10 @@
 #include "common/checkpoint/layout.h"
 #include "common/spec/recipe_fields.h"
 #include "common/spec/yaml_documents.h"
-#include "common/util/status_macros.h"
 #include "common/spec/yaml_fields.h"
 #include "common/transport/backends.h"
+#include "common/util/byte_size.h"
+#include "common/util/status_macros.h"
 
 namespace stagecoach::spec {
 namespace {
@@ -307,7 +308,10 @@ class SpecParser {
         }
       }
     }
-    split->Enum("policy", {"equal-layers", "equal-params", "profiled"}, &spec_.split.policy);
+    spec_.split.policy_given =
+        split->Enum("policy",
+                    {"equal-layers", "equal-params", "profiled", "memory", "fewer-first-last"},
+                    &spec_.split.policy) == Read::kOk;
   }
 
   void ParseSchedule(const YAML::Node& node) {
@@ -326,8 +330,9 @@ class SpecParser {
     if (schedule->String("csv", &out.csv) == Read::kOk && out.csv.empty()) {
       v_.Error(schedule->Path("csv"), "must be a non-empty path");
     }
-    microbatches_ok_ =
-        schedule->Int("microbatches", 1, kIntMax, &out.microbatches) != Read::kInvalid;
+    const Read microbatches = schedule->Int("microbatches", 1, kIntMax, &out.microbatches);
+    microbatches_ok_ = microbatches != Read::kInvalid;
+    out.microbatches_given = microbatches == Read::kOk;
     if (schedule->Enum("csv_format", {"compute_only", "compute_comms"}, &out.csv_format) !=
             Read::kAbsent &&
         !has_csv) {
@@ -341,8 +346,19 @@ class SpecParser {
   void ParsePlacement(const YAML::Node& node) {
     auto placement = v_.Open(node, "placement",
                              {"workers", "device", "style", "transport", "replicas",
-                              "shard_optimizer", "overlap_reduction"});
+                              "shard_optimizer", "overlap_reduction", "memory_limit"});
     if (!placement) return;
+    std::string memory_limit;
+    if (placement->String("memory_limit", &memory_limit) == Read::kOk) {
+      absl::StatusOr<int64_t> bytes = util::ParseBytes(memory_limit);
+      if (!bytes.ok()) {
+        v_.Error(placement->Path("memory_limit"), bytes.status().message());
+      } else if (*bytes <= 0) {
+        v_.Error(placement->Path("memory_limit"), "must be more than 0 bytes");
+      } else {
+        spec_.placement.memory_limit_bytes = *bytes;
+      }
+    }
     placement->Int("workers", 1, kIntMax, &spec_.placement.workers);
     placement->Int("replicas", 1, kMaxReplicas, &spec_.placement.replicas);
     placement->Bool("shard_optimizer", &spec_.placement.shard_optimizer);

@@ -165,7 +165,9 @@ TEST(PlanJob, RefusesWhatCannotRunNamingTheField) {
             "GPipe runs exactly one stage per rank, but stages_per_rank is 2"},
            {"data: {kind: tokens, path: x.bin}", "{stages: 2}", "data.kind"},
            {"", "{stages: 2, policy: profiled}",
-            "split.policy: 'profiled' needs the layer times a worker's InspectModel measures"},
+            "split.policy: needs the layer times and sizes a worker's InspectModel profile "
+            "measures"},
+           {"", "{stages: 2, policy: memory}", "split.policy: needs the layer times and sizes"},
        }) {
     auto plan = PlanJob(Parse(c.extra, "[4, 8, 8, 8, 2]", c.split));
     ASSERT_FALSE(plan.ok()) << c.want;

@@ -359,7 +359,8 @@ TEST(SpecParserTest, UnknownKeysInEveryNestedMapping) {
                           "did you mean 'policy'?"));
   EXPECT_THAT(Errors(Edit(kBase, "  workers: 2", "  workers: 2\n  gpus: 2")),
               ElementsAre("placement.gpus: unknown key (valid keys: workers, device, style, "
-                          "transport, replicas, shard_optimizer, overlap_reduction)"));
+                          "transport, replicas, shard_optimizer, overlap_reduction, "
+                          "memory_limit)"));
   EXPECT_THAT(Errors(Edit(kBase, "  kind: synthetic", "  kind: synthetic\n  seeed: 1")),
               ElementsAre("data.seeed: unknown key (valid keys: kind, path, seed, seq); did you "
                           "mean 'seed'?"));
@@ -579,7 +580,32 @@ TEST(SpecParserTest, SplitPolicy) {
             "profiled");
   EXPECT_THAT(Errors(Edit(kBase, "  stages: 2", "  stages: 2\n  policy: equal")),
               ElementsAre("split.policy: must be one of equal-layers, equal-params, profiled, "
-                          "got 'equal'"));
+                          "memory, fewer-first-last, got 'equal'"));
+  const JobSpec memory = Parsed(Edit(kBase, "  stages: 2", "  stages: 2\n  policy: memory"));
+  EXPECT_EQ(memory.split.policy, "memory");
+  EXPECT_TRUE(memory.split.policy_given);
+  EXPECT_FALSE(Parsed(kBase).split.policy_given);
+  EXPECT_EQ(
+      Parsed(Edit(kBase, "  stages: 2", "  stages: 2\n  policy: fewer-first-last")).split.policy,
+      "fewer-first-last");
+}
+
+TEST(SpecParserTest, AutoScheduleAndMemoryLimit) {
+  const JobSpec autos =
+      Parsed(Edit(Edit(kBase, "  kind: 1F1B\n  microbatches: 4\n", "  kind: auto\n"),
+                  "  workers: 2\n", "  workers: 2\n  memory_limit: 1.5GiB\n"));
+  EXPECT_TRUE(IsAutoSchedule(autos.schedule));
+  EXPECT_FALSE(autos.schedule.microbatches_given);
+  EXPECT_EQ(autos.placement.memory_limit_bytes, 1536LL << 20);
+  EXPECT_TRUE(Parsed(kBase).schedule.microbatches_given);
+  EXPECT_FALSE(IsAutoSchedule(Parsed(kBase).schedule));
+  EXPECT_EQ(Parsed(Edit(kBase, "  workers: 2\n", "  workers: 2\n  memory_limit: 4096\n"))
+                .placement.memory_limit_bytes,
+            4096);
+  EXPECT_THAT(Errors(Edit(kBase, "  workers: 2\n", "  workers: 2\n  memory_limit: lots\n")),
+              ElementsAre(HasSubstr("placement.memory_limit: 'lots' is not a byte size")));
+  EXPECT_THAT(Errors(Edit(kBase, "  workers: 2\n", "  workers: 2\n  memory_limit: 0GiB\n")),
+              ElementsAre("placement.memory_limit: must be more than 0 bytes"));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -864,8 +890,8 @@ extra: 1
                           "model.builtin.vocab: not a key of family mlp",
                           "model.builtin.sizes[1]: must be >= 1, got 0",
                           "split.stages: must be >= 1, got 0",
-                          "split.policy: must be one of equal-layers, equal-params, profiled, got "
-                          "'fastest'",
+                          "split.policy: must be one of equal-layers, equal-params, profiled, "
+                          "memory, fewer-first-last, got 'fastest'",
                           "schedule.kindd: unknown key (valid keys: kind, microbatches, csv, "
                           "csv_format, csv_text); did you mean 'kind'?",
                           "schedule: exactly one of 'kind' or 'csv' is required",

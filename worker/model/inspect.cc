@@ -22,6 +22,7 @@
 #include "worker/model/stage_model.h"
 #include "worker/model/torchscript_model.h"
 #include "worker/runtime/counting_allocator.h"
+#include "worker/runtime/split_backward.h"
 #include "worker/runtime/training_data.h"
 
 namespace stagecoach::model {
@@ -53,6 +54,13 @@ void Sync(const torch::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize(device.index());
 }
 
+// The median of `times` (not empty).
+double Median(std::vector<double> times) {
+  std::sort(times.begin(), times.end());
+  const size_t n = times.size();
+  return n % 2 == 1 ? times[n / 2] : (times[n / 2 - 1] + times[n / 2]) / 2;
+}
+
 // Runs `fn` once to warm up, then `iterations` times, and returns the median time in seconds.
 template <typename Fn>
 double MedianSeconds(int iterations, const torch::Device& device, Fn&& fn) {
@@ -68,6 +76,53 @@ double MedianSeconds(int iterations, const torch::Device& device, Fn&& fn) {
   std::sort(times.begin(), times.end());
   const size_t n = times.size();
   return n % 2 == 1 ? times[n / 2] : (times[n / 2 - 1] + times[n / 2]) / 2;
+}
+
+// The outputs of layer `s` a backward starts from and their gradients: the last layer's first
+// output with ones, every other output with the gradient its consumers computed for it.
+void BackwardRoots(const std::vector<torch::Tensor>& outputs,
+                   const std::vector<torch::Tensor>& output_grads, bool last,
+                   std::vector<torch::Tensor>* roots, std::vector<torch::Tensor>* grads) {
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    const torch::Tensor& output = outputs[k];
+    if (!output.requires_grad()) continue;
+    if (last && k == 0) {
+      roots->push_back(output);
+      grads->push_back(torch::ones_like(output));
+    } else if (k < output_grads.size() && output_grads[k].defined()) {
+      roots->push_back(output);
+      grads->push_back(output_grads[k]);
+    }
+  }
+}
+
+// Times the layer's split backward as the zero-bubble schedules run it (runtime::SplitBackward):
+// I, the input gradient alone, then W, the weight gradients. W frees the graph, so every repeat
+// (one warm-up, then `iterations`) first runs the forward again, untimed.
+void ProfileSplitBackward(StageModel& stage, const std::vector<torch::Tensor>& inputs,
+                          const std::vector<torch::Tensor>& output_grads, bool last, int iterations,
+                          const torch::Device& device, v1::LayerInfo* layer) {
+  std::vector<double> input_times, weight_times;
+  for (int r = 0; r <= iterations; ++r) {
+    const std::vector<torch::Tensor> outputs = stage.ForwardValues(inputs);
+    std::vector<torch::Tensor> roots, grads;
+    BackwardRoots(outputs, output_grads, last, &roots, &grads);
+    if (roots.empty()) return;
+    runtime::PendingWeightGrad pending;
+    Sync(device);
+    const auto start = std::chrono::steady_clock::now();
+    runtime::SplitBackward::BackwardInputs(roots, grads, inputs, &pending);
+    Sync(device);
+    const auto between = std::chrono::steady_clock::now();
+    runtime::SplitBackward::BackwardWeight(std::move(pending));
+    Sync(device);
+    const auto end = std::chrono::steady_clock::now();
+    if (r == 0) continue;
+    input_times.push_back(std::chrono::duration<double>(between - start).count());
+    weight_times.push_back(std::chrono::duration<double>(end - between).count());
+  }
+  layer->set_backward_input_seconds(Median(std::move(input_times)));
+  layer->set_backward_weight_seconds(Median(std::move(weight_times)));
 }
 
 // Runs `stage`'s forward once more, the previous run's outputs and graph freed first, and
@@ -124,17 +179,7 @@ void ProfileLayers(LayerStages& layers, const torch::Tensor& microbatch, int ite
   }
   for (int s = n - 1; s >= 0; --s) {
     std::vector<torch::Tensor> roots, grads;
-    for (size_t k = 0; k < outputs[s].size(); ++k) {
-      const torch::Tensor& output = outputs[s][k];
-      if (!output.requires_grad()) continue;
-      if (s == n - 1 && k == 0) {
-        roots.push_back(output);
-        grads.push_back(torch::ones_like(output));
-      } else if (output_grads[s][k].defined()) {
-        roots.push_back(output);
-        grads.push_back(output_grads[s][k]);
-      }
-    }
+    BackwardRoots(outputs[s], output_grads[s], s == n - 1, &roots, &grads);
     if (roots.empty()) continue;  // nothing of this layer needs a gradient: backward is free
     *running = absl::StrCat("the backward of layer ", out->layers(s).name());
     const double seconds = MedianSeconds(iterations, device, [&] {
@@ -166,6 +211,9 @@ void ProfileLayers(LayerStages& layers, const torch::Tensor& microbatch, int ite
       const torch::Tensor grad = inputs[s][i].grad().detach();
       g = g.defined() ? g + grad : grad.clone();
     }
+    *running = absl::StrCat("the split backward (I and W) of layer ", out->layers(s).name());
+    ProfileSplitBackward(*layers.stages[s], inputs[s], output_grads[s], s == n - 1, iterations,
+                         device, out->mutable_layers(s));
   }
 }
 

@@ -1,0 +1,55 @@
+// `stagectl plan` (commands.h): the coordinator's plan search for a spec, ranked.
+#include "absl/strings/str_cat.h"
+#include "client/commands.h"
+#include "client/render_plan.h"
+#include "common/util/byte_size.h"
+
+namespace stagecoach::client {
+
+int Commands::Plan(const std::string& spec_path, const std::string& memory_limit, int top,
+                   const SubmitUploads& uploads) {
+  int64_t limit = 0;
+  if (!memory_limit.empty()) {
+    absl::StatusOr<int64_t> bytes = util::ParseBytes(memory_limit);
+    if (!bytes.ok() || *bytes <= 0) {
+      err_ << "stagectl: plan: --memory-limit: "
+           << (bytes.ok() ? "must be more than 0 bytes" : bytes.status().message()) << "\n";
+      return 2;
+    }
+    limit = *bytes;
+  }
+  if (top < 1) {
+    err_ << "stagectl: plan: --top: must be at least 1, got " << top << "\n";
+    return 2;
+  }
+  std::string spec_yaml;
+  if (int rc = ReadSpec("plan", spec_path, uploads, &spec_yaml); rc != 0) return rc;
+  v1::PlanSpecRequest req;
+  req.set_spec_yaml(spec_yaml);
+  req.set_spec_origin(spec_path);
+  req.set_memory_limit_bytes(limit);
+  v1::PlanSpecResponse resp;
+  // The coordinator profiles the model on a worker (twice: at the largest and the smallest
+  // microbatch) before it searches.
+  grpc::Status status = Call(&v1::CoordinatorService::Stub::PlanSpec, req, &resp,
+                             options_.timeout + 2 * kSubmitInspectionAllowance);
+  if (!status.ok()) {
+    if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+      err_ << "stagectl: plan: the coordinator refused " << spec_path << ":\n"
+           << status.error_message() << "\n";
+      return 1;
+    }
+    return RpcError(status, "plan");
+  }
+  Print(PlanJson(resp), PlanTable(resp, top));
+  int fitting = 0;
+  for (const v1::PlanCandidate& c : resp.candidates()) fitting += c.fits() ? 1 : 0;
+  if (fitting == 0) {
+    err_ << "stagectl: plan: no plan fits " << util::FormatBytes(resp.memory_limit_bytes())
+         << " per worker\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace stagecoach::client

@@ -1,16 +1,16 @@
 // The plan search against real runs: does the simulator's ranking of plans hold on this
 // machine? A coordinator and --workers CPU workers on loopback (real daemons); `stagectl plan`
-// profiles an MLP and ranks every plan; then a set of its candidates — the best plan of each
-// schedule, and the best schedule at every microbatch count — runs for real, each pinned to
-// the partition the search simulated (split.points), alternating over --rounds rounds. For each
-// it prints the predicted step, the measured median (steps after --warmup), their ratio and
-// the predicted peak of the largest rank; then the share of candidate pairs whose
-// predicted order the measured medians agree with (issue 18 asks for 80%) and the rank
-// correlation. Run it on a model and microbatch counts the cost assumptions were not tuned on
+// profiles an MLP and ranks every plan; then a set of its candidates — evenly spaced over the
+// ranking, or the best plan of each schedule and at every microbatch count — runs for real, each
+// pinned to the partition the search simulated (split.points), alternating over --rounds rounds.
+// For each it prints the predicted step, the measured median (steps after --warmup), their ratio
+// and the predicted peak of the largest rank; then the share of candidate pairs whose predicted
+// order the measured medians agree with (issue 18 asks for 80%) and the rank correlation. Run it on
+// a model and microbatch counts the cost assumptions were not tuned on
 // (--sizes, --batch) to hold the model honest.
 //
 //   plan_bench [--sizes 256,256,...] [--workers 4] [--batch 1024] [--steps 12] [--warmup 3]
-//              [--rounds 2] [--max-candidates 14]
+//              [--rounds 2] [--max-candidates 14] [--coordinator-arg=--plan-message-latency=400us]
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -104,10 +104,19 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "steps left out of each median");
   app.add_option("--rounds", rounds, "times every candidate runs (alternating)");
   app.add_option("--max-candidates", max_candidates, "candidates run for real");
+  bool spread = true;
+  app.add_option("--spread", spread,
+                 "run candidates evenly spaced over the ranking (true) or the best of each "
+                 "schedule and microbatch count (false)");
+  std::vector<std::string> coordinator_args;
+  app.add_option("--coordinator-arg", coordinator_args,
+                 "pass this to the coordinator (repeat), e.g. --coordinator-arg=--plan-message-"
+                 "latency=400us");
   CLI11_PARSE(app, argc, argv);
 
   sc::testing::ClusterOptions options;
   options.workers = workers;
+  options.coordinator_args = coordinator_args;
   auto cluster = sc::bench::Value("cluster", sc::testing::LocalCluster::Start(options));
   sc::testing::LocalCluster& c = *cluster;
   const std::string spec =
@@ -119,26 +128,33 @@ int main(int argc, char** argv) {
   std::printf("%zu plans searched; layers profiled by %s\n", all.size(),
               plans["profiled_by"].get<std::string>().c_str());
 
-  // The best of each schedule, then the best at each microbatch count.
+  // Candidates spread over the ranking: the first, the last and evenly spaced ones between,
+  // so that the set spans the differences the search claims (with --spread=false: the best of
+  // each schedule, then the best at each microbatch count).
   std::vector<Candidate> chosen;
-  std::map<std::string, bool> schedules, microbatches;
   auto take = [&](const json& cand) {
     for (const Candidate& have : chosen) {
       if (have.predicted == cand) return;
     }
     if (static_cast<int>(chosen.size()) < max_candidates) chosen.push_back({cand, {}});
   };
-  for (const json& cand : all) {
-    if (!schedules[cand["schedule"].get<std::string>()]) {
-      schedules[cand["schedule"].get<std::string>()] = true;
-      take(cand);
+  if (spread) {
+    const size_t n = all.size(), k = std::min<size_t>(n, max_candidates);
+    for (size_t i = 0; i < k; ++i) take(all[k <= 1 ? 0 : i * (n - 1) / (k - 1)]);
+  } else {
+    std::map<std::string, bool> schedules, microbatches;
+    for (const json& cand : all) {
+      if (!schedules[cand["schedule"].get<std::string>()]) {
+        schedules[cand["schedule"].get<std::string>()] = true;
+        take(cand);
+      }
     }
-  }
-  for (const json& cand : all) {
-    const std::string key = absl::StrCat(cand["microbatches"].get<int>());
-    if (!microbatches[key]) {
-      microbatches[key] = true;
-      take(cand);
+    for (const json& cand : all) {
+      const std::string key = absl::StrCat(cand["microbatches"].get<int>());
+      if (!microbatches[key]) {
+        microbatches[key] = true;
+        take(cand);
+      }
     }
   }
 

@@ -233,6 +233,7 @@ absl::StatusOr<SearchedPlans> Admission::SearchPlans(const std::string& spec_yam
   SearchOptions options;
   options.memory_limit_bytes = memory_limit_bytes;
   options.planning = Planning(caller_gone, false);
+  options.costs = options_.costs;
   ASSIGN_OR_RETURN(out.result, coordinator::SearchPlans(out.spec, out.profiles, options));
   return out;
 }

@@ -38,6 +38,8 @@ struct AdmissionOptions {
   // Bound on planning (after the model's inspection): past it the job is refused with
   // DEADLINE_EXCEEDED.
   absl::Duration plan_timeout = absl::Seconds(60);
+  // What the plan search assumes a message between workers costs.
+  CostAssumptions costs = DefaultCostAssumptions();
 };
 
 // A job that passed admission.

@@ -44,7 +44,7 @@ JobManager::JobManager(JobManagerOptions options, JobManagerDeps deps)
                                     : nullptr),
       table_(TableOptions(options), writer_.get()),
       admission_(AdmissionOptions{options.inspect_timeout, options.profile_iterations,
-                                  options.limits, options.plan_timeout},
+                                  options.limits, options.plan_timeout, options.plan_costs},
                  &registry_, deps.workers),
       placement_(TaskSettings{options.comm_timeout, options.hold_timeout}, &registry_),
       aggregator_(deps.metrics),

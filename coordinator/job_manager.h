@@ -69,6 +69,9 @@ struct JobManagerOptions {
   // "Limits"), and the bound on planning it (--plan-timeout).
   spec::SpecLimits limits;
   absl::Duration plan_timeout = absl::Seconds(60);
+  // What the plan search assumes a message between workers costs (--plan-message-latency,
+  // --plan-link-bandwidth).
+  CostAssumptions plan_costs = DefaultCostAssumptions();
   // Longest a task holds at a step boundary (a PAUSED job) before it gives up and fails
   // (TaskAssignment.hold_timeout).
   absl::Duration hold_timeout = absl::Hours(24);

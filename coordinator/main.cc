@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/daemon/daemon.h"
 #include "common/rpc/authorized_service.h"
+#include "common/util/byte_size.h"
 #include "common/util/logging.h"
 #include "common/util/malloc_tuning.h"
 #include "common/util/work_queue.h"
@@ -54,6 +55,10 @@ struct Config {
   sc::coordinator::ArtifactStoreOptions artifacts;
   std::string data_dir;
   sc::coordinator::CoordinatorAuth auth;
+  // --plan-message-latency and --plan-link-bandwidth (DefaultCostAssumptions' figures).
+  absl::Duration message_latency = absl::Microseconds(100);
+  absl::Duration message_cpu = absl::Microseconds(500);
+  std::string link_bandwidth = "2GB";
 };
 
 void DeclareFlags(sc::daemon::FlagSet& flags, Config* c) {
@@ -85,6 +90,16 @@ void DeclareFlags(sc::daemon::FlagSet& flags, Config* c) {
                "events a job's log keeps for watchers; older ones are dropped");
   flags.AddDuration("plan-timeout", &c->jobs.plan_timeout,
                     "refuse a job whose planning (after the model's inspection) takes longer");
+  flags.AddDuration("plan-message-latency", &c->message_latency,
+                    "what the plan search (schedule.kind auto, stagectl plan) assumes a message "
+                    "between two workers costs besides its bytes: posting it, the transport's "
+                    "latency, waking the receiver (bench/plan_bench measures it)");
+  flags.AddDuration("plan-message-cost", &c->message_cpu,
+                    "what the plan search assumes each message to or from another worker takes "
+                    "of a worker's own time, on both ends (bench/plan_bench measures the effect)");
+  flags.AddString("plan-link-bandwidth", &c->link_bandwidth,
+                  "bytes per second the plan search assumes of a link between two workers, "
+                  "e.g. 2GB or 12.5GB (100 Gb/s)");
   for (const sc::spec::SpecLimitFlag& limit : sc::spec::SpecLimitFlags()) {
     flags.AddInt(limit.flag, &(c->jobs.limits.*limit.field), 1, limit.what,
                  absl::StrCat("admission limit: the most ", limit.what,
@@ -104,6 +119,15 @@ absl::Status Validate(Config* c) {
         ") must be at most half of --lease (", absl::FormatDuration(c->jobs.lease), ")"));
   }
   if (!c->data_dir.empty()) c->artifacts.dir = c->data_dir + "/artifacts";
+  absl::StatusOr<int64_t> bandwidth = sc::util::ParseBytes(c->link_bandwidth);
+  if (!bandwidth.ok() || *bandwidth <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--plan-link-bandwidth: ",
+        bandwidth.ok() ? "must be more than 0 bytes a second" : bandwidth.status().message()));
+  }
+  c->jobs.plan_costs.link_bytes_per_second = static_cast<double>(*bandwidth);
+  c->jobs.plan_costs.message_latency_seconds = absl::ToDoubleSeconds(c->message_latency);
+  c->jobs.plan_costs.message_cpu_seconds = absl::ToDoubleSeconds(c->message_cpu);
   return absl::OkStatus();
 }
 

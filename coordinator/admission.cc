@@ -15,6 +15,9 @@
 namespace stagecoach::coordinator {
 namespace {
 
+// Timed repeats of each layer in a plan search's profiles (the worker's default is 3).
+constexpr int kSearchProfileIterations = 15;
+
 // The spec of an Infer job: `spec_yaml` with a ForwardOnly schedule, `batch_size` rows and one
 // step; schedule files, checkpoints and the data section do not apply to inference.
 // With `keep_data` the data section stays (what profiling the model's layers measures on).
@@ -98,7 +101,11 @@ absl::StatusOr<std::vector<v1::LayerInfo>> Admission::ModelLayers(const spec::Jo
   v1::InspectModelRequest request;
   request.set_spec_yaml(inspect_yaml);
   request.set_profile(profile);
-  request.set_profile_iterations(options_.profile_iterations);
+  // A plan search ranks plans whose predictions differ by a few percent: its profiles take
+  // more repeats than a split does, unless the coordinator was told how many.
+  request.set_profile_iterations(options_.profile_iterations > 0 || !force_profile
+                                     ? options_.profile_iterations
+                                     : kSearchProfileIterations);
   auto inspected = workers_->InspectModel(worker->address, request, options_.inspect_timeout);
   if (!inspected.ok()) {
     const absl::Status& error = inspected.status();

@@ -31,7 +31,8 @@ struct AdmissionOptions {
   // Bound on the InspectModel call that gives the planner a TorchScript model's layers (or
   // profiles a model's layers for split.policy profiled).
   absl::Duration inspect_timeout = absl::Seconds(120);
-  // Timed repetitions of each layer when profiling; 0 lets the worker choose.
+  // Timed repetitions of each layer when profiling; 0 lets the worker choose (a plan search's
+  // profiles then take 15).
   int profile_iterations = 0;
   // What a spec may ask for (spec::CheckSpecLimits, checked before anything else).
   spec::SpecLimits limits;

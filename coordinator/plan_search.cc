@@ -193,6 +193,11 @@ absl::StatusOr<SearchResult> SearchPlans(const spec::JobSpec& spec,
                       "required to search plans (the search chooses how the workers are used: "
                       "schedule, stages per worker, microbatches and split, not how many)");
   }
+  if (!spec.schedule.csv.empty()) {
+    return FieldError("schedule.csv",
+                      "a schedule file is one plan already; plans are searched for "
+                      "schedule.kind auto or a named schedule");
+  }
   if (!spec::IsAutoSchedule(spec.schedule)) {
     auto kind = schedule::ParseScheduleKind(spec.schedule.kind);
     if (!kind.ok()) return FieldError("schedule.kind", kind.status().message());

@@ -67,10 +67,10 @@ struct SearchResult {
 
 // Runs the search. Candidates a schedule's constraints rule out (1F1B with fewer microbatches
 // than stages, more stages than layers, ...) are skipped. INVALID_ARGUMENT naming the field:
-// placement.workers missing, a schedule.kind that is neither auto nor a schedule with a
-// backward, a memory limit with layers that carry no measured sizes (profiles on CUDA), or no
-// candidate at all (with the reason the last one was refused). DEADLINE_EXCEEDED / CANCELLED
-// as options.planning says.
+// placement.workers missing, a schedule.csv (one plan already), a schedule.kind that is
+// neither auto nor a schedule with a backward, a memory limit with layers that carry no measured
+// sizes (profiles on CUDA), or no candidate at all (with the reason the last one was refused).
+// DEADLINE_EXCEEDED / CANCELLED as options.planning says.
 absl::StatusOr<SearchResult> SearchPlans(const spec::JobSpec& spec,
                                          const std::vector<LayerProfile>& profiles,
                                          const SearchOptions& options);

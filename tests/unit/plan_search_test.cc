@@ -193,6 +193,9 @@ TEST(PlanSearch, RefusesWhatCannotBeSearched) {
   auto inference = SearchPlans(Parse("{kind: ForwardOnly}"), {Profile(64)}, options);
   EXPECT_THAT(std::string(inference.status().message()),
               HasSubstr("schedule.kind: plans are searched for training schedules only"));
+  auto file = SearchPlans(Parse("{csv: my.csv, microbatches: 4}"), {Profile(64)}, options);
+  EXPECT_THAT(std::string(file.status().message()),
+              HasSubstr("schedule.csv: a schedule file is one plan already"));
   LayerProfile unsized = Profile(64);
   for (v1::LayerInfo& l : unsized.layers) {
     l.set_activation_bytes(0);

@@ -12,12 +12,12 @@
 // backward are timed apart: one warm-up, then `iterations` timed repeats, of which the median
 // is reported (CUDA work is synchronised before the clock stops). The split backward of the
 // zero-bubble schedules is timed too, I (input gradient) and W (weight gradients) apart, each
-// repeat on a fresh forward (LayerInfo.backward_input_seconds, backward_weight_seconds). On CPU
-// each layer's forward then runs once more under the process's counting allocator (installed if it
-// was not), to record the bytes it keeps for the backward, the most it allocates beyond those and
-// its output's bytes, and its backward once more for the most that allocates (LayerInfo.
-// activation_bytes, forward_transient_bytes, output_bytes, backward_transient_bytes; 0 on
-// CUDA).
+// repeat on a fresh forward (LayerInfo.backward_input_seconds, backward_weight_seconds). On
+// CPU each layer's forward then runs once more under the process's counting allocator
+// (installed if it was not), to record the bytes it keeps for the backward, the most it
+// allocates beyond those and its output's bytes, and its backward once more for the most that
+// allocates (LayerInfo.activation_bytes, forward_transient_bytes, output_bytes,
+// backward_transient_bytes; 0 on CUDA).
 //
 // Torch-free header: the worker's service includes it.
 #pragma once

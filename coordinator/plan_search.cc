@@ -137,6 +137,31 @@ std::string CandidateKey(const v1::PlanCandidate& c) {
                       absl::StrJoin(c.stage_first_layers(), ","));
 }
 
+// What SearchPlans refuses before it plans anything (see plan_search.h).
+absl::Status CheckSearchable(const spec::JobSpec& spec, const std::vector<LayerProfile>& profiles) {
+  if (spec.placement.workers <= 0) {
+    return FieldError("placement.workers",
+                      "required to search plans (the search chooses how the workers are used: "
+                      "schedule, stages per worker, microbatches and split, not how many)");
+  }
+  if (!spec.schedule.csv.empty()) {
+    return FieldError("schedule.csv",
+                      "a schedule file is one plan already; plans are searched for "
+                      "schedule.kind auto or a named schedule");
+  }
+  if (!spec::IsAutoSchedule(spec.schedule)) {
+    auto kind = schedule::ParseScheduleKind(spec.schedule.kind);
+    if (!kind.ok()) return FieldError("schedule.kind", kind.status().message());
+    if (!schedule::HasBackward(*kind)) {
+      return FieldError("schedule.kind", "plans are searched for training schedules only");
+    }
+  }
+  if (profiles.empty() || profiles.front().layers.empty()) {
+    return absl::InvalidArgumentError("plan search: the model's profiled layers are missing");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::vector<v1::LayerInfo> LayersForRows(const std::vector<LayerProfile>& profiles, int64_t rows) {
@@ -187,27 +212,8 @@ std::vector<std::string> SearchSplitPolicies(const spec::JobSpec& spec) {
 absl::StatusOr<SearchResult> SearchPlans(const spec::JobSpec& spec,
                                          const std::vector<LayerProfile>& profiles,
                                          const SearchOptions& options) {
+  RETURN_IF_ERROR(CheckSearchable(spec, profiles));
   const int workers = spec.placement.workers;
-  if (workers <= 0) {
-    return FieldError("placement.workers",
-                      "required to search plans (the search chooses how the workers are used: "
-                      "schedule, stages per worker, microbatches and split, not how many)");
-  }
-  if (!spec.schedule.csv.empty()) {
-    return FieldError("schedule.csv",
-                      "a schedule file is one plan already; plans are searched for "
-                      "schedule.kind auto or a named schedule");
-  }
-  if (!spec::IsAutoSchedule(spec.schedule)) {
-    auto kind = schedule::ParseScheduleKind(spec.schedule.kind);
-    if (!kind.ok()) return FieldError("schedule.kind", kind.status().message());
-    if (!schedule::HasBackward(*kind)) {
-      return FieldError("schedule.kind", "plans are searched for training schedules only");
-    }
-  }
-  if (profiles.empty() || profiles.front().layers.empty()) {
-    return absl::InvalidArgumentError("plan search: the model's profiled layers are missing");
-  }
   SearchResult result;
   result.memory_limit_bytes = options.memory_limit_bytes > 0 ? options.memory_limit_bytes
                                                              : spec.placement.memory_limit_bytes;

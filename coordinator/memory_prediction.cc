@@ -96,10 +96,12 @@ absl::StatusOr<std::vector<PredictedRankMemory>> PredictMemory(
   return out;
 }
 
-bool HasMeasuredSizes(const Plan& plan) {
-  return std::any_of(plan.layers.begin(), plan.layers.end(), [](const v1::LayerInfo& layer) {
+bool HasMeasuredSizes(const std::vector<v1::LayerInfo>& layers) {
+  return std::any_of(layers.begin(), layers.end(), [](const v1::LayerInfo& layer) {
     return layer.activation_bytes() > 0 || layer.output_bytes() > 0;
   });
 }
+
+bool HasMeasuredSizes(const Plan& plan) { return HasMeasuredSizes(plan.layers); }
 
 }  // namespace stagecoach::coordinator

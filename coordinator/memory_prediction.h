@@ -53,7 +53,8 @@ absl::StatusOr<std::vector<PredictedRankMemory>> PredictMemory(const spec::JobSp
 absl::StatusOr<std::vector<PredictedRankMemory>> PredictMemory(
     const spec::JobSpec& spec, const Plan& plan, const schedule::Simulation& simulation);
 
-// Whether any of `plan`'s layers carries a measured size (activation or output bytes).
+// Whether any of `layers` (of `plan`) carries a measured size (activation or output bytes).
+bool HasMeasuredSizes(const std::vector<v1::LayerInfo>& layers);
 bool HasMeasuredSizes(const Plan& plan);
 
 }  // namespace stagecoach::coordinator

@@ -217,10 +217,7 @@ absl::StatusOr<SearchResult> SearchPlans(const spec::JobSpec& spec,
   SearchResult result;
   result.memory_limit_bytes = options.memory_limit_bytes > 0 ? options.memory_limit_bytes
                                                              : spec.placement.memory_limit_bytes;
-  const bool sized = std::any_of(
-      profiles.front().layers.begin(), profiles.front().layers.end(),
-      [](const v1::LayerInfo& l) { return l.activation_bytes() > 0 || l.output_bytes() > 0; });
-  if (result.memory_limit_bytes > 0 && !sized) {
+  if (result.memory_limit_bytes > 0 && !HasMeasuredSizes(profiles.front().layers)) {
     return FieldError("placement.memory_limit",
                       "the model's profile carries no measured sizes to predict memory from (a CPU "
                       "worker measures them; CUDA profiles do not yet)");

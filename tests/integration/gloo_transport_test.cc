@@ -171,6 +171,31 @@ TEST_F(GlooTransportTest, TimedOutTransfersCanStillComplete) {
   EXPECT_TRUE(in2 == data);
 }
 
+// A send is not done while its receiver has not posted the receive (gloo writes the payload
+// only then); it finishes once the receiver took it, without a Wait. After Abort every Work is
+// done: its Wait returns CANCELLED at once.
+TEST_F(GlooTransportTest, SendIsDoneOnlyOnceTheReceiverTookIt) {
+  ASSERT_NO_FATAL_FAILURE(Connect(2));
+  const std::vector<uint8_t> data = Pattern(1 << 20, 2);
+  SC_ASSIGN_WORK(send, t_[0]->Send(data.data(), data.size(), 1, 5));
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(send->Done());
+  std::vector<uint8_t> in(data.size());
+  SC_ASSIGN_WORK(recv, t_[1]->Recv(in.data(), in.size(), 0, 5));
+  SC_ASSERT_OK(recv->Wait(kWait));
+  const absl::Time deadline = absl::Now() + kWait;
+  while (!send->Done() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_TRUE(send->Done());
+  SC_ASSERT_OK(send->Wait(absl::ZeroDuration()));
+  EXPECT_TRUE(in == data);
+
+  SC_ASSIGN_WORK(pending, t_[0]->Send(data.data(), data.size(), 1, 6));
+  EXPECT_FALSE(pending->Done());
+  t_[0]->Abort();
+  EXPECT_TRUE(pending->Done());
+  EXPECT_EQ(pending->Wait(absl::ZeroDuration()).code(), absl::StatusCode::kCancelled);
+}
+
 // The receiver's error travels back to the sender, and other transfers are unaffected.
 TEST_F(GlooTransportTest, SizeMismatchFailsTheSendAndSparesOtherTransfers) {
   ASSERT_NO_FATAL_FAILURE(Connect(2));

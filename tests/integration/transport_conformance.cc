@@ -206,6 +206,26 @@ TEST_P(TransportConformanceTest, LargeRoundTrip) {
   DestroyGroup(&t);
 }
 
+// Work::Done: a send finishes without its caller waiting, so that the caller can free its
+// buffer early; Wait then reports the result at once.
+TEST_P(TransportConformanceTest, SendFinishesWithoutItsCallerWaiting) {
+  std::vector<std::unique_ptr<Transport>> t;
+  SC_CREATE_GROUP_OR_SKIP(t, 2);
+  const std::vector<uint8_t> data = Pattern(size_t{1} << 20, 8);
+  auto out = Buffer(data, 0);
+  auto in = ZeroBuffer(data.size(), 1);
+  SC_ASSIGN_WORK(send, t[0]->Send(out->data(), data.size(), 1, 4));
+  SC_ASSIGN_WORK(recv, t[1]->Recv(in->data(), data.size(), 0, 4));
+  SC_ASSERT_OK(recv->Wait(kWait));
+  EXPECT_TRUE(recv->Done());
+  const absl::Time deadline = absl::Now() + kWait;
+  while (!send->Done() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_TRUE(send->Done()) << "the send did not finish within " << kWait << " without a Wait";
+  SC_EXPECT_OK(send->Wait(absl::ZeroDuration()));
+  EXPECT_TRUE(in->Read() == data);
+  DestroyGroup(&t);
+}
+
 TEST_P(TransportConformanceTest, ZeroByteTransfer) {
   std::vector<std::unique_ptr<Transport>> t;
   SC_CREATE_GROUP_OR_SKIP(t, 2);

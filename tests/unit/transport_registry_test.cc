@@ -278,6 +278,7 @@ class FakeTransport final : public Transport {
     absl::Status Wait(absl::Duration) override {
       return absl::UnavailableError("fake transport: no peer");
     }
+    bool Done() override { return true; }
   };
 
   const BackendDescriptor backend_;

@@ -58,6 +58,7 @@ class EndpointWork final : public Work {
       : endpoint_(std::move(endpoint)), op_(std::move(op)) {}
 
   absl::Status Wait(absl::Duration timeout) override { return endpoint_->Wait(*op_, timeout); }
+  bool Done() override { return endpoint_->Done(*op_); }
 
  private:
   const std::shared_ptr<Endpoint> endpoint_;
@@ -70,6 +71,7 @@ class EndpointWork final : public Work {
 //   absl::StatusOr<std::shared_ptr<Op>> Send(const void* data, size_t bytes, int peer,
 //                                            uint64_t tag);   // and Recv(void* data, ...)
 //   absl::Status Wait(Op& op, absl::Duration timeout);
+//   bool Done(Op& op);  // Wait would return at once; never blocks (a const Op& will do)
 //   absl::Status Barrier(absl::Duration timeout);
 //   void Abort();
 //   void Shutdown();  // Called once, by the transport's destructor.

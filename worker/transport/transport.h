@@ -38,6 +38,13 @@ class Work {
   // connection, a size mismatch, ...), or the transport was aborted (CANCELLED).
   // Calling Wait again after it returned OK returns OK at once.
   virtual absl::Status Wait(absl::Duration timeout) = 0;
+
+  // Whether the transfer has finished, without blocking: true once Wait would return at once
+  // (the transfer completed or failed, or the transport was aborted or destroyed). Every
+  // backend finishes a send without its caller waiting, so a caller may poll its sends and
+  // release their buffers as soon as they are done, rather than waiting for all of them at
+  // the end; a receive may be seen finished only by Wait (Gloo). Wait still reports the result.
+  virtual bool Done() = 0;
 };
 
 // One rank's endpoint of a job's data plane. Send, Recv and Barrier are called from one thread

@@ -42,8 +42,9 @@ struct GlooOptions : ConnectOptions {
 // fails waits on that peer with UNAVAILABLE within milliseconds; Abort resets this rank's
 // connections, so peers see it the same way. Works may outlive the transport (Wait then returns
 // CANCELLED). Destroying a transport whose Works all completed closes its connections gracefully:
-// data of completed sends still arrives. It holds a TCP connection and a thread per other rank, and
-// one more thread.
+// data of completed sends still arrives. A send completes without a Wait (Work::Done) once its
+// data is written to the socket; a receive completes in Wait. It holds a TCP connection and two
+// threads per other rank (control messages, send completion), and one more thread.
 absl::StatusOr<std::unique_ptr<Transport>> CreateGlooTransport(const GlooOptions& options,
                                                                RendezvousStore* store);
 

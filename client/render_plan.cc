@@ -84,7 +84,8 @@ nlohmann::json PlanJson(const v1::PlanSpecResponse& plans) {
                       {"backward_input_seconds", l.backward_input_seconds()},
                       {"backward_weight_seconds", l.backward_weight_seconds()},
                       {"activation_bytes", l.activation_bytes()},
-                      {"output_bytes", l.output_bytes()}});
+                      {"output_bytes", l.output_bytes()},
+                      {"weight_pending_bytes", l.weight_pending_bytes()}});
   }
   return {{"memory_limit_bytes", plans.memory_limit_bytes()},
           {"profiled_by", plans.profiled_by()},

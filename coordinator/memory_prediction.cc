@@ -18,11 +18,36 @@ schedule::OptimizerKind OptimizerOf(const spec::OptimizerSpec& optimizer) {
                                 : schedule::OptimizerKind::kSgd;
 }
 
+// What a split backward holds from I to W: measured (weight_pending_bytes, less the stage's
+// input, which the model keeps as its receive buffer until W), else estimated as everything but
+// the output plus a gradient the size of each layer's output.
+void SetWeightPending(const Plan& plan, const StagePlan& stage, bool recompute,
+                      schedule::StageMemory& m) {
+  double measured = 0;
+  bool has_measured = false;
+  for (int l = stage.first_layer; l < stage.end_layer; ++l) {
+    measured += static_cast<double>(plan.layers[l].weight_pending_bytes());
+    has_measured = has_measured || plan.layers[l].weight_pending_bytes() > 0;
+  }
+  if (has_measured && !recompute) {
+    if (stage.first_layer > 0) {
+      measured -= static_cast<double>(plan.layers[stage.first_layer - 1].output_bytes());
+    }
+    measured = std::max(measured, 0.0);
+    m.weight_activations = std::min(m.activations, measured);
+    m.weight_gradients = measured - m.weight_activations;
+    return;
+  }
+  m.weight_activations = std::max(0.0, m.activations - m.output);
+  for (int l = stage.first_layer; l < stage.end_layer; ++l) {
+    m.weight_gradients += static_cast<double>(plan.layers[l].output_bytes());
+  }
+}
+
 }  // namespace
 
 schedule::MemoryModel StageMemoryModel(const spec::JobSpec& spec, const Plan& plan) {
   schedule::MemoryModel model;
-  model.gradient_sends_held_to_step_end = true;
   const bool recompute = spec.training.activation_checkpointing == "full";
   const int shards = spec.placement.shard_optimizer ? std::max(1, plan.replicas) : 1;
   for (const StagePlan& stage : plan.stages) {
@@ -57,10 +82,7 @@ schedule::MemoryModel StageMemoryModel(const spec::JobSpec& spec, const Plan& pl
     } else {
       m.activations = kept;
     }
-    m.weight_activations = std::max(0.0, m.activations - m.output);
-    for (int l = stage.first_layer; l < stage.end_layer; ++l) {
-      m.weight_gradients += static_cast<double>(plan.layers[l].output_bytes());
-    }
+    SetWeightPending(plan, stage, recompute, m);
     model.per_stage.push_back(m);
   }
   return model;

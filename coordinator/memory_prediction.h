@@ -25,8 +25,13 @@ namespace stagecoach::coordinator {
 //  - activations: the sum of its layers' activation_bytes; with activation_checkpointing full,
 //    only its output (it keeps its inputs, counted as receive buffers) and the rest as the
 //    backward's transient (rebuilt by the recomputation);
-//  - weight_activations: activations minus the output (a weight gradient needs every saved
-//    input of the stage's weight products, not the output);
+//  - weight_activations and weight_gradients (a split backward, from I to W): what the profile
+//    measured live between I and W (the sum of its layers' weight_pending_bytes, less the
+//    stage's input, which the model keeps as a receive buffer until W), of which up to its
+//    activations count as weight_activations and the rest as weight_gradients. Without that
+//    measurement (or with recomputation): weight_activations are the activations minus the
+//    output (a weight gradient needs every saved input of the stage's weight products) and
+//    weight_gradients the sum of its layers' output_bytes;
 //  - forward transient: the most any of its layers' forward allocates beyond what it keeps
 //    (forward_transient_bytes);
 //  - backward transient: the most any of its layers' backward allocates
@@ -34,12 +39,10 @@ namespace stagecoach::coordinator {
 //    input gradient apart), plus with recomputation the activations it rebuilds;
 //  - weight transient: its largest layer's parameter bytes (that layer's weight gradients,
 //    computed before they are accumulated);
-//  - weight gradients (split backward, from I to W): the sum of its layers' output_bytes, the
-//    gradient at each layer's output, which its weight gradient needs;
 //  - output: its last layer's output_bytes.
 // The layer sizes are those of the profile: fp32 (a bf16 job keeps less).
-// gradient_sends_held_to_step_end is set: the worker's executor keeps gradient sends to the end
-// of the step (worker/runtime/pipeline_executor.h).
+// gradient_sends_held_to_step_end is not set: the worker's executor frees a gradient send once
+// the transport finished it (worker/runtime/pipeline_executor.h, ReleaseFinishedSends).
 schedule::MemoryModel StageMemoryModel(const spec::JobSpec& spec, const Plan& plan);
 
 // Simulates `plan`'s lowered lists (PlanCostModel with DefaultCostAssumptions: the layers'

@@ -47,6 +47,8 @@ const std::vector<LayerField>& ScaledFields() {
        [](v1::LayerInfo* l, double v) { l->set_backward_transient_bytes(std::llround(v)); }},
       {[](const v1::LayerInfo& l) { return static_cast<double>(l.forward_transient_bytes()); },
        [](v1::LayerInfo* l, double v) { l->set_forward_transient_bytes(std::llround(v)); }},
+      {[](const v1::LayerInfo& l) { return static_cast<double>(l.weight_pending_bytes()); },
+       [](v1::LayerInfo* l, double v) { l->set_weight_pending_bytes(std::llround(v)); }},
   };
   return *fields;
 }

@@ -63,9 +63,8 @@ struct MemoryModel {
   // longer.
   std::vector<StageMemory> per_stage;
   // Input gradients sent by SEND_B are kept until the rank's last action ends rather than until
-  // they arrive: what a runtime does that cannot test a send without waiting for it (ours: its
-  // activation sends are released when their gradient comes back, gradient sends at the end of
-  // the step).
+  // they arrive: what a runtime does that waits for its sends only at the end of the step
+  // (PyTorch's pipelining stages). Ours frees a gradient send once the transport finished it.
   bool gradient_sends_held_to_step_end = false;
 };
 

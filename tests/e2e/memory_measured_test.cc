@@ -1,16 +1,24 @@
 // The planner's memory prediction against what the workers measure, across real processes: a
-// coordinator and four CPU workers on loopback train an MLP whose activations dominate (seven
-// 256 x 256 layers and a 16-class head, 2,048-row batches in 8 microbatches, cross-entropy) with
-// split.policy profiled (those costs have one best split: 2 or 1 layers per stage), so the
-// InspectModel profile measures every layer's kept, output and backward bytes. For GPipe, 1F1B,
-// Interleaved1F1B, ZBVZeroBubble, DualPipeV, VHalf and VMin, every rank's predicted activation peak
-// is within 10% of the peak its worker's counting allocator measured in the last step (the worker's
-// executor releases an activation's send once its gradient came back; the model keeps gradient
-// sends to the end of the step, as the executor does). The measured/predicted ratios are printed
-// for the record (the profiled split may differ from run to run with the measured times; the
-// prediction follows it). `stagectl status` shows both figures.
+// coordinator and four CPU workers on loopback train an MLP whose activations dominate (31
+// 256 x 256 layers and a 16-class head, 1,024-row batches in 8 microbatches, cross-entropy),
+// split into equal numbers of layers: 8 per stage on 4 stages, 4 per stage on 8. A memory limit
+// far above the model makes the coordinator profile it, so the InspectModel profile measures
+// every layer's kept, output and backward bytes.
+//  - For GPipe, 1F1B, Interleaved1F1B, ZBVZeroBubble, DualPipeV, VHalf and VMin, every rank's
+//    predicted activation peak is within 10% of the peak its worker's counting allocator
+//    measured in the last step. The executor frees an activation's send once its gradient came
+//    back and a gradient's send once the transport finished it, and the model frees them alike.
+//  - VHalf's and VMin's largest measured peak is at most their budget's share of 1F1B's, plus
+//    10%: with p = 4 ranks, VHalf holds (p+2)/2 = 3 and VMin (p+4)/3 = 2 microbatches of a
+//    rank's layers against 1F1B's p = 4 (docs/schedules.md): 0.75 and 0.5. The paper's 1/2 and
+//    1/3 hold as p grows (schedule_memory_test checks the prediction at p = 16).
+// The measured/predicted ratios and the V schedules' shares are printed for the record.
+// `stagectl status` shows both figures.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <iostream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -30,40 +38,63 @@ using ::testing::HasSubstr;
 constexpr double kTolerance = 0.10;
 
 std::string Spec(const std::string& kind, int stages) {
+  std::string sizes;
+  for (int i = 0; i < 32; ++i) absl::StrAppend(&sizes, "256, ");
+  return absl::StrCat("name: memory-", absl::AsciiStrToLower(kind), "\n",
+                      "model:\n  builtin: {family: mlp, sizes: [", sizes, "16], seed: 5}\n",
+                      "split: {stages: ", stages, ", policy: equal-layers}\n",
+                      "schedule: {kind: ", kind, ", microbatches: 8}\n",
+                      "placement: {workers: 4, memory_limit: 4GiB}\n",
+                      "training:\n  batch_size: 1024\n  steps: 3\n  loss: cross_entropy\n",
+                      "  optimizer: {kind: sgd, lr: 0.01}\n", "data: {kind: synthetic, seed: 3}\n");
+}
+
+// A GPT whose attention keeps most of a block's activations, so that what W needs after I (the
+// inputs and output gradients of the block's Linear layers) is a small part of them, as in the
+// paper's transformers: 16 blocks, 4 heads of 256 tokens, 4 rows per microbatch. Stage
+// boundaries at every `blocks_per_stage`-th block: 4 blocks a stage on 4 stages, 2 on 8, so that
+// every rank holds 4 blocks under 1F1B and under the V schedules. (A backward's transient, the
+// same under every schedule, is then small beside what the schedules hold.)
+std::string GptSpec(const std::string& kind, int blocks_per_stage) {
+  std::string points;
+  for (int b = blocks_per_stage; b < 16; b += blocks_per_stage) {
+    absl::StrAppend(&points, points.empty() ? "" : ", ", "\"blocks.", b, "\": beginning");
+  }
   return absl::StrCat(
-      "name: memory-", absl::AsciiStrToLower(kind), "\n",
-      "model:\n  builtin: {family: mlp, sizes: [256, 256, 256, 256, 256, 256, 256, 256, 16],"
+      "name: memory-gpt-", absl::AsciiStrToLower(kind), "\n",
+      "model:\n  builtin: {family: gpt, vocab: 64, d_model: 32, layers: 16, heads: 4, seq: 256,"
       " seed: 5}\n",
-      "split: {stages: ", stages, ", policy: profiled}\n", "schedule: {kind: ", kind,
-      ", microbatches: 8}\n", "placement: {workers: 4}\n",
-      "training:\n  batch_size: 2048\n  steps: 3\n  loss: cross_entropy\n",
+      "split: {points: {", points, "}}\n", "schedule: {kind: ", kind, ", microbatches: 8}\n",
+      "placement: {workers: 4, memory_limit: 4GiB}\n",
+      "training:\n  batch_size: 32\n  steps: 3\n  loss: cross_entropy\n",
       "  optimizer: {kind: sgd, lr: 0.01}\n", "data: {kind: synthetic, seed: 3}\n");
 }
 
-TEST(MemoryMeasuredTest, PredictedPeaksWithinTenPercentOfMeasured) {
-  ClusterOptions options;
-  options.workers = 4;
-  auto cluster = LocalCluster::Start(options);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  struct Case {
-    std::string kind;
-    int stages;
-  };
-  const std::vector<Case> cases = {{"GPipe", 4},         {"1F1B", 4},      {"Interleaved1F1B", 8},
-                                   {"ZBVZeroBubble", 8}, {"DualPipeV", 8}, {"VHalf", 8},
-                                   {"VMin", 8}};
-  std::string table = "schedule          rank  predicted    measured   measured/predicted\n";
+struct Case {
+  std::string kind;
+  std::string spec;
+};
+
+// Runs each case's job, checks every rank's measured peak against its prediction (within
+// kTolerance), appends the figures to `table` and returns the largest rank's measured peak by
+// schedule.
+std::map<std::string, int64_t> RunAndCompare(LocalCluster& cluster, const std::vector<Case>& cases,
+                                             std::string& table) {
+  std::map<std::string, int64_t> largest;
   for (const Case& c : cases) {
     SCOPED_TRACE(c.kind);
-    auto id = (*cluster)->Submit(Spec(c.kind, c.stages));
-    ASSERT_TRUE(id.ok()) << id.status();
-    auto job = (*cluster)->WaitForJob(*id, IsFinal, absl::Seconds(240));
-    ASSERT_TRUE(job.ok()) << job.status() << (*cluster)->Logs();
-    ASSERT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << History(*job) << (*cluster)->Logs();
-    ASSERT_EQ(job->memory_size(), 4);
+    auto id = cluster.Submit(c.spec);
+    EXPECT_TRUE(id.ok()) << id.status();
+    if (!id.ok()) continue;
+    auto job = cluster.WaitForJob(*id, IsFinal, absl::Seconds(300));
+    EXPECT_TRUE(job.ok()) << job.status() << cluster.Logs();
+    if (!job.ok()) continue;
+    EXPECT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << History(*job) << cluster.Logs();
+    EXPECT_EQ(job->memory_size(), 4);
     for (const v1::RankMemory& m : job->memory()) {
-      ASSERT_GT(m.predicted_peak_bytes(), 0) << "rank " << m.rank();
-      ASSERT_GT(m.measured_peak_bytes(), 0) << "rank " << m.rank();
+      EXPECT_GT(m.predicted_peak_bytes(), 0) << "rank " << m.rank();
+      EXPECT_GT(m.measured_peak_bytes(), 0) << "rank " << m.rank();
+      if (m.predicted_peak_bytes() <= 0) continue;
       EXPECT_GT(m.predicted_static_bytes(), 0);
       EXPECT_GE(m.measured_max_bytes(), m.measured_peak_bytes());
       const double ratio = static_cast<double>(m.measured_peak_bytes()) /
@@ -71,16 +102,64 @@ TEST(MemoryMeasuredTest, PredictedPeaksWithinTenPercentOfMeasured) {
       absl::StrAppendFormat(&table, "%-16s %5d %10d %11d   %.3f  (predicted at %s)\n", c.kind,
                             m.rank(), m.predicted_peak_bytes(), m.measured_peak_bytes(), ratio,
                             m.predicted_peak_action());
+      largest[c.kind] = std::max(largest[c.kind], m.measured_peak_bytes());
       EXPECT_NEAR(ratio, 1.0, kTolerance)
           << "rank " << m.rank() << ": predicted " << m.predicted_peak_bytes() << " (at "
           << m.predicted_peak_action() << "), measured " << m.measured_peak_bytes();
     }
     if (c.kind == "1F1B") {
-      CommandResult status = (*cluster)->Stagectl({"status", *id});
+      CommandResult status = cluster.Stagectl({"status", *id});
       EXPECT_EQ(status.exit_code, 0) << status.err;
       EXPECT_THAT(status.out, HasSubstr("PREDICTED PEAK"));
       EXPECT_THAT(status.out, HasSubstr("MEASURED PEAK"));
     }
+  }
+  return largest;
+}
+
+constexpr char kTableHeader[] =
+    "schedule          rank  predicted    measured   measured/predicted\n";
+
+TEST(MemoryMeasuredTest, PredictedPeaksWithinTenPercentOfMeasured) {
+  ClusterOptions options;
+  options.workers = 4;
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::vector<Case> cases;
+  for (const auto& [kind, stages] : std::vector<std::pair<std::string, int>>{{"GPipe", 4},
+                                                                             {"1F1B", 4},
+                                                                             {"Interleaved1F1B", 8},
+                                                                             {"ZBVZeroBubble", 8},
+                                                                             {"DualPipeV", 8},
+                                                                             {"VHalf", 8},
+                                                                             {"VMin", 8}}) {
+    cases.push_back({kind, Spec(kind, stages)});
+  }
+  std::string table = kTableHeader;
+  RunAndCompare(**cluster, cases, table);
+  std::cout << table;
+}
+
+TEST(MemoryMeasuredTest, ControllableVSchedulesHoldTheirShareOfOneFOneB) {
+  ClusterOptions options;
+  options.workers = 4;
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::vector<Case> cases = {
+      {"1F1B", GptSpec("1F1B", 4)}, {"VHalf", GptSpec("VHalf", 2)}, {"VMin", GptSpec("VMin", 2)}};
+  std::string table = kTableHeader;
+  std::map<std::string, int64_t> largest = RunAndCompare(**cluster, cases, table);
+  const double one_f_one_b = static_cast<double>(largest["1F1B"]);
+  ASSERT_GT(one_f_one_b, 0);
+  const std::vector<std::pair<std::string, double>> budgets = {{"VHalf", 3.0 / 4},
+                                                               {"VMin", 2.0 / 4}};
+  for (const auto& [kind, budget] : budgets) {
+    const double share = static_cast<double>(largest[kind]) / one_f_one_b;
+    absl::StrAppendFormat(&table,
+                          "%s: largest measured peak %d = %.3f of 1F1B's %d (budget %.2f)\n", kind,
+                          largest[kind], share, largest["1F1B"], budget);
+    EXPECT_LE(share, budget + kTolerance)
+        << kind << " measured " << largest[kind] << " against 1F1B's " << largest["1F1B"];
   }
   std::cout << table;
 }

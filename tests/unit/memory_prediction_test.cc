@@ -61,7 +61,30 @@ TEST(MemoryPrediction, StageModelFromLayersAndRecipe) {
   EXPECT_EQ(s1.weight_activations, 1800);
   // The most its layers' backwards allocate beyond their input's gradient: 303 - 200.
   EXPECT_EQ(s1.backward_transient, 103);
-  EXPECT_TRUE(model.gradient_sends_held_to_step_end);
+  EXPECT_FALSE(model.gradient_sends_held_to_step_end);
+}
+
+TEST(MemoryPrediction, MeasuredWeightPendingSetsWhatWHolds) {
+  const spec::JobSpec spec = Parse("{kind: ZBVZeroBubble, microbatches: 8}", "", "{workers: 2}");
+  std::vector<v1::LayerInfo> layers = MeasuredLayers();
+  for (v1::LayerInfo& layer : layers) layer.set_weight_pending_bytes(450);
+  // 4 stages of two layers: 900 live between I and W, less the stage's 200-byte input (a
+  // receive buffer the model keeps until W), all within the 2,000 bytes of activations.
+  schedule::MemoryModel model = StageMemoryModel(spec, MustPlan(spec, layers));
+  ASSERT_EQ(model.per_stage.size(), 4u);
+  EXPECT_EQ(model.per_stage[0].weight_activations, 900);  // stage 0's input is the data
+  EXPECT_EQ(model.per_stage[0].weight_gradients, 0);
+  EXPECT_EQ(model.per_stage[1].weight_activations, 700);
+  EXPECT_EQ(model.per_stage[1].weight_gradients, 0);
+  // More than the activations: the rest is what I computed for W.
+  for (v1::LayerInfo& layer : layers) layer.set_weight_pending_bytes(1500);
+  model = StageMemoryModel(spec, MustPlan(spec, layers));
+  EXPECT_EQ(model.per_stage[1].weight_activations, 2000);
+  EXPECT_EQ(model.per_stage[1].weight_gradients, 800);
+  // Without the measurement: everything but the output, and a gradient per layer output.
+  model = StageMemoryModel(spec, MustPlan(spec, MeasuredLayers()));
+  EXPECT_EQ(model.per_stage[1].weight_activations, 1800);
+  EXPECT_EQ(model.per_stage[1].weight_gradients, 400);
 }
 
 TEST(MemoryPrediction, RecomputationKeepsOnlyTheOutputAndRebuildsTheRest) {

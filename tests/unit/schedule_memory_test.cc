@@ -2,6 +2,7 @@
 // schedules (GPipe holds every microbatch, 1F1B's rank r holds p - r, a split backward holds W's
 // part between I and W, ZB-V holds what 1F1B holds), receive and send buffers, the curve, and
 // errors.
+#include <algorithm>
 #include <limits>
 #include <string>
 #include <utility>
@@ -110,6 +111,34 @@ TEST(ScheduleMemoryTest, ZeroBubbleVHoldsWhatOneFOneBsFirstRankHolds) {
     Replay run = MustRunKind(ScheduleKind::kZBVZeroBubble, p, 2 * p, Activations(100));
     for (int r = 0; r < p; ++r) {
       EXPECT_EQ(run.memory.ranks[r].peak_dynamic, 2 * p * 100) << "p " << p << " rank " << r;
+    }
+  }
+}
+
+TEST(ScheduleMemoryTest, ControllableVSchedulesHoldTheirShareOfOneFOneB) {
+  // A rank's layers keep 200 bytes per microbatch: 1F1B's first rank holds p of them, the V
+  // schedules' ranks two stages of 100 each. VHalf's budget is (p+2)/2 microbatches and VMin's
+  // (p+4)/3, so their share of 1F1B's peak falls toward the paper's 1/2 and 1/3 as p grows:
+  // 0.75 and 0.5 at p = 4, 0.5625 and 0.375 at p = 16.
+  struct Row {
+    int p;
+    double v_half;
+    double v_min;
+  };
+  for (const Row& row : {Row{4, 0.75, 0.5}, Row{8, 0.625, 0.5}, Row{16, 0.5625, 0.375}}) {
+    const int m = 2 * row.p;
+    MemoryModel one_stage = Activations(200);
+    MemoryModel two_stages = Activations(100);
+    const double one_f_one_b =
+        MustRunKind(ScheduleKind::k1F1B, row.p, m, one_stage).memory.ranks[0].peak_dynamic;
+    ASSERT_EQ(one_f_one_b, 200.0 * row.p);
+    for (const auto& [kind, share] :
+         {std::pair{ScheduleKind::kVHalf, row.v_half}, std::pair{ScheduleKind::kVMin, row.v_min}}) {
+      Replay run = MustRunKind(kind, row.p, m, two_stages);
+      double largest = 0;
+      for (const RankMemory& rank : run.memory.ranks)
+        largest = std::max(largest, rank.peak_dynamic);
+      EXPECT_LE(largest / one_f_one_b, share) << ScheduleKindName(kind) << " p " << row.p;
     }
   }
 }

@@ -96,6 +96,28 @@ void BackwardRoots(const std::vector<torch::Tensor>& outputs,
   }
 }
 
+// Measures what a split backward holds between its I and its W (LayerInfo.weight_pending_bytes):
+// the forward runs on fresh copies of `inputs`, so that an input W needs is counted, and only the
+// graph and what I left for W hold anything when the live bytes are read.
+void MeasureWeightPending(StageModel& stage, const std::vector<torch::Tensor>& inputs,
+                          const std::vector<torch::Tensor>& output_grads, bool last,
+                          runtime::CountingCpuAllocator& counter, v1::LayerInfo* layer) {
+  runtime::PendingWeightGrad pending;
+  const int64_t before = counter.live_bytes();
+  {
+    std::vector<torch::Tensor> copies;
+    for (const torch::Tensor& input : inputs) {
+      copies.push_back(input.requires_grad() ? input.detach().clone().requires_grad_(true) : input);
+    }
+    std::vector<torch::Tensor> roots, grads;
+    BackwardRoots(stage.ForwardValues(copies), output_grads, last, &roots, &grads);
+    if (roots.empty()) return;
+    runtime::SplitBackward::BackwardInputs(roots, grads, copies, &pending);
+  }
+  layer->set_weight_pending_bytes(std::max<int64_t>(counter.live_bytes() - before, 0));
+  runtime::SplitBackward::BackwardWeight(std::move(pending));
+}
+
 // Times the layer's split backward as the zero-bubble schedules run it (runtime::SplitBackward):
 // I, the input gradient alone, then W, the weight gradients. W frees the graph, so every repeat
 // (one warm-up, then `iterations`) first runs the forward again, untimed.
@@ -214,6 +236,10 @@ void ProfileLayers(LayerStages& layers, const torch::Tensor& microbatch, int ite
     *running = absl::StrCat("the split backward (I and W) of layer ", out->layers(s).name());
     ProfileSplitBackward(*layers.stages[s], inputs[s], output_grads[s], s == n - 1, iterations,
                          device, out->mutable_layers(s));
+    if (counter != nullptr) {
+      MeasureWeightPending(*layers.stages[s], inputs[s], output_grads[s], s == n - 1, *counter,
+                           out->mutable_layers(s));
+    }
   }
 }
 

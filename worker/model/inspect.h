@@ -15,9 +15,10 @@
 // repeat on a fresh forward (LayerInfo.backward_input_seconds, backward_weight_seconds). On
 // CPU each layer's forward then runs once more under the process's counting allocator
 // (installed if it was not), to record the bytes it keeps for the backward, the most it
-// allocates beyond those and its output's bytes, and its backward once more for the most that
-// allocates (LayerInfo.activation_bytes, forward_transient_bytes, output_bytes,
-// backward_transient_bytes; 0 on CUDA).
+// allocates beyond those and its output's bytes, its backward once more for the most that
+// allocates, and its split backward once more for what is live between I and W
+// (LayerInfo.activation_bytes, forward_transient_bytes, output_bytes, backward_transient_bytes,
+// weight_pending_bytes; 0 on CUDA).
 //
 // Torch-free header: the worker's service includes it.
 #pragma once

@@ -172,22 +172,11 @@ absl::Status PipelineExecutor::RunActions(const std::vector<Action>& actions, St
     const absl::Duration start = absl::Now() - state.step_start;
     RETURN_IF_ERROR(Execute(action, state));
     ActionTiming timing{start, absl::Now() - state.step_start, state.action_wait};
+    RETURN_IF_ERROR(ReleaseFinishedSends(state));
     if (schedule::IsCompute(action.type)) busy += timing.end - timing.start - timing.wait;
     state.result.executed.push_back(action.ToString());
     state.result.timings.push_back(timing);
   }
-  return absl::OkStatus();
-}
-
-absl::Status PipelineExecutor::WaitSends(StepState& state) {
-  auto wait = [&](executor_internal::PendingSend& send) {
-    absl::Status sent = send.work->Wait(options_.comm_timeout);
-    if (sent.ok()) return sent;
-    return absl::Status(
-        sent.code(), absl::StrCat("rank ", options_.rank, ": ", send.what, ": ", sent.message()));
-  };
-  for (executor_internal::PendingSend& send : state.sends) RETURN_IF_ERROR(wait(send));
-  for (auto& [key, send] : state.activation_sends) RETURN_IF_ERROR(wait(send));
   return absl::OkStatus();
 }
 

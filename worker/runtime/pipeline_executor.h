@@ -203,7 +203,6 @@ class PipelineExecutor {
                                const std::vector<torch::Tensor>& targets) const;
   absl::Status RunActions(const std::vector<schedule::Action>& actions, StepState& state,
                           absl::Duration& busy);
-  absl::Status WaitSends(StepState& state);
   absl::Status CheckStepComplete(const StepState& state) const;
   absl::Status Execute(const schedule::Action& action, StepState& state);
   absl::Status ExecuteOverlap(const schedule::Action& action, const std::string& where,
@@ -250,6 +249,12 @@ class PipelineExecutor {
   // Waits for and frees the send of edge `edge`'s value for `microbatch`, if it is held, once
   // its gradient came back.
   absl::Status ReleaseActivationSend(int edge, int microbatch, StepState& state);
+  // Frees the other sends the transport has finished (Work::Done), without waiting: after each
+  // action, so that an input gradient's buffer lives until its receiver took it, not to the end
+  // of the step. An error if one of them failed.
+  absl::Status ReleaseFinishedSends(StepState& state);
+  // At the step's end: waits for every send still held.
+  absl::Status WaitSends(StepState& state);
   // Posts the receive of edge `edge`'s value (or its gradient) for `microbatch`.
   absl::Status PostRecv(bool gradient, int edge, int microbatch, const std::string& where,
                         StepState& state);

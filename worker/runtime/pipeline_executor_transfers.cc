@@ -102,6 +102,44 @@ absl::Status PipelineExecutor::ReleaseActivationSend(int e, int mb, StepState& s
   return absl::OkStatus();
 }
 
+namespace {
+
+// The error of a send that failed: "rank r: <what>: <why>".
+absl::Status SendFailed(int rank, const PendingSend& send, const absl::Status& status) {
+  return absl::Status(status.code(),
+                      absl::StrCat("rank ", rank, ": ", send.what, ": ", status.message()));
+}
+
+}  // namespace
+
+absl::Status PipelineExecutor::ReleaseFinishedSends(StepState& st) {
+  size_t kept = 0;
+  for (size_t i = 0; i < st.sends.size(); ++i) {
+    PendingSend& send = st.sends[i];
+    if (send.work->Done()) {
+      const absl::Status sent = send.work->Wait(absl::ZeroDuration());
+      if (!sent.ok()) return SendFailed(options_.rank, send, sent);
+      continue;  // its buffer is freed below, with the entry
+    }
+    if (kept != i) st.sends[kept] = std::move(send);
+    ++kept;
+  }
+  st.sends.resize(kept);
+  return absl::OkStatus();
+}
+
+absl::Status PipelineExecutor::WaitSends(StepState& st) {
+  for (PendingSend& send : st.sends) {
+    const absl::Status sent = send.work->Wait(options_.comm_timeout);
+    if (!sent.ok()) return SendFailed(options_.rank, send, sent);
+  }
+  for (auto& [key, send] : st.activation_sends) {
+    const absl::Status sent = send.work->Wait(options_.comm_timeout);
+    if (!sent.ok()) return SendFailed(options_.rank, send, sent);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status PipelineExecutor::PostActivationRecvs(int s, int mb, const std::string& where,
                                                    StepState& st) {
   for (int e : edges_into_[s]) {

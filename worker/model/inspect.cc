@@ -54,28 +54,33 @@ void Sync(const torch::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize(device.index());
 }
 
-// The median of `times` (not empty).
-double Median(std::vector<double> times) {
-  std::sort(times.begin(), times.end());
-  const size_t n = times.size();
-  return n % 2 == 1 ? times[n / 2] : (times[n / 2 - 1] + times[n / 2]) / 2;
+// The fastest of `times` (not empty): the estimate of a layer's own cost. Work of other
+// processes only ever adds time to a repeat, so the fastest repeat is the one least disturbed. (A
+// median of three takes a disturbed repeat whenever two of the three are: under `ctest -j2` one
+// layer's backward measured 6x its cost that way and turned the plan search's choice.)
+double Fastest(const std::vector<double>& times) {
+  return *std::min_element(times.begin(), times.end());
 }
 
-// Runs `fn` once to warm up, then `iterations` times, and returns the median time in seconds.
+// The seconds one call of `fn` takes, the device's queued work included.
 template <typename Fn>
-double MedianSeconds(int iterations, const torch::Device& device, Fn&& fn) {
+double Seconds(const torch::Device& device, Fn&& fn) {
+  Sync(device);
+  const auto start = std::chrono::steady_clock::now();
+  fn();
+  Sync(device);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Runs `fn` once to warm up, then `iterations` times, and returns the fastest time in seconds.
+template <typename Fn>
+double FastestSeconds(int iterations, const torch::Device& device, Fn&& fn) {
   std::vector<double> times;
   for (int r = 0; r <= iterations; ++r) {
-    Sync(device);
-    const auto start = std::chrono::steady_clock::now();
-    fn();
-    Sync(device);
-    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
-    if (r > 0) times.push_back(took.count());
+    const double took = Seconds(device, fn);
+    if (r > 0) times.push_back(took);
   }
-  std::sort(times.begin(), times.end());
-  const size_t n = times.size();
-  return n % 2 == 1 ? times[n / 2] : (times[n / 2 - 1] + times[n / 2]) / 2;
+  return Fastest(times);
 }
 
 // The outputs of layer `s` a backward starts from and their gradients: the last layer's first
@@ -118,33 +123,47 @@ void MeasureWeightPending(StageModel& stage, const std::vector<torch::Tensor>& i
   runtime::SplitBackward::BackwardWeight(std::move(pending));
 }
 
-// Times the layer's split backward as the zero-bubble schedules run it (runtime::SplitBackward):
-// I, the input gradient alone, then W, the weight gradients. W frees the graph, so every repeat
-// (one warm-up, then `iterations`) first runs the forward again, untimed.
-void ProfileSplitBackward(StageModel& stage, const std::vector<torch::Tensor>& inputs,
-                          const std::vector<torch::Tensor>& output_grads, bool last, int iterations,
-                          const torch::Device& device, v1::LayerInfo* layer) {
-  std::vector<double> input_times, weight_times;
+// Times the layer's backward both ways the schedules run it, paired in one loop (one warm-up,
+// then `iterations` repeats) so that a burst of load from another process slows both alike and
+// the ratio (I + W) / B, which decides whether splitting the backward pays, does not move with
+// it. Each repeat runs
+//  - B, the fused backward, on the graph `outputs` keep (the inputs' .grad cleared first; the
+//    last repeat leaves the inputs' gradients there), and
+//  - a fresh forward, untimed, then the split backward as the zero-bubble schedules run it
+//    (runtime::SplitBackward): I, the input gradient alone, then W, the weight gradients, which
+//    frees that forward's graph.
+// Returns false, timing nothing, when nothing of the layer needs a gradient.
+bool ProfileBackward(StageModel& stage, std::vector<torch::Tensor>& inputs,
+                     const std::vector<torch::Tensor>& outputs,
+                     const std::vector<torch::Tensor>& output_grads, bool last, int iterations,
+                     const torch::Device& device, v1::LayerInfo* layer) {
+  std::vector<torch::Tensor> roots, grads;
+  BackwardRoots(outputs, output_grads, last, &roots, &grads);
+  if (roots.empty()) return false;
+  std::vector<double> fused_times, input_times, weight_times;
   for (int r = 0; r <= iterations; ++r) {
-    const std::vector<torch::Tensor> outputs = stage.ForwardValues(inputs);
-    std::vector<torch::Tensor> roots, grads;
-    BackwardRoots(outputs, output_grads, last, &roots, &grads);
-    if (roots.empty()) return;
+    for (torch::Tensor& input : inputs) {
+      if (input.requires_grad()) input.mutable_grad() = torch::Tensor();
+    }
+    const double fused =
+        Seconds(device, [&] { torch::autograd::backward(roots, grads, /*retain_graph=*/true); });
+    std::vector<torch::Tensor> fresh_roots, fresh_grads;
+    BackwardRoots(stage.ForwardValues(inputs), output_grads, last, &fresh_roots, &fresh_grads);
     runtime::PendingWeightGrad pending;
-    Sync(device);
-    const auto start = std::chrono::steady_clock::now();
-    runtime::SplitBackward::BackwardInputs(roots, grads, inputs, &pending);
-    Sync(device);
-    const auto between = std::chrono::steady_clock::now();
-    runtime::SplitBackward::BackwardWeight(std::move(pending));
-    Sync(device);
-    const auto end = std::chrono::steady_clock::now();
+    const double input = Seconds(device, [&] {
+      runtime::SplitBackward::BackwardInputs(fresh_roots, fresh_grads, inputs, &pending);
+    });
+    const double weight =
+        Seconds(device, [&] { runtime::SplitBackward::BackwardWeight(std::move(pending)); });
     if (r == 0) continue;
-    input_times.push_back(std::chrono::duration<double>(between - start).count());
-    weight_times.push_back(std::chrono::duration<double>(end - between).count());
+    fused_times.push_back(fused);
+    input_times.push_back(input);
+    weight_times.push_back(weight);
   }
-  layer->set_backward_input_seconds(Median(std::move(input_times)));
-  layer->set_backward_weight_seconds(Median(std::move(weight_times)));
+  layer->set_backward_seconds(Fastest(fused_times));
+  layer->set_backward_input_seconds(Fastest(input_times));
+  layer->set_backward_weight_seconds(Fastest(weight_times));
+  return true;
 }
 
 // Runs `stage`'s forward once more, the previous run's outputs and graph freed first, and
@@ -193,27 +212,23 @@ void ProfileLayers(LayerStages& layers, const torch::Tensor& microbatch, int ite
     StageModel* stage = layers.stages[s].get();
     *running = absl::StrCat("the forward of layer ", out->layers(s).name());
     const double seconds =
-        MedianSeconds(iterations, device, [&] { outputs[s] = stage->ForwardValues(inputs[s]); });
+        FastestSeconds(iterations, device, [&] { outputs[s] = stage->ForwardValues(inputs[s]); });
     out->mutable_layers(s)->set_forward_seconds(seconds);
     if (counter != nullptr)
       MeasureForward(*stage, inputs[s], *counter, outputs[s], out->mutable_layers(s));
     output_grads[s].resize(outputs[s].size());
   }
   for (int s = n - 1; s >= 0; --s) {
-    std::vector<torch::Tensor> roots, grads;
-    BackwardRoots(outputs[s], output_grads[s], s == n - 1, &roots, &grads);
-    if (roots.empty()) continue;  // nothing of this layer needs a gradient: backward is free
     *running = absl::StrCat("the backward of layer ", out->layers(s).name());
-    const double seconds = MedianSeconds(iterations, device, [&] {
-      for (torch::Tensor& input : inputs[s]) {
-        if (input.requires_grad()) input.mutable_grad() = torch::Tensor();
-      }
-      torch::autograd::backward(roots, grads, /*retain_graph=*/true);
-    });
-    out->mutable_layers(s)->set_backward_seconds(seconds);
+    if (!ProfileBackward(*layers.stages[s], inputs[s], outputs[s], output_grads[s], s == n - 1,
+                         iterations, device, out->mutable_layers(s))) {
+      continue;  // nothing of this layer needs a gradient: backward is free
+    }
     if (counter != nullptr) {
       // Once more, to measure the most its backward allocates (weight gradients are computed
       // apart, then accumulated into the .grad the timed runs left).
+      std::vector<torch::Tensor> roots, grads;
+      BackwardRoots(outputs[s], output_grads[s], s == n - 1, &roots, &grads);
       for (torch::Tensor& input : inputs[s]) {
         if (input.requires_grad()) input.mutable_grad() = torch::Tensor();
       }
@@ -233,9 +248,6 @@ void ProfileLayers(LayerStages& layers, const torch::Tensor& microbatch, int ite
       const torch::Tensor grad = inputs[s][i].grad().detach();
       g = g.defined() ? g + grad : grad.clone();
     }
-    *running = absl::StrCat("the split backward (I and W) of layer ", out->layers(s).name());
-    ProfileSplitBackward(*layers.stages[s], inputs[s], output_grads[s], s == n - 1, iterations,
-                         device, out->mutable_layers(s));
     if (counter != nullptr) {
       MeasureWeightPending(*layers.stages[s], inputs[s], output_grads[s], s == n - 1, *counter,
                            out->mutable_layers(s));

@@ -9,10 +9,12 @@
 // when floating point, requiring grad, as a pipeline stage receives them; then backward runs
 // layer by layer, last first: the last layer's output gets a gradient of ones, every other
 // output the sum of the gradients its consumers computed for it. Each layer's forward and
-// backward are timed apart: one warm-up, then `iterations` timed repeats, of which the median
-// is reported (CUDA work is synchronised before the clock stops). The split backward of the
-// zero-bubble schedules is timed too, I (input gradient) and W (weight gradients) apart, each
-// repeat on a fresh forward (LayerInfo.backward_input_seconds, backward_weight_seconds). On
+// backward are timed apart: one warm-up, then `iterations` timed repeats, of which the fastest
+// is reported, the one least disturbed by other processes (CUDA work is synchronised before the
+// clock stops). The split backward of the
+// zero-bubble schedules is timed too, I (input gradient) and W (weight gradients) apart, on a
+// fresh forward (LayerInfo.backward_input_seconds, backward_weight_seconds), in the same repeats
+// as the fused backward, so that load from another process slows both alike. On
 // CPU each layer's forward then runs once more under the process's counting allocator
 // (installed if it was not), to record the bytes it keeps for the backward, the most it
 // allocates beyond those and its output's bytes, its backward once more for the most that

@@ -34,22 +34,22 @@ absl::StatusOr<std::string> InferenceSpecYaml(const std::string& spec_yaml,
   return spec::ApplySpecOverrides(spec_yaml, origin, overrides);
 }
 
-// The worker to inspect the model on: a live one, preferring the job's device (profiled times
-// are measured there), then an idle one. nullopt when none is alive.
-std::optional<WorkerRecord> InspectingWorker(const WorkerRegistry& registry,
-                                             const std::string& device) {
-  std::optional<WorkerRecord> best;
-  int best_score = -1;
+// The workers to inspect the model on, in the order to ask them: live ones, those with the
+// job's device first (profiled times are measured there), then idle ones before busy ones.
+std::vector<WorkerRecord> InspectingWorkers(const WorkerRegistry& registry,
+                                            const std::string& device) {
+  std::vector<std::pair<int, WorkerRecord>> scored;
   for (WorkerRecord& w : registry.All()) {
     if (w.state == v1::WORKER_STATE_LOST) continue;
     const int score =
         (DeviceMatches(device, w.device) ? 2 : 0) + (w.state == v1::WORKER_STATE_IDLE ? 1 : 0);
-    if (score > best_score) {
-      best_score = score;
-      best = std::move(w);
-    }
+    scored.emplace_back(score, std::move(w));
   }
-  return best;
+  std::stable_sort(scored.begin(), scored.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<WorkerRecord> out;
+  for (auto& [score, w] : scored) out.push_back(std::move(w));
+  return out;
 }
 
 // placement.memory_limit against `plan`'s prediction: INVALID_ARGUMENT naming the field when
@@ -93,8 +93,8 @@ absl::StatusOr<std::vector<v1::LayerInfo>> Admission::ModelLayers(const spec::Jo
   RETURN_IF_ERROR(CheckPlannable(spec, plan_options));
   const std::string what = spec.model.torchscript.has_value() ? "inspect model.torchscript"
                                                               : "profile the model's layers";
-  std::optional<WorkerRecord> worker = InspectingWorker(*registry_, spec.placement.device);
-  if (!worker.has_value()) {
+  const std::vector<WorkerRecord> candidates = InspectingWorkers(*registry_, spec.placement.device);
+  if (candidates.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("no live worker to ", what, "; start a worker first"));
   }
@@ -106,7 +106,26 @@ absl::StatusOr<std::vector<v1::LayerInfo>> Admission::ModelLayers(const spec::Jo
   request.set_profile_iterations(options_.profile_iterations > 0 || !force_profile
                                      ? options_.profile_iterations
                                      : kSearchProfileIterations);
-  auto inspected = workers_->InspectModel(worker->address, request, options_.inspect_timeout);
+  // A worker that cannot be reached (it died and its heartbeats have not yet run out) is passed
+  // over for the next one; any other error is the answer.
+  std::string unreachable;
+  const WorkerRecord* worker = nullptr;
+  absl::StatusOr<v1::InspectModelResponse> inspected;
+  for (const WorkerRecord& candidate : candidates) {
+    inspected = workers_->InspectModel(candidate.address, request, options_.inspect_timeout);
+    if (inspected.ok() || !absl::IsUnavailable(inspected.status())) {
+      worker = &candidate;
+      break;
+    }
+    spdlog::warn("could not reach worker {} at {} to {}: {}", candidate.id, candidate.address, what,
+                 inspected.status().message());
+    absl::StrAppend(&unreachable, unreachable.empty() ? "" : "; ", candidate.id, " at ",
+                    candidate.address, ": ", inspected.status().message());
+  }
+  if (worker == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("could not ", what, ": no live worker could be reached (", unreachable, ")"));
+  }
   if (!inspected.ok()) {
     const absl::Status& error = inspected.status();
     if (absl::IsInvalidArgument(error)) {

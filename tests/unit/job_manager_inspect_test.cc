@@ -137,13 +137,25 @@ TEST_F(JobManagerInspectTest, WorkerErrorsComeBackWithTheWorkersMessage) {
               HasSubstr("model.torchscript: '/models/net.pt' is not a TorchScript archive"));
   EXPECT_TRUE(manager_->ListJobs().empty());
 
+  // Unreachable: not UNAVAILABLE, which a client reads as the coordinator being unreachable.
   workers_.SetUnreachable(Address(1));
   auto unreachable = manager_->SubmitJob(TorchScriptSpec("{stages: 2}"), "t");
   ASSERT_FALSE(unreachable.ok());
-  EXPECT_TRUE(absl::IsUnavailable(unreachable.status())) << unreachable.status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(unreachable.status())) << unreachable.status();
   EXPECT_THAT(std::string(unreachable.status().message()),
-              HasSubstr("could not inspect model.torchscript on worker"));
+              HasSubstr(absl::StrCat("could not inspect model.torchscript: no live worker could "
+                                     "be reached (w-1 at ",
+                                     Address(1), ": ")));
   EXPECT_TRUE(manager_->ListJobs().empty());
+}
+
+TEST_F(JobManagerInspectTest, AnUnreachableWorkerIsPassedOverForTheNextLiveOne) {
+  Register(2);
+  workers_.SetInspection(Inspection({"0", "1", "2", "3"}, {0.001, 0.001, 0.001, 0.001}));
+  workers_.SetUnreachable(Address(1));  // died; its heartbeats have not yet run out
+  auto id = manager_->SubmitJob(TorchScriptSpec("{stages: 2}"), "t");
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(workers_.Inspected(Address(2)).size(), 1u);
 }
 
 TEST_F(JobManagerInspectTest, ProfiledPolicyBalancesTheTimesTheWorkerMeasured) {

@@ -90,18 +90,6 @@ absl::Status PipelineExecutor::PostSend(const torch::Tensor& t, const TensorMeta
   return absl::OkStatus();
 }
 
-absl::Status PipelineExecutor::ReleaseActivationSend(int e, int mb, StepState& st) {
-  auto it = st.activation_sends.find(EdgeKey{e, mb});
-  if (it == st.activation_sends.end()) return absl::OkStatus();
-  // Its gradient came back, so the consumer received it: the wait returns at once.
-  absl::Status sent = it->second.work->Wait(options_.comm_timeout);
-  if (!sent.ok()) {
-    return absl::Status(sent.code(), absl::StrCat(it->second.what, ": ", sent.message()));
-  }
-  st.activation_sends.erase(it);
-  return absl::OkStatus();
-}
-
 namespace {
 
 // The error of a send that failed: "rank r: <what>: <why>".
@@ -111,6 +99,16 @@ absl::Status SendFailed(int rank, const PendingSend& send, const absl::Status& s
 }
 
 }  // namespace
+
+absl::Status PipelineExecutor::ReleaseActivationSend(int e, int mb, StepState& st) {
+  auto it = st.activation_sends.find(EdgeKey{e, mb});
+  if (it == st.activation_sends.end()) return absl::OkStatus();
+  // Its gradient came back, so the consumer received it: the wait returns at once.
+  absl::Status sent = it->second.work->Wait(options_.comm_timeout);
+  if (!sent.ok()) return SendFailed(options_.rank, it->second, sent);
+  st.activation_sends.erase(it);
+  return absl::OkStatus();
+}
 
 absl::Status PipelineExecutor::ReleaseFinishedSends(StepState& st) {
   size_t kept = 0;

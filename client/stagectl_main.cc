@@ -7,6 +7,7 @@
 #include "absl/time/time.h"
 #include "client/commands.h"
 #include "client/schedule_command.h"
+#include "client/tokens_command.h"
 #include "common/rpc/address.h"
 #include "common/rpc/auth.h"
 #include "common/rpc/tls.h"
@@ -213,11 +214,37 @@ int main(int argc, char** argv) {
       "--lowered; -o json|yaml: every rank's action lists)");
   job_opt->excludes(kind_opt)->excludes(csv_opt);
 
+  sc::client::TokensCommandOptions tok;
+  auto* tokens = app.add_subcommand(
+      "tokens",
+      "text to the tokens a built-in GPT trains on, and back, with a character vocabulary "
+      "(works without a cluster)");
+  tokens
+      ->add_option("action", tok.action,
+                   "build (a vocabulary and the tokens of text files), encode (text with an "
+                   "existing vocabulary) or decode (tokens to text)")
+      ->required();
+  tokens->add_option("files", tok.inputs,
+                     "text files (build, encode; read in order) or a token file (decode)");
+  tokens->add_option("--text", tok.text, "encode this text instead of files");
+  tokens
+      ->add_option("--vocab", tok.vocab_path,
+                   "the vocabulary file (JSON): written by build, read by encode and decode")
+      ->required();
+  tokens->add_option("--out", tok.out_path,
+                     "write the tokens (build, encode) or the text (decode) here; build needs it "
+                     "(default otherwise: stdout, token ids space-separated)");
+  tokens->footer(
+      "Example:\n  stagectl tokens build /usr/share/games/fortunes/{wisdom,people,science} "
+      "--vocab vocab.json --out tokens.bin\n  stagectl tokens decode tokens.bin --vocab "
+      "vocab.json | head\n");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  if (tokens->parsed()) return sc::client::RunTokens(tok, std::cout, std::cerr);
   if (schedule->parsed() && schedule_job.empty()) {
     return sc::client::RunSchedule(sched, std::cout, std::cerr);
   }

@@ -2,7 +2,6 @@
 // (client/tokens_command.h): text round-trips through tokens, ids follow code point order, the
 // token file is little-endian uint16, and bad text, vocabularies, token files and arguments are
 // refused naming what is wrong and where.
-#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -12,6 +11,7 @@
 #include "common/text/char_vocabulary.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/temp_dir.h"
 
 namespace stagecoach {
 namespace {
@@ -94,13 +94,6 @@ TEST(CharVocabulary, RefusesABrokenVocabularyFileNamingTheEntry) {
 
 class TokensCommandTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char pattern[] = "/tmp/stagecoach-tokens-XXXXXX";
-    ASSERT_NE(mkdtemp(pattern), nullptr);
-    dir_ = pattern;
-  }
-  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
-
   std::string Write(const std::string& name, const std::string& contents) {
     const std::string path = dir_ + "/" + name;
     std::ofstream(path, std::ios::binary) << contents;
@@ -118,7 +111,8 @@ class TokensCommandTest : public ::testing::Test {
     return client::RunTokens(o, out_, err_);
   }
 
-  std::string dir_;
+  testing::TempDir temp_{"stagecoach-tokens"};
+  const std::string dir_ = temp_.path();
   std::ostringstream out_, err_;
 };
 

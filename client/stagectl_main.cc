@@ -14,6 +14,49 @@
 
 namespace sc = stagecoach;
 
+namespace {
+
+// What the first commands look like, for `stagectl --help`.
+constexpr char kExamples[] =
+    "Examples (the coordinator from --coordinator or $STAGECOACH_COORDINATOR):\n"
+    "  stagectl workers                              the workers and what they run\n"
+    "  stagectl plan configs/mlp-4stage-1f1b.yaml    rank the plans the spec leaves open\n"
+    "  stagectl submit configs/mlp-4stage-1f1b.yaml  submit; prints the job id\n"
+    "  stagectl watch JOB                            live progress until the job ends\n"
+    "  stagectl status JOB                           state, losses, plan, memory per rank\n"
+    "  stagectl submit --wait SPEC                   submit and wait: exit 0 on success\n"
+    "Each command's own --help lists its options.\n";
+
+// `stagectl tokens`: its options into `tok`.
+CLI::App* AddTokensCommand(CLI::App& app, sc::client::TokensCommandOptions& tok) {
+  CLI::App* tokens = app.add_subcommand(
+      "tokens",
+      "text to the tokens a built-in GPT trains on, and back, with a character vocabulary "
+      "(works without a cluster)");
+  tokens
+      ->add_option("action", tok.action,
+                   "build (a vocabulary and the tokens of text files), encode (text with an "
+                   "existing vocabulary) or decode (tokens to text)")
+      ->required();
+  tokens->add_option("files", tok.inputs,
+                     "text files (build, encode; read in order) or a token file (decode)");
+  tokens->add_option("--text", tok.text, "encode this text instead of files");
+  tokens
+      ->add_option("--vocab", tok.vocab_path,
+                   "the vocabulary file (JSON): written by build, read by encode and decode")
+      ->required();
+  tokens->add_option("--out", tok.out_path,
+                     "write the tokens (build, encode) or the text (decode) here; build needs it "
+                     "(default otherwise: stdout, token ids space-separated)");
+  tokens->footer(
+      "Example:\n  stagectl tokens build /usr/share/games/fortunes/{wisdom,people,science} "
+      "--vocab vocab.json --out tokens.bin\n  stagectl tokens decode tokens.bin --vocab "
+      "vocab.json | head\n");
+  return tokens;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"stagectl: submit, watch and steer Stagecoach pipeline jobs"};
   app.require_subcommand(1);
@@ -215,29 +258,8 @@ int main(int argc, char** argv) {
   job_opt->excludes(kind_opt)->excludes(csv_opt);
 
   sc::client::TokensCommandOptions tok;
-  auto* tokens = app.add_subcommand(
-      "tokens",
-      "text to the tokens a built-in GPT trains on, and back, with a character vocabulary "
-      "(works without a cluster)");
-  tokens
-      ->add_option("action", tok.action,
-                   "build (a vocabulary and the tokens of text files), encode (text with an "
-                   "existing vocabulary) or decode (tokens to text)")
-      ->required();
-  tokens->add_option("files", tok.inputs,
-                     "text files (build, encode; read in order) or a token file (decode)");
-  tokens->add_option("--text", tok.text, "encode this text instead of files");
-  tokens
-      ->add_option("--vocab", tok.vocab_path,
-                   "the vocabulary file (JSON): written by build, read by encode and decode")
-      ->required();
-  tokens->add_option("--out", tok.out_path,
-                     "write the tokens (build, encode) or the text (decode) here; build needs it "
-                     "(default otherwise: stdout, token ids space-separated)");
-  tokens->footer(
-      "Example:\n  stagectl tokens build /usr/share/games/fortunes/{wisdom,people,science} "
-      "--vocab vocab.json --out tokens.bin\n  stagectl tokens decode tokens.bin --vocab "
-      "vocab.json | head\n");
+  CLI::App* tokens = AddTokensCommand(app, tok);
+  app.footer(kExamples);
 
   try {
     app.parse(argc, argv);

@@ -1,5 +1,6 @@
 // `stagectl schedule`, run as a process with no cluster: its CSV output is PyTorch's files byte
 // for byte (LF for CRLF), it reads PyTorch's files back, and its errors and exit codes are clear.
+// Also `stagectl --help`: it shows examples of the first commands people use.
 #include <algorithm>
 #include <fstream>
 #include <string>
@@ -37,6 +38,14 @@ std::vector<std::string> GenerateArgs(const GoldenFile& g) {
           std::to_string(g.stages_per_rank),
           "--format",
           "csv"};
+}
+
+TEST(StagectlHelp, ShowsExamplesOfTheFirstCommands) {
+  CommandResult r = Stagectl({"--help"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  for (const std::string command : {"workers", "plan", "submit", "watch", "status"}) {
+    EXPECT_THAT(r.out, HasSubstr("  stagectl " + command + " ")) << r.out;
+  }
 }
 
 // The 1F1B files carry PyTorch's defective last rank (ScheduleKind::k1F1B); every other

@@ -39,30 +39,20 @@ absl::StatusOr<text::CharVocabulary> ReadVocabulary(const std::string& path) {
   return text::CharVocabulary::Parse(json, path);
 }
 
-// The tokens of every input file, in order, with `vocab`.
-absl::StatusOr<std::vector<uint16_t>> EncodeFiles(const std::vector<std::string>& paths,
-                                                  const text::CharVocabulary& vocab) {
-  std::vector<uint16_t> tokens;
+// The input files, in order.
+absl::StatusOr<std::vector<text::Document>> ReadDocuments(const std::vector<std::string>& paths) {
+  std::vector<text::Document> docs;
   for (const std::string& path : paths) {
     ASSIGN_OR_RETURN(std::string contents, ReadWhole(path, "text file"));
-    ASSIGN_OR_RETURN(std::vector<uint16_t> part, vocab.Encode(contents, path));
-    tokens.insert(tokens.end(), part.begin(), part.end());
+    docs.push_back({path, std::move(contents)});
   }
-  return tokens;
+  return docs;
 }
 
 absl::Status Build(const TokensCommandOptions& o, std::ostream& out) {
-  // The vocabulary is every file's characters; each file is checked apart, so that an error
-  // names the file and the line in it.
-  std::string all;
-  for (const std::string& path : o.inputs) {
-    ASSIGN_OR_RETURN(std::string contents, ReadWhole(path, "text file"));
-    RETURN_IF_ERROR(text::CharVocabulary::FromText(contents, path).status());
-    all += contents;
-  }
-  ASSIGN_OR_RETURN(text::CharVocabulary vocab,
-                   text::CharVocabulary::FromText(all, absl::StrJoin(o.inputs, " + ")));
-  ASSIGN_OR_RETURN(std::vector<uint16_t> tokens, vocab.Encode(all, "the text"));
+  ASSIGN_OR_RETURN(std::vector<text::Document> docs, ReadDocuments(o.inputs));
+  ASSIGN_OR_RETURN(text::CharVocabulary vocab, text::CharVocabulary::FromDocuments(docs));
+  ASSIGN_OR_RETURN(std::vector<uint16_t> tokens, vocab.Encode(docs));
   RETURN_IF_ERROR(Write(o.vocab_path, vocab.ToJson(), "vocabulary"));
   RETURN_IF_ERROR(Write(o.out_path, text::TokenBytes(tokens), "token file"));
   out << tokens.size() << " characters of " << o.inputs.size() << " file"
@@ -76,12 +66,13 @@ absl::Status Build(const TokensCommandOptions& o, std::ostream& out) {
 
 absl::Status Encode(const TokensCommandOptions& o, std::ostream& out) {
   ASSIGN_OR_RETURN(text::CharVocabulary vocab, ReadVocabulary(o.vocab_path));
-  std::vector<uint16_t> tokens;
+  std::vector<text::Document> docs;
   if (o.text.has_value()) {
-    ASSIGN_OR_RETURN(tokens, vocab.Encode(*o.text, "--text"));
+    docs.push_back({"--text", *o.text});
   } else {
-    ASSIGN_OR_RETURN(tokens, EncodeFiles(o.inputs, vocab));
+    ASSIGN_OR_RETURN(docs, ReadDocuments(o.inputs));
   }
+  ASSIGN_OR_RETURN(std::vector<uint16_t> tokens, vocab.Encode(docs));
   if (o.out_path.empty()) {
     out << absl::StrJoin(tokens, " ") << "\n";
     return absl::OkStatus();

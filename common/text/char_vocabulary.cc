@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/util/status_macros.h"
 #include "common/util/utf8.h"
 #include "nlohmann/json.hpp"
@@ -77,18 +78,28 @@ CharVocabulary::CharVocabulary(std::vector<std::string> chars) : chars_(std::mov
 
 absl::StatusOr<CharVocabulary> CharVocabulary::FromText(absl::string_view text,
                                                         absl::string_view origin) {
-  if (text.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(origin, ": no text to build a vocabulary of"));
-  }
-  RETURN_IF_ERROR(CheckUtf8(text, origin));
+  return FromDocuments({Document{std::string(origin), std::string(text)}});
+}
+
+absl::StatusOr<CharVocabulary> CharVocabulary::FromDocuments(absl::Span<const Document> documents) {
   // Bytewise order of UTF-8 sequences is code point order.
   std::set<std::string> chars;
-  for (size_t i = 0; i < text.size();) {
-    const size_t n = CharLength(text[i]);
-    chars.emplace(text.substr(i, n));
-    if (chars.size() > static_cast<size_t>(kMaxVocabularyChars))
-      return TooMany(origin, chars.size());
-    i += n;
+  for (const Document& doc : documents) {
+    RETURN_IF_ERROR(CheckUtf8(doc.text, doc.origin));
+    for (size_t i = 0; i < doc.text.size();) {
+      const size_t n = CharLength(doc.text[i]);
+      chars.emplace(doc.text.substr(i, n));
+      if (chars.size() > static_cast<size_t>(kMaxVocabularyChars)) {
+        return TooMany(doc.origin, chars.size());
+      }
+      i += n;
+    }
+  }
+  if (chars.empty()) {
+    std::vector<std::string> origins;
+    for (const Document& doc : documents) origins.push_back(doc.origin);
+    return absl::InvalidArgumentError(
+        absl::StrCat(absl::StrJoin(origins, " + "), ": no text to build a vocabulary of"));
   }
   return CharVocabulary(std::vector<std::string>(chars.begin(), chars.end()));
 }
@@ -168,6 +179,16 @@ absl::StatusOr<std::vector<uint16_t>> CharVocabulary::Encode(absl::string_view t
     }
     tokens.push_back(it->second);
     i += n;
+  }
+  return tokens;
+}
+
+absl::StatusOr<std::vector<uint16_t>> CharVocabulary::Encode(
+    absl::Span<const Document> documents) const {
+  std::vector<uint16_t> tokens;
+  for (const Document& doc : documents) {
+    ASSIGN_OR_RETURN(std::vector<uint16_t> part, Encode(doc.text, doc.origin));
+    tokens.insert(tokens.end(), part.begin(), part.end());
   }
   return tokens;
 }

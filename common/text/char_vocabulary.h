@@ -29,12 +29,22 @@ namespace stagecoach::text {
 // The most characters a vocabulary may hold: token ids are uint16.
 inline constexpr int kMaxVocabularyChars = 65536;
 
+// A text and what errors call it (a file name, "--text").
+struct Document {
+  std::string origin;
+  std::string text;
+};
+
 class CharVocabulary {
  public:
   // The characters of `text`. INVALID_ARGUMENT "<origin>: ..." when the text is empty, is not
   // valid UTF-8 (naming the line and column of the first bad byte) or has more than
   // kMaxVocabularyChars distinct characters.
   static absl::StatusOr<CharVocabulary> FromText(absl::string_view text, absl::string_view origin);
+
+  // The characters of all `documents`, each checked apart so that an error names its origin
+  // and the line in it; empty only when every document is.
+  static absl::StatusOr<CharVocabulary> FromDocuments(absl::Span<const Document> documents);
 
   // A vocabulary file's contents (the JSON above). INVALID_ARGUMENT "<origin>: ..." naming what
   // is wrong: not JSON, another format or version, an entry that is not one character, a
@@ -52,6 +62,9 @@ class CharVocabulary {
   // a character the vocabulary lacks (naming it as U+XXXX, with its line and column).
   absl::StatusOr<std::vector<uint16_t>> Encode(absl::string_view text,
                                                absl::string_view origin) const;
+
+  // The tokens of `documents`, one after another.
+  absl::StatusOr<std::vector<uint16_t>> Encode(absl::Span<const Document> documents) const;
 
   // The text of `tokens`. INVALID_ARGUMENT "<origin>: token T at position P is not below the
   // vocabulary's N characters".

@@ -54,20 +54,25 @@ Commands::Commands(ClientOptions options, std::ostream& out, std::ostream& err)
       stub_(v1::CoordinatorService::NewStub(
           rpc::MakeChannel(options_.coordinator, options_.security))) {}
 
-int Commands::RpcError(const grpc::Status& status, const std::string& what) {
+int ReportRpcError(std::ostream& err, const std::string& coordinator, const grpc::Status& status,
+                   const std::string& what) {
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-    err_ << "stagectl: cannot reach the coordinator at " << options_.coordinator << " ("
-         << status.error_message() << ")\n"
-         << "Point stagectl at it with --coordinator HOST:PORT or STAGECOACH_COORDINATOR.\n";
+    err << "stagectl: cannot reach the coordinator at " << coordinator << " ("
+        << status.error_message() << ")\n"
+        << "Point stagectl at it with --coordinator HOST:PORT or STAGECOACH_COORDINATOR.\n";
   } else if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
-    err_ << "stagectl: " << what << ": the coordinator at " << options_.coordinator
-         << " does not implement this call"
-         << (status.error_message().empty() ? "" : absl::StrCat(" (", status.error_message(), ")"))
-         << "; it may be older than this stagectl\n";
+    err << "stagectl: " << what << ": the coordinator at " << coordinator
+        << " does not implement this call"
+        << (status.error_message().empty() ? "" : absl::StrCat(" (", status.error_message(), ")"))
+        << "; it may be older than this stagectl\n";
   } else {
-    err_ << "stagectl: " << what << ": " << status.error_message() << "\n";
+    err << "stagectl: " << what << ": " << status.error_message() << "\n";
   }
   return 1;
+}
+
+int Commands::RpcError(const grpc::Status& status, const std::string& what) {
+  return ReportRpcError(err_, options_.coordinator, status, what);
 }
 
 int Commands::UploadFile(const std::string& path, const std::string& flag, std::string* uri) {

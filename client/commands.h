@@ -60,6 +60,12 @@ struct HistoryRequest {
   int steps = 0;  // > 0: a page of this many steps from job step `from`
 };
 
+// Prints a failed call's error to `err` and returns 1. UNAVAILABLE becomes a message saying the
+// coordinator at `coordinator` cannot be reached and how to point stagectl at it; UNIMPLEMENTED
+// says the coordinator may be older than this stagectl.
+int ReportRpcError(std::ostream& err, const std::string& coordinator, const grpc::Status& status,
+                   const std::string& what);
+
 class Commands {
  public:
   // Bytes per UploadArtifact message.

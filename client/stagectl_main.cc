@@ -6,6 +6,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/time/time.h"
 #include "client/commands.h"
+#include "client/generate_command.h"
 #include "client/schedule_command.h"
 #include "client/tokens_command.h"
 #include "common/rpc/address.h"
@@ -25,6 +26,7 @@ constexpr char kExamples[] =
     "  stagectl watch JOB                            live progress until the job ends\n"
     "  stagectl status JOB                           state, losses, plan, memory per rank\n"
     "  stagectl submit --wait SPEC                   submit and wait: exit 0 on success\n"
+    "  stagectl generate JOB --prompt TEXT --vocab vocab.json   text from a trained GPT job\n"
     "Each command's own --help lists its options.\n";
 
 // `stagectl tokens`: its options into `tok`.
@@ -53,6 +55,29 @@ CLI::App* AddTokensCommand(CLI::App& app, sc::client::TokensCommandOptions& tok)
       "--vocab vocab.json --out tokens.bin\n  stagectl tokens decode tokens.bin --vocab "
       "vocab.json | head\n");
   return tokens;
+}
+
+// `stagectl generate`: its options into `gen`.
+CLI::App* AddGenerateCommand(CLI::App& app, sc::client::GenerateOptions& gen) {
+  CLI::App* generate = app.add_subcommand(
+      "generate",
+      "write text with a trained GPT job: a paused job's current weights or a finished job's "
+      "final checkpoint, decoding through its pipeline; streams the text as it comes");
+  generate->add_option("JOB", gen.job_id, "job id")->required();
+  generate->add_option("--prompt", gen.prompt, "the text to continue")->required();
+  generate
+      ->add_option("--vocab", gen.vocab_path,
+                   "the character vocabulary the job's tokens were built with (stagectl tokens)")
+      ->required();
+  generate->add_option("--tokens", gen.tokens, "how many tokens to generate (default 200)");
+  generate->add_option("--temperature", gen.temperature,
+                       "softmax temperature; 0 is greedy decoding (default 0.8)");
+  generate->add_option("--top-k", gen.top_k,
+                       "draw among the K most likely tokens only (default 0: all)");
+  generate->add_option("--seed", gen.seed, "seed of the draws: the same seed, the same text");
+  generate->add_option("--timeout", gen.timeout,
+                       "give up after this long, a helper job's start included (default 10m)");
+  return generate;
 }
 
 }  // namespace
@@ -259,6 +284,8 @@ int main(int argc, char** argv) {
 
   sc::client::TokensCommandOptions tok;
   CLI::App* tokens = AddTokensCommand(app, tok);
+  sc::client::GenerateOptions gen;
+  CLI::App* generate = AddGenerateCommand(app, gen);
   app.footer(kExamples);
 
   try {
@@ -315,6 +342,7 @@ int main(int argc, char** argv) {
     }
     options.security.bearer_token = token;
   }
+  if (generate->parsed()) return sc::client::RunGenerate(gen, options, std::cout, std::cerr);
   sc::client::Commands commands(options, std::cout, std::cerr);
   if (submit->parsed()) return commands.Submit(spec_path, wait, uploads, paused);
   if (plan->parsed()) return commands.Plan(spec_path, memory_limit, plan_top, uploads);

@@ -34,11 +34,6 @@ absl::Status Write(const std::string& path, absl::string_view contents, absl::st
   return WriteFileDurably(path, contents, options);
 }
 
-absl::StatusOr<text::CharVocabulary> ReadVocabulary(const std::string& path) {
-  ASSIGN_OR_RETURN(std::string json, ReadWhole(path, "the vocabulary"));
-  return text::CharVocabulary::Parse(json, path);
-}
-
 // The input files, in order.
 absl::StatusOr<std::vector<text::Document>> ReadDocuments(const std::vector<std::string>& paths) {
   std::vector<text::Document> docs;
@@ -65,7 +60,7 @@ absl::Status Build(const TokensCommandOptions& o, std::ostream& out) {
 }
 
 absl::Status Encode(const TokensCommandOptions& o, std::ostream& out) {
-  ASSIGN_OR_RETURN(text::CharVocabulary vocab, ReadVocabulary(o.vocab_path));
+  ASSIGN_OR_RETURN(text::CharVocabulary vocab, ReadVocabularyFile(o.vocab_path));
   std::vector<text::Document> docs;
   if (o.text.has_value()) {
     docs.push_back({"--text", *o.text});
@@ -83,7 +78,7 @@ absl::Status Encode(const TokensCommandOptions& o, std::ostream& out) {
 }
 
 absl::Status Decode(const TokensCommandOptions& o, std::ostream& out) {
-  ASSIGN_OR_RETURN(text::CharVocabulary vocab, ReadVocabulary(o.vocab_path));
+  ASSIGN_OR_RETURN(text::CharVocabulary vocab, ReadVocabularyFile(o.vocab_path));
   const std::string& path = o.inputs[0];
   ASSIGN_OR_RETURN(std::string bytes, ReadWhole(path, "token file"));
   ASSIGN_OR_RETURN(std::vector<uint16_t> tokens, text::ParseTokenBytes(bytes, path));
@@ -129,6 +124,11 @@ int RunTokens(const TokensCommandOptions& o, std::ostream& out, std::ostream& er
     return 1;
   }
   return 0;
+}
+
+absl::StatusOr<text::CharVocabulary> ReadVocabularyFile(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string json, ReadWhole(path, "the vocabulary"));
+  return text::CharVocabulary::Parse(json, path);
 }
 
 }  // namespace stagecoach::client

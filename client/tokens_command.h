@@ -13,6 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "common/text/char_vocabulary.h"
+
 namespace stagecoach::client {
 
 struct TokensCommandOptions {
@@ -26,5 +29,9 @@ struct TokensCommandOptions {
 // Runs the command: results to `out` (or the --out file), errors to `err`. Returns 0 on success,
 // 1 when a file cannot be read or written or its contents are refused, 2 for a usage error.
 int RunTokens(const TokensCommandOptions& options, std::ostream& out, std::ostream& err);
+
+// The vocabulary file at `path` (CharVocabulary::Parse's errors; NOT_FOUND-like errors name the
+// file when it cannot be read).
+absl::StatusOr<text::CharVocabulary> ReadVocabularyFile(const std::string& path);
 
 }  // namespace stagecoach::client

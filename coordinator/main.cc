@@ -13,6 +13,8 @@
 #include "coordinator/coordinator_auth.h"
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/coordinator_service.h"
+#include "coordinator/generation.h"
+#include "coordinator/generation_service.h"
 #include "coordinator/grpc_worker_client.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/kv_store.h"
@@ -165,7 +167,12 @@ int main(int argc, char** argv) {
   auto authorized = sc::rpc::AuthorizeEveryCall(&service, "stagecoach.v1.CoordinatorService",
                                                 CoordinatorCallCheck(config.auth));
   if (!authorized.ok()) return daemon.Fail(authorized.status());
-  auto serving = daemon.Serve({authorized->get()});
+  sc::coordinator::Generation generation(&jobs);
+  sc::coordinator::GenerationServiceImpl generation_service(&generation);
+  auto generation_authorized = sc::rpc::AuthorizeEveryCall(
+      &generation_service, "stagecoach.v1.GenerationService", CoordinatorCallCheck(config.auth));
+  if (!generation_authorized.ok()) return daemon.Fail(generation_authorized.status());
+  auto serving = daemon.Serve({authorized->get(), generation_authorized->get()});
   if (!serving.ok()) return daemon.Fail(serving.status());
   spdlog::info("coordinator listening on {} (lease {}, heartbeat {})", serving->ToString(),
                absl::FormatDuration(config.jobs.lease),

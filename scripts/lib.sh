@@ -13,6 +13,8 @@ STAGECOACH_PACKAGES=(
   libabsl-dev libssl-dev libyaml-cpp-dev libgloo-dev libspdlog-dev libcli11-dev nlohmann-json3-dev
   prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
   unzip
+  # The demo's text: English prose and quotations under /usr/share/games/fortunes.
+  fortunes
   # clang and its libFuzzer runtime build the fuzz targets (scripts/fuzz.sh, tests/fuzz).
   clang libclang-rt-dev
 )

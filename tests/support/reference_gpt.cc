@@ -123,4 +123,32 @@ GptReferenceResult TrainGptReference(const GptReferenceConfig& c) {
   return result;
 }
 
+std::vector<int64_t> GreedyGptReference(const GptReferenceConfig& config,
+                                        const std::map<std::string, torch::Tensor>& params,
+                                        const std::vector<int64_t>& prompt, int n) {
+  GptReferenceConfig c = config;
+  c.initial.clear();
+  for (const auto& [name, value] : params) {
+    if (!(c.tied && name == "head.weight")) c.initial[name] = value;
+  }
+  Gpt gpt(c);
+  torch::NoGradGuard no_grad;
+  std::vector<int64_t> context = prompt, out;
+  for (int i = 0; i < n; ++i) {
+    const size_t from = context.size() > static_cast<size_t>(c.seq) ? context.size() - c.seq : 0;
+    const std::vector<int64_t> window(context.begin() + from, context.end());
+    const torch::Tensor logits =
+        gpt.Forward(torch::tensor(window, torch::kInt64).unsqueeze(0))[0][-1];
+    // argmax, lowest index on ties (torch::argmax does not promise which).
+    const auto values = logits.contiguous().data_ptr<float>();
+    int64_t best = 0;
+    for (int64_t v = 1; v < c.vocab; ++v) {
+      if (values[v] > values[best]) best = v;
+    }
+    context.push_back(best);
+    out.push_back(best);
+  }
+  return out;
+}
+
 }  // namespace stagecoach::testing

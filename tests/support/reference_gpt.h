@@ -41,4 +41,11 @@ struct GptReferenceResult {
 
 GptReferenceResult TrainGptReference(const GptReferenceConfig& config);
 
+// Greedy decoding by the reference model with `params` (by name, as `initial`; with
+// config.tied, no "head.weight" is needed): `n` tokens after `prompt`, each the argmax (lowest
+// index on ties) of the last position's logits over the last config.seq tokens so far.
+std::vector<int64_t> GreedyGptReference(const GptReferenceConfig& config,
+                                        const std::map<std::string, torch::Tensor>& params,
+                                        const std::vector<int64_t>& prompt, int n);
+
 }  // namespace stagecoach::testing

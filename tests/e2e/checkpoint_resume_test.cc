@@ -29,6 +29,7 @@
 #include "gtest/gtest.h"
 #include "tests/support/job_predicates.h"
 #include "tests/support/local_cluster.h"
+#include "tests/support/token_files.h"
 
 namespace stagecoach::testing {
 namespace {
@@ -38,24 +39,8 @@ using ::testing::HasSubstr;
 
 constexpr int kVocab = 64;
 
-// 6000 little-endian uint16 tokens: a few random phrases repeated in random order.
-std::string TokenFile() {
-  std::mt19937 rng(777);
-  std::vector<std::vector<int>> phrases(6);
-  for (auto& p : phrases) {
-    const int len = 5 + static_cast<int>(rng() % 6);
-    for (int i = 0; i < len; ++i) p.push_back(static_cast<int>(rng() % kVocab));
-  }
-  std::string bytes;
-  for (int n = 0; n < 6000;) {
-    for (int t : phrases[rng() % phrases.size()]) {
-      bytes.push_back(static_cast<char>(t & 0xff));
-      bytes.push_back(static_cast<char>(t >> 8));
-      ++n;
-    }
-  }
-  return bytes;
-}
+// 6000 tokens: 6 random phrases of 5 to 10 tokens repeated in random order.
+std::string TokenFile() { return PhraseTokenFile(777, kVocab, 6, 5, 6, 6000); }
 
 struct GptJob {
   std::string name;

@@ -19,6 +19,7 @@
 #include "tests/support/local_cluster.h"
 #include "tests/support/reference_gpt.h"
 #include "tests/support/stage_files.h"
+#include "tests/support/token_files.h"
 
 namespace stagecoach::testing {
 namespace {
@@ -43,24 +44,8 @@ std::string TextOf(const std::vector<int64_t>& tokens) {
   return s;
 }
 
-// 20k little-endian uint16 tokens: 8 random sentences of 6 to 12 tokens, picked at random.
-std::string TokenFile() {
-  std::mt19937 rng(2024);
-  std::vector<std::vector<int>> sentences(8);
-  for (auto& s : sentences) {
-    const int len = 6 + static_cast<int>(rng() % 7);
-    for (int i = 0; i < len; ++i) s.push_back(static_cast<int>(rng() % kVocab));
-  }
-  std::string bytes;
-  for (int n = 0; n < 20000;) {
-    for (int t : sentences[rng() % sentences.size()]) {
-      bytes.push_back(static_cast<char>(t & 0xff));
-      bytes.push_back(static_cast<char>(t >> 8));
-      ++n;
-    }
-  }
-  return bytes;
-}
+// 20k tokens: 8 random sentences of 6 to 12 tokens, picked at random.
+std::string TokenFile() { return PhraseTokenFile(2024, kVocab, 8, 6, 7, 20000); }
 
 std::string GptSpec(const std::string& name, int64_t steps, const std::string& data,
                     const std::string& checkpoint_dir) {

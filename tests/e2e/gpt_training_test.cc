@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "tests/support/job_predicates.h"
 #include "tests/support/local_cluster.h"
+#include "tests/support/token_files.h"
 
 namespace stagecoach::testing {
 namespace {
@@ -23,25 +24,8 @@ namespace {
 constexpr int kVocab = 64;
 constexpr int kSteps = 50;
 
-// 20k little-endian uint16 tokens: 8 random sentences of 6 to 12 tokens, picked at random.
-std::string TokenFile() {
-  std::mt19937 rng(12345);
-  std::vector<std::vector<int>> sentences(8);
-  for (auto& s : sentences) {
-    const int len = 6 + static_cast<int>(rng() % 7);
-    for (int i = 0; i < len; ++i) s.push_back(static_cast<int>(rng() % kVocab));
-  }
-  std::string bytes;
-  int n = 0;
-  while (n < 20000) {
-    for (int t : sentences[rng() % sentences.size()]) {
-      bytes.push_back(static_cast<char>(t & 0xff));
-      bytes.push_back(static_cast<char>(t >> 8));
-      ++n;
-    }
-  }
-  return bytes;
-}
+// 20k tokens: 8 random sentences of 6 to 12 tokens, picked at random.
+std::string TokenFile() { return PhraseTokenFile(12345, kVocab, 8, 6, 7, 20000); }
 
 std::string SpecYaml(const std::string& name, const std::string& kind, int workers, int stages,
                      const std::string& data_path) {

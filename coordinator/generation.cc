@@ -68,6 +68,11 @@ absl::StatusOr<std::string> HelperSpecYaml(const v1::Job& job, const std::string
   return spec::ApplySpecOverrides(job.spec_yaml(), job.id(), overrides);
 }
 
+// Rows of a forward step on `job`: one per microbatch of every replica.
+int64_t RowsOf(const v1::Job& job) {
+  return static_cast<int64_t>(std::max(1, job.microbatches())) * std::max(1, job.replicas());
+}
+
 }  // namespace
 
 struct Generation::Target {
@@ -85,7 +90,7 @@ absl::StatusOr<Generation::Target> Generation::ResolveTarget(
   if (job.state() == v1::JOB_STATE_PAUSED) {
     Target target;
     target.job_id = job.id();
-    target.rows = std::max(1, job.microbatches()) * std::max(1, job.replicas());
+    target.rows = RowsOf(job);
     target.weights_step = job.global_steps_done();
     return target;
   }
@@ -120,7 +125,7 @@ absl::StatusOr<Generation::Target> Generation::StartHelper(
       std::move(cancel).Cancel();
       Target target;
       target.job_id = helper_id;
-      target.rows = std::max(1, helper.microbatches()) * std::max(1, helper.replicas());
+      target.rows = RowsOf(helper);
       target.weights_step = latest->step();
       target.helper = true;
       return target;

@@ -5,14 +5,17 @@
 #include "absl/strings/str_cat.h"
 #include "common/rpc/status_conversion.h"
 #include "common/rpc/time_conversion.h"
+#include "coordinator/coordinator_service.h"
 
 namespace stagecoach::coordinator {
 
 grpc::Status GenerationServiceImpl::Generate(grpc::ServerContext* ctx,
                                              const v1::GenerateRequest* req,
                                              grpc::ServerWriter<v1::GenerateResponse>* writer) {
-  if (req->job_id().empty() || req->job_id().size() > 256) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "job_id: required, at most 256 bytes");
+  if (req->job_id().empty() || req->job_id().size() > CoordinatorServiceImpl::kMaxIdBytes) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("job_id: required, at most ", CoordinatorServiceImpl::kMaxIdBytes, " bytes"));
   }
   absl::Duration timeout = rpc::FromProtoDuration(req->timeout());
   if (timeout < absl::ZeroDuration()) {

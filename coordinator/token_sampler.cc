@@ -43,10 +43,16 @@ double TokenSampler::Uniform() { return static_cast<double>(rng_() >> 11) * 0x1.
 int TokenSampler::Next(absl::Span<const float> logits) {
   const int n = static_cast<int>(logits.size());
   if (n == 0) return 0;
+  if (options_.temperature == 0.0) {
+    int best = 0;
+    for (int i = 1; i < n; ++i) {
+      if (RanksBefore(logits, i, best)) best = i;
+    }
+    return best;
+  }
   std::vector<int> order(n);
   std::iota(order.begin(), order.end(), 0);
   auto before = [&](int a, int b) { return RanksBefore(logits, a, b); };
-  if (options_.temperature == 0.0) return *std::min_element(order.begin(), order.end(), before);
   const int k = options_.top_k == 0 ? n : std::min(options_.top_k, n);
   std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
   order.resize(k);

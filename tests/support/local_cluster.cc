@@ -117,6 +117,9 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
 
 LocalCluster::~LocalCluster() {
   for (auto& w : workers_) w->Stop();
+  // The cluster's own channel goes first: an idle client connection that nobody polls never
+  // reads the coordinator's GOAWAY, so its graceful shutdown would wait out its whole grace.
+  stub_.reset();
   if (coordinator_) coordinator_->Stop();
 }
 

@@ -30,7 +30,7 @@
 #include "tests/support/prometheus_scrape.h"
 #include "tests/support/test_paths.h"
 
-namespace stagecoach::testing {
+namespace stagecoach::testing::deploy_files_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -633,4 +633,4 @@ INSTANTIATE_TEST_SUITE_P(Images, DockerfileTest, ::testing::ValuesIn(kDockerfile
                          });
 
 }  // namespace
-}  // namespace stagecoach::testing
+}  // namespace stagecoach::testing::deploy_files_test

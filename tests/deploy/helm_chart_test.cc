@@ -27,7 +27,7 @@
 #include "tests/support/test_paths.h"
 #include "yaml-cpp/yaml.h"
 
-namespace stagecoach::testing {
+namespace stagecoach::testing::helm_chart_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -803,4 +803,4 @@ TEST_F(HelmChartTest, NotesTellHowToReachTheCoordinator) {
 }
 
 }  // namespace
-}  // namespace stagecoach::testing
+}  // namespace stagecoach::testing::helm_chart_test

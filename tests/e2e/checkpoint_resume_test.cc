@@ -31,7 +31,7 @@
 #include "tests/support/local_cluster.h"
 #include "tests/support/token_files.h"
 
-namespace stagecoach::testing {
+namespace stagecoach::testing::checkpoint_resume_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -269,4 +269,4 @@ TEST_F(CheckpointResume, CheckpointOnDemandIsComplete) {
 }
 
 }  // namespace
-}  // namespace stagecoach::testing
+}  // namespace stagecoach::testing::checkpoint_resume_test

@@ -10,7 +10,7 @@
 #include "tests/support/job_predicates.h"
 #include "tests/support/local_cluster.h"
 
-namespace stagecoach::testing {
+namespace stagecoach::testing::concurrent_jobs_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -85,4 +85,4 @@ TEST(ConcurrentJobs, TwoJobsRunSideBySideOnDisjointWorkersAndAThirdWaitsForItsGa
 }
 
 }  // namespace
-}  // namespace stagecoach::testing
+}  // namespace stagecoach::testing::concurrent_jobs_test

@@ -18,7 +18,7 @@
 #include "tests/support/npy_files.h"
 #include "tests/support/reference_mlp.h"
 
-namespace stagecoach::testing {
+namespace stagecoach::testing::control_isolation_e2e_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -99,4 +99,4 @@ TEST(ControlIsolationE2E, AnotherJobsPauseAndStatusAnswerWhileAJobsStepWaitsOnAF
 }
 
 }  // namespace
-}  // namespace stagecoach::testing
+}  // namespace stagecoach::testing::control_isolation_e2e_test

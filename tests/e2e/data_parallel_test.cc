@@ -35,7 +35,7 @@
 #include "tests/support/reference_mlp.h"
 #include "tests/support/stage_files.h"
 
-namespace stagecoach::testing {
+namespace stagecoach::testing::data_parallel_test {
 namespace {
 
 constexpr double kRtol = 1e-5;
@@ -404,4 +404,4 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 }  // namespace
-}  // namespace stagecoach::testing
+}  // namespace stagecoach::testing::data_parallel_test

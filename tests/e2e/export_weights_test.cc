@@ -26,7 +26,7 @@
 #include "tests/support/python.h"
 #include "tests/support/test_paths.h"
 
-namespace stagecoach::testing {
+namespace stagecoach::testing::export_weights_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -142,4 +142,4 @@ TEST(ExportWeights, StageStateDictsLoadIntoTheOriginalModuleAndGiveThePipelinesO
 }
 
 }  // namespace
-}  // namespace stagecoach::testing
+}  // namespace stagecoach::testing::export_weights_test

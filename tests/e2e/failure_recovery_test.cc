@@ -28,7 +28,7 @@
 #include "tests/support/job_predicates.h"
 #include "tests/support/local_cluster.h"
 
-namespace stagecoach::testing {
+namespace stagecoach::testing::failure_recovery_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -431,4 +431,4 @@ TEST_F(FailureRecovery, RestartedCoordinatorKeepsItsJobsAndContinuesFromTheCheck
 }
 
 }  // namespace
-}  // namespace stagecoach::testing
+}  // namespace stagecoach::testing::failure_recovery_test

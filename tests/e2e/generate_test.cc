@@ -21,7 +21,7 @@
 #include "tests/support/stage_files.h"
 #include "tests/support/token_files.h"
 
-namespace stagecoach::testing {
+namespace stagecoach::testing::generate_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -237,4 +237,4 @@ TEST_F(GenerateTest, RefusesARunningJobAnMlpAndAPromptTheVocabularyLacks) {
 }
 
 }  // namespace
-}  // namespace stagecoach::testing
+}  // namespace stagecoach::testing::generate_test

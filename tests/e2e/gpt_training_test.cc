@@ -18,7 +18,7 @@
 #include "tests/support/local_cluster.h"
 #include "tests/support/token_files.h"
 
-namespace stagecoach::testing {
+namespace stagecoach::testing::gpt_training_test {
 namespace {
 
 constexpr int kVocab = 64;
@@ -92,4 +92,4 @@ TEST(GptTraining, LossFallsOnATokensFileUnderEverySchedule) {
 }
 
 }  // namespace
-}  // namespace stagecoach::testing
+}  // namespace stagecoach::testing::gpt_training_test

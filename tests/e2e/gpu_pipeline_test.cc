@@ -20,7 +20,7 @@
 #include "tests/support/reference_mlp.h"
 #include "tests/support/stage_files.h"
 
-namespace stagecoach::testing {
+namespace stagecoach::testing::gpu_pipeline_test {
 namespace {
 
 constexpr int64_t kSteps = 3;
@@ -94,4 +94,4 @@ INSTANTIATE_TEST_SUITE_P(Schedules, GpuPipelineTest,
                          });
 
 }  // namespace
-}  // namespace stagecoach::testing
+}  // namespace stagecoach::testing::gpu_pipeline_test

@@ -28,7 +28,7 @@
 #include "tests/support/npy_files.h"
 #include "tests/support/reference_mlp.h"
 
-namespace stagecoach::testing {
+namespace stagecoach::testing::inference_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -335,4 +335,4 @@ TEST_F(InferenceTest, GptLogitsHaveTheirShapeAgreeAcrossPlacementsAndAreTheTrain
 }
 
 }  // namespace
-}  // namespace stagecoach::testing
+}  // namespace stagecoach::testing::inference_test

@@ -17,7 +17,7 @@
 #include "tests/support/local_cluster.h"
 #include "tests/support/test_paths.h"
 
-namespace stagecoach::testing {
+namespace stagecoach::testing::job_lifecycle_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -414,4 +414,4 @@ TEST(Daemons, CheckConfigValidatesAndExits) {
 }
 
 }  // namespace
-}  // namespace stagecoach::testing
+}  // namespace stagecoach::testing::job_lifecycle_test

@@ -14,7 +14,7 @@
 #include "tests/support/local_cluster.h"
 #include "tests/support/prometheus_scrape.h"
 
-namespace stagecoach::testing {
+namespace stagecoach::testing::job_retention_test {
 namespace {
 
 constexpr int kRetained = 100;
@@ -151,4 +151,4 @@ TEST_F(JobRetention, ListPagesThroughEveryJobAndFinishedOnesAreKeptByCount) {
 }
 
 }  // namespace
-}  // namespace stagecoach::testing
+}  // namespace stagecoach::testing::job_retention_test

@@ -33,7 +33,7 @@
 #include "tests/support/job_predicates.h"
 #include "tests/support/local_cluster.h"
 
-namespace stagecoach::testing {
+namespace stagecoach::testing::memory_measured_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -252,4 +252,4 @@ TEST(MemoryMeasuredTest, SixteenRanksBringTheVSchedulesNearHalfAndAThird) {
 }
 
 }  // namespace
-}  // namespace stagecoach::testing
+}  // namespace stagecoach::testing::memory_measured_test

@@ -14,7 +14,7 @@
 #include "tests/support/local_cluster.h"
 #include "tests/support/prometheus_scrape.h"
 
-namespace stagecoach::testing {
+namespace stagecoach::testing::metrics_test {
 namespace {
 
 constexpr int kSteps = 4;
@@ -189,4 +189,4 @@ TEST(Metrics, ABadMetricsAddressIsRefusedNamingTheFlag) {
 }
 
 }  // namespace
-}  // namespace stagecoach::testing
+}  // namespace stagecoach::testing::metrics_test

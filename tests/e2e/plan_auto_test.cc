@@ -21,7 +21,7 @@
 #include "tests/support/reference_mlp.h"
 #include "tests/support/stage_files.h"
 
-namespace stagecoach::testing {
+namespace stagecoach::testing::plan_auto_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -148,4 +148,4 @@ TEST(PlanAutoTest, PlanRanksAndAnAutoJobRunsTheChoiceToTheReference) {
 }
 
 }  // namespace
-}  // namespace stagecoach::testing
+}  // namespace stagecoach::testing::plan_auto_test

@@ -24,7 +24,7 @@
 #include "tests/support/reference_mlp.h"
 #include "tests/support/stage_files.h"
 
-namespace stagecoach::testing {
+namespace stagecoach::testing::schedule_matrix_test {
 namespace {
 
 constexpr double kRtol = 1e-5;
@@ -173,4 +173,4 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 }  // namespace
-}  // namespace stagecoach::testing
+}  // namespace stagecoach::testing::schedule_matrix_test

@@ -30,7 +30,7 @@
 #include "tests/support/job_predicates.h"
 #include "tests/support/local_cluster.h"
 
-namespace stagecoach::testing {
+namespace stagecoach::testing::security_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -425,4 +425,4 @@ TEST_F(SecurityTest, CheckConfigReadsCertificatesAndTokens) {
 }
 
 }  // namespace
-}  // namespace stagecoach::testing
+}  // namespace stagecoach::testing::security_test

@@ -33,7 +33,7 @@
 #include "tests/support/npy_files.h"
 #include "tests/support/reference_mlp.h"
 
-namespace stagecoach::testing {
+namespace stagecoach::testing::step_control_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -700,4 +700,4 @@ TEST_F(StepControl, WatchJsonStreamsStepsEndingSucceeded) {
 }
 
 }  // namespace
-}  // namespace stagecoach::testing
+}  // namespace stagecoach::testing::step_control_test

@@ -23,7 +23,7 @@
 #include "tests/support/reference_mlp.h"
 #include "tests/support/stage_files.h"
 
-namespace stagecoach::testing {
+namespace stagecoach::testing::tensors_training_test {
 namespace {
 
 constexpr double kRtol = 1e-5;
@@ -150,4 +150,4 @@ TEST(TensorsData, AJobOnABadFileFailsNamingDataPath) {
 }
 
 }  // namespace
-}  // namespace stagecoach::testing
+}  // namespace stagecoach::testing::tensors_training_test

@@ -31,7 +31,7 @@
 #include "tests/support/reference_gpt.h"
 #include "tests/support/stage_files.h"
 
-namespace stagecoach::testing {
+namespace stagecoach::testing::tied_embeddings_test {
 namespace {
 
 constexpr double kRtol = 1e-5;
@@ -206,4 +206,4 @@ INSTANTIATE_TEST_SUITE_P(Placements, TiedEmbeddings,
                          });
 
 }  // namespace
-}  // namespace stagecoach::testing
+}  // namespace stagecoach::testing::tied_embeddings_test

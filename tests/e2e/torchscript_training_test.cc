@@ -36,7 +36,7 @@
 #include "tests/support/stage_files.h"
 #include "tests/support/test_paths.h"
 
-namespace stagecoach::testing {
+namespace stagecoach::testing::torchscript_training_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -498,4 +498,4 @@ TEST_F(TorchScriptTraining, AnUnknownSplitPointAndAFileThatIsNotTorchScriptAreCl
 }
 
 }  // namespace
-}  // namespace stagecoach::testing
+}  // namespace stagecoach::testing::torchscript_training_test

@@ -37,7 +37,7 @@
 #include "tests/support/reference_mlp.h"
 #include "tests/support/stage_files.h"
 
-namespace stagecoach::testing {
+namespace stagecoach::testing::training_recipe_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -473,4 +473,4 @@ TEST_F(TrainingRecipe, EvalLossesEqualTheReferencesForwardOnTheHeldOutBatches) {
 }
 
 }  // namespace
-}  // namespace stagecoach::testing
+}  // namespace stagecoach::testing::training_recipe_test

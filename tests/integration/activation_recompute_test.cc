@@ -22,7 +22,7 @@
 #include "worker/runtime/pipeline_executor.h"
 #include "worker/transport/in_memory_store.h"
 
-namespace stagecoach::runtime {
+namespace stagecoach::runtime::activation_recompute_test {
 namespace {
 
 constexpr int kMicrobatches = 4;
@@ -187,4 +187,4 @@ TEST(ActivationRecomputeMemory, GPipesActivationPeakDropsByAboutMMinusOneOverM) 
 }
 
 }  // namespace
-}  // namespace stagecoach::runtime
+}  // namespace stagecoach::runtime::activation_recompute_test

@@ -34,7 +34,7 @@
 #include "worker/service/artifact_cache.h"
 #include "worker/service/coordinator_client.h"
 
-namespace stagecoach::testing {
+namespace stagecoach::testing::artifact_upload_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -679,4 +679,4 @@ TEST(UploadedModel, WorkersFetchItAndTrain) {
 }
 
 }  // namespace
-}  // namespace stagecoach::testing
+}  // namespace stagecoach::testing::artifact_upload_test

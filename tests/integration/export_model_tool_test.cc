@@ -25,7 +25,7 @@
 #include "tests/support/python.h"
 #include "tests/support/test_paths.h"
 
-namespace stagecoach::testing {
+namespace stagecoach::testing::export_model_tool_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -225,4 +225,4 @@ TEST_F(ExportModelTool, BadTargetsAreClearErrors) {
 }
 
 }  // namespace
-}  // namespace stagecoach::testing
+}  // namespace stagecoach::testing::export_model_tool_test

@@ -31,7 +31,7 @@
 
 extern char** environ;
 
-namespace stagecoach::transport::testing {
+namespace stagecoach::transport::testing::gloo_transport_test {
 namespace {
 
 using ::stagecoach::testing::FileRendezvousStore;
@@ -438,4 +438,4 @@ TEST(GlooMultiProcessTest, KilledPeerFailsPendingWaitsPromptly) {
 }
 
 }  // namespace
-}  // namespace stagecoach::transport::testing
+}  // namespace stagecoach::transport::testing::gloo_transport_test

@@ -15,7 +15,7 @@
 #include "gtest/gtest.h"
 #include "tests/support/local_cluster.h"
 
-namespace stagecoach::testing {
+namespace stagecoach::testing::grpc_surfaces_test {
 namespace {
 
 constexpr auto kTimeout = std::chrono::seconds(10);
@@ -120,4 +120,4 @@ TEST(GrpcSurfacesTest, EveryServerAnswersHealthChecksAndReflection) {
 }
 
 }  // namespace
-}  // namespace stagecoach::testing
+}  // namespace stagecoach::testing::grpc_surfaces_test

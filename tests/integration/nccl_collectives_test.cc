@@ -23,7 +23,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
-namespace stagecoach::collectives::testing {
+namespace stagecoach::collectives::testing::nccl_collectives_test {
 namespace {
 
 // NCCL's first communicator in a process takes a while (topology detection).
@@ -171,4 +171,4 @@ TEST(NcclCollectivesTest, OneRankGroupAllReducesOnOneGpu) {
 }
 
 }  // namespace
-}  // namespace stagecoach::collectives::testing
+}  // namespace stagecoach::collectives::testing::nccl_collectives_test

@@ -29,7 +29,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
-namespace stagecoach::transport::testing {
+namespace stagecoach::transport::testing::nccl_transport_test {
 namespace {
 
 using ::testing::AllOf;
@@ -835,4 +835,4 @@ TEST_F(NcclLinkTest, AbortCancelsWaitsOnEveryLink) {
 }
 
 }  // namespace
-}  // namespace stagecoach::transport::testing
+}  // namespace stagecoach::transport::testing::nccl_transport_test

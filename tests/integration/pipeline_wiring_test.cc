@@ -18,7 +18,7 @@
 #include "worker/runtime/pipeline_executor.h"
 #include "worker/transport/in_memory_store.h"
 
-namespace stagecoach::runtime {
+namespace stagecoach::runtime::pipeline_wiring_test {
 namespace {
 
 constexpr int kWidth = 6;
@@ -254,4 +254,4 @@ TEST(PipelineWiringLinks, SkipPairsHaveLinksOfTheirOwnOnBothRanks) {
 }
 
 }  // namespace
-}  // namespace stagecoach::runtime
+}  // namespace stagecoach::runtime::pipeline_wiring_test

@@ -11,7 +11,7 @@
 #include "worker/transport/gloo/factory.h"
 #include "worker/transport/in_memory_store.h"
 
-namespace stagecoach::collectives::testing {
+namespace stagecoach::collectives::testing::ring_collectives_test {
 namespace {
 
 absl::StatusOr<std::vector<std::unique_ptr<Collectives>>> CreateRingGroup(int size) {
@@ -48,4 +48,4 @@ TEST(RingCollectives, RefusesAMissingTransport) {
 }
 
 }  // namespace
-}  // namespace stagecoach::collectives::testing
+}  // namespace stagecoach::collectives::testing::ring_collectives_test

@@ -15,7 +15,7 @@
 #include "tests/support/process.h"
 #include "tests/support/test_paths.h"
 
-namespace stagecoach::testing {
+namespace stagecoach::testing::stagectl_schedule_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -243,4 +243,4 @@ TEST(StagectlSchedule, UsageAndConstraintErrors) {
 }
 
 }  // namespace
-}  // namespace stagecoach::testing
+}  // namespace stagecoach::testing::stagectl_schedule_test

@@ -34,7 +34,7 @@
 #include "worker/transport/gloo/factory.h"
 #include "worker/transport/in_memory_store.h"
 
-namespace stagecoach::runtime {
+namespace stagecoach::runtime::task_runner_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -842,4 +842,4 @@ TEST(ForwardActions, KeepsForwardsAndTheirTransfersInOrder) {
 }
 
 }  // namespace
-}  // namespace stagecoach::runtime
+}  // namespace stagecoach::runtime::task_runner_test

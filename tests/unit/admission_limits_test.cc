@@ -19,7 +19,7 @@
 #include "tests/support/test_paths.h"
 #include "tests/unit/coordinator_test_fakes.h"
 
-namespace stagecoach::coordinator {
+namespace stagecoach::coordinator::admission_limits_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -235,4 +235,4 @@ TEST(ErrorText, InvalidUtf8IsFoundAndPlaced) {
 }
 
 }  // namespace
-}  // namespace stagecoach::coordinator
+}  // namespace stagecoach::coordinator::admission_limits_test

@@ -13,7 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace stagecoach::coordinator {
+namespace stagecoach::coordinator::artifact_store_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -268,4 +268,4 @@ TEST(ArtifactStoreDir, RejectsANonPositiveLimit) {
 }
 
 }  // namespace
-}  // namespace stagecoach::coordinator
+}  // namespace stagecoach::coordinator::artifact_store_test

@@ -13,7 +13,7 @@
 #include "gtest/gtest.h"
 #include "stagecoach/v1/coordinator.grpc.pb.h"
 
-namespace stagecoach::rpc {
+namespace stagecoach::rpc::authorized_service_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -157,4 +157,4 @@ TEST(AuthorizeEveryCall, AnUnknownServiceIsRefused) {
 }
 
 }  // namespace
-}  // namespace stagecoach::rpc
+}  // namespace stagecoach::rpc::authorized_service_test

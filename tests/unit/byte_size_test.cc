@@ -6,7 +6,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace stagecoach::util {
+namespace stagecoach::util::byte_size_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -40,4 +40,4 @@ TEST(ParseBytes, RefusesWhatIsNoSize) {
 }
 
 }  // namespace
-}  // namespace stagecoach::util
+}  // namespace stagecoach::util::byte_size_test

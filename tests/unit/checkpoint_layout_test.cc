@@ -4,7 +4,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace stagecoach::checkpoint {
+namespace stagecoach::checkpoint::checkpoint_layout_test {
 namespace {
 
 TEST(CheckpointLayout, NamesAndPaths) {
@@ -35,4 +35,4 @@ TEST(CheckpointLayout, OtherNamesHaveNoStep) {
 }
 
 }  // namespace
-}  // namespace stagecoach::checkpoint
+}  // namespace stagecoach::checkpoint::checkpoint_layout_test

@@ -15,7 +15,7 @@
 #include "gtest/gtest.h"
 #include "tests/support/temp_dir.h"
 
-namespace stagecoach::coordinator {
+namespace stagecoach::coordinator::checkpoint_manifest_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -200,4 +200,4 @@ TEST_F(CheckpointManifestTest, MalformedManifestIsRefused) {
 }
 
 }  // namespace
-}  // namespace stagecoach::coordinator
+}  // namespace stagecoach::coordinator::checkpoint_manifest_test

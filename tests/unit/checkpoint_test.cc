@@ -23,7 +23,7 @@
 #include "gtest/gtest.h"
 #include "tests/support/temp_dir.h"
 
-namespace stagecoach::runtime {
+namespace stagecoach::runtime::checkpoint_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -409,4 +409,4 @@ with open(f"{d}/sums.txt", "w") as f:
 }
 
 }  // namespace
-}  // namespace stagecoach::runtime
+}  // namespace stagecoach::runtime::checkpoint_test

@@ -10,7 +10,7 @@
 #include "gtest/gtest.h"
 #include "tests/unit/coordinator_test_fakes.h"
 
-namespace stagecoach::coordinator {
+namespace stagecoach::coordinator::control_isolation_test {
 namespace {
 
 std::string Spec(int steps, const std::string& extra = "") { return TwoStageSpec(steps, extra); }
@@ -106,4 +106,4 @@ TEST_F(ControlIsolationTest, AStuckJobTableDiskDelaysNeitherHeartbeatsNorReports
 }
 
 }  // namespace
-}  // namespace stagecoach::coordinator
+}  // namespace stagecoach::coordinator::control_isolation_test

@@ -23,7 +23,7 @@
 #include "tests/support/temp_dir.h"
 #include "tests/unit/coordinator_test_fakes.h"
 
-namespace stagecoach::coordinator {
+namespace stagecoach::coordinator::coordinator_components_test {
 namespace {
 
 using ::testing::ElementsAre;
@@ -598,4 +598,4 @@ TEST(Admission, AnInferenceBatchMustFitTheMicrobatches) {
 }
 
 }  // namespace
-}  // namespace stagecoach::coordinator
+}  // namespace stagecoach::coordinator::coordinator_components_test

@@ -11,7 +11,7 @@
 #include "prometheus/registry.h"
 #include "tests/unit/coordinator_test_fakes.h"
 
-namespace stagecoach::coordinator {
+namespace stagecoach::coordinator::coordinator_metrics_test {
 namespace {
 
 // The value of the series `name{labels}`: a gauge's or counter's value, a histogram's sample
@@ -232,4 +232,4 @@ TEST(MetricsBuildInfo, CarriesTheProjectVersion) {
 }
 
 }  // namespace
-}  // namespace stagecoach::coordinator
+}  // namespace stagecoach::coordinator::coordinator_metrics_test

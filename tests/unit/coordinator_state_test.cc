@@ -9,7 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace stagecoach::coordinator {
+namespace stagecoach::coordinator::coordinator_state_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -133,4 +133,4 @@ TEST(JobStateMachine, OnlyTheDiagramsTransitionsAreAllowed) {
 }
 
 }  // namespace
-}  // namespace stagecoach::coordinator
+}  // namespace stagecoach::coordinator::coordinator_state_test

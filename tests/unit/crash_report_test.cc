@@ -10,7 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace stagecoach {
+namespace stagecoach::crash_report_test {
 namespace {
 
 class CrashReportTest : public ::testing::Test {
@@ -52,4 +52,4 @@ TEST_F(CrashReportTest, WithoutAFaultNothingIsPrinted) {
 }
 
 }  // namespace
-}  // namespace stagecoach
+}  // namespace stagecoach::crash_report_test

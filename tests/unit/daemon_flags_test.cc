@@ -15,7 +15,7 @@
 #include "gtest/gtest.h"
 #include "tests/support/temp_dir.h"
 
-namespace stagecoach::daemon {
+namespace stagecoach::daemon::daemon_flags_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -228,4 +228,4 @@ TEST_F(FlagSetTest, HelpIsShownAndNothingIsSet) {
 }
 
 }  // namespace
-}  // namespace stagecoach::daemon
+}  // namespace stagecoach::daemon::daemon_flags_test

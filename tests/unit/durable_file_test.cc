@@ -17,7 +17,7 @@
 #include "gtest/gtest.h"
 #include "tests/support/temp_dir.h"
 
-namespace stagecoach {
+namespace stagecoach::durable_file_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -197,4 +197,4 @@ TEST_F(DurableFileTest, ErrorsNameThePathAndTheReason) {
 }
 
 }  // namespace
-}  // namespace stagecoach
+}  // namespace stagecoach::durable_file_test

@@ -19,7 +19,7 @@
 #include "worker/runtime/training_data.h"
 #include "worker/runtime/training_setup.h"
 
-namespace stagecoach {
+namespace stagecoach::gpt_model_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -283,4 +283,4 @@ TEST_F(TokensTest, ErrorsNameTheFieldAndThePlace) {
 }
 
 }  // namespace
-}  // namespace stagecoach
+}  // namespace stagecoach::gpt_model_test

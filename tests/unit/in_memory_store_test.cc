@@ -11,7 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace stagecoach::transport {
+namespace stagecoach::transport::in_memory_store_test {
 namespace {
 
 using ::testing::AllOf;
@@ -120,4 +120,4 @@ TEST(InMemoryStoreTest, ManyConcurrentWaitersAllWakeUp) {
 }
 
 }  // namespace
-}  // namespace stagecoach::transport
+}  // namespace stagecoach::transport::in_memory_store_test

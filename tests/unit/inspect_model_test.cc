@@ -21,7 +21,7 @@
 #include "tests/support/test_paths.h"
 #include "worker/model/inspect.h"
 
-namespace stagecoach::model {
+namespace stagecoach::model::inspect_model_test {
 namespace {
 
 using ::stagecoach::testing::kPython;
@@ -261,4 +261,4 @@ TEST_F(InspectTorchScriptTest, RefusesWhatCannotBeInspectedNamingTheField) {
 }
 
 }  // namespace
-}  // namespace stagecoach::model
+}  // namespace stagecoach::model::inspect_model_test

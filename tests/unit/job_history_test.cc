@@ -11,7 +11,7 @@
 #include "gtest/gtest.h"
 #include "tests/unit/coordinator_test_fakes.h"
 
-namespace stagecoach::coordinator {
+namespace stagecoach::coordinator::job_history_test {
 namespace {
 
 using ::testing::ElementsAre;
@@ -154,4 +154,4 @@ TEST(JobHistory, ViewsCarryABoundedWindowOfTheHistory) {
 }
 
 }  // namespace
-}  // namespace stagecoach::coordinator
+}  // namespace stagecoach::coordinator::job_history_test

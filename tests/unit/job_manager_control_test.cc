@@ -13,7 +13,7 @@
 #include "gtest/gtest.h"
 #include "tests/unit/coordinator_test_fakes.h"
 
-namespace stagecoach::coordinator {
+namespace stagecoach::coordinator::job_manager_control_test {
 namespace {
 
 using ::testing::AllOf;
@@ -309,4 +309,4 @@ TEST_F(JobManagerControlTest, ARestartedCoordinatorContinuesItsJobsFromTheJobTab
 }
 
 }  // namespace
-}  // namespace stagecoach::coordinator
+}  // namespace stagecoach::coordinator::job_manager_control_test

@@ -14,7 +14,7 @@
 #include "gtest/gtest.h"
 #include "tests/unit/coordinator_test_fakes.h"
 
-namespace stagecoach::coordinator {
+namespace stagecoach::coordinator::job_manager_inference_test {
 namespace {
 
 using ::testing::ElementsAre;
@@ -276,4 +276,4 @@ TEST_F(JobManagerInferenceTest, TrainingStepsCarryEveryRanksBubbleRatio) {
 }
 
 }  // namespace
-}  // namespace stagecoach::coordinator
+}  // namespace stagecoach::coordinator::job_manager_inference_test

@@ -12,7 +12,7 @@
 #include "gtest/gtest.h"
 #include "tests/unit/coordinator_test_fakes.h"
 
-namespace stagecoach::coordinator {
+namespace stagecoach::coordinator::job_manager_inspect_test {
 namespace {
 
 using ::testing::ElementsAre;
@@ -234,4 +234,4 @@ TEST_F(JobManagerInspectTest, InferPlansATorchScriptModelWithoutItsDataSection) 
 }
 
 }  // namespace
-}  // namespace stagecoach::coordinator
+}  // namespace stagecoach::coordinator::job_manager_inspect_test

@@ -16,7 +16,7 @@
 #include "tests/support/temp_dir.h"
 #include "tests/unit/coordinator_test_fakes.h"
 
-namespace stagecoach::coordinator {
+namespace stagecoach::coordinator::job_manager_test {
 namespace {
 
 using ::testing::ElementsAre;
@@ -565,4 +565,4 @@ TEST_F(JobManagerCheckpointTest, CheckpointOnDemandNeedsACheckpointDirectory) {
 }
 
 }  // namespace
-}  // namespace stagecoach::coordinator
+}  // namespace stagecoach::coordinator::job_manager_test

@@ -16,7 +16,7 @@
 #include "gtest/gtest.h"
 #include "tests/unit/coordinator_test_fakes.h"
 
-namespace stagecoach::coordinator {
+namespace stagecoach::coordinator::job_table_test {
 namespace {
 
 using ::testing::ElementsAre;
@@ -277,4 +277,4 @@ TEST(JobWriter, ASlowDiskDoesNotDelayTheCaller) {
 }
 
 }  // namespace
-}  // namespace stagecoach::coordinator
+}  // namespace stagecoach::coordinator::job_table_test

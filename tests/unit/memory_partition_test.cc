@@ -13,7 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace stagecoach::coordinator {
+namespace stagecoach::coordinator::memory_partition_test {
 namespace {
 
 using ::testing::ElementsAre;
@@ -84,4 +84,4 @@ TEST(PartitionByMemory, NeedsMeasuredSizes) {
 }
 
 }  // namespace
-}  // namespace stagecoach::coordinator
+}  // namespace stagecoach::coordinator::memory_partition_test

@@ -12,7 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace stagecoach::coordinator {
+namespace stagecoach::coordinator::memory_prediction_test {
 namespace {
 
 spec::JobSpec Parse(const std::string& schedule, const std::string& training = "",
@@ -132,4 +132,4 @@ TEST(MemoryPrediction, NothingToPredictWithoutMeasuredSizesOrBackward) {
 }
 
 }  // namespace
-}  // namespace stagecoach::coordinator
+}  // namespace stagecoach::coordinator::memory_prediction_test

@@ -10,7 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace stagecoach::client {
+namespace stagecoach::client::npy_test {
 namespace {
 
 using ::testing::ElementsAre;
@@ -163,4 +163,4 @@ TEST(NpyTest, RefusesToWriteAMalformedTensor) {
 }
 
 }  // namespace
-}  // namespace stagecoach::client
+}  // namespace stagecoach::client::npy_test

@@ -13,7 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace stagecoach::coordinator {
+namespace stagecoach::coordinator::plan_search_test {
 namespace {
 
 using ::testing::ElementsAre;
@@ -221,4 +221,4 @@ TEST(PlanSearch, CandidateOverridesSetTheChosenFields) {
 }
 
 }  // namespace
-}  // namespace stagecoach::coordinator
+}  // namespace stagecoach::coordinator::plan_search_test

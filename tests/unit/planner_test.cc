@@ -16,7 +16,7 @@
 #include "gtest/gtest.h"
 #include "tests/support/test_paths.h"
 
-namespace stagecoach::coordinator {
+namespace stagecoach::coordinator::planner_test {
 namespace {
 
 using ::testing::ElementsAre;
@@ -204,9 +204,9 @@ TEST(PlanJob, RefusesWhatCannotRunNamingTheField) {
 }
 
 }  // namespace
-}  // namespace stagecoach::coordinator
+}  // namespace stagecoach::coordinator::planner_test
 
-namespace stagecoach::coordinator {
+namespace stagecoach::coordinator::planner_test {
 namespace {
 
 TEST(PlanJob, EveryExampleConfigPlans) {
@@ -226,9 +226,9 @@ TEST(PlanJob, EveryExampleConfigPlans) {
 }
 
 }  // namespace
-}  // namespace stagecoach::coordinator
+}  // namespace stagecoach::coordinator::planner_test
 
-namespace stagecoach::coordinator {
+namespace stagecoach::coordinator::planner_test {
 namespace {
 
 using ::testing::ElementsAre;
@@ -577,9 +577,9 @@ TEST(PlanJob, BrokenCsvIsRefusedNamingFileLineAndColumn) {
 }
 
 }  // namespace
-}  // namespace stagecoach::coordinator
+}  // namespace stagecoach::coordinator::planner_test
 
-namespace stagecoach::coordinator {
+namespace stagecoach::coordinator::planner_test {
 namespace {
 
 using ::testing::ElementsAre;
@@ -786,4 +786,4 @@ TEST(PlanJob, ProfiledBalancesMeasuredTimes) {
 }
 
 }  // namespace
-}  // namespace stagecoach::coordinator
+}  // namespace stagecoach::coordinator::planner_test

@@ -18,7 +18,7 @@
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
 
-namespace stagecoach::rpc {
+namespace stagecoach::rpc::rpc_metrics_test {
 namespace {
 
 // Calls `method` (a full path) with an empty request; returns the call's status.
@@ -125,4 +125,4 @@ TEST(RpcMetrics, Labels) {
 }
 
 }  // namespace
-}  // namespace stagecoach::rpc
+}  // namespace stagecoach::rpc::rpc_metrics_test

@@ -13,7 +13,7 @@
 #include "gtest/gtest.h"
 #include "tests/support/temp_dir.h"
 
-namespace stagecoach::rpc {
+namespace stagecoach::rpc::rpc_security_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -94,4 +94,4 @@ TEST(TlsCredentials, NoFilesMeansPlaintextAndInconsistentSetsNameTheFlag) {
 }
 
 }  // namespace
-}  // namespace stagecoach::rpc
+}  // namespace stagecoach::rpc::rpc_security_test

@@ -9,7 +9,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/support/test_paths.h"
 
-namespace stagecoach::schedule {
+namespace stagecoach::schedule::schedule_action_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -147,4 +147,4 @@ TEST(ActionGrammar, StrictErrorsExplainWhatIsWrong) {
 }
 
 }  // namespace
-}  // namespace stagecoach::schedule
+}  // namespace stagecoach::schedule::schedule_action_test

@@ -15,7 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace stagecoach::schedule {
+namespace stagecoach::schedule::schedule_controllable_v_test {
 namespace {
 
 int Budget(ScheduleKind kind, int p) {
@@ -96,4 +96,4 @@ TEST(ControllableV, LessMemoryThanZeroBubbleVForMoreBubbles) {
 }
 
 }  // namespace
-}  // namespace stagecoach::schedule
+}  // namespace stagecoach::schedule::schedule_controllable_v_test

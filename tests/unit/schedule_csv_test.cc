@@ -11,7 +11,7 @@
 #include "tests/support/golden.h"
 #include "tests/support/test_paths.h"
 
-namespace stagecoach::schedule {
+namespace stagecoach::schedule::schedule_csv_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -346,4 +346,4 @@ TEST(LoadScheduleCsv, RefusesExplicitCountsPastTheLimits) {
 }
 
 }  // namespace
-}  // namespace stagecoach::schedule
+}  // namespace stagecoach::schedule::schedule_csv_test

@@ -14,7 +14,7 @@
 #include "tests/support/golden.h"
 #include "tests/support/test_paths.h"
 
-namespace stagecoach::schedule {
+namespace stagecoach::schedule::schedule_generators_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -287,4 +287,4 @@ TEST(StageMapping, ParsesStylesAndRejectsBadInputs) {
 }
 
 }  // namespace
-}  // namespace stagecoach::schedule
+}  // namespace stagecoach::schedule::schedule_generators_test

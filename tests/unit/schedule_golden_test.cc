@@ -15,7 +15,7 @@
 #include "gtest/gtest.h"
 #include "tests/support/golden.h"
 
-namespace stagecoach::schedule {
+namespace stagecoach::schedule::schedule_golden_test {
 namespace {
 
 using testing::JoinActions;
@@ -235,4 +235,4 @@ TEST(ScheduleGolden, ConstraintErrors) {
 }
 
 }  // namespace
-}  // namespace stagecoach::schedule
+}  // namespace stagecoach::schedule::schedule_golden_test

@@ -16,7 +16,7 @@
 #include "gtest/gtest.h"
 #include "tests/support/golden.h"
 
-namespace stagecoach::schedule {
+namespace stagecoach::schedule::schedule_interleaved_test {
 namespace {
 
 using testing::DescribeConfig;
@@ -295,4 +295,4 @@ TEST(Sweep, Interleaved1F1B) { Sweep(ScheduleKind::kInterleaved1F1B); }
 TEST(Sweep, InterleavedZeroBubble) { Sweep(ScheduleKind::kInterleavedZeroBubble); }
 
 }  // namespace
-}  // namespace stagecoach::schedule
+}  // namespace stagecoach::schedule::schedule_interleaved_test

@@ -11,7 +11,7 @@
 #include "gtest/gtest.h"
 #include "tests/support/golden.h"
 
-namespace stagecoach::schedule {
+namespace stagecoach::schedule::schedule_lowering_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -316,4 +316,4 @@ TEST(AddSendRecv, RejectsInconsistentInputs) {
 }
 
 }  // namespace
-}  // namespace stagecoach::schedule
+}  // namespace stagecoach::schedule::schedule_lowering_test

@@ -18,7 +18,7 @@
 #include "gtest/gtest.h"
 #include "tests/support/golden.h"
 
-namespace stagecoach::schedule {
+namespace stagecoach::schedule::schedule_memory_test {
 namespace {
 
 using ::testing::ElementsAre;
@@ -349,4 +349,4 @@ TEST(ScheduleMemoryTest, FormatMemory) {
 }
 
 }  // namespace
-}  // namespace stagecoach::schedule
+}  // namespace stagecoach::schedule::schedule_memory_test

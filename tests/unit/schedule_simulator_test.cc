@@ -20,7 +20,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/support/golden.h"
 
-namespace stagecoach::schedule {
+namespace stagecoach::schedule::schedule_simulator_test {
 namespace {
 
 using ::nlohmann::json;
@@ -813,4 +813,4 @@ TEST(FormatChromeTrace, EmptyTimelineIsValid) {
 }
 
 }  // namespace
-}  // namespace stagecoach::schedule
+}  // namespace stagecoach::schedule::schedule_simulator_test

@@ -16,7 +16,7 @@
 #include "gtest/gtest.h"
 #include "tests/support/golden.h"
 
-namespace stagecoach::schedule {
+namespace stagecoach::schedule::schedule_sweep_test {
 namespace {
 
 using testing::ScheduleConfigFor;
@@ -185,4 +185,4 @@ TEST(SweepBubbles, ZeroBubbleVBeatsOneFOneB) {
 }
 
 }  // namespace
-}  // namespace stagecoach::schedule
+}  // namespace stagecoach::schedule::schedule_sweep_test

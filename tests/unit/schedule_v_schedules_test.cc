@@ -15,7 +15,7 @@
 #include "gtest/gtest.h"
 #include "tests/support/golden.h"
 
-namespace stagecoach::schedule {
+namespace stagecoach::schedule::schedule_v_schedules_test {
 namespace {
 
 using testing::DescribeConfig;
@@ -254,4 +254,4 @@ TEST(DualPipeV, TwoRanksFiveMicrobatchesByHand) {
 }
 
 }  // namespace
-}  // namespace stagecoach::schedule
+}  // namespace stagecoach::schedule::schedule_v_schedules_test

@@ -15,7 +15,7 @@
 #include "tests/support/golden.h"
 #include "tests/support/test_paths.h"
 
-namespace stagecoach::schedule {
+namespace stagecoach::schedule::schedule_validator_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -414,4 +414,4 @@ TEST(ValidateLoweredSchedule, DetectsLocalProducerComingLater) {
 }
 
 }  // namespace
-}  // namespace stagecoach::schedule
+}  // namespace stagecoach::schedule::schedule_validator_test

@@ -13,7 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace stagecoach::coordinator {
+namespace stagecoach::coordinator::schedule_view_test {
 namespace {
 
 using ::testing::ElementsAre;
@@ -116,4 +116,4 @@ TEST(ScheduleView, InterleavedOneFOneBOnTwoRanksWithTwoStagesEach) {
 }
 
 }  // namespace
-}  // namespace stagecoach::coordinator
+}  // namespace stagecoach::coordinator::schedule_view_test

@@ -6,7 +6,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace stagecoach::spec {
+namespace stagecoach::spec::spec_overrides_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -54,4 +54,4 @@ TEST(SpecOverridesTest, APathThroughAScalarIsAnError) {
 }
 
 }  // namespace
-}  // namespace stagecoach::spec
+}  // namespace stagecoach::spec::spec_overrides_test

@@ -16,7 +16,7 @@
 #include "tests/unit/spec_test_util.h"
 #include "tests/support/test_paths.h"
 
-namespace stagecoach::spec {
+namespace stagecoach::spec::spec_parser_test {
 namespace {
 
 using ::testing::ElementsAre;
@@ -912,4 +912,4 @@ TEST(SpecParserTest, CrossFieldCheckOnlyWhenBothFieldsAreValid) {
 }
 
 }  // namespace
-}  // namespace stagecoach::spec
+}  // namespace stagecoach::spec::spec_parser_test

@@ -9,7 +9,7 @@
 #include "gtest/gtest.h"
 #include "tests/unit/spec_test_util.h"
 
-namespace stagecoach::spec {
+namespace stagecoach::spec::spec_recipe_test {
 namespace {
 
 using ::testing::ElementsAre;
@@ -135,4 +135,4 @@ TEST(SpecRecipeTest, EvalErrorsNameTheField) {
 }
 
 }  // namespace
-}  // namespace stagecoach::spec
+}  // namespace stagecoach::spec::spec_recipe_test

@@ -9,7 +9,7 @@
 
 #include "gtest/gtest.h"
 
-namespace stagecoach::runtime {
+namespace stagecoach::runtime::split_backward_test {
 namespace {
 
 // Identity whose backward counts its calls: put on the input path, it tells whether W ran
@@ -183,4 +183,4 @@ TEST(SplitBackwardTest, SeveralInputsAndOutputsOffTheInputPathMatchAFullBackward
 }
 
 }  // namespace
-}  // namespace stagecoach::runtime
+}  // namespace stagecoach::runtime::split_backward_test

@@ -28,7 +28,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/unit/stagectl_test_events.h"
 
-namespace stagecoach::client {
+namespace stagecoach::client::stagectl_commands_test {
 namespace {
 
 using ::testing::AllOf;
@@ -465,4 +465,4 @@ TEST_F(CommandsTest, WatchExitsOneWhenTheJobFailsOrTheStreamEndsEarly) {
 }
 
 }  // namespace
-}  // namespace stagecoach::client
+}  // namespace stagecoach::client::stagectl_commands_test

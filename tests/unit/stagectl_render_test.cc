@@ -15,7 +15,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/unit/stagectl_test_events.h"
 
-namespace stagecoach::client {
+namespace stagecoach::client::stagectl_render_test {
 namespace {
 
 using ::testing::AllOf;
@@ -221,4 +221,4 @@ TEST(RenderJobTest, ShowsRestartsFailureGlobalStepAndPause) {
 }
 
 }  // namespace
-}  // namespace stagecoach::client
+}  // namespace stagecoach::client::stagectl_render_test

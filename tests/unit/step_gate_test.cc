@@ -16,7 +16,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 
-namespace stagecoach::runtime {
+namespace stagecoach::runtime::step_gate_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -440,4 +440,4 @@ TEST(StepGate, TheCheckGivesUpWhenTheTaskThreadDoesNotComeBack) {
 }
 
 }  // namespace
-}  // namespace stagecoach::runtime
+}  // namespace stagecoach::runtime::step_gate_test

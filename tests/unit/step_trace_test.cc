@@ -19,7 +19,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 
-namespace stagecoach::coordinator {
+namespace stagecoach::coordinator::step_trace_test {
 namespace {
 
 using nlohmann::json;
@@ -376,4 +376,4 @@ TEST(MeasuredStepTrace, SimulatedOneFOneBStepKeepsCausality) {
 }
 
 }  // namespace
-}  // namespace stagecoach::coordinator
+}  // namespace stagecoach::coordinator::step_trace_test

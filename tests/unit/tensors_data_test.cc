@@ -16,7 +16,7 @@
 #include "tests/support/python.h"
 #include "worker/runtime/training_data.h"
 
-namespace stagecoach {
+namespace stagecoach::tensors_data_test {
 namespace {
 
 using ::stagecoach::testing::kPython;
@@ -225,4 +225,4 @@ TEST_F(TensorsDataTest, ErrorsNameDataPathAndTheProblem) {
 }
 
 }  // namespace
-}  // namespace stagecoach
+}  // namespace stagecoach::tensors_data_test

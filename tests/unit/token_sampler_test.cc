@@ -12,7 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace stagecoach::coordinator {
+namespace stagecoach::coordinator::token_sampler_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -108,4 +108,4 @@ TEST(GenerationTensors, LastPositionLogitsAreRowZerosLastPosition) {
 }
 
 }  // namespace
-}  // namespace stagecoach::coordinator
+}  // namespace stagecoach::coordinator::token_sampler_test

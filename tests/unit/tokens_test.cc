@@ -13,7 +13,7 @@
 #include "gtest/gtest.h"
 #include "tests/support/temp_dir.h"
 
-namespace stagecoach {
+namespace stagecoach::tokens_test {
 namespace {
 
 using ::testing::ElementsAre;
@@ -172,4 +172,4 @@ TEST_F(TokensCommandTest, RefusesBadArgumentsAndFilesNamingThem) {
 }
 
 }  // namespace
-}  // namespace stagecoach
+}  // namespace stagecoach::tokens_test

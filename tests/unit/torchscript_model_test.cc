@@ -23,7 +23,7 @@
 #include "tests/support/python.h"
 #include "tests/support/test_paths.h"
 
-namespace stagecoach::model {
+namespace stagecoach::model::torchscript_model_test {
 namespace {
 
 using ::stagecoach::testing::kPython;
@@ -421,4 +421,4 @@ TEST_F(TorchScriptModelTest, RefusesImpossibleCuts) {
 }
 
 }  // namespace
-}  // namespace stagecoach::model
+}  // namespace stagecoach::model::torchscript_model_test

@@ -8,7 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace stagecoach {
+namespace stagecoach::training_recipe_test {
 namespace {
 
 using ::testing::ElementsAre;
@@ -95,4 +95,4 @@ TEST(TrainingRecord, CountsTheSkippedStepsInARowAndForgetsWhatARestartReruns) {
 }
 
 }  // namespace
-}  // namespace stagecoach
+}  // namespace stagecoach::training_recipe_test

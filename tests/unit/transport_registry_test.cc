@@ -30,7 +30,7 @@
 #include "worker/transport/registry.h"
 #include "worker/transport/transport.h"
 
-namespace stagecoach::transport {
+namespace stagecoach::transport::transport_registry_test {
 namespace {
 
 using ::testing::ElementsAre;
@@ -453,4 +453,4 @@ TEST(TransportByCapability, ExecutorHandsDeviceMemoryBackendsTheComputeDevice) {
 }
 
 }  // namespace
-}  // namespace stagecoach::transport
+}  // namespace stagecoach::transport::transport_registry_test

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/rpc/address.h"
 #include "common/util/logging.h"
 
 namespace stagecoach::coordinator {
@@ -121,6 +122,22 @@ AttemptStart Placement::PrepareAttemptLocked(Job& job, bool restarting) {
   return start;
 }
 
+namespace {
+
+std::string HostOf(const std::string& address) {
+  auto parsed = rpc::ParseHostPort(address, "worker address");
+  return parsed.ok() ? parsed->host : address;
+}
+
+}  // namespace
+
+int RanksOnHost(const std::vector<RankSlot>& ranks, const std::string& address) {
+  const std::string host = HostOf(address);
+  return static_cast<int>(std::count_if(ranks.begin(), ranks.end(), [&](const RankSlot& slot) {
+    return HostOf(slot.worker_address) == host;
+  }));
+}
+
 StartOrder Placement::AssignRanksLocked(Job& job, const std::vector<WorkerRecord>& workers,
                                         const AttemptStart& start) {
   const int64_t step_limit = job.hold_step >= 0 ? job.hold_step : job.finish_step;
@@ -145,8 +162,9 @@ StartOrder Placement::AssignRanksLocked(Job& job, const std::vector<WorkerRecord
     }
   }
   for (const RankSlot& slot : job.ranks) {
-    order.tasks.emplace_back(slot.worker_address,
-                             BuildTaskAssignment(job, slot, start, step_limit, settings_));
+    v1::TaskAssignment task = BuildTaskAssignment(job, slot, start, step_limit, settings_);
+    task.set_ranks_on_host(RanksOnHost(job.ranks, slot.worker_address));
+    order.tasks.emplace_back(slot.worker_address, std::move(task));
     absl::Status assigned = registry_->Assign(slot.worker_id, job.id, slot.rank);
     if (!assigned.ok()) spdlog::error("{}: {}", job.id, assigned.message());
   }

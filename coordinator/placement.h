@@ -39,6 +39,10 @@ struct StartOrder {
   std::string set_aside_tag;
 };
 
+// How many of `ranks` have workers whose address has the host of `address` (TaskAssignment's
+// ranks_on_host; unparsable addresses count by their whole text). Pure.
+int RanksOnHost(const std::vector<RankSlot>& ranks, const std::string& address);
+
 class Placement {
  public:
   // `registry` must outlive it.

@@ -49,6 +49,7 @@ struct Config {
   std::string device = "cpu";
   sc::worker::ArtifactCacheOptions cache;
   std::string coordinator_token;
+  int threads = 0;  // 0: the CPUs this process may use, shared by the job's ranks on this host
 };
 
 void DeclareFlags(sc::daemon::FlagSet& flags, Config* c) {
@@ -65,6 +66,12 @@ void DeclareFlags(sc::daemon::FlagSet& flags, Config* c) {
   flags.AddString("cache-dir", &c->cache.dir,
                   "where artifacts fetched from the coordinator (uploaded models and data) are "
                   "kept (default: a private directory under $TMPDIR or /tmp, removed at exit)");
+  flags
+      .AddInt("threads", &c->threads, 0, "threads",
+              "LibTorch compute threads of a task; 0: the CPUs this process may use (affinity "
+              "mask, cgroup quota) divided among the task's job's ranks on this host (default: "
+              "$STAGECOACH_THREADS, else 0)")
+      .DefaultFromEnv("STAGECOACH_THREADS");
   flags.AddTokenFile("coordinator-token-file", &c->coordinator_token,
                      "file holding the token sent to the coordinator (its --worker-token-file)");
 }
@@ -115,10 +122,12 @@ int main(int argc, char** argv) {
   task_deps.resolve_file = (*artifact_cache)->Resolver();
   // One task per worker process, so the process's tensor bytes are the task's.
   task_deps.memory_counter = &sc::runtime::CountingCpuAllocator::Install();
+  task_deps.compute_threads = config.threads;
   sc::worker::TaskManager tasks(task_deps);
   sc::worker::WorkerServiceOptions service_options;
   service_options.resolve_file = task_deps.resolve_file;
   service_options.device = config.device;
+  service_options.compute_threads = config.threads;
   sc::worker::WorkerServiceImpl service(&tasks, service_options);
   // Only the coordinator this worker registered with may call it (its session token): checked
   // on every call, before the service sees it.

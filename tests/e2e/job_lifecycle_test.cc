@@ -255,6 +255,10 @@ TEST(JobLifecycle, WatchShowsEveryStepWithItsLoss) {
   EXPECT_THAT(list.out, HasSubstr("6/6"));
   CommandResult yaml = c.Stagectl({"-o", "yaml", "status", job_id});
   EXPECT_THAT(yaml.out, HasSubstr("state: SUCCEEDED"));
+  // Both workers listen on 127.0.0.1: each divides the CPUs it may use by the job's 2 ranks
+  // there (worker/runtime/compute_threads.h).
+  EXPECT_THAT(c.Logs(), HasSubstr("rank 0: "));
+  EXPECT_THAT(c.Logs(), HasSubstr("2 of the job's ranks on this host)"));
 }
 
 // A spec that runs the schedule file `csv` (a path relative to the spec) on the MlpSpec model.

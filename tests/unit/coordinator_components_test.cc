@@ -86,6 +86,20 @@ TEST(Placement, GangsInFifoOrderAndSaysWhyAJobWaits) {
   EXPECT_FALSE(task.has_resume());
   EXPECT_EQ(task.actions(0), "2RECV_F0");
   EXPECT_TRUE(orders[0].set_aside_dir.empty()) << "a first attempt sets nothing aside";
+  EXPECT_EQ(task.ranks_on_host(), 1) << "10.0.0.1, 10.0.0.2 and 10.0.0.3 are three hosts";
+}
+
+TEST(Placement, RanksOnHostCountsTheJobsRanksAtTheSameHost) {
+  std::vector<RankSlot> ranks(5);
+  ranks[0].worker_address = "127.0.0.1:7001";
+  ranks[1].worker_address = "127.0.0.1:7002";
+  ranks[2].worker_address = "10.0.0.2:7000";
+  ranks[3].worker_address = "[::1]:7000";
+  ranks[4].worker_address = "127.0.0.1:7003";
+  EXPECT_EQ(RanksOnHost(ranks, "127.0.0.1:7002"), 3);
+  EXPECT_EQ(RanksOnHost(ranks, "10.0.0.2:7000"), 1);
+  EXPECT_EQ(RanksOnHost(ranks, "[::1]:9"), 1);
+  EXPECT_EQ(RanksOnHost(ranks, "10.0.0.9:7000"), 0);
 }
 
 TEST(Placement, ARestartWaitsForItsWorkersAndManifestsThenResumesFromTheLatestCheckpoint) {

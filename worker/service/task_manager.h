@@ -33,6 +33,9 @@ struct TaskManagerDeps {
   runtime::FileResolver resolve_file;
   // TaskRunnerDeps::memory_counter.
   runtime::CountingCpuAllocator* memory_counter = nullptr;
+  // The worker's --threads (0: by the policy of runtime/compute_threads.h, with the task's
+  // ranks_on_host), set on the task's thread before it runs.
+  int compute_threads = 0;
 };
 
 // Thread-safe.

@@ -6,6 +6,7 @@
 #include "common/rpc/status_conversion.h"
 #include "common/spec/spec_parser.h"
 #include "worker/model/inspect.h"
+#include "worker/runtime/compute_threads.h"
 
 namespace stagecoach::worker {
 namespace {
@@ -74,8 +75,10 @@ grpc::Status WorkerServiceImpl::InspectModel(grpc::ServerContext* ctx,
       }
     }
     inspections_.emplace_back(
-        inspection, std::thread([inspection, spec, model_path, device, profile = req->profile(),
-                                 iterations = req->profile_iterations()] {
+        inspection,
+        std::thread([inspection, spec, model_path, device, profile = req->profile(),
+                     iterations = req->profile_iterations(), threads = options_.compute_threads] {
+          if (threads > 0) runtime::UseComputeThreads(threads);
           inspection->result = model::InspectModel(spec, profile, iterations, model_path, device);
           inspection->done.Notify();
         }));

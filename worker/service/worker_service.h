@@ -25,6 +25,9 @@ struct WorkerServiceOptions {
   // The worker's device, "cpu" or "cuda:N": InspectModel profiles a job placed on cuda there
   // (on the CPU when the worker has no GPU, and for cpu jobs).
   std::string device = "cpu";
+  // The worker's --threads: an inspection's profiling computes with that many threads (0:
+  // LibTorch's own default, left alone).
+  int compute_threads = 0;
 };
 
 class WorkerServiceImpl final : public v1::WorkerService::Service {

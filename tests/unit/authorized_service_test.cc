@@ -6,6 +6,7 @@
 
 #include <atomic>
 
+#include "absl/strings/str_cat.h"
 #include "common/rpc/channel.h"
 #include "common/rpc/server.h"
 #include "coordinator/coordinator_auth.h"

@@ -22,6 +22,7 @@ namespace {
 using ::stagecoach::testing::kPython;
 using ::stagecoach::testing::PythonHasTorch;
 
+using ::testing::AnyOf;
 using ::testing::HasSubstr;
 
 // Writes every file the tests read into the directory argv[1]. Rows are numbered so a batch
@@ -181,7 +182,6 @@ TEST_F(TensorsDataTest, ErrorsNameDataPathAndTheProblem) {
   };
   for (const Case& c : std::vector<Case>{
            {"text.pt", "cross_entropy", "is not a file written by torch.save"},
-           {"one_key.pt", "cross_entropy", "is not a file written by torch.save"},
            {"list.pt", "cross_entropy", "not a dict"},
            {"no_inputs.pt", "cross_entropy", "has no \"inputs\" key"},
            {"no_targets.pt", "cross_entropy", "has no \"targets\" key"},
@@ -212,6 +212,11 @@ TEST_F(TensorsDataTest, ErrorsNameDataPathAndTheProblem) {
     EXPECT_THAT(message, HasSubstr(absl::StrCat("data.path: '", Path(c.file), "' ")));
     EXPECT_THAT(message, HasSubstr(c.want));
   }
+
+  // LibTorch 1.13's unpickler cannot read a one-entry dict (pickle's SETITEM); 2.6's reads it and
+  // finds no "targets".
+  EXPECT_THAT(Error(Spec("one_key.pt")), AnyOf(HasSubstr("is not a file written by torch.save"),
+                                               HasSubstr("has no \"targets\" key")));
 
   spec::JobSpec no_path = Spec("good.pt");
   no_path.data.path.clear();

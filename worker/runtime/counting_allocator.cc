@@ -37,7 +37,7 @@ CountingCpuAllocator& CountingCpuAllocator::Install() {
   return *counter;
 }
 
-c10::DataPtr CountingCpuAllocator::allocate(size_t bytes) const {
+c10::DataPtr CountingCpuAllocator::allocate(size_t bytes) STAGECOACH_ALLOCATE_CONST {
   c10::DataPtr inner = wrapped_->allocate(bytes + kHeaderBytes);
   auto* block = static_cast<char*>(inner.get());
   const c10::Device device = inner.device();
@@ -49,6 +49,12 @@ c10::DataPtr CountingCpuAllocator::allocate(size_t bytes) const {
   void* data = block + kHeaderBytes;
   return c10::DataPtr(data, data, &CountingCpuAllocator::Release, device);
 }
+
+#if STAGECOACH_TORCH_AT_LEAST(2, 1)
+void CountingCpuAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
+  default_copy_data(dest, src, count);
+}
+#endif
 
 c10::DeleterFnPtr CountingCpuAllocator::raw_deleter() const {
   return &CountingCpuAllocator::Release;

@@ -13,7 +13,10 @@
 #include <c10/core/Allocator.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
+
+#include "worker/runtime/torch_version.h"
 
 namespace stagecoach::runtime {
 
@@ -32,8 +35,12 @@ class CountingCpuAllocator final : public c10::Allocator {
 
   // The data pointer is also the context (raw_allocate and raw_deallocate work); each block
   // carries a 64-byte header in front, not counted.
-  c10::DataPtr allocate(size_t bytes) const override;
+  c10::DataPtr allocate(size_t bytes) STAGECOACH_ALLOCATE_CONST override;
   c10::DeleterFnPtr raw_deleter() const override;
+#if STAGECOACH_TORCH_AT_LEAST(2, 1)
+  // Allocator::clone's copy (pure virtual from 2.1 on): a plain memcpy of the payload.
+  void copy_data(void* dest, const void* src, std::size_t count) const override;
+#endif
 
  private:
   explicit CountingCpuAllocator(c10::Allocator* wrapped) : wrapped_(wrapped) {}

@@ -20,6 +20,7 @@
 #include "common/util/sha256.h"
 #include "common/util/status_macros.h"
 #include "worker/runtime/optimizer_state.h"
+#include "worker/runtime/torch_save.h"
 
 namespace stagecoach::runtime {
 namespace {
@@ -249,9 +250,10 @@ static absl::StatusOr<std::vector<char>> StateBytes(
     root.insert("stage", static_cast<int64_t>(stage));
     root.insert("step", global_step);
     root.insert("data_position", data_position);
-    if (export_bytes != nullptr)
-      *export_bytes = torch::pickle_save(c10::IValue(TensorDict(values)));
-    return torch::pickle_save(c10::IValue(root));
+    // TorchSaveBytes, not torch::pickle_save: files that PyTorch >= 2.6 loads with its default
+    // weights_only=True.
+    if (export_bytes != nullptr) *export_bytes = TorchSaveBytes(c10::IValue(TensorDict(values)));
+    return TorchSaveBytes(c10::IValue(root));
   } catch (const c10::Error& e) {
     return absl::InternalError(
         absl::StrCat("checkpoint: saving stage ", stage, " failed: ", e.what_without_backtrace()));

@@ -17,6 +17,8 @@ absl::Status SessionToken::Check(const grpc::ServerContext& ctx) {
   std::string token;
   {
     absl::MutexLock lock(&mu_);
+    auto registered = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !token_.empty(); };
+    mu_.AwaitWithTimeout(absl::Condition(&registered), registration_grace_);
     token = token_;
   }
   if (token.empty()) {

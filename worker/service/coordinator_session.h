@@ -22,15 +22,22 @@ namespace stagecoach::worker {
 // the session and checked by WorkerService on every call. Thread-safe.
 class SessionToken {
  public:
+  // A coordinator may call this worker (StartTask) as soon as it has answered RegisterWorker,
+  // before the worker has read the answer: a call that finds no token waits up to
+  // `registration_grace` for one.
+  explicit SessionToken(absl::Duration registration_grace = absl::Seconds(2))
+      : registration_grace_(registration_grace) {}
+
   // Replaces the token; an empty one refuses every call (not registered).
   void Set(const std::string& token);
 
   // OK when `ctx` carries "authorization: Bearer <token>" of the current registration;
   // UNAUTHENTICATED "call not from this worker's coordinator (...)" otherwise, and for every
-  // call before the first registration.
+  // call while the worker is not registered (after the registration grace).
   absl::Status Check(const grpc::ServerContext& ctx);
 
  private:
+  const absl::Duration registration_grace_;
   absl::Mutex mu_;
   std::string token_ ABSL_GUARDED_BY(mu_);
 };

@@ -131,11 +131,16 @@ std::string HostOf(const std::string& address) {
 
 }  // namespace
 
+std::map<std::string, int> RanksByHost(const std::vector<RankSlot>& ranks) {
+  std::map<std::string, int> counts;
+  for (const RankSlot& slot : ranks) ++counts[HostOf(slot.worker_address)];
+  return counts;
+}
+
 int RanksOnHost(const std::vector<RankSlot>& ranks, const std::string& address) {
-  const std::string host = HostOf(address);
-  return static_cast<int>(std::count_if(ranks.begin(), ranks.end(), [&](const RankSlot& slot) {
-    return HostOf(slot.worker_address) == host;
-  }));
+  const std::map<std::string, int> counts = RanksByHost(ranks);
+  const auto it = counts.find(HostOf(address));
+  return it == counts.end() ? 0 : it->second;
 }
 
 StartOrder Placement::AssignRanksLocked(Job& job, const std::vector<WorkerRecord>& workers,
@@ -161,9 +166,11 @@ StartOrder Placement::AssignRanksLocked(Job& job, const std::vector<WorkerRecord
       if (action.has_value()) slot.actions.push_back(action->ToString());
     }
   }
+  // Counted once per attempt: a job may have thousands of ranks.
+  const std::map<std::string, int> ranks_by_host = RanksByHost(job.ranks);
   for (const RankSlot& slot : job.ranks) {
     v1::TaskAssignment task = BuildTaskAssignment(job, slot, start, step_limit, settings_);
-    task.set_ranks_on_host(RanksOnHost(job.ranks, slot.worker_address));
+    task.set_ranks_on_host(ranks_by_host.at(HostOf(slot.worker_address)));
     order.tasks.emplace_back(slot.worker_address, std::move(task));
     absl::Status assigned = registry_->Assign(slot.worker_id, job.id, slot.rank);
     if (!assigned.ok()) spdlog::error("{}: {}", job.id, assigned.message());

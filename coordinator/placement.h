@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,8 +40,11 @@ struct StartOrder {
   std::string set_aside_tag;
 };
 
+// How many of `ranks` have workers at each host (the host of each worker address; unparsable
+// addresses count by their whole text). Pure.
+std::map<std::string, int> RanksByHost(const std::vector<RankSlot>& ranks);
 // How many of `ranks` have workers whose address has the host of `address` (TaskAssignment's
-// ranks_on_host; unparsable addresses count by their whole text). Pure.
+// ranks_on_host). Pure.
 int RanksOnHost(const std::vector<RankSlot>& ranks, const std::string& address);
 
 class Placement {

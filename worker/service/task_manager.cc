@@ -105,11 +105,11 @@ absl::Status TaskManager::Launch(const v1::TaskAssignment& task, std::thread& fi
   runtime::TaskRunner* runner = runner_.get();
   spdlog::info("starting {} attempt {} rank {}/{} replica {}/{}", task.job_id(), task.attempt(),
                task.rank(), task.world_size(), task.replica(), std::max(1, task.replicas()));
-  const int threads = runtime::ChooseComputeThreads(
-      deps_.compute_threads, runtime::ReadCpuAllowance(), task.ranks_on_host());
+  const runtime::CpuAllowance cpus = runtime::ReadCpuAllowance();
+  const int threads =
+      runtime::ChooseComputeThreads(deps_.compute_threads, cpus, task.ranks_on_host());
   spdlog::info("{} rank {}: {}", task.job_id(), task.rank(),
-               runtime::DescribeComputeThreads(deps_.compute_threads, runtime::ReadCpuAllowance(),
-                                               task.ranks_on_host()));
+               runtime::DescribeComputeThreads(deps_.compute_threads, cpus, task.ranks_on_host()));
   thread_ = std::thread([this, runner, threads] {
     runtime::UseComputeThreads(threads);
     const v1::ReportTaskEndRequest end = runner->Run();

@@ -17,12 +17,13 @@ Writes, with torch.jit.script and torch.jit.save, each model built from a fixed 
                  parameter `bias` is read after a and again after b (stage 0 passes it on).
   state_dict.pt  torch.save of sequential.pt's state_dict: not TorchScript (refused).
 
-With --bench it also writes the larger models of bench/model_bench.cc (input width 1024, about
-8.4M parameters each, seed 0):
+With --bench it also writes the models of bench/model_bench.cc and bench/peer_bench.cc (seed 0;
+the first two of input width 1024, about 8.4M parameters each):
   bench_mlp.pt   nn.Sequential of 8 Linear(1024, 1024) + ReLU pairs (16 layers, sequential).
   bench_skip.pt  BenchSkipNet: 8 Blocks of 1024; cut at equal layer counts into 4 stages
                  ([0, 2, 4, 6]) stage 0's output reaches stage 2 directly (across two
                  boundaries) and stage 1's reaches stage 3.
+  bench_tiny_mlp.pt  bench_mlp.pt at width 16 (the runtimes' per-step overhead).
 
 The nn.Module classes are importable (`from make_models import SkipNet`) for Python reference
 checks; make(name) builds the seeded eager module saved as a file name.
@@ -198,6 +199,15 @@ def bench_mlp_net() -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+def bench_tiny_mlp_net() -> nn.Sequential:
+    """bench_mlp.pt's 16 layers at width 16: a step costs little compute, so its time is the
+    runtime's own per-step overhead (bench/peer_bench.cc --model)."""
+    layers = []
+    for _ in range(8):
+        layers += [nn.Linear(16, 16), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
 class BenchSkipNet(nn.Module):
     """8 Blocks of 1024 (a..h) with two skips, each across two stage boundaries at [0, 2, 4, 6]:
     b's output is added to e's, and d's output to g's."""
@@ -223,6 +233,7 @@ class BenchSkipNet(nn.Module):
 BENCH_BUILDERS = {
     "bench_mlp.pt": bench_mlp_net,
     "bench_skip.pt": BenchSkipNet,
+    "bench_tiny_mlp.pt": bench_tiny_mlp_net,
 }
 
 

@@ -1,0 +1,341 @@
+// Stagecoach against PyTorch's own pipelining runtime (torch.distributed.pipelining) on one job:
+// the same TorchScript MLP, weights and data file, the same batch, microbatches, loss (mse) and
+// optimizer (SGD), 2 ranks with --threads compute threads each. Stagecoach runs through its
+// daemons (a coordinator and 2 workers on loopback, tests/support/local_cluster); PyTorch runs
+// bench/peer/torch_pipelining.py, 2 processes over gloo. For every schedule both have, the two
+// alternate over --rounds rounds; the table gives each side's median step, its spread (p90/p50
+// over the measured steps of every round) and the ratio PyTorch ÷ Stagecoach (above 1: we are
+// faster), and the largest difference of their per-step losses.
+//
+// A step's time is the slowest rank's own step on both sides: Stagecoach's step_time_seconds
+// (from each rank's step start to its last send and optimizer step), PyTorch's from the start of
+// schedule.step() to the end of opt.step() on each rank; no barrier inside either.
+//
+// PyTorch 2.4-2.6 on gloo needs workarounds to run most schedules (torch_pipelining.py's
+// docstring lists them); the table runs PyTorch with them, and the last column says what PyTorch
+// does as shipped (--shipped-steps steps, --shipped-timeout each; --shipped-steps 0 skips it).
+//
+// PyTorch comes from --torch-root, a chroot with PyTorch >= 2.4 (scripts/trixie_chroot.sh makes
+// one: Debian 12's 1.13 has no pipelining), or, with --torch-root '', from --python on this host.
+// --model big (the default) is bench_mlp.pt, 8 x (Linear(1024, 1024), ReLU); --model tiny is
+// bench_tiny_mlp.pt, the same at width 16, whose step time is each runtime's own overhead. Both
+// come from tests/models/make_models.py --bench, run with /usr/bin/python3 (any PyTorch).
+//
+//   sudo scripts/trixie_chroot.sh /var/tmp/stagecoach-trixie
+//   sudo build/bench/peer_bench [--model big|tiny|FILE] [--schedules 1F1B,ZBVZeroBubble]
+//        [--rounds 3] [--steps 20] [--warmup 4] [--batch 256] [--microbatches 8] [--threads 1]
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "bench/bench_support.h"
+#include "nlohmann/json.hpp"
+#include "tests/support/local_cluster.h"
+#include "tests/support/process.h"
+
+namespace sc = stagecoach;
+using nlohmann::json;
+
+namespace {
+
+struct Options {
+  std::string torch_root = "/var/tmp/stagecoach-trixie";
+  std::string python = "/usr/bin/python3";
+  std::string model = "big";
+  std::string schedules =
+      "GPipe,1F1B,Interleaved1F1B,LoopedBFS,InterleavedZeroBubble,ZBVZeroBubble";
+  int rounds = 3, steps = 20, warmup = 4, batch = 256, microbatches = 8, threads = 1;
+  int shipped_steps = 4, shipped_timeout = 30;
+  double lr = 0.01;
+};
+
+// One run's measured steps (after the warmup) and every step's loss.
+struct Run {
+  std::vector<double> times, losses;
+};
+
+struct Row {
+  std::string schedule;
+  std::vector<double> ours, theirs;  // measured steps of every round
+  double max_loss_diff = 0;
+  std::string shipped = "not run";
+  json torch_info;
+};
+
+bool IsMulti(const std::string& schedule) { return schedule != "GPipe" && schedule != "1F1B"; }
+
+double Quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(std::lround(q * (v.size() - 1)))];
+}
+
+// Runs torch_pipelining.py with `args` (paths in them as the host sees them under the root).
+class TorchSide {
+ public:
+  TorchSide(const Options& o, std::string work) : o_(o), work_(std::move(work)) {}
+
+  // The path PyTorch's process sees for the host path `host`.
+  std::string Inside(const std::string& host) const {
+    return o_.torch_root.empty() ? host : host.substr(o_.torch_root.size());
+  }
+
+  json Call(std::vector<std::string> args, int timeout_s) const {
+    std::vector<std::string> argv;
+    if (!o_.torch_root.empty()) {
+      argv = {"/usr/sbin/chroot", o_.torch_root,           "/usr/bin/env",
+              "USE_LIBUV=0",      "GLOO_SOCKET_IFNAME=lo", "python3"};
+    } else {
+      argv = absl::StrSplit(o_.python, ' ', absl::SkipEmpty());
+    }
+    argv.push_back(Inside(work_ + "/torch_pipelining.py"));
+    argv.insert(argv.end(), args.begin(), args.end());
+    sc::testing::CommandResult r = sc::testing::RunCommand(argv, absl::Seconds(timeout_s + 60));
+    if (r.exit_code != 0) {
+      sc::bench::Fail(absl::StrJoin(argv, " "),
+                      absl::InternalError(absl::StrCat("exit ", r.exit_code, ": ", r.err)));
+    }
+    if (args[0] == "data") return json::object();
+    // The result is the last line of stdout.
+    absl::string_view text = absl::StripTrailingAsciiWhitespace(r.out);
+    const size_t line = text.rfind('\n');
+    json out =
+        json::parse(line == absl::string_view::npos ? text : text.substr(line + 1), nullptr, false);
+    if (!out.is_object()) sc::bench::Fail("torch_pipelining.py", absl::InternalError(r.out));
+    return out;
+  }
+
+  // A run with the workarounds: the measured steps (slowest rank per step) and losses.
+  Run Measure(const std::string& schedule, json* info) const {
+    json out = Call(RunArgs(schedule, "workarounds", o_.steps, 600), 600);
+    if (out.contains("error")) {
+      sc::bench::Fail(
+          "PyTorch " + schedule,
+          absl::InternalError(out["error"].get<std::string>() + "\n" + out.value("traceback", "")));
+    }
+    Run run;
+    for (int s = o_.warmup; s < o_.steps; ++s) {
+      double slowest = 0;
+      for (const auto& [rank, times] : out["rank_times"].items()) {
+        slowest = std::max(slowest, times[s].get<double>());
+      }
+      run.times.push_back(slowest);
+    }
+    run.losses = out["losses"].get<std::vector<double>>();
+    out.erase("rank_times");
+    out.erase("losses");
+    *info = out;
+    return run;
+  }
+
+  // What PyTorch does as shipped: "runs, p50 X ms" or its error.
+  std::string Shipped(const std::string& schedule) const {
+    json out = Call(RunArgs(schedule, "shipped", o_.shipped_steps, o_.shipped_timeout),
+                    o_.shipped_timeout);
+    if (out.contains("error")) return out["error"].get<std::string>().substr(0, 90);
+    std::vector<double> slowest;
+    for (int s = 0; s < o_.shipped_steps; ++s) {
+      double m = 0;
+      for (const auto& [rank, times] : out["rank_times"].items()) {
+        m = std::max(m, times[s].get<double>());
+      }
+      slowest.push_back(m);
+    }
+    return absl::StrCat("runs (sum of gradients), median ",
+                        absl::StrFormat("%.1f", 1e3 * sc::bench::Median(slowest)), " ms");
+  }
+
+ private:
+  std::vector<std::string> RunArgs(const std::string& schedule, const std::string& mode, int steps,
+                                   int timeout) const {
+    return {"run",
+            "--model",
+            Inside(work_ + "/model.pt"),
+            "--data",
+            Inside(work_ + "/data.pt"),
+            "--schedule",
+            schedule,
+            "--mode",
+            mode,
+            "--batch",
+            absl::StrCat(o_.batch),
+            "--microbatches",
+            absl::StrCat(o_.microbatches),
+            "--steps",
+            absl::StrCat(steps),
+            "--lr",
+            absl::StrCat(o_.lr),
+            "--threads",
+            absl::StrCat(o_.threads),
+            "--timeout",
+            absl::StrCat(timeout)};
+  }
+
+  const Options& o_;
+  std::string work_;
+};
+
+// The same job through Stagecoach's daemons.
+Run MeasureOurs(sc::testing::LocalCluster& c, const Options& o, const std::string& work,
+                const std::string& schedule) {
+  const std::string spec = absl::StrCat(
+      "name: peer-", absl::AsciiStrToLower(schedule), "\nmodel: {torchscript: ", work,
+      "/model.pt}\nsplit: {stages: ", IsMulti(schedule) ? 4 : 2, "}\nschedule: {kind: ", schedule,
+      ", microbatches: ", o.microbatches,
+      "}\nplacement: {workers: 2}\ntraining: {batch_size: ", o.batch, ", steps: ", o.steps,
+      ", loss: mse, scale_grads: true, optimizer: {kind: sgd, lr: ", o.lr,
+      "}}\ndata: {kind: tensors, path: ", work, "/data.pt}\n");
+  const std::string id = sc::bench::Value("submit " + schedule, c.Submit(spec));
+  const sc::v1::Job job =
+      sc::bench::Value("job " + id, c.WaitForJob(
+                                        id,
+                                        [](const sc::v1::Job& j) {
+                                          return j.state() == sc::v1::JOB_STATE_SUCCEEDED ||
+                                                 j.state() == sc::v1::JOB_STATE_FAILED ||
+                                                 j.state() == sc::v1::JOB_STATE_CANCELLED;
+                                        },
+                                        absl::Minutes(10)));
+  if (job.state() != sc::v1::JOB_STATE_SUCCEEDED) {
+    sc::bench::Fail("Stagecoach " + schedule, absl::InternalError(job.reason()));
+  }
+  sc::testing::CommandResult watch = c.Stagectl({"watch", id, "-o", "json"});
+  Run run;
+  for (absl::string_view line : absl::StrSplit(watch.out, '\n')) {
+    json event = json::parse(line, nullptr, false);
+    if (!event.is_object() || !event.contains("step_time_seconds")) continue;
+    if (static_cast<int>(run.losses.size()) >= o.warmup)
+      run.times.push_back(event["step_time_seconds"].get<double>());
+    run.losses.push_back(event["loss"].is_null() ? NAN : event["loss"].get<double>());
+  }
+  if (static_cast<int>(run.losses.size()) != o.steps) {
+    sc::bench::Fail("watch " + id, absl::InternalError(absl::StrCat(run.losses.size(), " steps")));
+  }
+  return run;
+}
+
+std::string Prepare(const Options& o, const std::string& work, const TorchSide& torch) {
+  std::filesystem::create_directories(work);
+  std::filesystem::copy_file(STAGECOACH_SOURCE_DIR "/bench/peer/torch_pipelining.py",
+                             work + "/torch_pipelining.py",
+                             std::filesystem::copy_options::overwrite_existing);
+  std::string model = o.model;
+  if (model == "big" || model == "tiny") {
+    sc::testing::CommandResult made = sc::testing::RunCommand(
+        {"/usr/bin/python3", STAGECOACH_SOURCE_DIR "/tests/models/make_models.py", work + "/models",
+         "--bench"},
+        absl::Minutes(5));
+    if (made.exit_code != 0) sc::bench::Fail("make_models.py", absl::InternalError(made.err));
+    model = work + (o.model == "big" ? "/models/bench_mlp.pt" : "/models/bench_tiny_mlp.pt");
+  }
+  std::filesystem::copy_file(model, work + "/model.pt",
+                             std::filesystem::copy_options::overwrite_existing);
+  torch.Call({"data", "--model", torch.Inside(work + "/model.pt"), "--rows",
+              absl::StrCat(o.batch * o.steps), "--out", torch.Inside(work + "/data.pt")},
+             300);
+  return model;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Stagecoach against torch.distributed.pipelining on one job"};
+  Options o;
+  app.add_option("--torch-root", o.torch_root,
+                 "chroot with PyTorch >= 2.4 (scripts/trixie_chroot.sh); '' runs --python here");
+  app.add_option("--python", o.python,
+                 "a Python with PyTorch >= 2.4, its full path (with --torch-root '')");
+  app.add_option("--model", o.model, "big, tiny or a TorchScript Sequential of Linear and ReLU");
+  app.add_option("--schedules", o.schedules, "schedules, comma-separated");
+  app.add_option("--rounds", o.rounds, "times each side runs each schedule (alternating)");
+  app.add_option("--steps", o.steps, "steps of each run");
+  app.add_option("--warmup", o.warmup, "steps of each run left out of the figures");
+  app.add_option("--batch", o.batch, "rows per step");
+  app.add_option("--microbatches", o.microbatches, "microbatches per step");
+  app.add_option("--threads", o.threads, "compute threads of each rank on both sides");
+  app.add_option("--lr", o.lr, "SGD learning rate");
+  app.add_option("--shipped-steps", o.shipped_steps,
+                 "steps of the run of PyTorch as shipped (0: do not run it)");
+  app.add_option("--shipped-timeout", o.shipped_timeout, "seconds before calling it hung");
+  CLI11_PARSE(app, argc, argv);
+  if (o.warmup >= o.steps) sc::bench::Fail("--warmup", absl::InvalidArgumentError(">= --steps"));
+
+  const std::string work =
+      absl::StrCat(o.torch_root, "/tmp/stagecoach-peer-bench-", static_cast<int>(getpid()));
+  TorchSide torch(o, work);
+  const std::string model = Prepare(o, work, torch);
+
+  sc::testing::ClusterOptions options;
+  options.workers = 2;
+  options.worker_args = {"--threads", absl::StrCat(o.threads)};
+  auto cluster = sc::bench::Value("cluster", sc::testing::LocalCluster::Start(options));
+
+  std::vector<Row> rows;
+  for (absl::string_view s : absl::StrSplit(o.schedules, ',', absl::SkipEmpty())) {
+    rows.emplace_back();
+    rows.back().schedule = std::string(s);
+  }
+  for (int round = 0; round < o.rounds; ++round) {
+    for (Row& row : rows) {
+      // Alternate which side goes first so that drift over time falls on both.
+      Run ours, theirs;
+      for (int side = 0; side < 2; ++side) {
+        if ((side + round) % 2 == 0) {
+          ours = MeasureOurs(*cluster, o, work, row.schedule);
+        } else {
+          theirs = torch.Measure(row.schedule, &row.torch_info);
+        }
+      }
+      row.ours.insert(row.ours.end(), ours.times.begin(), ours.times.end());
+      row.theirs.insert(row.theirs.end(), theirs.times.begin(), theirs.times.end());
+      for (size_t k = 0; k < ours.losses.size() && k < theirs.losses.size(); ++k) {
+        const double diff = std::abs(ours.losses[k] - theirs.losses[k]);
+        row.max_loss_diff = std::isnan(diff) ? NAN : std::max(row.max_loss_diff, diff);
+      }
+      std::fprintf(stderr, "round %d %-22s ours %.1f ms, PyTorch %.1f ms; last loss %.9g, %.9g\n",
+                   round, row.schedule.c_str(), 1e3 * sc::bench::Median(ours.times),
+                   1e3 * sc::bench::Median(theirs.times), ours.losses.back(), theirs.losses.back());
+    }
+  }
+  if (o.shipped_steps > 0) {
+    for (Row& row : rows) row.shipped = torch.Shipped(row.schedule);
+  }
+
+  const json& info = rows.empty() ? json() : rows[0].torch_info;
+  std::printf(
+      "Model %s; batch %d in %d microbatches, mse, SGD lr %g; 2 ranks; %d rounds x %d measured "
+      "steps (after %d) per side and schedule; %ld CPUs here.\n",
+      model.c_str(), o.batch, o.microbatches, o.lr, o.rounds, o.steps - o.warmup, o.warmup,
+      sysconf(_SC_NPROCESSORS_ONLN));
+  std::printf(
+      "Stagecoach: coordinator and 2 workers (--threads %d), gradients averaged over "
+      "microbatches (training.scale_grads: true).\n",
+      o.threads);
+  std::printf("PyTorch %s: 2 processes over gloo, threads per rank %s, gradients %s;\n",
+              info.value("torch", "?").c_str(), info.value("threads", json()).dump().c_str(),
+              info.value("grad_scaling", "?").c_str());
+  std::printf("  workarounds: %s\n\n", info.value("workarounds", json()).dump().c_str());
+  std::printf("%-22s %9s %7s %9s %7s %7s %10s  %s\n", "schedule", "ours_ms", "p90/50", "torch_ms",
+              "p90/50", "ratio", "loss_diff", "PyTorch as shipped");
+  for (const Row& row : rows) {
+    const double ours = sc::bench::Median(row.ours), theirs = sc::bench::Median(row.theirs);
+    std::printf("%-22s %9.2f %7.3f %9.2f %7.3f %7.3f %10.1e  %s\n", row.schedule.c_str(),
+                1e3 * ours, Quantile(row.ours, 0.9) / ours, 1e3 * theirs,
+                Quantile(row.theirs, 0.9) / theirs, theirs / ours, row.max_loss_diff,
+                row.shipped.c_str());
+  }
+  std::printf("\nratio: PyTorch's median step / Stagecoach's (above 1: Stagecoach is faster)\n");
+  std::filesystem::remove_all(work);
+  return 0;
+}

@@ -59,6 +59,7 @@ struct Options {
   int rounds = 3, steps = 20, warmup = 4, batch = 256, microbatches = 8, threads = 1;
   int shipped_steps = 4, shipped_timeout = 30;
   double lr = 0.01;
+  std::string log_level = "info";
 };
 
 // One run's measured steps (after the warmup) and every step's loss.
@@ -265,6 +266,7 @@ int main(int argc, char** argv) {
   app.add_option("--microbatches", o.microbatches, "microbatches per step");
   app.add_option("--threads", o.threads, "compute threads of each rank on both sides");
   app.add_option("--lr", o.lr, "SGD learning rate");
+  app.add_option("--log-level", o.log_level, "the daemons' --log-level");
   app.add_option("--shipped-steps", o.shipped_steps,
                  "steps of the run of PyTorch as shipped (0: do not run it)");
   app.add_option("--shipped-timeout", o.shipped_timeout, "seconds before calling it hung");
@@ -279,6 +281,7 @@ int main(int argc, char** argv) {
   sc::testing::ClusterOptions options;
   options.workers = 2;
   options.worker_args = {"--threads", absl::StrCat(o.threads)};
+  options.log_level = o.log_level;
   auto cluster = sc::bench::Value("cluster", sc::testing::LocalCluster::Start(options));
 
   std::vector<Row> rows;

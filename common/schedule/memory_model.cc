@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -186,6 +187,13 @@ class RankReplay {
         default:
           break;
       }
+      // The stage's first weight gradients of the step allocate its gradient buffers, which
+      // stay until the step ends (the next step starts without them).
+      if ((leaf->type == ActionType::kFullBackward || leaf->type == ActionType::kBackwardWeight) &&
+          stages_with_gradients_.insert(s).second) {
+        during += m.gradients;
+        net += m.gradients;
+      }
       if (leaf->type == ActionType::kForward) during = net + m.forward_transient;
       if (during > highest) {
         highest = during;
@@ -227,6 +235,7 @@ class RankReplay {
   std::map<Key, double> recv_b_;  // received output gradients, until the backward
   std::map<Key, double> handed_;  // output gradients from a stage on this rank
   std::map<Key, double> weight_inputs_;  // received inputs I left for W
+  std::set<int> stages_with_gradients_;  // stages whose gradient buffers exist
   double live_ = 0;
   int held_ = 0;  // (stage, microbatch) activations held
   RankMemory result_;
@@ -276,7 +285,7 @@ absl::StatusOr<MemoryProfile> SimulateMemory(const Simulation& simulation,
     RankMemory rank = replays[r].Run(simulation.timeline[r]);
     for (int s = 0; s < num_stages; ++s) {
       if (stage_to_rank[s] != r) continue;
-      rank.static_bytes += stages[s].parameters + stages[s].gradients + stages[s].optimizer_state;
+      rank.static_bytes += stages[s].parameters + stages[s].optimizer_state;
     }
     rank.peak_total = rank.static_bytes + rank.peak_dynamic;
     profile.ranks.push_back(std::move(rank));

@@ -4,7 +4,10 @@
 // and draws it as a counter track in the Chrome trace. Pure functions; thread-safe; no LibTorch.
 //
 // What a rank holds, by kind:
-//  - static: its stages' parameters, gradients and optimizer state, live for the whole step;
+//  - static: its stages' parameters and optimizer state, live for the whole step;
+//  - gradients: a stage's gradient buffers, allocated by its first backward of the step that
+//    computes weight gradients (B, or W with a split backward) and live until the step ends; the
+//    next step starts without them (the runtime sets them to none, as PyTorch's zero_grad does);
 //  - activations: per (stage, microbatch), what F keeps for the backward (its saved tensors and
 //    its output, which the runtime keeps to run the backward from);
 //  - buffers: a received input (RECV_F), kept until the B that produces its gradient or, with a
@@ -13,8 +16,8 @@
 //    until its SEND_B has arrived (or the step's end, see MemoryModel) or, when the previous
 //    stage is on the same rank, until that stage's I or B has consumed it. Stage 0's input batch
 //    is the data, not counted.
-// "Dynamic" bytes are activations plus buffers; the peak a worker measures from the start of a
-// step (counting_allocator.h) is the dynamic peak.
+// "Dynamic" bytes are gradients, activations and buffers; the peak a worker measures from the start
+// of a step (counting_allocator.h) is the dynamic peak.
 #pragma once
 
 #include <string>
@@ -29,7 +32,7 @@ namespace stagecoach::schedule {
 // models (an average over layers) need no rounding.
 struct StageMemory {
   double parameters = 0;       // its weights
-  double gradients = 0;        // its gradient buffers
+  double gradients = 0;        // its gradient buffers (dynamic: from its first B or W)
   double optimizer_state = 0;  // e.g. OptimizerStateBytes
   // Per microbatch: what F(stage, mb) keeps until the backward, its output included. B releases
   // all of it; with a split backward I releases all but `weight_activations`, which W releases.
@@ -86,8 +89,8 @@ struct MemoryPoint {
 };
 
 struct RankMemory {
-  double static_bytes = 0;  // parameters + gradients + optimizer state of the rank's stages
-  double peak_dynamic = 0;  // the most activation and buffer bytes live at once
+  double static_bytes = 0;  // parameters + optimizer state of the rank's stages
+  double peak_dynamic = 0;  // the most gradient, activation and buffer bytes live at once
   double peak_total = 0;    // static_bytes + peak_dynamic
   double peak_time = 0;     // when peak_dynamic was first reached
   // The action during (or at the end of) which the peak was first reached, e.g. "0F3"; empty when
@@ -114,6 +117,8 @@ struct MemoryProfile {
 //  - B(s, mb) while it runs also holds backward_transient(s) and the input gradient output(s-1)
 //    (s > 0); at its end it frees activations(s), the transient, its RECV_F and RECV_B buffers and
 //    a locally handed gradient, and keeps the input gradient;
+//  - the first B(s, ·) or W(s, ·) of the step also allocates gradients(s), held while it runs
+//    and to the end of the step;
 //  - I(s, mb) is B that keeps weight_activations(s) and its RECV_F buffer, adds
 //    weight_gradients(s), and runs with
 //    backward_transient - weight_transient while it runs; W(s, mb) holds weight_transient while

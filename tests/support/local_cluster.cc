@@ -54,7 +54,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
   for (const auto& [flag, value] : {std::pair{"--lease", options.lease},
                                     {"--heartbeat-interval", options.heartbeat_interval},
                                     {"--comm-timeout", options.comm_timeout},
-                                    {"--log-level", std::string("debug")}}) {
+                                    {"--log-level", options.log_level}}) {
     coordinator_args.insert(coordinator_args.end(), {flag, value});
   }
   // Security flags: the daemons' TLS, the tokens; the same for the cluster's calls and stagectl.
@@ -71,6 +71,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
   }
   coordinator_args.insert(coordinator_args.end(), daemon_tls.begin(), daemon_tls.end());
   c->worker_args_ = daemon_tls;
+  c->log_level_ = options.log_level;
   if (!options.client_token_file.empty()) {
     coordinator_args.insert(coordinator_args.end(),
                             {"--client-token-file", options.client_token_file});
@@ -152,7 +153,7 @@ absl::StatusOr<int> LocalCluster::AddWorker() {
   std::vector<std::string> args = {
       WorkerBinary(), "--coordinator", coordinator_address_,           "--listen",
       "127.0.0.1:0",  "--name",        absl::StrCat("worker-", index), "--log-level",
-      "debug"};
+      log_level_};
   args.insert(args.end(), worker_args_.begin(), worker_args_.end());
   auto worker = ChildProcess::Start(args, absl::StrCat(dir(), "/worker-", index, ".log"));
   if (!worker.ok()) return worker.status();

@@ -20,6 +20,8 @@ struct ClusterOptions {
   std::string lease = "3s";
   std::string heartbeat_interval = "500ms";
   std::string comm_timeout = "30s";
+  // Every daemon's --log-level (benchmarks measure at the default, info).
+  std::string log_level = "debug";
   // Extra flags for every worker, e.g. {"--device", "cuda:0"}.
   std::vector<std::string> worker_args;
   // Extra flags for the coordinator, e.g. {"--metrics-listen", "127.0.0.1:0"}.
@@ -101,6 +103,7 @@ class LocalCluster {
   std::vector<std::string> worker_addresses_;
   std::unique_ptr<v1::CoordinatorService::Stub> stub_;
   std::vector<std::string> worker_args_;
+  std::string log_level_;
   std::vector<std::string> stagectl_args_;  // TLS and token flags
 };
 

@@ -109,9 +109,10 @@ TEST(MemoryPrediction, PlanCarriesOnePredictionPerRank) {
   const Plan plan = MustPlan(spec, MeasuredLayers());
   ASSERT_EQ(plan.predicted_memory.size(), 4u);
   // Rank 0 holds 4 microbatches of 2,000 bytes, the 200-byte gradient its first B receives
-  // and, while that B runs, the 300-byte transient (layer 0's; layer 1's is 301 - 200): 8,500.
-  EXPECT_EQ(plan.predicted_memory[0].peak_bytes, 4 * 2000 + 200 + 300);
-  EXPECT_EQ(plan.predicted_memory[0].static_bytes, 800 + 800);  // SGD without momentum
+  // and, while that B runs, the 300-byte transient (layer 0's; layer 1's is 301 - 200) and the
+  // 800 bytes of gradients it allocates: 9,300.
+  EXPECT_EQ(plan.predicted_memory[0].peak_bytes, 4 * 2000 + 200 + 300 + 800);
+  EXPECT_EQ(plan.predicted_memory[0].static_bytes, 800);  // SGD without momentum: parameters
   // Each later rank holds one microbatch fewer, plus receive and gradient buffers.
   for (int r = 1; r < 4; ++r) {
     EXPECT_LT(plan.predicted_memory[r].peak_bytes, plan.predicted_memory[r - 1].peak_bytes);

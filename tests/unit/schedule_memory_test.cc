@@ -199,9 +199,12 @@ TEST(ScheduleMemoryTest, ForwardTransientAddsWhileTheForwardRuns) {
 TEST(ScheduleMemoryTest, ReceiveAndSendBuffersAcrossRanks) {
   // GPipe on 2 ranks, one microbatch; F 1, B 2, every message 1. Activations 100, outputs 10.
   //  rank 0: 0F0 [0,1] 100; 0RECV_B0 at 1 +10 = 110; waits for the gradient (arrives 6);
-  //          0B0 [6,8] frees its activations and the received gradient: 0.
-  //  rank 1: 1RECV_F0 at 0 +10; 1F0 [2,3] 110; 1B0 [3,5] builds the input gradient (10): 120;
-  //          at 5 frees activations and its input: 10 left, the gradient being sent (5 -> 6).
+  //          0B0 [6,8] allocates the stage's gradients (1000): 1110; frees its activations and
+  //          the received gradient: 1000, the gradients.
+  //  rank 1: 1RECV_F0 at 0 +10; 1F0 [2,3] 110; 1B0 [3,5] builds the input gradient (10) and
+  //          the gradients: 1120; at 5 frees activations and its input: 1010 left, the gradient
+  //          being sent (5 -> 6), then 1000.
+  // Static: parameters and AdamW's two moments, 3000; the peak total is 4110 on rank 0.
   MemoryModel model = Activations(100);
   model.defaults.output = 10;
   model.defaults.parameters = 1000;
@@ -214,18 +217,18 @@ TEST(ScheduleMemoryTest, ReceiveAndSendBuffersAcrossRanks) {
                        {0, 1}, 2, 1, model, costs);
   const RankMemory& r0 = run.memory.ranks[0];
   const RankMemory& r1 = run.memory.ranks[1];
-  EXPECT_EQ(r0.static_bytes, 4000);
-  EXPECT_EQ(r0.peak_dynamic, 110);
+  EXPECT_EQ(r0.static_bytes, 3000);
+  EXPECT_EQ(r0.peak_dynamic, 1110);
   EXPECT_EQ(r0.peak_total, 4110);
-  EXPECT_EQ(r0.peak_action, "0RECV_B0");
-  EXPECT_THAT(Curve(r0),
-              ElementsAre(std::pair(0.0, 100.0), std::pair(1.0, 110.0), std::pair(8.0, 0.0)));
-  EXPECT_EQ(r1.peak_dynamic, 120);
+  EXPECT_EQ(r0.peak_action, "0B0");
+  EXPECT_THAT(Curve(r0), ElementsAre(std::pair(0.0, 100.0), std::pair(1.0, 110.0),
+                                     std::pair(6.0, 1110.0), std::pair(8.0, 1000.0)));
+  EXPECT_EQ(r1.peak_dynamic, 1120);
   EXPECT_EQ(r1.peak_action, "1B0");
   EXPECT_EQ(r1.peak_time, 3);
   EXPECT_THAT(Curve(r1),
-              ElementsAre(std::pair(0.0, 10.0), std::pair(2.0, 110.0), std::pair(3.0, 120.0),
-                          std::pair(5.0, 10.0), std::pair(6.0, 0.0)));
+              ElementsAre(std::pair(0.0, 10.0), std::pair(2.0, 110.0), std::pair(3.0, 1120.0),
+                          std::pair(5.0, 1010.0), std::pair(6.0, 1000.0)));
 }
 
 TEST(ScheduleMemoryTest, SplitBackwardKeepsTheReceivedInputUntilW) {
@@ -298,11 +301,50 @@ TEST(ScheduleMemoryTest, StaticBytesSumTheRanksStages) {
   model.defaults.parameters = 10;
   model.per_stage = {StageMemory{1000, 1000, 2000}};  // stage 0 (rank 0) is bigger
   Replay run = MustRunKind(ScheduleKind::kZBVZeroBubble, 2, 4, model);
-  // ZB-V puts stages 0 and 3 on rank 0, 1 and 2 on rank 1.
-  EXPECT_EQ(run.memory.ranks[0].static_bytes, 4000 + 10);
+  // ZB-V puts stages 0 and 3 on rank 0, 1 and 2 on rank 1. Static: parameters and optimizer
+  // state; stage 0's gradients are dynamic, from its first W.
+  EXPECT_EQ(run.memory.ranks[0].static_bytes, 3000 + 10);
   EXPECT_EQ(run.memory.ranks[1].static_bytes, 20);
-  EXPECT_EQ(run.memory.ranks[0].peak_dynamic, 0);
-  EXPECT_EQ(run.memory.ranks[0].peak_action, "");
+  EXPECT_EQ(run.memory.ranks[0].peak_dynamic, 1000);
+  EXPECT_EQ(run.memory.ranks[0].peak_action, "0W0");
+  EXPECT_EQ(run.memory.ranks[0].peak_total, 4010);
+  EXPECT_EQ(run.memory.ranks[1].peak_dynamic, 0);
+}
+
+TEST(ScheduleMemoryTest, GradientsComeWithEachStagesFirstBackwardAndStayToTheStepsEnd) {
+  // Stages 0 and 1 on one rank, two microbatches; F 1, B 2. Activations 100, gradients 50 and
+  // 70. 1B0 [4,6] allocates stage 1's gradients (400 + 70 while it runs, 370 after); 1B1 adds
+  // none; 0B0 [8,10] allocates stage 0's (200 + 50 + 70 while it runs); 120 at the end.
+  MemoryModel model = Activations(100);
+  model.per_stage = {StageMemory{}, StageMemory{}};
+  model.per_stage[0].activations = model.per_stage[1].activations = 100;
+  model.per_stage[0].gradients = 50;
+  model.per_stage[1].gradients = 70;
+  Replay run = MustRun({ParseActions({"0F0", "0F1", "1F0", "1F1", "1B0", "1B1", "0B0", "0B1"})},
+                       {0, 0}, 2, 2, model);
+  const RankMemory& m = run.memory.ranks[0];
+  EXPECT_EQ(m.static_bytes, 0);
+  EXPECT_EQ(m.peak_dynamic, 470);
+  EXPECT_EQ(m.peak_action, "1B0");
+  EXPECT_THAT(Curve(m),
+              ElementsAre(std::pair(0.0, 100.0), std::pair(1.0, 200.0), std::pair(2.0, 300.0),
+                          std::pair(3.0, 400.0), std::pair(4.0, 470.0), std::pair(6.0, 370.0),
+                          std::pair(8.0, 320.0), std::pair(10.0, 220.0), std::pair(12.0, 120.0)));
+}
+
+TEST(ScheduleMemoryTest, SplitBackwardAllocatesTheGradientsAtW) {
+  // One stage, one microbatch: 0F0 [0,1] 100; 0I0 [1,2] keeps 60 for W; 0W0 [2,3] allocates
+  // the gradients (50): 110 while it runs, 50 after (I and W cost 1).
+  MemoryModel model = Activations(100);
+  model.defaults.weight_activations = 60;
+  model.defaults.gradients = 50;
+  Replay run = MustRun({ParseActions({"0F0", "0I0", "0W0"})}, {0}, 1, 1, model);
+  const RankMemory& m = run.memory.ranks[0];
+  EXPECT_EQ(m.peak_dynamic, 110);
+  EXPECT_EQ(m.peak_action, "0W0");
+  // 60 at 2 (I's end) and 110 at 2 (W's start): the curve keeps the last.
+  EXPECT_THAT(Curve(m),
+              ElementsAre(std::pair(0.0, 100.0), std::pair(2.0, 110.0), std::pair(3.0, 50.0)));
 }
 
 TEST(ScheduleMemoryTest, OptimizerState) {

@@ -6,6 +6,21 @@
 #include "common/util/status_macros.h"
 
 namespace stagecoach::runtime {
+namespace {
+
+// PyTorch's zero_grad(set_to_none=True), its default since 2.0: the step's first gradient of a
+// parameter becomes its .grad as it is (the same numbers as adding it to zeros), instead of a
+// pass that writes zeros and one that adds to them. LibTorch 1.13's zero_grad() writes zeros.
+void ClearGradients(torch::optim::Optimizer& optimizer) {
+  for (auto& group : optimizer.param_groups()) {
+    for (torch::Tensor& p : group.params()) p.mutable_grad() = torch::Tensor();
+  }
+}
+
+}  // namespace
+}  // namespace stagecoach::runtime
+
+namespace stagecoach::runtime {
 
 std::vector<TensorMeta> MetasOf(const std::vector<torch::Tensor>& microbatches) {
   std::vector<TensorMeta> out;
@@ -89,8 +104,8 @@ absl::Status DataSteps::RunCounted(const std::vector<torch::Tensor>& inputs,
   const TaskSetup& setup = *env_.setup;
   const int64_t step = env_.steps_done->load();  // the task's count
   const StepMark mark = env_.reports->Mark();
-  if (!setup.forward_only) setup.optimizer->zero_grad();
-  if (setup.shards != nullptr) setup.shards->ZeroStageGradients();
+  if (!setup.forward_only) ClearGradients(*setup.optimizer);
+  if (setup.shards != nullptr) setup.shards->ClearStageGradients();
   if (env_.reducer != nullptr) env_.reducer->BeginStep(mark.start);
   ASSIGN_OR_RETURN(StepResult result, executor_->RunStep(setup.actions, inputs, targets));
   std::optional<ReductionReport> reduction;

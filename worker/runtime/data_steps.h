@@ -1,12 +1,12 @@
 // Data steps: the steps that count in the job's timeline. A data step runs the spec's batch for
 // the timeline's step (an Infer job's task: the client's batch, its outputs kept for
 // ReportTaskEnd on the rank owning the last stage); RunCounted is the counted step itself, which
-// a training client step shares: zero the gradients, run the rank's action list, step the
-// optimizer (not on forward-only tasks; the recipe sets its learning rate, clips, or skips the
-// step), run the validation pass that falls due, end the step at the gate, write the checkpoint
-// that falls due, report. DataSteps owns the task's executor and its data stream, and knows whether
-// the executor's agreed shapes are the data's (a client step of another shape changes them
-// until the next data step agrees them again).
+// a training client step shares: clear the gradients (set them to none), run the rank's action
+// list, step the optimizer (not on forward-only tasks; the recipe sets its learning rate, clips, or
+// skips the step), run the validation pass that falls due, end the step at the gate, write the
+// checkpoint that falls due, report. DataSteps owns the task's executor and its data stream, and
+// knows whether the executor's agreed shapes are the data's (a client step of another shape changes
+// them until the next data step agrees them again).
 //
 // Not thread-safe: the task's thread only. Everything in StepEnv must outlive it.
 #pragma once

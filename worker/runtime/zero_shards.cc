@@ -179,10 +179,10 @@ void ZeroShards::LoadShards() {
   }
 }
 
-void ZeroShards::ZeroStageGradients() {
+void ZeroShards::ClearStageGradients() {
   for (auto& [s, layout] : layouts_) {
     for (torch::Tensor& p : layout.params) {
-      if (p.grad().defined()) p.mutable_grad().zero_();
+      p.mutable_grad() = torch::Tensor();
     }
   }
 }

@@ -65,8 +65,8 @@ class ZeroShards {
 
   // Copies the parameters into the shards (after a restore changed them).
   void LoadShards();
-  // Zeroes the stages' parameter gradients (the optimizer zeroes only the shards').
-  void ZeroStageGradients();
+  // Sets the stages' parameter gradients to none (the optimizer's params are the shards).
+  void ClearStageGradients();
   // Stage `stage`'s gradients, flattened and padded to D * c elements, on `device`.
   torch::Tensor FlatGradients(int stage, torch::Device device) const;
   // The reduce-scattered gradient of the shard (c elements).

@@ -103,8 +103,9 @@ def build_schedule(a, rank, sched, stages_on_rank, owner, loss_fn):
     cls = sched.get_schedule_class(a.schedule)
     if len(stages_on_rank) == 1 and not issubclass(cls, sched.PipelineScheduleMulti):
         return cls(stages_on_rank[0], n_microbatches=a.microbatches, loss_fn=loss_fn)
-    schedule = cls(stages_on_rank, n_microbatches=a.microbatches, loss_fn=loss_fn,
-                   stage_index_to_group_rank=owner)
+    # Loop placement is the stages' default; only the V schedules take their placement.
+    placement = {"stage_index_to_group_rank": owner} if a.schedule in V_SCHEDULES else {}
+    schedule = cls(stages_on_rank, n_microbatches=a.microbatches, loss_fn=loss_fn, **placement)
     if a.mode == "workarounds":
         runtime = sched._PipelineScheduleRuntime(stages_on_rank, n_microbatches=a.microbatches,
                                                  loss_fn=loss_fn, stage_index_to_group_rank=owner)

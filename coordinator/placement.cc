@@ -168,9 +168,12 @@ StartOrder Placement::AssignRanksLocked(Job& job, const std::vector<WorkerRecord
   }
   // Counted once per attempt: a job may have thousands of ranks.
   const std::map<std::string, int> ranks_by_host = RanksByHost(job.ranks);
+  std::map<std::string, int> placed_on_host;
   for (const RankSlot& slot : job.ranks) {
     v1::TaskAssignment task = BuildTaskAssignment(job, slot, start, step_limit, settings_);
-    task.set_ranks_on_host(ranks_by_host.at(HostOf(slot.worker_address)));
+    const std::string host = HostOf(slot.worker_address);
+    task.set_ranks_on_host(ranks_by_host.at(host));
+    task.set_index_on_host(placed_on_host[host]++);
     order.tasks.emplace_back(slot.worker_address, std::move(task));
     absl::Status assigned = registry_->Assign(slot.worker_id, job.id, slot.rank);
     if (!assigned.ok()) spdlog::error("{}: {}", job.id, assigned.message());

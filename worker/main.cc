@@ -11,6 +11,7 @@
 #include "worker/runtime/counting_allocator.h"
 #include "worker/runtime/device.h"
 #include "worker/service/artifact_cache.h"
+#include "worker/service/async_task_reporter.h"
 #include "worker/service/coordinator_client.h"
 #include "worker/service/coordinator_session.h"
 #include "worker/service/task_manager.h"
@@ -50,6 +51,7 @@ struct Config {
   sc::worker::ArtifactCacheOptions cache;
   std::string coordinator_token;
   int threads = 0;  // 0: the CPUs this process may use, shared by the job's ranks on this host
+  bool no_pin_threads = false;
 };
 
 void DeclareFlags(sc::daemon::FlagSet& flags, Config* c) {
@@ -72,6 +74,10 @@ void DeclareFlags(sc::daemon::FlagSet& flags, Config* c) {
               "mask, cgroup quota) divided among the task's job's ranks on this host (default: "
               "$STAGECOACH_THREADS, else 0)")
       .DefaultFromEnv("STAGECOACH_THREADS");
+  flags.AddBool("no-pin-threads", &c->no_pin_threads,
+                "leave a task's compute threads unpinned (by default they are pinned to CPUs of "
+                "their own when several of the job's ranks share this machine and no cgroup quota "
+                "applies; docs/runtime.md, Threads)");
   flags.AddTokenFile("coordinator-token-file", &c->coordinator_token,
                      "file holding the token sent to the coordinator (its --worker-token-file)");
 }
@@ -108,8 +114,10 @@ int main(int argc, char** argv) {
   std::unique_ptr<sc::worker::CoordinatorSession> session;
   sc::worker::WorkerMetrics metrics(daemon.metrics_registry());
   sc::worker::MetricsTaskReporter reporter(&client, &metrics);
+  // Step reports (and their metrics) go from a thread of their own, off the pipeline.
+  sc::worker::AsyncTaskReporter async_reporter(&reporter);
   sc::worker::TaskManagerDeps task_deps;
-  task_deps.reporter = &reporter;
+  task_deps.reporter = &async_reporter;
   task_deps.store = &client;
   task_deps.worker_id = [&session] { return session ? session->worker_id() : std::string(); };
   sc::worker::TransportConfig transport_config;
@@ -123,6 +131,7 @@ int main(int argc, char** argv) {
   // One task per worker process, so the process's tensor bytes are the task's.
   task_deps.memory_counter = &sc::runtime::CountingCpuAllocator::Install();
   task_deps.compute_threads = config.threads;
+  task_deps.pin_threads = !config.no_pin_threads;
   sc::worker::TaskManager tasks(task_deps);
   sc::worker::WorkerServiceOptions service_options;
   service_options.resolve_file = task_deps.resolve_file;

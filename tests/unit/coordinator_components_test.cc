@@ -89,6 +89,32 @@ TEST(Placement, GangsInFifoOrderAndSaysWhyAJobWaits) {
   EXPECT_EQ(task.ranks_on_host(), 1) << "10.0.0.1, 10.0.0.2 and 10.0.0.3 are three hosts";
 }
 
+TEST(Placement, EachRankAtAHostGetsItsPlaceAmongThem) {
+  WorkerRegistry registry(absl::Seconds(10));
+  JobTable table({}, nullptr);
+  Placement placement(TaskSettings{}, &registry);
+  // Three workers at 127.0.0.1 and one at 10.0.0.4.
+  for (int n = 1; n <= 3; ++n) {
+    ASSERT_TRUE(
+        registry.Register(absl::StrCat("w", n), absl::StrCat("127.0.0.1:700", n), "cpu", {}, kT0)
+            .ok());
+  }
+  Register(registry, 4);
+  absl::MutexLock lock(&table.mu());
+  QueueJob(table, Spec(4));
+  std::vector<StartOrder> orders = placement.PlaceLocked(table, kT0);
+  ASSERT_EQ(orders.size(), 1u);
+  ASSERT_EQ(orders[0].tasks.size(), 4u);
+  std::map<std::string, std::vector<int>> places;  // host -> index_on_host by rank
+  for (const auto& [address, task] : orders[0].tasks) {
+    const std::string host = address.substr(0, address.find(':'));
+    EXPECT_EQ(task.ranks_on_host(), host == "127.0.0.1" ? 3 : 1) << address;
+    places[host].push_back(task.index_on_host());
+  }
+  EXPECT_THAT(places["127.0.0.1"], ElementsAre(0, 1, 2));
+  EXPECT_THAT(places["10.0.0.4"], ElementsAre(0));
+}
+
 TEST(Placement, RanksOnHostCountsTheJobsRanksAtTheSameHost) {
   std::vector<RankSlot> ranks(5);
   ranks[0].worker_address = "127.0.0.1:7001";

@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "common/util/logging.h"
 #include "worker/runtime/compute_threads.h"
+#include "worker/runtime/cpu_pinning.h"
 
 namespace stagecoach::worker {
 
@@ -58,6 +59,34 @@ void JoinIfJoinable(std::thread& thread) {
   if (thread.joinable()) thread.join();
 }
 
+struct TaskCpus {
+  int threads = 1;
+  std::vector<int> pinned;  // empty: not pinned
+};
+
+// The task's compute threads (runtime/compute_threads.h) and the CPUs they are pinned to
+// (runtime/cpu_pinning.h), logged with why.
+TaskCpus ChooseTaskCpus(const TaskManagerDeps& deps, const v1::TaskAssignment& task) {
+  const runtime::CpuAllowance allowance = runtime::ReadCpuAllowance();
+  TaskCpus cpus;
+  cpus.threads =
+      runtime::ChooseComputeThreads(deps.compute_threads, allowance, task.ranks_on_host());
+  runtime::PinningInputs pinning;
+  pinning.enabled = deps.pin_threads;
+  pinning.affinity = runtime::AffinityMask();
+  pinning.quota = allowance.quota_cpus.has_value();
+  pinning.threads = cpus.threads;
+  pinning.ranks_on_host = task.ranks_on_host();
+  pinning.index_on_host = task.index_on_host();
+  runtime::PinningChoice choice = runtime::ChooseComputeCpus(pinning);
+  cpus.pinned = std::move(choice.cpus);
+  spdlog::info(
+      "{} rank {}: {}, {}", task.job_id(), task.rank(),
+      runtime::DescribeComputeThreads(deps.compute_threads, allowance, task.ranks_on_host()),
+      choice.why);
+  return cpus;
+}
+
 }  // namespace
 
 std::thread TaskManager::ReapLocked() {
@@ -105,13 +134,13 @@ absl::Status TaskManager::Launch(const v1::TaskAssignment& task, std::thread& fi
   runtime::TaskRunner* runner = runner_.get();
   spdlog::info("starting {} attempt {} rank {}/{} replica {}/{}", task.job_id(), task.attempt(),
                task.rank(), task.world_size(), task.replica(), std::max(1, task.replicas()));
-  const runtime::CpuAllowance cpus = runtime::ReadCpuAllowance();
-  const int threads =
-      runtime::ChooseComputeThreads(deps_.compute_threads, cpus, task.ranks_on_host());
-  spdlog::info("{} rank {}: {}", task.job_id(), task.rank(),
-               runtime::DescribeComputeThreads(deps_.compute_threads, cpus, task.ranks_on_host()));
-  thread_ = std::thread([this, runner, threads] {
-    runtime::UseComputeThreads(threads);
+  const TaskCpus cpus = ChooseTaskCpus(deps_, task);
+  thread_ = std::thread([this, runner, cpus, job = task.job_id(), rank = task.rank()] {
+    if (!cpus.pinned.empty()) {
+      absl::Status pinned = runtime::PinCallingThread(cpus.pinned);
+      if (!pinned.ok()) spdlog::warn("{} rank {}: {}", job, rank, pinned.message());
+    }
+    runtime::UseComputeThreads(cpus.threads);
     const v1::ReportTaskEndRequest end = runner->Run();
     {
       absl::MutexLock lock(&mu_);

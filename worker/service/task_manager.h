@@ -36,6 +36,9 @@ struct TaskManagerDeps {
   // The worker's --threads (0: by the policy of runtime/compute_threads.h, with the task's
   // ranks_on_host), set on the task's thread before it runs.
   int compute_threads = 0;
+  // Pin the task's compute threads where runtime/cpu_pinning.h's policy allows (the worker's
+  // default; --no-pin-threads clears it).
+  bool pin_threads = true;
 };
 
 // Thread-safe.

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/util/logging.h"
+#include "worker/runtime/compute_slice.h"
 #include "worker/runtime/compute_threads.h"
 #include "worker/runtime/cpu_pinning.h"
 
@@ -141,6 +142,8 @@ absl::Status TaskManager::Launch(const v1::TaskAssignment& task, std::thread& fi
       if (!pinned.ok()) spdlog::warn("{} rank {}: {}", job, rank, pinned.message());
     }
     runtime::UseComputeThreads(cpus.threads);
+    const runtime::TimeSliceResult slice = runtime::RequestTimeSlice(runtime::kComputeTimeSlice);
+    spdlog::info("{} rank {}: {}", job, rank, slice.why);
     const v1::ReportTaskEndRequest end = runner->Run();
     {
       absl::MutexLock lock(&mu_);

@@ -47,7 +47,9 @@
 #include "common/schedule/simulator.h"
 #include "common/util/malloc_tuning.h"
 #include "worker/model/mlp.h"
+#include "worker/runtime/compute_slice.h"
 #include "worker/runtime/counting_allocator.h"
+#include "worker/runtime/cpu_pinning.h"
 #include "worker/runtime/pipeline_executor.h"
 #include "worker/runtime/split_backward.h"
 #include "worker/runtime/training_data.h"
@@ -81,7 +83,11 @@ struct Options {
   std::string trace_schedule = "ZBVZeroBubble";
   bool malloc_tuning = false;
   bool count_memory = false;
+  bool unpinned = false;
 };
+
+// Whether rank threads run unpinned, with the kernel's time slice (--unpinned).
+bool g_unpinned = false;
 
 double Percentile(std::vector<double> values, double p) {
   if (values.empty()) return 0;
@@ -165,11 +171,19 @@ Data MakeData(const Options& o) {
 
 // Runs fn(rank, transport) on `world` threads, each with its own Gloo endpoint and computing on
 // one LibTorch thread (OpenBLAS is the OpenMP build: its thread count is per calling thread).
+// As a worker's tasks, each rank thread is pinned to a CPU of its own when the affinity mask has
+// one for every rank (cpu_pinning.h) and asks for a short time slice (compute_slice.h), unless
+// --unpinned.
 void RunRanks(int world, const std::function<void(int, tr::Transport&)>& fn) {
   tr::InMemoryStore store;
   std::vector<std::thread> threads;
+  const std::vector<int> mask = rt::AffinityMask();
   for (int rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank] {
+      if (!g_unpinned && static_cast<int>(mask.size()) >= world) {
+        Check("pinning rank " + std::to_string(rank), rt::PinCallingThread({mask[rank]}));
+        rt::RequestTimeSlice(rt::kComputeTimeSlice);
+      }
       torch::set_num_threads(1);
       tr::GlooOptions options;
       options.rank = rank;
@@ -789,10 +803,14 @@ int main(int argc, char** argv) {
   app.add_option("--trace-schedule", o.trace_schedule, "schedule of the trace");
   app.add_flag("--malloc-tuning", o.malloc_tuning,
                "raise glibc's mmap and trim thresholds and use one arena from the start");
+  app.add_flag("--unpinned", o.unpinned,
+               "leave the rank threads unpinned with the kernel's time slice (a worker pins them "
+               "and asks for 0.1 ms when several ranks share a machine)");
   app.add_flag("--count-memory", o.count_memory,
                "install the counting CPU allocator a worker daemon runs under (its cost: compare "
                "with a run without)");
   CLI11_PARSE(app, argc, argv);
+  g_unpinned = o.unpinned;
   if (o.batch < o.microbatches) {
     std::fprintf(stderr, "--batch must be at least --microbatches\n");
     return 2;
@@ -806,9 +824,11 @@ int main(int argc, char** argv) {
   if (o.count_memory) stagecoach::runtime::CountingCpuAllocator::Install();
   std::printf(
       "pipeline_bench: MLP %d x Linear(%d,%d)+ReLU, batch %d, %d microbatches, mse, SGD; "
-      "%d ranks as threads over Gloo (loopback), 1 LibTorch thread each; "
+      "%d ranks as threads over Gloo (loopback), 1 LibTorch thread each, %s; "
       "%d warm-up + %d measured steps, medians; malloc %s; %s\n\n",
-      o.layers, o.width, o.width, o.batch, o.microbatches, kRanks, o.warmup, o.steps,
+      o.layers, o.width, o.width, o.batch, o.microbatches, kRanks,
+      o.unpinned ? "unpinned" : "pinned with a 0.1 ms time slice where the CPUs allow", o.warmup,
+      o.steps,
       o.malloc_tuning ? "tuned (mallopt: mmap/trim thresholds, one arena)" : "glibc defaults",
       o.count_memory ? "counting CPU allocator installed" : "LibTorch's CPU allocator");
   const Data data = MakeData(o);

@@ -53,7 +53,9 @@ TEST(ComputeThreads, ReadCpuAllowanceSeesThisProcessesCpus) {
   const CpuAllowance allowance = ReadCpuAllowance();
   EXPECT_GE(allowance.affinity_cpus, 1);
   EXPECT_LE(allowance.affinity_cpus, static_cast<int>(std::thread::hardware_concurrency()));
-  if (allowance.quota_cpus.has_value()) EXPECT_GT(*allowance.quota_cpus, 0.0);
+  if (allowance.quota_cpus.has_value()) {
+    EXPECT_GT(*allowance.quota_cpus, 0.0);
+  }
 }
 
 TEST(ComputeThreads, UseComputeThreadsSetsLibTorchsCountOnTheCallingThread) {

@@ -41,6 +41,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_support.h"
+#include "bench/cluster_runs.h"
 #include "nlohmann/json.hpp"
 #include "tests/support/local_cluster.h"
 #include "tests/support/process.h"
@@ -198,19 +199,8 @@ Run MeasureOurs(sc::testing::LocalCluster& c, const Options& o, const std::strin
       "}\nplacement: {workers: 2}\ntraining: {batch_size: ", o.batch, ", steps: ", o.steps,
       ", loss: mse, scale_grads: true, optimizer: {kind: sgd, lr: ", o.lr,
       "}}\ndata: {kind: tensors, path: ", work, "/data.pt}\n");
-  const std::string id = sc::bench::Value("submit " + schedule, c.Submit(spec));
-  const sc::v1::Job job =
-      sc::bench::Value("job " + id, c.WaitForJob(
-                                        id,
-                                        [](const sc::v1::Job& j) {
-                                          return j.state() == sc::v1::JOB_STATE_SUCCEEDED ||
-                                                 j.state() == sc::v1::JOB_STATE_FAILED ||
-                                                 j.state() == sc::v1::JOB_STATE_CANCELLED;
-                                        },
-                                        absl::Minutes(10)));
-  if (job.state() != sc::v1::JOB_STATE_SUCCEEDED) {
-    sc::bench::Fail("Stagecoach " + schedule, absl::InternalError(job.reason()));
-  }
+  const std::string id =
+      sc::bench::RunJob(c, spec, absl::Minutes(10), "Stagecoach " + schedule).id();
   sc::testing::CommandResult watch = c.Stagectl({"watch", id, "-o", "json"});
   Run run;
   for (absl::string_view line : absl::StrSplit(watch.out, '\n')) {

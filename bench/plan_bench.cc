@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_support.h"
+#include "bench/cluster_runs.h"
 #include "nlohmann/json.hpp"
 #include "tests/support/local_cluster.h"
 
@@ -69,11 +70,6 @@ double MeasuredMedian(sc::testing::LocalCluster& c, const std::string& id, int w
   }
   if (times.empty()) sc::bench::Fail("watch " + id, absl::InternalError("no step times"));
   return sc::bench::Median(times);
-}
-
-bool Finished(const sc::v1::Job& job) {
-  return job.state() == sc::v1::JOB_STATE_SUCCEEDED || job.state() == sc::v1::JOB_STATE_FAILED ||
-         job.state() == sc::v1::JOB_STATE_CANCELLED;
 }
 
 // Share of pairs (i < j) whose predicted order the measured order agrees with (ties in either
@@ -164,12 +160,7 @@ int main(int argc, char** argv) {
       Candidate& cand = chosen[round % 2 == 0 ? k : chosen.size() - 1 - k];
       const std::string pinned =
           SpecYaml(sizes, workers, batch, steps, Pinned(cand.predicted, plans["layers"]));
-      const std::string id = sc::bench::Value("submit", c.Submit(pinned));
-      const sc::v1::Job job =
-          sc::bench::Value("job " + id, c.WaitForJob(id, Finished, absl::Minutes(10)));
-      if (job.state() != sc::v1::JOB_STATE_SUCCEEDED) {
-        sc::bench::Fail("job " + id, absl::InternalError(job.reason()));
-      }
+      const std::string id = sc::bench::RunJob(c, pinned, absl::Minutes(10), "a candidate").id();
       cand.measured.push_back(MeasuredMedian(c, id, warmup));
     }
   }

@@ -22,6 +22,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "bench/bench_support.h"
+#include "bench/cluster_runs.h"
 #include "tests/support/local_cluster.h"
 
 namespace sc = stagecoach;
@@ -61,28 +62,14 @@ struct Peaks {
 };
 
 Peaks Run(sc::testing::LocalCluster& cluster, const std::string& spec) {
-  const std::string id = sc::bench::Value("submit", cluster.Submit(spec));
-  const sc::v1::Job job =
-      sc::bench::Value("job " + id, cluster.WaitForJob(
-                                        id,
-                                        [](const sc::v1::Job& j) {
-                                          return j.state() == sc::v1::JOB_STATE_SUCCEEDED ||
-                                                 j.state() == sc::v1::JOB_STATE_FAILED ||
-                                                 j.state() == sc::v1::JOB_STATE_CANCELLED;
-                                        },
-                                        absl::Minutes(30)));
-  if (job.state() != sc::v1::JOB_STATE_SUCCEEDED) {
-    sc::bench::Fail("job " + id,
-                    absl::InternalError(absl::StrCat("ended ", job.state(), ": ", job.reason(),
-                                                     "\n", cluster.Logs())));
-  }
+  const sc::v1::Job job = sc::bench::RunJob(cluster, spec, absl::Minutes(30), "a job");
   Peaks peaks;
   for (const sc::v1::RankMemory& m : job.memory()) {
     if (m.measured_peak_bytes() > peaks.measured) {
       peaks = {m.measured_peak_bytes(), m.predicted_peak_bytes(), m.rank()};
     }
   }
-  if (peaks.rank < 0) sc::bench::Fail("job " + id, absl::InternalError("no measured peak"));
+  if (peaks.rank < 0) sc::bench::Fail("job " + job.id(), absl::InternalError("no measured peak"));
   return peaks;
 }
 

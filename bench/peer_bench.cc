@@ -128,13 +128,7 @@ class TorchSide {
           absl::InternalError(out["error"].get<std::string>() + "\n" + out.value("traceback", "")));
     }
     Run run;
-    for (int s = o_.warmup; s < o_.steps; ++s) {
-      double slowest = 0;
-      for (const auto& [rank, times] : out["rank_times"].items()) {
-        slowest = std::max(slowest, times[s].get<double>());
-      }
-      run.times.push_back(slowest);
-    }
+    run.times = SlowestRankPerStep(out, o_.warmup, o_.steps);
     run.losses = out["losses"].get<std::vector<double>>();
     out.erase("rank_times");
     out.erase("losses");
@@ -147,19 +141,25 @@ class TorchSide {
     json out = Call(RunArgs(schedule, "shipped", o_.shipped_steps, o_.shipped_timeout),
                     o_.shipped_timeout);
     if (out.contains("error")) return out["error"].get<std::string>().substr(0, 90);
+    const std::vector<double> slowest = SlowestRankPerStep(out, 0, o_.shipped_steps);
+    return absl::StrCat("runs (sum of gradients), median ",
+                        absl::StrFormat("%.1f", 1e3 * sc::bench::Median(slowest)), " ms");
+  }
+
+ private:
+  // Steps [from, to) of a run's "rank_times": each step's slowest rank.
+  static std::vector<double> SlowestRankPerStep(const json& out, int from, int to) {
     std::vector<double> slowest;
-    for (int s = 0; s < o_.shipped_steps; ++s) {
+    for (int s = from; s < to; ++s) {
       double m = 0;
       for (const auto& [rank, times] : out["rank_times"].items()) {
         m = std::max(m, times[s].get<double>());
       }
       slowest.push_back(m);
     }
-    return absl::StrCat("runs (sum of gradients), median ",
-                        absl::StrFormat("%.1f", 1e3 * sc::bench::Median(slowest)), " ms");
+    return slowest;
   }
 
- private:
   std::vector<std::string> RunArgs(const std::string& schedule, const std::string& mode, int steps,
                                    int timeout) const {
     return {"run",

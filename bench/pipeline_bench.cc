@@ -48,6 +48,7 @@
 #include "common/util/malloc_tuning.h"
 #include "worker/model/mlp.h"
 #include "worker/runtime/compute_slice.h"
+#include "worker/runtime/compute_threads.h"
 #include "worker/runtime/counting_allocator.h"
 #include "worker/runtime/cpu_pinning.h"
 #include "worker/runtime/pipeline_executor.h"
@@ -171,17 +172,24 @@ Data MakeData(const Options& o) {
 
 // Runs fn(rank, transport) on `world` threads, each with its own Gloo endpoint and computing on
 // one LibTorch thread (OpenBLAS is the OpenMP build: its thread count is per calling thread).
-// As a worker's tasks, each rank thread is pinned to a CPU of its own when the affinity mask has
-// one for every rank (cpu_pinning.h) and asks for a short time slice (compute_slice.h), unless
-// --unpinned.
+// As a worker's tasks, each rank thread is pinned where the worker's policy would pin `world`
+// ranks on one host (ChooseComputeCpus, cpu_pinning.h) and then asks for a short time slice
+// (compute_slice.h), unless --unpinned.
 void RunRanks(int world, const std::function<void(int, tr::Transport&)>& fn) {
   tr::InMemoryStore store;
   std::vector<std::thread> threads;
-  const std::vector<int> mask = rt::AffinityMask();
+  rt::PinningInputs pinning;
+  pinning.enabled = !g_unpinned;
+  pinning.affinity = rt::AffinityMask();
+  pinning.quota = rt::ReadCpuAllowance().quota_cpus.has_value();
+  pinning.ranks_on_host = world;
   for (int rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank] {
-      if (!g_unpinned && static_cast<int>(mask.size()) >= world) {
-        Check("pinning rank " + std::to_string(rank), rt::PinCallingThread({mask[rank]}));
+      rt::PinningInputs mine = pinning;
+      mine.index_on_host = rank;
+      const rt::PinningChoice choice = rt::ChooseComputeCpus(mine);
+      if (!choice.cpus.empty()) {
+        Check("pinning rank " + std::to_string(rank), rt::PinCallingThread(choice.cpus));
         rt::RequestTimeSlice(rt::kComputeTimeSlice);
       }
       torch::set_num_threads(1);

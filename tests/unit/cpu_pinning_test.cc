@@ -9,6 +9,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "worker/runtime/compute_threads.h"
 
 namespace stagecoach::runtime::cpu_pinning_test {
 namespace {

@@ -23,14 +23,18 @@ std::string ReadSmallFile(const std::string& path) {
   return text.str();
 }
 
-int AffinityCpus() {
+}  // namespace
+
+std::vector<int> AffinityMask() {
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
-  return std::max(1, CPU_COUNT(&set));
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  }
+  return cpus;
 }
-
-}  // namespace
 
 std::optional<double> ParseCgroupV2CpuMax(absl::string_view text) {
   std::vector<absl::string_view> fields =
@@ -57,7 +61,7 @@ std::optional<double> ParseCgroupV1Quota(absl::string_view quota_us, absl::strin
 
 CpuAllowance ReadCpuAllowance() {
   CpuAllowance allowance;
-  allowance.affinity_cpus = AffinityCpus();
+  allowance.affinity_cpus = std::max(1, static_cast<int>(AffinityMask().size()));
   const std::string v2 = ReadSmallFile("/sys/fs/cgroup/cpu.max");
   if (!v2.empty()) {
     allowance.quota_cpus = ParseCgroupV2CpuMax(v2);

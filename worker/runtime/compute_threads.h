@@ -14,6 +14,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 
@@ -25,8 +26,11 @@ struct CpuAllowance {
   std::optional<double> quota_cpus;  // cgroup quota ÷ period, when a quota is set
 };
 
-// This process's: sched_getaffinity, then cgroup v2's cpu.max or v1's cpu.cfs_quota_us and
-// cpu.cfs_period_us under /sys/fs/cgroup.
+// The calling process's affinity mask, CPU numbers in order (empty when it cannot be read).
+std::vector<int> AffinityMask();
+
+// This process's: sched_getaffinity (AffinityMask), then cgroup v2's cpu.max or v1's
+// cpu.cfs_quota_us and cpu.cfs_period_us under /sys/fs/cgroup.
 CpuAllowance ReadCpuAllowance();
 
 // The quota of cgroup v2's cpu.max text ("max 100000": none; "150000 100000": 1.5 CPUs).

@@ -37,17 +37,6 @@ PinningChoice ChooseComputeCpus(const PinningInputs& in) {
   return choice;
 }
 
-std::vector<int> AffinityMask() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  std::vector<int> cpus;
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
-  for (int c = 0; c < CPU_SETSIZE; ++c) {
-    if (CPU_ISSET(c, &set)) cpus.push_back(c);
-  }
-  return cpus;
-}
-
 absl::Status PinCallingThread(const std::vector<int>& cpus) {
   cpu_set_t set;
   CPU_ZERO(&set);

@@ -29,7 +29,7 @@ namespace stagecoach::runtime {
 
 struct PinningInputs {
   bool enabled = true;        // not --no-pin-threads
-  std::vector<int> affinity;  // the process's affinity mask, CPU numbers in order
+  std::vector<int> affinity;  // AffinityMask() (compute_threads.h): CPU numbers in order
   bool quota = false;         // a cgroup CPU quota applies
   int threads = 1;            // the task's compute threads
   int ranks_on_host = 1;      // TaskAssignment.ranks_on_host (0 read as 1)
@@ -42,9 +42,6 @@ struct PinningChoice {
 };
 
 PinningChoice ChooseComputeCpus(const PinningInputs& in);
-
-// The calling process's affinity mask, CPU numbers in order (empty when it cannot be read).
-std::vector<int> AffinityMask();
 
 // Restricts the calling thread (and threads it starts later) to `cpus`.
 absl::Status PinCallingThread(const std::vector<int>& cpus);

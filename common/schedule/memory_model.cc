@@ -188,10 +188,15 @@ class RankReplay {
           break;
       }
       // The stage's first weight gradients of the step allocate its gradient buffers, which
-      // stay until the step ends (the next step starts without them).
+      // stay until the step ends (the next step starts without them). B (W) allocates them
+      // layer by layer while it frees, layer by layer, the activations (the weight
+      // activations) it consumes, since autograd drops saved tensors as it goes: its peak grows
+      // only by what the gradients exceed those by.
       if ((leaf->type == ActionType::kFullBackward || leaf->type == ActionType::kBackwardWeight) &&
           stages_with_gradients_.insert(s).second) {
-        during += m.gradients;
+        const double consumed =
+            leaf->type == ActionType::kFullBackward ? m.activations : m.weight_activations;
+        during += std::max(0.0, m.gradients - consumed);
         net += m.gradients;
       }
       if (leaf->type == ActionType::kForward) during = net + m.forward_transient;

@@ -117,8 +117,10 @@ struct MemoryProfile {
 //  - B(s, mb) while it runs also holds backward_transient(s) and the input gradient output(s-1)
 //    (s > 0); at its end it frees activations(s), the transient, its RECV_F and RECV_B buffers and
 //    a locally handed gradient, and keeps the input gradient;
-//  - the first B(s, ·) or W(s, ·) of the step also allocates gradients(s), held while it runs
-//    and to the end of the step;
+//  - the first B(s, ·) or W(s, ·) of the step also allocates gradients(s), kept to the end of
+//    the step. It allocates them layer by layer as it frees, layer by layer, what it consumes
+//    (B: activations(s); W: weight_activations(s)), so while it runs it holds only what
+//    gradients(s) exceed those by (the transients are profiled with the graph retained);
 //  - I(s, mb) is B that keeps weight_activations(s) and its RECV_F buffer, adds
 //    weight_gradients(s), and runs with
 //    backward_transient - weight_transient while it runs; W(s, mb) holds weight_transient while

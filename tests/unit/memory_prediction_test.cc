@@ -108,16 +108,17 @@ TEST(MemoryPrediction, PlanCarriesOnePredictionPerRank) {
   const spec::JobSpec spec = Parse("{kind: 1F1B, microbatches: 8}");
   const Plan plan = MustPlan(spec, MeasuredLayers());
   ASSERT_EQ(plan.predicted_memory.size(), 4u);
-  // Rank 0 holds 4 microbatches of 2,000 bytes, the 200-byte gradient its first B receives
-  // and, while that B runs, the 300-byte transient (layer 0's; layer 1's is 301 - 200) and the
-  // 800 bytes of gradients it allocates: 9,300.
+  // Rank 0's first B allocates the 800 bytes of gradients as it frees its microbatch's 2,000
+  // bytes of activations, so the peak is its second B: 4 microbatches of 2,000 bytes again
+  // (after F4), the gradients, the 200-byte gradient it receives and, while it runs, the 300-byte
+  // transient (layer 0's; layer 1's is 301 - 200): 9,300.
   EXPECT_EQ(plan.predicted_memory[0].peak_bytes, 4 * 2000 + 200 + 300 + 800);
   EXPECT_EQ(plan.predicted_memory[0].static_bytes, 800);  // SGD without momentum: parameters
   // Each later rank holds one microbatch fewer, plus receive and gradient buffers.
   for (int r = 1; r < 4; ++r) {
     EXPECT_LT(plan.predicted_memory[r].peak_bytes, plan.predicted_memory[r - 1].peak_bytes);
   }
-  EXPECT_EQ(plan.predicted_memory[0].peak_action, "0B0");
+  EXPECT_EQ(plan.predicted_memory[0].peak_action, "0B1");
 }
 
 TEST(MemoryPrediction, NothingToPredictWithoutMeasuredSizesOrBackward) {

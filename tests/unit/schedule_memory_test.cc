@@ -199,12 +199,12 @@ TEST(ScheduleMemoryTest, ForwardTransientAddsWhileTheForwardRuns) {
 TEST(ScheduleMemoryTest, ReceiveAndSendBuffersAcrossRanks) {
   // GPipe on 2 ranks, one microbatch; F 1, B 2, every message 1. Activations 100, outputs 10.
   //  rank 0: 0F0 [0,1] 100; 0RECV_B0 at 1 +10 = 110; waits for the gradient (arrives 6);
-  //          0B0 [6,8] allocates the stage's gradients (1000): 1110; frees its activations and
-  //          the received gradient: 1000, the gradients.
+  //          0B0 [6,8] allocates the stage's gradients (1000) as it frees its activations:
+  //          110 + 900 = 1010 while it runs; then frees the received gradient: 1000.
   //  rank 1: 1RECV_F0 at 0 +10; 1F0 [2,3] 110; 1B0 [3,5] builds the input gradient (10) and
-  //          the gradients: 1120; at 5 frees activations and its input: 1010 left, the gradient
+  //          the gradients: 1020; at 5 frees activations and its input: 1010 left, the gradient
   //          being sent (5 -> 6), then 1000.
-  // Static: parameters and AdamW's two moments, 3000; the peak total is 4110 on rank 0.
+  // Static: parameters and AdamW's two moments, 3000; the peak total is 4010 on rank 0.
   MemoryModel model = Activations(100);
   model.defaults.output = 10;
   model.defaults.parameters = 1000;
@@ -218,16 +218,16 @@ TEST(ScheduleMemoryTest, ReceiveAndSendBuffersAcrossRanks) {
   const RankMemory& r0 = run.memory.ranks[0];
   const RankMemory& r1 = run.memory.ranks[1];
   EXPECT_EQ(r0.static_bytes, 3000);
-  EXPECT_EQ(r0.peak_dynamic, 1110);
-  EXPECT_EQ(r0.peak_total, 4110);
+  EXPECT_EQ(r0.peak_dynamic, 1010);
+  EXPECT_EQ(r0.peak_total, 4010);
   EXPECT_EQ(r0.peak_action, "0B0");
   EXPECT_THAT(Curve(r0), ElementsAre(std::pair(0.0, 100.0), std::pair(1.0, 110.0),
-                                     std::pair(6.0, 1110.0), std::pair(8.0, 1000.0)));
-  EXPECT_EQ(r1.peak_dynamic, 1120);
+                                     std::pair(6.0, 1010.0), std::pair(8.0, 1000.0)));
+  EXPECT_EQ(r1.peak_dynamic, 1020);
   EXPECT_EQ(r1.peak_action, "1B0");
   EXPECT_EQ(r1.peak_time, 3);
   EXPECT_THAT(Curve(r1),
-              ElementsAre(std::pair(0.0, 10.0), std::pair(2.0, 110.0), std::pair(3.0, 1120.0),
+              ElementsAre(std::pair(0.0, 10.0), std::pair(2.0, 110.0), std::pair(3.0, 1020.0),
                           std::pair(5.0, 1010.0), std::pair(6.0, 1000.0)));
 }
 
@@ -312,14 +312,15 @@ TEST(ScheduleMemoryTest, StaticBytesSumTheRanksStages) {
 }
 
 TEST(ScheduleMemoryTest, GradientsComeWithEachStagesFirstBackwardAndStayToTheStepsEnd) {
-  // Stages 0 and 1 on one rank, two microbatches; F 1, B 2. Activations 100, gradients 50 and
-  // 70. 1B0 [4,6] allocates stage 1's gradients (400 + 70 while it runs, 370 after); 1B1 adds
-  // none; 0B0 [8,10] allocates stage 0's (200 + 50 + 70 while it runs); 120 at the end.
+  // Stages 0 and 1 on one rank, two microbatches; F 1, B 2. Activations 100, gradients 150 and
+  // 170. 1B0 [4,6] allocates stage 1's gradients as it frees its microbatch's activations:
+  // 400 + (170 - 100) while it runs and after; 1B1 adds none (370 at 8); 0B0 [8,10] allocates
+  // stage 0's: 370 + 50 while it runs and after; 320 at the end.
   MemoryModel model = Activations(100);
   model.per_stage = {StageMemory{}, StageMemory{}};
   model.per_stage[0].activations = model.per_stage[1].activations = 100;
-  model.per_stage[0].gradients = 50;
-  model.per_stage[1].gradients = 70;
+  model.per_stage[0].gradients = 150;
+  model.per_stage[1].gradients = 170;
   Replay run = MustRun({ParseActions({"0F0", "0F1", "1F0", "1F1", "1B0", "1B1", "0B0", "0B1"})},
                        {0, 0}, 2, 2, model);
   const RankMemory& m = run.memory.ranks[0];
@@ -328,23 +329,35 @@ TEST(ScheduleMemoryTest, GradientsComeWithEachStagesFirstBackwardAndStayToTheSte
   EXPECT_EQ(m.peak_action, "1B0");
   EXPECT_THAT(Curve(m),
               ElementsAre(std::pair(0.0, 100.0), std::pair(1.0, 200.0), std::pair(2.0, 300.0),
-                          std::pair(3.0, 400.0), std::pair(4.0, 470.0), std::pair(6.0, 370.0),
-                          std::pair(8.0, 320.0), std::pair(10.0, 220.0), std::pair(12.0, 120.0)));
+                          std::pair(3.0, 400.0), std::pair(4.0, 470.0), std::pair(8.0, 420.0),
+                          std::pair(12.0, 320.0)));
+
+  // Gradients smaller than the activations a backward frees add nothing while it runs: the
+  // peak is the last forward's.
+  model.per_stage[0].gradients = 50;
+  model.per_stage[1].gradients = 70;
+  Replay smaller = MustRun({ParseActions({"0F0", "0F1", "1F0", "1F1", "1B0", "1B1", "0B0", "0B1"})},
+                           {0, 0}, 2, 2, model);
+  EXPECT_EQ(smaller.memory.ranks[0].peak_dynamic, 400);
+  EXPECT_EQ(smaller.memory.ranks[0].peak_action, "1F1");
+  EXPECT_THAT(Curve(smaller.memory.ranks[0]),
+              ElementsAre(std::pair(0.0, 100.0), std::pair(1.0, 200.0), std::pair(2.0, 300.0),
+                          std::pair(3.0, 400.0), std::pair(6.0, 370.0), std::pair(8.0, 270.0),
+                          std::pair(10.0, 220.0), std::pair(12.0, 120.0)));
 }
 
 TEST(ScheduleMemoryTest, SplitBackwardAllocatesTheGradientsAtW) {
   // One stage, one microbatch: 0F0 [0,1] 100; 0I0 [1,2] keeps 60 for W; 0W0 [2,3] allocates
-  // the gradients (50): 110 while it runs, 50 after (I and W cost 1).
+  // the gradients (150) as it frees those 60: 150 while it runs and after (I and W cost 1).
   MemoryModel model = Activations(100);
   model.defaults.weight_activations = 60;
-  model.defaults.gradients = 50;
+  model.defaults.gradients = 150;
   Replay run = MustRun({ParseActions({"0F0", "0I0", "0W0"})}, {0}, 1, 1, model);
   const RankMemory& m = run.memory.ranks[0];
-  EXPECT_EQ(m.peak_dynamic, 110);
+  EXPECT_EQ(m.peak_dynamic, 150);
   EXPECT_EQ(m.peak_action, "0W0");
-  // 60 at 2 (I's end) and 110 at 2 (W's start): the curve keeps the last.
-  EXPECT_THAT(Curve(m),
-              ElementsAre(std::pair(0.0, 100.0), std::pair(2.0, 110.0), std::pair(3.0, 50.0)));
+  // 60 at 2 (I's end) and 150 at 2 (W's start): the curve keeps the last.
+  EXPECT_THAT(Curve(m), ElementsAre(std::pair(0.0, 100.0), std::pair(2.0, 150.0)));
 }
 
 TEST(ScheduleMemoryTest, OptimizerState) {

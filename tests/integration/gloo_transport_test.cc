@@ -227,6 +227,83 @@ TEST_F(GlooTransportTest, SizeMismatchFailsTheSendAndSparesOtherTransfers) {
   for (std::thread& thread : threads) thread.join();
 }
 
+// A mismatch is found by the sender, whichever of the two was posted first: in Send when the
+// receive's announcement came first, on the sender's control thread otherwise. The results are
+// the same either way.
+TEST_F(GlooTransportTest, SizeMismatchFailsBothSidesWhicheverCameFirst) {
+  ASSERT_NO_FATAL_FAILURE(Connect(2));
+  for (const bool receive_first : {true, false}) {
+    SCOPED_TRACE(receive_first ? "receive first" : "send first");
+    const uint64_t tag = receive_first ? 0x21 : 0x22;
+    std::vector<uint8_t> big(300, 1), small(30, 0);
+    std::unique_ptr<Work> send, recv;
+    if (receive_first) {
+      SC_ASSIGN_WORK(r, t_[1]->Recv(big.data(), big.size(), 0, tag));
+      SC_ASSIGN_WORK(s, t_[0]->Send(small.data(), small.size(), 1, tag));
+      recv = std::move(r);
+      send = std::move(s);
+    } else {
+      SC_ASSIGN_WORK(s, t_[0]->Send(small.data(), small.size(), 1, tag));
+      SC_ASSIGN_WORK(r, t_[1]->Recv(big.data(), big.size(), 0, tag));
+      recv = std::move(r);
+      send = std::move(s);
+    }
+    const absl::Status recv_status = recv->Wait(kWait);
+    EXPECT_EQ(recv_status.code(), absl::StatusCode::kInternal) << recv_status;
+    EXPECT_THAT(std::string(recv_status.message()),
+                HasSubstr(absl::StrFormat("expected 300 bytes from rank 0 tag 0x%x, got 30", tag)));
+    EXPECT_EQ(big, std::vector<uint8_t>(300, 1)) << "nothing may be written on a mismatch";
+    const absl::Status send_status = send->Wait(kWait);
+    EXPECT_EQ(send_status.code(), absl::StatusCode::kInternal) << send_status;
+    EXPECT_THAT(std::string(send_status.message()),
+                HasSubstr(absl::StrFormat(
+                    "rank 1 expected 300 bytes for tag 0x%x, this send has 30", tag)));
+  }
+}
+
+// More receives posted at once than the control ring holds (their announcements wait at the
+// receiver until the sender's control thread takes the earlier ones), then matched by sends of
+// the same tags in the reverse order: every transfer lands in its own buffer.
+TEST_F(GlooTransportTest, ManyReceivesPostedAtOnceAllComplete) {
+  ASSERT_NO_FATAL_FAILURE(Connect(2));
+  constexpr int kCount = 100;
+  std::vector<std::vector<uint8_t>> out, in;
+  for (int i = 0; i < kCount; ++i) {
+    out.push_back(Pattern(64 + i, i));
+    in.emplace_back(64 + i);
+  }
+  std::vector<std::unique_ptr<Work>> recvs, sends;
+  for (int i = 0; i < kCount; ++i) {
+    SC_ASSIGN_WORK(recv, t_[1]->Recv(in[i].data(), in[i].size(), 0, 100 + i));
+    recvs.push_back(std::move(recv));
+  }
+  for (int i = kCount - 1; i >= 0; --i) {
+    SC_ASSIGN_WORK(send, t_[0]->Send(out[i].data(), out[i].size(), 1, 100 + i));
+    sends.push_back(std::move(send));
+  }
+  for (auto& recv : recvs) SC_ASSERT_OK(recv->Wait(kWait));
+  for (auto& send : sends) SC_ASSERT_OK(send->Wait(kWait));
+  for (int i = 0; i < kCount; ++i) EXPECT_EQ(in[i], out[i]) << "transfer " << i;
+}
+
+// The watchdog sleeps until the earliest deadline it knows; a wait with an earlier one must
+// wake it, or that wait would overrun its timeout.
+TEST_F(GlooTransportTest, AnEarlierDeadlineWakesTheWatchdog) {
+  ASSERT_NO_FATAL_FAILURE(Connect(2));
+  std::vector<uint8_t> a(64), b(64);
+  SC_ASSIGN_WORK(long_recv, t_[1]->Recv(a.data(), a.size(), 0, 1));
+  SC_ASSIGN_WORK(short_recv, t_[1]->Recv(b.data(), b.size(), 0, 2));
+  absl::Status long_status;
+  std::thread waiter([&] { long_status = long_recv->Wait(absl::Seconds(60)); });
+  absl::SleepFor(absl::Milliseconds(50));  // The long wait is (most likely) registered by now.
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(short_recv->Wait(absl::Milliseconds(100)).code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_LT(absl::Now() - start, kPrompt);
+  t_[1]->Abort();
+  waiter.join();
+  EXPECT_EQ(long_status.code(), absl::StatusCode::kCancelled) << long_status;
+}
+
 // Abort resets the connections, so peers waiting on the aborted rank fail at once.
 TEST_F(GlooTransportTest, AbortFailsPeersWaitsPromptly) {
   ASSERT_NO_FATAL_FAILURE(Connect(3));

@@ -19,14 +19,28 @@ namespace stagecoach::transport::gloo_internal {
 using adapter::Cancelled;
 using adapter::Hex;
 
+namespace {
+
+// Where a payload's gloo buffer points: a zero-byte transfer may pass null, gloo wants an address.
+void* PayloadData(const Op& op) {
+  static char zero_bytes;
+  return op.data != nullptr ? op.data : &zero_bytes;
+}
+
+}  // namespace
+
 void Endpoint::Start() {
   absl::MutexLock lock(&mu_);
   threads_.emplace_back([this] { WatchdogLoop(); });
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
-    peers_[peer].control_in_buffer =
-        context_->createUnboundBuffer(&peers_[peer].control_in, sizeof(ControlMessage));
-    absl::Status posted = PostControlRecvLocked(peer);
+    Peer& state = peers_[peer];
+    absl::Status posted;
+    for (size_t i = 0; i < kControlRing && posted.ok(); ++i) {
+      state.control_in_buffers[i] =
+          context_->createUnboundBuffer(&state.control_in[i], sizeof(ControlMessage));
+      posted = PostControlRecvLocked(peer, i);
+    }
     if (!posted.ok()) {
       SetPeerErrorLocked(peer, posted);
       continue;
@@ -43,8 +57,7 @@ void Endpoint::Shutdown() {
     if (!outstanding_.empty()) CloseConnectionsLocked();
     for (ActiveWait* wait : active_waits_) InterruptLocked(wait, Interrupt::kClose);
     watchdog_wake_.Signal();
-    changed_.SignalAll();
-    for (Peer& peer : peers_) peer.completion_wake.Signal();
+    WakeAllLocked();
   }
   for (std::thread& thread : threads_) thread.join();
   threads_.clear();
@@ -67,15 +80,12 @@ void Endpoint::Shutdown() {
         // No connection to release.
       }
     }
-    for (auto& [unused, op] : outstanding_) {
-      op->payload.reset();
-      op->control_buffer.reset();
-    }
+    for (auto& [unused, op] : outstanding_) op->buffer.reset();
     outstanding_.clear();
     for (Peer& peer : peers_) {
-      peer.control_in_buffer.reset();
-      peer.unmatched_recvs.clear();
-      peer.sends.clear();
+      for (std::unique_ptr<GlooBuffer>& buffer : peer.control_in_buffers) buffer.reset();
+      peer.unmatched_sends.clear();
+      peer.recvs.clear();
       peer.sends_to_complete.clear();
     }
     context = std::move(context_);
@@ -122,28 +132,17 @@ absl::StatusOr<std::shared_ptr<Op>> Endpoint::Send(const void* data, size_t byte
   RETURN_IF_ERROR(CheckUsableLocked(peer, label));
   auto op = std::make_shared<Op>(Direction::kSend, peer, tag, bytes, const_cast<void*>(data),
                                  /*internal=*/false, std::move(label));
-  Peer& state = peers_[peer];
-  op->id = state.next_send_id++;
-  op->control.kind = static_cast<uint32_t>(ControlKind::kData);
-  op->control.tag = tag;
-  op->control.bytes = bytes;
-  op->control.id = op->id;
   outstanding_[op.get()] = op;
-  op->state = OpState::kPosted;
-  const absl::Status posted = GlooCall([&] {
-    // The payload first: its receive is posted only after the announcement has arrived, so
-    // gloo's event loop writes it, never this thread.
-    if (bytes > 0) {
-      op->payload = context_->createUnboundBuffer(op->data, bytes);
-      op->payload->send(peer, kPayloadSlotBase + op->id, 0, bytes);
-    }
-    op->control_buffer = context_->createUnboundBuffer(&op->control, sizeof(ControlMessage));
-    op->control_buffer->send(peer, kControlSlot, 0, sizeof(ControlMessage));
-  });
-  if (!posted.ok()) return FailLocked(*op, posted);
-  state.sends[op->id] = op.get();
-  state.sends_to_complete.push_back(op);
-  state.completion_wake.Signal();
+  Peer& state = peers_[peer];
+  auto announced = state.announced_recvs.find(tag);
+  if (announced == state.announced_recvs.end()) {
+    state.unmatched_sends[tag].push_back(op);  // The control thread matches it.
+    return op;
+  }
+  const Announcement announcement = announced->second.front();
+  announced->second.pop_front();
+  if (announced->second.empty()) state.announced_recvs.erase(announced);
+  RETURN_IF_ERROR(MatchLocked(op, announcement));
   return op;
 }
 
@@ -154,65 +153,80 @@ absl::StatusOr<std::shared_ptr<Op>> Endpoint::Recv(void* data, size_t bytes, int
   RETURN_IF_ERROR(CheckUsableLocked(peer, label));
   auto op = std::make_shared<Op>(Direction::kRecv, peer, tag, bytes, data, /*internal=*/false,
                                  std::move(label));
-  outstanding_[op.get()] = op;
   Peer& state = peers_[peer];
-  auto announced = state.unmatched_sends.find(tag);
-  if (announced == state.unmatched_sends.end()) {
-    state.unmatched_recvs[tag].push_back(op);
-    return op;
-  }
-  const Announcement announcement = announced->second.front();
-  announced->second.pop_front();
-  if (announced->second.empty()) state.unmatched_sends.erase(announced);
-  RETURN_IF_ERROR(MatchLocked(*op, announcement));
+  op->id = state.next_recv_id++;
+  op->state = OpState::kPosted;
+  outstanding_[op.get()] = op;
+  // The receive first: gloo's notice of it then reaches the sender before the announcement.
+  const absl::Status posted = GlooCall([&] {
+    op->buffer = context_->createUnboundBuffer(PayloadData(*op), bytes);
+    op->buffer->recv(peer, kPayloadSlotBase + op->id, 0, bytes);
+  });
+  if (!posted.ok()) return FailLocked(*op, posted);
+  state.recvs[op->id] = op.get();
+  ControlMessage announcement;
+  announcement.kind = static_cast<uint32_t>(ControlKind::kRecvPosted);
+  announcement.tag = tag;
+  announcement.bytes = bytes;
+  announcement.id = op->id;
+  const absl::StatusOr<std::shared_ptr<Op>> announced = SendControlLocked(
+      peer, announcement, absl::StrFormat("rank %d: announcing %s", rank_, op->label));
+  if (!announced.ok()) return FailLocked(*op, announced.status());
   return op;
 }
 
-absl::Status Endpoint::MatchLocked(Op& op, const Announcement& announcement) {
-  if (announcement.bytes != op.bytes) {
-    FailLocked(op, absl::StatusCode::kInternal,
-               absl::StrFormat("expected %d bytes from rank %d tag %s, got %d", op.bytes, op.peer,
-                               Hex(op.tag), announcement.bytes));
-    // Fail the send too: nobody will receive its payload. Best effort.
+absl::Status Endpoint::MatchLocked(const std::shared_ptr<Op>& op,
+                                   const Announcement& announcement) {
+  if (announcement.bytes != op->bytes) {
+    FailLocked(*op, absl::StatusCode::kInternal,
+               absl::StrFormat("rank %d expected %d bytes for tag %s, this send has %d", op->peer,
+                               announcement.bytes, Hex(op->tag), op->bytes));
+    // Fail the receive too: nothing will be sent to it. Best effort.
     ControlMessage reject;
     reject.kind = static_cast<uint32_t>(ControlKind::kReject);
-    reject.tag = op.tag;
-    reject.bytes = op.bytes;
+    reject.tag = op->tag;
+    reject.bytes = op->bytes;
     reject.id = announcement.id;
-    SendControlLocked(op.peer, reject,
-                      absl::StrFormat("rank %d: size mismatch notice to rank %d", rank_, op.peer))
+    SendControlLocked(op->peer, reject,
+                      absl::StrFormat("rank %d: size mismatch notice to rank %d", rank_, op->peer))
         .IgnoreError();
     return absl::OkStatus();
   }
-  op.state = OpState::kPosted;
-  if (op.bytes == 0) return absl::OkStatus();
+  op->id = announcement.id;
+  return PostSendLocked(op, kPayloadSlotBase + announcement.id);
+}
+
+absl::Status Endpoint::PostSendLocked(const std::shared_ptr<Op>& op, uint64_t slot) {
+  void* data = op->internal ? static_cast<void*>(&op->control) : PayloadData(*op);
   const absl::Status posted = GlooCall([&] {
-    op.payload = context_->createUnboundBuffer(op.data, op.bytes);
-    op.payload->recv(op.peer, kPayloadSlotBase + announcement.id, 0, op.bytes);
+    op->buffer = context_->createUnboundBuffer(data, op->bytes);
+    op->buffer->send(op->peer, slot, 0, op->bytes);
   });
-  return posted.ok() ? posted : FailLocked(op, posted);
+  if (!posted.ok()) return FailLocked(*op, posted);
+  op->state = OpState::kPosted;
+  op->changed.SignalAll();
+  Peer& state = peers_[op->peer];
+  state.sends_to_complete.push_back(op);
+  state.completion_wake.Signal();
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<Op>> Endpoint::SendControlLocked(int peer,
                                                                 const ControlMessage& message,
                                                                 const std::string& label) {
   RETURN_IF_ERROR(CheckUsableLocked(peer, label));
-  auto op = std::make_shared<Op>(Direction::kSend, peer, message.tag, 0, nullptr,
-                                 /*internal=*/true, label);
+  auto op = std::make_shared<Op>(Direction::kSend, peer, message.tag, sizeof(ControlMessage),
+                                 nullptr, /*internal=*/true, label);
   op->control = message;
-  op->state = OpState::kPosted;
   outstanding_[op.get()] = op;
-  const absl::Status posted = GlooCall([&] {
-    op->control_buffer = context_->createUnboundBuffer(&op->control, sizeof(ControlMessage));
-    op->control_buffer->send(peer, kControlSlot, 0, sizeof(ControlMessage));
-  });
-  if (!posted.ok()) return FailLocked(*op, posted);
+  RETURN_IF_ERROR(PostSendLocked(op, kControlSlot));
   return op;
 }
 
-absl::Status Endpoint::PostControlRecvLocked(int peer) {
-  return GlooCall(
-      [&] { peers_[peer].control_in_buffer->recv(peer, kControlSlot, 0, sizeof(ControlMessage)); });
+absl::Status Endpoint::PostControlRecvLocked(int peer, size_t index) {
+  return GlooCall([&] {
+    peers_[peer].control_in_buffers[index]->recv(peer, kControlSlot, 0, sizeof(ControlMessage));
+  });
 }
 
 bool Endpoint::Done(const Op& op) const {
@@ -238,33 +252,21 @@ absl::Status Endpoint::WaitLocked(Op& op, absl::Time deadline, absl::Duration ti
         FailLocked(op, peer_error.code(), peer_error.message());
         continue;
       }
+    }
+    if (op.state == OpState::kUnmatched || op.waited_on) {
+      // Not posted yet, or another thread waits on its gloo buffer: wait for that to change.
       if (absl::Now() >= deadline) return TimeoutError(op, timeout);
-      changed_.WaitWithDeadline(&mu_, deadline);
+      op.changed.WaitWithDeadline(&mu_, deadline);
       continue;
     }
 
-    // kPosted: wait for the next unfinished gloo transfer of this op.
-    GlooBuffer* buffer = nullptr;
-    bool send = op.direction == Direction::kSend;
-    const bool control_stage = op.control_buffer != nullptr && !op.control_sent;
-    if (control_stage) {
-      buffer = op.control_buffer.get();
-      send = true;
-    } else if (op.payload != nullptr && !op.payload_done) {
-      buffer = op.payload.get();
-    } else {
-      CompleteLocked(op);
-      continue;
-    }
-    if (op.waited_on) {  // Another thread waits on its gloo buffer: wait for it to come back.
-      if (absl::Now() >= deadline) return TimeoutError(op, timeout);
-      changed_.WaitWithDeadline(&mu_, deadline);
-      continue;
-    }
+    // kPosted.
     op.waited_on = true;
     const GlooWaitResult result =
-        WaitGlooLocked(buffer, send, std::max(deadline, absl::Now() + kMinGlooWait), &op);
+        WaitGlooLocked(op.buffer.get(), op.direction == Direction::kSend,
+                       std::max(deadline, absl::Now() + kMinGlooWait), &op);
     op.waited_on = false;
+    op.changed.SignalAll();
     if (!result.error.ok()) {
       if (op.state != OpState::kFailed) {
         FailLocked(op, result.error.code(), result.error.message());
@@ -272,7 +274,7 @@ absl::Status Endpoint::WaitLocked(Op& op, absl::Time deadline, absl::Duration ti
       continue;
     }
     if (result.completed) {
-      (control_stage ? op.control_sent : op.payload_done) = true;
+      if (op.state == OpState::kPosted) CompleteLocked(op);
       continue;
     }
     if (op.state == OpState::kFailed || aborted_ || closing_) continue;
@@ -288,8 +290,8 @@ GlooWaitResult Endpoint::WaitGlooLocked(GlooBuffer* buffer, bool send, absl::Tim
     InterruptLocked(&wait, Interrupt::kClose);
   } else if (aborted_) {
     InterruptLocked(&wait, Interrupt::kAbort);
-  } else if (deadline != absl::InfiniteFuture()) {
-    watchdog_wake_.Signal();
+  } else if (deadline < watchdog_until_) {
+    watchdog_wake_.Signal();  // The watchdog would sleep past this deadline.
   }
   GlooWaitResult result;
   mu_.Unlock();
@@ -300,7 +302,7 @@ GlooWaitResult Endpoint::WaitGlooLocked(GlooBuffer* buffer, bool send, absl::Tim
   mu_.Lock();
   active_waits_.erase(&wait);
   result.interrupt = wait.interrupt;
-  changed_.SignalAll();
+  if (closing_) changed_.SignalAll();  // Shutdown waits for every wait to leave gloo.
   return result;
 }
 

@@ -1,29 +1,42 @@
 // Internal to the Gloo backend (gloo_transport.cc, endpoint.cc, endpoint_control.cc): the
 // Endpoint that carries a Gloo transport's transfers, its wire format and its ops.
 //
-// Protocol. Each rank keeps one receive posted on kControlSlot per peer, served by a thread per
-// peer. Send(data, n, peer, tag) posts the payload on a slot of its own, kPayloadSlotBase + id
-// (id counts the sends to that peer), then a 32-byte ControlMessage {kData, tag, n, id} on
-// kControlSlot. The receiver's control thread matches it with the oldest unmatched Recv from
-// that peer with that tag (or queues it until such a Recv is posted) and, only if both byte
-// counts agree, posts the payload receive on the announced slot: gloo never sees a receive of
-// another size than its send. On a mismatch the receive fails ("expected N bytes from rank p
-// tag t, got M") and a {kReject} message fails the send, whose payload nobody will take. The
-// payload is posted before its announcement, so it is always written by gloo's event loop,
-// never inline in Send. User tags travel in control messages and never become slots, so every
-// uint64 tag is valid. Barrier is a dissemination barrier of {kBarrier} control messages.
-// A send's Work completes when its announcement and payload are written to the socket; a
-// receive's when the payload has arrived. Stats count a transfer when it is seen complete.
+// Protocol: receiver-announced, sender-matched. Each rank keeps kControlRing receives posted on
+// kControlSlot per peer, served by a control thread per peer. Recv(data, n, peer, tag) posts the
+// payload receive at once on a slot of its own, kPayloadSlotBase + id (id counts the receives
+// from that peer), then announces it to the sender with a 32-byte ControlMessage {kRecvPosted,
+// tag, n, id}. Gloo tells the sender about a posted receive (its recv-ready notice) before that
+// announcement, on the same connection. The sender matches the announcement with the oldest
+// unmatched Send to that peer with that tag (in Send itself if the announcement came first,
+// else on its control thread when it comes) and, only if both byte counts agree, posts the
+// payload send on the announced slot: gloo never sees a send of another size than its receive,
+// and since the receive is already posted, gloo writes the payload at once. On a mismatch the
+// send fails ("rank q expected N bytes for tag t, this send has M") and a {kReject} message
+// fails the receive ("expected N bytes from rank p tag t, got M"); nothing is ever sent to that
+// receive's slot, so its buffer is never written. User tags travel in control messages and
+// never become slots, so every uint64 tag is valid. Barrier is a dissemination barrier of
+// {kBarrier} control messages.
 //
-// Send completion: a thread per peer waits, oldest first, for the sends posted to that peer, so
-// that a send completes (and Work::Done says so) without its caller waiting; the caller can then
-// release the send's buffer early. A receive completes in its caller's Wait.
+// Why this way round: a pipeline's receiver usually posts its receive before the data is ready
+// (the lowered action lists put RECV_F and RECV_B ahead of the compute that needs them), so the
+// payload travels the moment the sender's Send runs, with no thread between (PyTorch's
+// isend/irecv on gloo behave so). Only a send that comes first waits for the announcement and
+// the sender's control thread.
+//
+// A send's Work completes when its payload is written to the socket; a receive's when the
+// payload has arrived. Stats count a transfer when it is seen complete.
+//
+// Send completion: a thread per peer waits, oldest first, for the sends posted to gloo for that
+// peer (payloads once matched, and control messages), so that a send completes (and Work::Done
+// says so) without its caller waiting; the caller can then release the send's buffer early. A
+// receive completes in its caller's Wait.
 //
 // Waiting: a wait on a gloo buffer blocks without a timeout and is registered in
 // active_waits_; a watchdog thread interrupts those past their deadline, Abort all of them,
-// a reject the send it fails. A timed-out transfer stays posted: waiting again may complete it.
-// One thread at a time waits on an op's gloo buffers (Op::waited_on); a second one, e.g. the
-// caller while the completion thread waits, waits for the op's state to change.
+// a reject the receive it fails. A timed-out transfer stays posted: waiting again may complete
+// it. One thread at a time waits on an op's gloo buffer (Op::waited_on); a second one, e.g. the
+// caller while the completion thread waits, waits on the op's own condition variable, which
+// every change of the op's state signals (so a change wakes only the op's waiters).
 //
 // Teardown: Abort resets every connection (closeConnections; gloo unregisters each socket from
 // its event loop and waits for the loop to tick, so once Abort returns gloo touches no user
@@ -39,6 +52,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -65,6 +79,9 @@ namespace stagecoach::transport::gloo_internal {
 using GlooBuffer = ::gloo::transport::UnboundBuffer;
 
 constexpr uint64_t kControlSlot = 1;
+// Control receives kept posted per peer: a peer may send this many control messages before
+// the control thread has taken the first.
+constexpr int kControlRing = 16;
 constexpr uint64_t kPayloadSlotBase = uint64_t{1} << 63;
 constexpr uint32_t kControlMagic = 0x31474353;  // "SCG1"
 
@@ -73,15 +90,15 @@ constexpr std::chrono::milliseconds kGlooForever = std::chrono::hours(24 * 365);
 // The least time a wait on a gloo buffer gets, so that Wait(0) still sees a finished transfer.
 constexpr absl::Duration kMinGlooWait = absl::Milliseconds(1);
 
-enum class ControlKind : uint32_t { kData = 1, kReject = 2, kBarrier = 3 };
+enum class ControlKind : uint32_t { kRecvPosted = 1, kReject = 2, kBarrier = 3 };
 
 // Wire format, host byte order: every rank of a job runs the same build.
 struct ControlMessage {
   uint32_t magic = kControlMagic;
   uint32_t kind = 0;
-  uint64_t tag = 0;    // kData, kReject: the user's tag. kBarrier: the round.
-  uint64_t bytes = 0;  // kData: payload bytes. kReject: the bytes the receiver expected.
-  uint64_t id = 0;     // kData, kReject: the send's id. kBarrier: the barrier's number.
+  uint64_t tag = 0;    // kRecvPosted, kReject: the user's tag. kBarrier: the round.
+  uint64_t bytes = 0;  // kRecvPosted: the bytes the receive takes. kReject: the send's bytes.
+  uint64_t id = 0;     // kRecvPosted, kReject: the receive's id. kBarrier: the barrier's number.
 };
 static_assert(sizeof(ControlMessage) == 32, "ControlMessage is a wire format");
 
@@ -101,7 +118,7 @@ absl::Status GlooCall(Fn&& fn) {
 
 enum class Direction { kSend, kRecv };
 
-// kUnmatched: a receive whose send has not been announced yet. kPosted: posted to gloo.
+// kUnmatched: a send whose receive has not been announced yet. kPosted: posted to gloo.
 enum class OpState { kUnmatched, kPosted, kDone, kFailed };
 
 // One Send, Recv, or internal control message. The fields after the constant ones are
@@ -122,18 +139,18 @@ struct Op {
   const uint64_t tag;
   const size_t bytes;
   void* const data;
-  const bool internal;      // A barrier or reject message: not counted in stats.
+  const bool internal;      // A control message: not counted in stats.
   const std::string label;  // "rank 1: receive from rank 0 (tag 0x7, 64 bytes)"
 
   OpState state = OpState::kUnmatched;
-  absl::Status error;      // kFailed.
-  uint64_t id = 0;         // User sends: the payload's slot is kPayloadSlotBase + id.
-  ControlMessage control;  // Sends: what control_buffer sends.
-  std::unique_ptr<GlooBuffer> control_buffer;  // Sends; released when done.
-  std::unique_ptr<GlooBuffer> payload;         // Null for 0 bytes; released when done.
-  bool control_sent = false;
-  bool payload_done = false;
-  bool waited_on = false;  // A thread is in WaitGlooLocked for one of its buffers.
+  absl::Status error;  // kFailed.
+  // The receive's id: its payload's slot is kPayloadSlotBase + id. A user receive's own, a
+  // user send's once matched.
+  uint64_t id = 0;
+  ControlMessage control;              // Control messages: what `buffer` sends.
+  std::unique_ptr<GlooBuffer> buffer;  // What is posted to gloo; released when done.
+  bool waited_on = false;              // A thread is in WaitGlooLocked for `buffer`.
+  absl::CondVar changed;               // Signalled on every change of state or waited_on.
 };
 
 // Why a wait on a gloo buffer was interrupted.
@@ -184,6 +201,7 @@ class Endpoint {
   TransferStats stats() const { return counters_.stats(); }
 
  private:
+  // A receive the peer announced: its bytes and id.
   struct Announcement {
     uint64_t bytes;
     uint64_t id;
@@ -191,15 +209,17 @@ class Endpoint {
 
   struct Peer {
     absl::Status error;  // OK while the connection works.
-    uint64_t next_send_id = 0;
-    ControlMessage control_in;
-    std::unique_ptr<GlooBuffer> control_in_buffer;
-    // Receives posted before their send was announced, and announcements that arrived
-    // before their receive was posted, by tag, oldest first.
-    std::map<uint64_t, std::deque<std::shared_ptr<Op>>> unmatched_recvs;
-    std::map<uint64_t, std::deque<Announcement>> unmatched_sends;
-    std::map<uint64_t, Op*> sends;  // User sends by id, until done (so a reject finds them).
-    // User sends for the completion thread to wait for, oldest first, and its wake-up.
+    uint64_t next_recv_id = 0;
+    // The control receives, posted in ring order; the next message lands in next_control.
+    std::array<ControlMessage, kControlRing> control_in;
+    std::array<std::unique_ptr<GlooBuffer>, kControlRing> control_in_buffers;
+    size_t next_control = 0;
+    // The peer's receives announced before this rank's send, and this rank's sends posted
+    // before their receive was announced, by tag, oldest first.
+    std::map<uint64_t, std::deque<Announcement>> announced_recvs;
+    std::map<uint64_t, std::deque<std::shared_ptr<Op>>> unmatched_sends;
+    std::map<uint64_t, Op*> recvs;  // User receives by id, until done (so a reject finds them).
+    // Sends posted to gloo, for the completion thread to wait for, oldest first, and its wake-up.
     std::deque<std::shared_ptr<Op>> sends_to_complete;
     absl::CondVar completion_wake;
   };
@@ -218,15 +238,18 @@ class Endpoint {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void InterruptLocked(ActiveWait* wait, Interrupt why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Posts a receive announced as `announcement`, or fails it on a size mismatch. Returns an
-  // error only when gloo refused the receive (the op is failed as well).
-  absl::Status MatchLocked(Op& op, const Announcement& announcement)
+  // Posts a send to the receive announced as `announcement`, or fails it on a size mismatch.
+  // Returns an error only when gloo refused the send (the op is failed as well).
+  absl::Status MatchLocked(const std::shared_ptr<Op>& op, const Announcement& announcement)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Posts `op`'s buffer as a send on `slot` and queues it for the completion thread.
+  absl::Status PostSendLocked(const std::shared_ptr<Op>& op, uint64_t slot)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Posts an internal control message to `peer`.
   absl::StatusOr<std::shared_ptr<Op>> SendControlLocked(int peer, const ControlMessage& message,
                                                         const std::string& label)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status PostControlRecvLocked(int peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status PostControlRecvLocked(int peer, size_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleControlLocked(int peer, const ControlMessage& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -242,6 +265,9 @@ class Endpoint {
   absl::Status TimeoutError(const Op& op, absl::Duration timeout) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetPeerErrorLocked(int peer, const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Wakes every waiter: on each outstanding op (of `peer` only, if >= 0), the barrier, the
+  // completion threads.
+  void WakeAllLocked(int peer = -1) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CloseConnectionsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void ControlLoop(int peer);
@@ -253,10 +279,13 @@ class Endpoint {
   const int size_;
 
   mutable absl::Mutex mu_;
-  // Signalled on every change a waiter may wait for: a match, a barrier message, a peer
-  // error, Abort, Shutdown, a wait leaving gloo.
+  // Signalled for Barrier and Shutdown: a barrier message, a peer error, Abort, Shutdown, a
+  // wait leaving gloo while shutting down. Ops have their own (Op::changed).
   absl::CondVar changed_;
-  absl::CondVar watchdog_wake_;  // A new deadline, or Shutdown.
+  absl::CondVar watchdog_wake_;  // A deadline before watchdog_until_, or Shutdown.
+  // Until when the watchdog sleeps unless woken (it rescans every wait when it wakes): a wait
+  // with a later deadline need not wake it. Before its first sleep, nothing needs to.
+  absl::Time watchdog_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 
   std::shared_ptr<::gloo::rendezvous::Context> context_ ABSL_GUARDED_BY(mu_);
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;

@@ -67,8 +67,7 @@ void Endpoint::Abort() {
   aborted_ = true;
   for (ActiveWait* wait : active_waits_) InterruptLocked(wait, Interrupt::kAbort);
   CloseConnectionsLocked();
-  changed_.SignalAll();
-  for (Peer& peer : peers_) peer.completion_wake.Signal();
+  WakeAllLocked();
 }
 
 void Endpoint::CloseConnectionsLocked() {
@@ -85,16 +84,18 @@ void Endpoint::ControlLoop(int peer) {
   absl::MutexLock lock(&mu_);
   Peer& state = peers_[peer];
   while (!closing_ && !aborted_ && state.error.ok()) {
-    const GlooWaitResult result = WaitGlooLocked(state.control_in_buffer.get(), /*send=*/false,
-                                                 absl::InfiniteFuture(), nullptr);
+    const size_t index = state.next_control;
+    const GlooWaitResult result = WaitGlooLocked(state.control_in_buffers[index].get(),
+                                                 /*send=*/false, absl::InfiniteFuture(), nullptr);
     if (!result.error.ok()) {
       SetPeerErrorLocked(peer, result.error);
       break;
     }
     if (!result.completed) continue;  // Interrupted: the loop condition decides.
-    const ControlMessage message = state.control_in;
+    state.next_control = (index + 1) % kControlRing;
+    const ControlMessage message = state.control_in[index];
     if (!closing_ && !aborted_) {
-      absl::Status posted = PostControlRecvLocked(peer);
+      absl::Status posted = PostControlRecvLocked(peer, index);
       if (!posted.ok()) SetPeerErrorLocked(peer, posted);
     }
     HandleControlLocked(peer, message);
@@ -117,7 +118,6 @@ void Endpoint::CompletionLoop(int peer) {
 
 void Endpoint::HandleControlLocked(int peer, const ControlMessage& message) {
   Peer& state = peers_[peer];
-  changed_.SignalAll();
   if (closing_ || aborted_) return;  // Nothing may be posted any more.
   if (message.magic != kControlMagic) {
     SetPeerErrorLocked(
@@ -126,27 +126,29 @@ void Endpoint::HandleControlLocked(int peer, const ControlMessage& message) {
     return;
   }
   switch (static_cast<ControlKind>(message.kind)) {
-    case ControlKind::kData: {
+    case ControlKind::kRecvPosted: {
       const Announcement announcement{message.bytes, message.id};
-      auto waiting = state.unmatched_recvs.find(message.tag);
-      if (waiting == state.unmatched_recvs.end()) {
-        state.unmatched_sends[message.tag].push_back(announcement);
+      auto waiting = state.unmatched_sends.find(message.tag);
+      if (waiting == state.unmatched_sends.end()) {
+        state.announced_recvs[message.tag].push_back(announcement);
         return;
       }
       std::shared_ptr<Op> op = std::move(waiting->second.front());
       waiting->second.pop_front();
-      if (waiting->second.empty()) state.unmatched_recvs.erase(waiting);
-      if (op->state == OpState::kUnmatched) MatchLocked(*op, announcement).IgnoreError();
+      if (waiting->second.empty()) state.unmatched_sends.erase(waiting);
+      if (op->state == OpState::kUnmatched) MatchLocked(op, announcement).IgnoreError();
       return;
     }
     case ControlKind::kReject: {
-      auto sent = state.sends.find(message.id);
-      if (sent == state.sends.end()) return;
-      Op& op = *sent->second;
+      auto posted = state.recvs.find(message.id);
+      if (posted == state.recvs.end()) return;
+      Op& op = *posted->second;
+      state.recvs.erase(posted);
       if (op.state != OpState::kPosted) return;
+      // Its gloo receive stays posted (gloo cannot take it back), but nothing is sent to it.
       FailLocked(op, absl::StatusCode::kInternal,
-                 absl::StrFormat("rank %d expected %d bytes for tag %s, this send has %d", peer,
-                                 message.bytes, Hex(op.tag), op.bytes));
+                 absl::StrFormat("expected %d bytes from rank %d tag %s, got %d", op.bytes, peer,
+                                 Hex(op.tag), message.bytes));
       for (ActiveWait* wait : active_waits_) {
         if (wait->op == &op) InterruptLocked(wait, Interrupt::kReject);
       }
@@ -154,6 +156,7 @@ void Endpoint::HandleControlLocked(int peer, const ControlMessage& message) {
     }
     case ControlKind::kBarrier:
       barrier_arrivals_.insert({message.id, message.tag});
+      changed_.SignalAll();
       return;
   }
   SetPeerErrorLocked(peer, absl::InternalError(absl::StrFormat(
@@ -162,14 +165,14 @@ void Endpoint::HandleControlLocked(int peer, const ControlMessage& message) {
 
 void Endpoint::CompleteLocked(Op& op) {
   op.state = OpState::kDone;
-  op.payload.reset();
-  op.control_buffer.reset();
+  op.buffer.reset();
+  op.changed.SignalAll();
   if (!op.internal) {
     if (op.direction == Direction::kSend) {
       counters_.CountSent(op.bytes);
-      peers_[op.peer].sends.erase(op.id);
     } else {
       counters_.CountReceived(op.bytes);
+      peers_[op.peer].recvs.erase(op.id);
     }
   }
   outstanding_.erase(&op);  // Last: it may hold the last reference to op.
@@ -178,15 +181,16 @@ void Endpoint::CompleteLocked(Op& op) {
 void Endpoint::FailLocked(Op& op, absl::StatusCode code, absl::string_view message) {
   op.state = OpState::kFailed;
   op.error = absl::Status(code, absl::StrFormat("%s failed: %s", op.label, message));
+  op.changed.SignalAll();
 }
 
 absl::Status Endpoint::TimeoutError(const Op& op, absl::Duration timeout) const {
   const char* hint = "";
   if (op.direction == Direction::kRecv) {
-    hint = op.state == OpState::kUnmatched ? "the sender has not sent it yet"
-                                           : "the data is still arriving";
+    hint = "nothing has arrived from the sender yet";
   } else {
-    hint = "the receiver has not taken it yet";
+    hint = op.state == OpState::kUnmatched ? "the receiver has not posted it yet"
+                                           : "the receiver has not taken it yet";
   }
   return adapter::TimedOut(op.label, timeout, hint);
 }
@@ -196,7 +200,15 @@ void Endpoint::SetPeerErrorLocked(int peer, const absl::Status& status) {
   if (!state.error.ok()) return;
   state.error = absl::Status(
       status.code(), absl::StrFormat("connection to rank %d failed: %s", peer, status.message()));
+  WakeAllLocked(peer);
+}
+
+void Endpoint::WakeAllLocked(int peer) {
+  for (auto& [unused, op] : outstanding_) {
+    if (peer < 0 || op->peer == peer) op->changed.SignalAll();
+  }
   changed_.SignalAll();
+  for (Peer& state : peers_) state.completion_wake.Signal();
 }
 
 void Endpoint::WatchdogLoop() {
@@ -212,6 +224,7 @@ void Endpoint::WatchdogLoop() {
         next = std::min(next, wait->deadline);
       }
     }
+    watchdog_until_ = next;
     watchdog_wake_.WaitWithDeadline(&mu_, next);
   }
 }

@@ -17,6 +17,11 @@
 //
 // PyTorch comes from --torch-root, a chroot with PyTorch >= 2.4 (scripts/trixie_chroot.sh makes
 // one: Debian 12's 1.13 has no pipelining), or, with --torch-root '', from --python on this host.
+//
+// --stacks says which Stagecoach builds run: "host" (this build, on this machine's LibTorch and
+// BLAS), "root" (the build --root-build inside --torch-root, which scripts/test_trixie.sh makes:
+// the same LibTorch and BLAS as PyTorch, so that only the runtimes differ), or "host,root". Each
+// stack gets its own row per schedule, and every stack and PyTorch alternate within a round.
 // --model big (the default) is bench_mlp.pt, 8 x (Linear(1024, 1024), ReLU); --model tiny is
 // bench_tiny_mlp.pt, the same at width 16, whose step time is each runtime's own overhead. Both
 // come from tests/models/make_models.py --bench, run with /usr/bin/python3 (any PyTorch).
@@ -24,6 +29,7 @@
 //   sudo scripts/trixie_chroot.sh /var/tmp/stagecoach-trixie
 //   sudo build/bench/peer_bench [--model big|tiny|FILE] [--schedules 1F1B,ZBVZeroBubble]
 //        [--rounds 3] [--steps 20] [--warmup 4] [--batch 256] [--microbatches 8] [--threads 1]
+//        [--stacks host|root|host,root] [--root-build /build-trixie]
 #include <unistd.h>
 
 #include <algorithm>
@@ -61,6 +67,8 @@ struct Options {
   int shipped_steps = 4, shipped_timeout = 30;
   double lr = 0.01;
   std::string log_level = "info";
+  std::string stacks = "host";
+  std::string root_build = "/build-trixie";
 };
 
 // One run's measured steps (after the warmup) and every step's loss.
@@ -68,10 +76,18 @@ struct Run {
   std::vector<double> times, losses;
 };
 
+// One Stagecoach build and its daemons.
+struct Stack {
+  std::string name;  // "host" or "root"
+  std::unique_ptr<sc::testing::LocalCluster> cluster;
+  std::string work;  // the work directory as its daemons see it
+};
+
 struct Row {
   std::string schedule;
-  std::vector<double> ours, theirs;  // measured steps of every round
-  double max_loss_diff = 0;
+  std::vector<std::vector<double>> ours;  // per stack: measured steps of every round
+  std::vector<double> theirs;             // measured steps of every round
+  std::vector<double> max_loss_diff;      // per stack, against PyTorch's
   std::string shipped = "not run";
   json torch_info;
 };
@@ -189,7 +205,7 @@ class TorchSide {
   std::string work_;
 };
 
-// The same job through Stagecoach's daemons.
+// The same job through Stagecoach's daemons; `work` as they see it.
 Run MeasureOurs(sc::testing::LocalCluster& c, const Options& o, const std::string& work,
                 const std::string& schedule) {
   const std::string spec = absl::StrCat(
@@ -214,6 +230,18 @@ Run MeasureOurs(sc::testing::LocalCluster& c, const Options& o, const std::strin
     sc::bench::Fail("watch " + id, absl::InternalError(absl::StrCat(run.losses.size(), " steps")));
   }
   return run;
+}
+
+// The LibTorch and OpenBLAS packages of the machine, or of the chroot `root`.
+std::string StackVersions(const std::string& root) {
+  std::vector<std::string> argv;
+  if (!root.empty()) argv = {"/usr/sbin/chroot", root};
+  argv.insert(argv.end(), {"/usr/bin/dpkg-query", "-W", "-f", "${Package} ${Version}, ",
+                           "libtorch-dev", "libopenblas0-openmp"});
+  sc::testing::CommandResult r = sc::testing::RunCommand(argv, absl::Seconds(30));
+  absl::string_view out = absl::StripTrailingAsciiWhitespace(r.out);
+  absl::ConsumeSuffix(&out, ",");
+  return r.exit_code == 0 ? std::string(out) : "(dpkg-query failed: " + r.err + ")";
 }
 
 std::string Prepare(const Options& o, const std::string& work, const TorchSide& torch) {
@@ -260,6 +288,11 @@ int main(int argc, char** argv) {
   app.add_option("--shipped-steps", o.shipped_steps,
                  "steps of the run of PyTorch as shipped (0: do not run it)");
   app.add_option("--shipped-timeout", o.shipped_timeout, "seconds before calling it hung");
+  app.add_option("--stacks", o.stacks,
+                 "Stagecoach builds to run: host (this one), root (--root-build in --torch-root, "
+                 "on PyTorch's LibTorch and BLAS), or host,root");
+  app.add_option("--root-build", o.root_build,
+                 "the build tree inside --torch-root (scripts/test_trixie.sh makes /build-trixie)");
   CLI11_PARSE(app, argc, argv);
   if (o.warmup >= o.steps) sc::bench::Fail("--warmup", absl::InvalidArgumentError(">= --steps"));
 
@@ -268,37 +301,67 @@ int main(int argc, char** argv) {
   TorchSide torch(o, work);
   const std::string model = Prepare(o, work, torch);
 
-  sc::testing::ClusterOptions options;
-  options.workers = 2;
-  options.worker_args = {"--threads", absl::StrCat(o.threads)};
-  options.log_level = o.log_level;
-  auto cluster = sc::bench::Value("cluster", sc::testing::LocalCluster::Start(options));
+  std::vector<Stack> stacks;
+  for (absl::string_view name : absl::StrSplit(o.stacks, ',', absl::SkipEmpty())) {
+    sc::testing::ClusterOptions options;
+    options.workers = 2;
+    options.worker_args = {"--threads", absl::StrCat(o.threads)};
+    options.log_level = o.log_level;
+    Stack stack;
+    stack.name = std::string(name);
+    stack.work = work;
+    if (name == "root") {
+      if (o.torch_root.empty()) {
+        sc::bench::Fail("--stacks root", absl::InvalidArgumentError("needs a --torch-root"));
+      }
+      options.daemon_binary_dir = o.root_build;
+      options.launcher = {"/usr/sbin/chroot", o.torch_root, "/usr/bin/env", "USE_LIBUV=0"};
+      stack.work = torch.Inside(work);
+    } else if (name != "host") {
+      sc::bench::Fail("--stacks", absl::InvalidArgumentError(absl::StrCat(
+                                      "'", name, "': expected host or root, comma-separated")));
+    }
+    stack.cluster =
+        sc::bench::Value("cluster (" + stack.name + ")", sc::testing::LocalCluster::Start(options));
+    stacks.push_back(std::move(stack));
+  }
+  if (stacks.empty()) sc::bench::Fail("--stacks", absl::InvalidArgumentError("none given"));
 
   std::vector<Row> rows;
   for (absl::string_view s : absl::StrSplit(o.schedules, ',', absl::SkipEmpty())) {
     rows.emplace_back();
     rows.back().schedule = std::string(s);
+    rows.back().ours.resize(stacks.size());
+    rows.back().max_loss_diff.assign(stacks.size(), 0.0);
   }
+  const int sides = static_cast<int>(stacks.size()) + 1;  // the stacks, then PyTorch
   for (int round = 0; round < o.rounds; ++round) {
     for (Row& row : rows) {
-      // Alternate which side goes first so that drift over time falls on both.
-      Run ours, theirs;
-      for (int side = 0; side < 2; ++side) {
-        if ((side + round) % 2 == 0) {
-          ours = MeasureOurs(*cluster, o, work, row.schedule);
+      // Rotate which side goes first so that drift over time falls on every side.
+      std::vector<Run> ours(stacks.size());
+      Run theirs;
+      for (int k = 0; k < sides; ++k) {
+        const int side = (k + round) % sides;
+        if (side < static_cast<int>(stacks.size())) {
+          ours[side] = MeasureOurs(*stacks[side].cluster, o, stacks[side].work, row.schedule);
         } else {
           theirs = torch.Measure(row.schedule, &row.torch_info);
         }
       }
-      row.ours.insert(row.ours.end(), ours.times.begin(), ours.times.end());
       row.theirs.insert(row.theirs.end(), theirs.times.begin(), theirs.times.end());
-      for (size_t k = 0; k < ours.losses.size() && k < theirs.losses.size(); ++k) {
-        const double diff = std::abs(ours.losses[k] - theirs.losses[k]);
-        row.max_loss_diff = std::isnan(diff) ? NAN : std::max(row.max_loss_diff, diff);
+      for (size_t i = 0; i < stacks.size(); ++i) {
+        row.ours[i].insert(row.ours[i].end(), ours[i].times.begin(), ours[i].times.end());
+        for (size_t k = 0; k < ours[i].losses.size() && k < theirs.losses.size(); ++k) {
+          const double diff = std::abs(ours[i].losses[k] - theirs.losses[k]);
+          row.max_loss_diff[i] = std::isnan(diff) ? NAN : std::max(row.max_loss_diff[i], diff);
+        }
+        std::fprintf(stderr,
+                     "round %d %-22s ours (%s) %.1f ms, PyTorch %.1f ms; last loss %.9g, "
+                     "%.9g\n",
+                     round, row.schedule.c_str(), stacks[i].name.c_str(),
+                     1e3 * sc::bench::Median(ours[i].times), 1e3 * sc::bench::Median(theirs.times),
+                     ours[i].losses.back(), theirs.losses.back());
       }
-      std::fprintf(stderr, "round %d %-22s ours %.1f ms, PyTorch %.1f ms; last loss %.9g, %.9g\n",
-                   round, row.schedule.c_str(), 1e3 * sc::bench::Median(ours.times),
-                   1e3 * sc::bench::Median(theirs.times), ours.losses.back(), theirs.losses.back());
     }
   }
   if (o.shipped_steps > 0) {
@@ -315,18 +378,26 @@ int main(int argc, char** argv) {
       "Stagecoach: coordinator and 2 workers (--threads %d), gradients averaged over "
       "microbatches (training.scale_grads: true).\n",
       o.threads);
+  for (const Stack& stack : stacks) {
+    std::printf("  stack %s: %s\n", stack.name.c_str(),
+                StackVersions(stack.name == "root" ? o.torch_root : "").c_str());
+  }
   std::printf("PyTorch %s: 2 processes over gloo, threads per rank %s, gradients %s;\n",
               info.value("torch", "?").c_str(), info.value("threads", json()).dump().c_str(),
               info.value("grad_scaling", "?").c_str());
+  std::printf("  stack: %s\n", StackVersions(o.torch_root).c_str());
   std::printf("  workarounds: %s\n\n", info.value("workarounds", json()).dump().c_str());
-  std::printf("%-22s %9s %7s %9s %7s %7s %10s  %s\n", "schedule", "ours_ms", "p90/50", "torch_ms",
-              "p90/50", "ratio", "loss_diff", "PyTorch as shipped");
+  std::printf("%-22s %-5s %9s %7s %9s %7s %7s %10s  %s\n", "schedule", "stack", "ours_ms", "p90/50",
+              "torch_ms", "p90/50", "ratio", "loss_diff", "PyTorch as shipped");
   for (const Row& row : rows) {
-    const double ours = sc::bench::Median(row.ours), theirs = sc::bench::Median(row.theirs);
-    std::printf("%-22s %9.2f %7.3f %9.2f %7.3f %7.3f %10.1e  %s\n", row.schedule.c_str(),
-                1e3 * ours, Quantile(row.ours, 0.9) / ours, 1e3 * theirs,
-                Quantile(row.theirs, 0.9) / theirs, theirs / ours, row.max_loss_diff,
-                row.shipped.c_str());
+    const double theirs = sc::bench::Median(row.theirs);
+    for (size_t i = 0; i < stacks.size(); ++i) {
+      const double ours = sc::bench::Median(row.ours[i]);
+      std::printf("%-22s %-5s %9.2f %7.3f %9.2f %7.3f %7.3f %10.1e  %s\n", row.schedule.c_str(),
+                  stacks[i].name.c_str(), 1e3 * ours, Quantile(row.ours[i], 0.9) / ours,
+                  1e3 * theirs, Quantile(row.theirs, 0.9) / theirs, theirs / ours,
+                  row.max_loss_diff[i], row.shipped.c_str());
+    }
   }
   std::printf("\nratio: PyTorch's median step / Stagecoach's (above 1: Stagecoach is faster)\n");
   std::filesystem::remove_all(work);

@@ -34,6 +34,10 @@ absl::StatusOr<std::string> ListeningAddress(ChildProcess& p) {
 
 }  // namespace
 
+std::string LocalCluster::DaemonBinary(const std::string& path) const {
+  return (daemon_binary_dir_.empty() ? BinaryDir() : daemon_binary_dir_) + path;
+}
+
 std::string CoordinatorBinary() { return BinaryDir() + "/coordinator/stagecoach-coordinator"; }
 std::string WorkerBinary() { return BinaryDir() + "/worker/stagecoach-worker"; }
 std::string StagectlBinary() { return BinaryDir() + "/client/stagectl"; }
@@ -50,7 +54,12 @@ absl::StatusOr<std::string> ReadMetricsAddress(ChildProcess& daemon) {
 
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterOptions& options) {
   std::unique_ptr<LocalCluster> c(new LocalCluster());
-  std::vector<std::string> coordinator_args = {CoordinatorBinary(), "--listen", "127.0.0.1:0"};
+  c->daemon_binary_dir_ = options.daemon_binary_dir;
+  c->launcher_ = options.launcher;
+  std::vector<std::string> coordinator_args = c->launcher_;
+  coordinator_args.insert(
+      coordinator_args.end(),
+      {c->DaemonBinary("/coordinator/stagecoach-coordinator"), "--listen", "127.0.0.1:0"});
   for (const auto& [flag, value] : {std::pair{"--lease", options.lease},
                                     {"--heartbeat-interval", options.heartbeat_interval},
                                     {"--comm-timeout", options.comm_timeout},
@@ -150,10 +159,10 @@ absl::Status LocalCluster::RestartCoordinator() {
 
 absl::StatusOr<int> LocalCluster::AddWorker() {
   const int index = static_cast<int>(workers_.size());
-  std::vector<std::string> args = {
-      WorkerBinary(), "--coordinator", coordinator_address_,           "--listen",
-      "127.0.0.1:0",  "--name",        absl::StrCat("worker-", index), "--log-level",
-      log_level_};
+  std::vector<std::string> args = launcher_;
+  args.insert(args.end(), {DaemonBinary("/worker/stagecoach-worker"), "--coordinator",
+                           coordinator_address_, "--listen", "127.0.0.1:0", "--name",
+                           absl::StrCat("worker-", index), "--log-level", log_level_});
   args.insert(args.end(), worker_args_.begin(), worker_args_.end());
   auto worker = ChildProcess::Start(args, absl::StrCat(dir(), "/worker-", index, ".log"));
   if (!worker.ok()) return worker.status();

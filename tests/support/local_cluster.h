@@ -39,6 +39,12 @@ struct ClusterOptions {
   // --worker-token-file (the workers' --coordinator-token-file).
   std::string client_token_file;
   std::string worker_token_file;
+
+  // Another build of the daemons (its binary dir), started behind `launcher`, e.g. {chroot DIR
+  // env USE_LIBUV=0} with the build's path as seen inside DIR; both empty: this build's daemons.
+  // stagectl is always this build's.
+  std::string daemon_binary_dir;
+  std::vector<std::string> launcher;
 };
 
 class LocalCluster {
@@ -91,6 +97,8 @@ class LocalCluster {
   std::string Logs();
 
  private:
+  // `path` (e.g. "/worker/stagecoach-worker") under the daemons' binary dir.
+  std::string DaemonBinary(const std::string& path) const;
   LocalCluster() = default;
 
   TempDir dir_;
@@ -104,6 +112,8 @@ class LocalCluster {
   std::unique_ptr<v1::CoordinatorService::Stub> stub_;
   std::vector<std::string> worker_args_;
   std::string log_level_;
+  std::string daemon_binary_dir_;           // ClusterOptions::daemon_binary_dir
+  std::vector<std::string> launcher_;       // ClusterOptions::launcher
   std::vector<std::string> stagectl_args_;  // TLS and token flags
 };
 

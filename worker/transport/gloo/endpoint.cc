@@ -54,7 +54,13 @@ void Endpoint::Shutdown() {
   {
     absl::MutexLock lock(&mu_);
     closing_ = true;
-    if (!outstanding_.empty()) CloseConnectionsLocked();
+    // Works not completed reset the connections. Control messages do not: a receive's
+    // announcement the completion thread has not reaped yet was written long ago, and a reset
+    // could drop the last barrier messages a peer has still to read.
+    const bool works_pending =
+        std::any_of(outstanding_.begin(), outstanding_.end(),
+                    [](const auto& entry) { return !entry.second->internal; });
+    if (works_pending) CloseConnectionsLocked();
     for (ActiveWait* wait : active_waits_) InterruptLocked(wait, Interrupt::kClose);
     watchdog_wake_.Signal();
     WakeAllLocked();

@@ -42,8 +42,9 @@
 // its event loop and waits for the loop to tick, so once Abort returns gloo touches no user
 // buffer). The destructor interrupts every wait and stops the threads. After Abort, or with
 // Works not completed, it resets the connections the same way; otherwise (every Work
-// completed, as after a Barrier) it closes them gracefully, so that the last control messages
-// written still reach peers that have not read them yet. It destroys each connection before
+// completed, as after a Barrier, whatever control messages are still to be reaped) it closes
+// them gracefully, so that the last control messages written still reach peers that have not
+// read them yet. It destroys each connection before
 // the gloo buffers still posted on it. Works may outlive their transport; Wait then returns
 // CANCELLED.
 #pragma once

@@ -100,6 +100,11 @@ double Quantile(std::vector<double> v, double q) {
   return v[static_cast<size_t>(std::lround(q * (v.size() - 1)))];
 }
 
+// The command prefix that runs a program inside the chroot `root` (Debian's torch has no libuv).
+std::vector<std::string> InChroot(const std::string& root) {
+  return {"/usr/sbin/chroot", root, "/usr/bin/env", "USE_LIBUV=0"};
+}
+
 // Runs torch_pipelining.py with `args` (paths in them as the host sees them under the root).
 class TorchSide {
  public:
@@ -113,8 +118,8 @@ class TorchSide {
   json Call(std::vector<std::string> args, int timeout_s) const {
     std::vector<std::string> argv;
     if (!o_.torch_root.empty()) {
-      argv = {"/usr/sbin/chroot", o_.torch_root,           "/usr/bin/env",
-              "USE_LIBUV=0",      "GLOO_SOCKET_IFNAME=lo", "python3"};
+      argv = InChroot(o_.torch_root);
+      argv.insert(argv.end(), {"GLOO_SOCKET_IFNAME=lo", "python3"});
     } else {
       argv = absl::StrSplit(o_.python, ' ', absl::SkipEmpty());
     }
@@ -235,7 +240,7 @@ Run MeasureOurs(sc::testing::LocalCluster& c, const Options& o, const std::strin
 // The LibTorch and OpenBLAS packages of the machine, or of the chroot `root`.
 std::string StackVersions(const std::string& root) {
   std::vector<std::string> argv;
-  if (!root.empty()) argv = {"/usr/sbin/chroot", root};
+  if (!root.empty()) argv = InChroot(root);
   argv.insert(argv.end(), {"/usr/bin/dpkg-query", "-W", "-f", "${Package} ${Version}, ",
                            "libtorch-dev", "libopenblas0-openmp"});
   sc::testing::CommandResult r = sc::testing::RunCommand(argv, absl::Seconds(30));
@@ -266,41 +271,8 @@ std::string Prepare(const Options& o, const std::string& work, const TorchSide& 
   return model;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"Stagecoach against torch.distributed.pipelining on one job"};
-  Options o;
-  app.add_option("--torch-root", o.torch_root,
-                 "chroot with PyTorch >= 2.4 (scripts/trixie_chroot.sh); '' runs --python here");
-  app.add_option("--python", o.python,
-                 "a Python with PyTorch >= 2.4, its full path (with --torch-root '')");
-  app.add_option("--model", o.model, "big, tiny or a TorchScript Sequential of Linear and ReLU");
-  app.add_option("--schedules", o.schedules, "schedules, comma-separated");
-  app.add_option("--rounds", o.rounds, "times each side runs each schedule (alternating)");
-  app.add_option("--steps", o.steps, "steps of each run");
-  app.add_option("--warmup", o.warmup, "steps of each run left out of the figures");
-  app.add_option("--batch", o.batch, "rows per step");
-  app.add_option("--microbatches", o.microbatches, "microbatches per step");
-  app.add_option("--threads", o.threads, "compute threads of each rank on both sides");
-  app.add_option("--lr", o.lr, "SGD learning rate");
-  app.add_option("--log-level", o.log_level, "the daemons' --log-level");
-  app.add_option("--shipped-steps", o.shipped_steps,
-                 "steps of the run of PyTorch as shipped (0: do not run it)");
-  app.add_option("--shipped-timeout", o.shipped_timeout, "seconds before calling it hung");
-  app.add_option("--stacks", o.stacks,
-                 "Stagecoach builds to run: host (this one), root (--root-build in --torch-root, "
-                 "on PyTorch's LibTorch and BLAS), or host,root");
-  app.add_option("--root-build", o.root_build,
-                 "the build tree inside --torch-root (scripts/test_trixie.sh makes /build-trixie)");
-  CLI11_PARSE(app, argc, argv);
-  if (o.warmup >= o.steps) sc::bench::Fail("--warmup", absl::InvalidArgumentError(">= --steps"));
-
-  const std::string work =
-      absl::StrCat(o.torch_root, "/tmp/stagecoach-peer-bench-", static_cast<int>(getpid()));
-  TorchSide torch(o, work);
-  const std::string model = Prepare(o, work, torch);
-
+// The Stagecoach builds --stacks names, each with its cluster of daemons.
+std::vector<Stack> StartStacks(const Options& o, const TorchSide& torch, const std::string& work) {
   std::vector<Stack> stacks;
   for (absl::string_view name : absl::StrSplit(o.stacks, ',', absl::SkipEmpty())) {
     sc::testing::ClusterOptions options;
@@ -315,7 +287,7 @@ int main(int argc, char** argv) {
         sc::bench::Fail("--stacks root", absl::InvalidArgumentError("needs a --torch-root"));
       }
       options.daemon_binary_dir = o.root_build;
-      options.launcher = {"/usr/sbin/chroot", o.torch_root, "/usr/bin/env", "USE_LIBUV=0"};
+      options.launcher = InChroot(o.torch_root);
       stack.work = torch.Inside(work);
     } else if (name != "host") {
       sc::bench::Fail("--stacks", absl::InvalidArgumentError(absl::StrCat(
@@ -326,7 +298,12 @@ int main(int argc, char** argv) {
     stacks.push_back(std::move(stack));
   }
   if (stacks.empty()) sc::bench::Fail("--stacks", absl::InvalidArgumentError("none given"));
+  return stacks;
+}
 
+// Every schedule, --rounds times, every stack and PyTorch in turn; then PyTorch as shipped.
+std::vector<Row> RunRounds(const Options& o, const TorchSide& torch,
+                           const std::vector<Stack>& stacks) {
   std::vector<Row> rows;
   for (absl::string_view s : absl::StrSplit(o.schedules, ',', absl::SkipEmpty())) {
     rows.emplace_back();
@@ -367,7 +344,13 @@ int main(int argc, char** argv) {
   if (o.shipped_steps > 0) {
     for (Row& row : rows) row.shipped = torch.Shipped(row.schedule);
   }
+  return rows;
+}
 
+// The header (model, both sides, their stacks and PyTorch's workarounds) and a row per schedule
+// and stack.
+void PrintTable(const Options& o, const std::string& model, const std::vector<Stack>& stacks,
+                const std::vector<Row>& rows) {
   const json& info = rows.empty() ? json() : rows[0].torch_info;
   std::printf(
       "Model %s; batch %d in %d microbatches, mse, SGD lr %g; 2 ranks; %d rounds x %d measured "
@@ -400,6 +383,46 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("\nratio: PyTorch's median step / Stagecoach's (above 1: Stagecoach is faster)\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Stagecoach against torch.distributed.pipelining on one job"};
+  Options o;
+  app.add_option("--torch-root", o.torch_root,
+                 "chroot with PyTorch >= 2.4 (scripts/trixie_chroot.sh); '' runs --python here");
+  app.add_option("--python", o.python,
+                 "a Python with PyTorch >= 2.4, its full path (with --torch-root '')");
+  app.add_option("--model", o.model, "big, tiny or a TorchScript Sequential of Linear and ReLU");
+  app.add_option("--schedules", o.schedules, "schedules, comma-separated");
+  app.add_option("--rounds", o.rounds, "times each side runs each schedule (alternating)");
+  app.add_option("--steps", o.steps, "steps of each run");
+  app.add_option("--warmup", o.warmup, "steps of each run left out of the figures");
+  app.add_option("--batch", o.batch, "rows per step");
+  app.add_option("--microbatches", o.microbatches, "microbatches per step");
+  app.add_option("--threads", o.threads, "compute threads of each rank on both sides");
+  app.add_option("--lr", o.lr, "SGD learning rate");
+  app.add_option("--log-level", o.log_level, "the daemons' --log-level");
+  app.add_option("--shipped-steps", o.shipped_steps,
+                 "steps of the run of PyTorch as shipped (0: do not run it)");
+  app.add_option("--shipped-timeout", o.shipped_timeout, "seconds before calling it hung");
+  app.add_option("--stacks", o.stacks,
+                 "Stagecoach builds to run: host (this one), root (--root-build in --torch-root, "
+                 "on PyTorch's LibTorch and BLAS), or host,root");
+  app.add_option("--root-build", o.root_build,
+                 "the build tree inside --torch-root (scripts/test_trixie.sh makes /build-trixie)");
+  CLI11_PARSE(app, argc, argv);
+  if (o.warmup >= o.steps) sc::bench::Fail("--warmup", absl::InvalidArgumentError(">= --steps"));
+
+  const std::string work =
+      absl::StrCat(o.torch_root, "/tmp/stagecoach-peer-bench-", static_cast<int>(getpid()));
+  TorchSide torch(o, work);
+  const std::string model = Prepare(o, work, torch);
+
+  std::vector<Stack> stacks = StartStacks(o, torch, work);
+  std::vector<Row> rows = RunRounds(o, torch, stacks);
+  PrintTable(o, model, stacks, rows);
   std::filesystem::remove_all(work);
   return 0;
 }

@@ -34,12 +34,20 @@ absl::StatusOr<std::string> ListeningAddress(ChildProcess& p) {
 
 }  // namespace
 
+namespace {
+
+// The daemons under a build's binary dir.
+constexpr char kCoordinatorPath[] = "/coordinator/stagecoach-coordinator";
+constexpr char kWorkerPath[] = "/worker/stagecoach-worker";
+
+}  // namespace
+
 std::string LocalCluster::DaemonBinary(const std::string& path) const {
   return (daemon_binary_dir_.empty() ? BinaryDir() : daemon_binary_dir_) + path;
 }
 
-std::string CoordinatorBinary() { return BinaryDir() + "/coordinator/stagecoach-coordinator"; }
-std::string WorkerBinary() { return BinaryDir() + "/worker/stagecoach-worker"; }
+std::string CoordinatorBinary() { return BinaryDir() + kCoordinatorPath; }
+std::string WorkerBinary() { return BinaryDir() + kWorkerPath; }
 std::string StagectlBinary() { return BinaryDir() + "/client/stagectl"; }
 
 absl::StatusOr<std::string> ReadMetricsAddress(ChildProcess& daemon) {
@@ -57,9 +65,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
   c->daemon_binary_dir_ = options.daemon_binary_dir;
   c->launcher_ = options.launcher;
   std::vector<std::string> coordinator_args = c->launcher_;
-  coordinator_args.insert(
-      coordinator_args.end(),
-      {c->DaemonBinary("/coordinator/stagecoach-coordinator"), "--listen", "127.0.0.1:0"});
+  coordinator_args.insert(coordinator_args.end(),
+                          {c->DaemonBinary(kCoordinatorPath), "--listen", "127.0.0.1:0"});
   for (const auto& [flag, value] : {std::pair{"--lease", options.lease},
                                     {"--heartbeat-interval", options.heartbeat_interval},
                                     {"--comm-timeout", options.comm_timeout},
@@ -160,9 +167,9 @@ absl::Status LocalCluster::RestartCoordinator() {
 absl::StatusOr<int> LocalCluster::AddWorker() {
   const int index = static_cast<int>(workers_.size());
   std::vector<std::string> args = launcher_;
-  args.insert(args.end(), {DaemonBinary("/worker/stagecoach-worker"), "--coordinator",
-                           coordinator_address_, "--listen", "127.0.0.1:0", "--name",
-                           absl::StrCat("worker-", index), "--log-level", log_level_});
+  args.insert(args.end(),
+              {DaemonBinary(kWorkerPath), "--coordinator", coordinator_address_, "--listen",
+               "127.0.0.1:0", "--name", absl::StrCat("worker-", index), "--log-level", log_level_});
   args.insert(args.end(), worker_args_.begin(), worker_args_.end());
   auto worker = ChildProcess::Start(args, absl::StrCat(dir(), "/worker-", index, ".log"));
   if (!worker.ok()) return worker.status();

@@ -97,7 +97,7 @@ class LocalCluster {
   std::string Logs();
 
  private:
-  // `path` (e.g. "/worker/stagecoach-worker") under the daemons' binary dir.
+  // `path` (kWorkerPath, kCoordinatorPath) under the daemons' binary dir.
   std::string DaemonBinary(const std::string& path) const;
   LocalCluster() = default;
 

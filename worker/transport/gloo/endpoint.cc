@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -140,15 +141,12 @@ absl::StatusOr<std::shared_ptr<Op>> Endpoint::Send(const void* data, size_t byte
                                  /*internal=*/false, std::move(label));
   outstanding_[op.get()] = op;
   Peer& state = peers_[peer];
-  auto announced = state.announced_recvs.find(tag);
-  if (announced == state.announced_recvs.end()) {
+  const std::optional<Announcement> announcement = TakeOldest(state.announced_recvs, tag);
+  if (!announcement.has_value()) {
     state.unmatched_sends[tag].push_back(op);  // The control thread matches it.
     return op;
   }
-  const Announcement announcement = announced->second.front();
-  announced->second.pop_front();
-  if (announced->second.empty()) state.announced_recvs.erase(announced);
-  RETURN_IF_ERROR(MatchLocked(op, announcement));
+  RETURN_IF_ERROR(MatchLocked(op, *announcement));
   return op;
 }
 

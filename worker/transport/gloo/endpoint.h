@@ -60,6 +60,7 @@
 #include <exception>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -153,6 +154,17 @@ struct Op {
   bool waited_on = false;              // A thread is in WaitGlooLocked for `buffer`.
   absl::CondVar changed;               // Signalled on every change of state or waited_on.
 };
+
+// Removes and returns the oldest entry queued under `tag`, if any (dropping the emptied queue).
+template <typename T>
+std::optional<T> TakeOldest(std::map<uint64_t, std::deque<T>>& queues, uint64_t tag) {
+  auto it = queues.find(tag);
+  if (it == queues.end()) return std::nullopt;
+  T oldest = std::move(it->second.front());
+  it->second.pop_front();
+  if (it->second.empty()) queues.erase(it);
+  return oldest;
+}
 
 // Why a wait on a gloo buffer was interrupted.
 enum class Interrupt { kNone, kDeadline, kAbort, kClose, kReject };

@@ -2,6 +2,7 @@
 // failing ops, the watchdog and the send-completion threads.
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -128,15 +129,12 @@ void Endpoint::HandleControlLocked(int peer, const ControlMessage& message) {
   switch (static_cast<ControlKind>(message.kind)) {
     case ControlKind::kRecvPosted: {
       const Announcement announcement{message.bytes, message.id};
-      auto waiting = state.unmatched_sends.find(message.tag);
-      if (waiting == state.unmatched_sends.end()) {
+      const std::optional<std::shared_ptr<Op>> op = TakeOldest(state.unmatched_sends, message.tag);
+      if (!op.has_value()) {
         state.announced_recvs[message.tag].push_back(announcement);
         return;
       }
-      std::shared_ptr<Op> op = std::move(waiting->second.front());
-      waiting->second.pop_front();
-      if (waiting->second.empty()) state.unmatched_sends.erase(waiting);
-      if (op->state == OpState::kUnmatched) MatchLocked(op, announcement).IgnoreError();
+      if ((*op)->state == OpState::kUnmatched) MatchLocked(*op, announcement).IgnoreError();
       return;
     }
     case ControlKind::kReject: {

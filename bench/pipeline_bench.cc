@@ -51,6 +51,7 @@
 #include "worker/runtime/compute_threads.h"
 #include "worker/runtime/counting_allocator.h"
 #include "worker/runtime/cpu_pinning.h"
+#include "worker/runtime/fused_weight_grad.h"
 #include "worker/runtime/pipeline_executor.h"
 #include "worker/runtime/split_backward.h"
 #include "worker/runtime/training_data.h"
@@ -627,8 +628,9 @@ struct SplitTimes {
 // Times B, I and W on one stage of `layers` layers whose input requires grad (a middle stage, so
 // that I has work to do), on a fresh thread computing on one LibTorch thread, as a rank does.
 // Each repetition runs a fresh forward (untimed) for B and another for I and W; gradients
-// accumulate into .grad as within a step.
-SplitTimes TimeSplitBackward(const Options& o, int layers) {
+// accumulate into .grad as within a step. `fuse`: B and W compute the weight gradients straight
+// into .grad, as the executor does by default (worker/runtime/fused_weight_grad.h).
+SplitTimes TimeSplitBackward(const Options& o, int layers, bool fuse) {
   SplitTimes out;
   std::thread worker([&] {
     torch::set_num_threads(1);
@@ -655,6 +657,7 @@ SplitTimes TimeSplitBackward(const Options& o, int layers) {
         torch::Tensor x = x0.clone().requires_grad_(true);
         torch::Tensor y = stage->Forward(x);
         timed(keep, b, bf, [&] {
+          if (fuse) rt::FuseWeightGradients({torch::autograd::impl::gradient_edge(y)});
           torch::autograd::backward({y}, {grad});
           torch::Tensor input_grad = x.grad();
         });
@@ -666,7 +669,7 @@ SplitTimes TimeSplitBackward(const Options& o, int layers) {
         timed(keep, i, itf, [&] {
           torch::Tensor input_grad = rt::SplitBackward::BackwardInput({y}, {grad}, x, &pending);
         });
-        timed(keep, w, wf, [&] { rt::SplitBackward::BackwardWeight(std::move(pending)); });
+        timed(keep, w, wf, [&] { rt::SplitBackward::BackwardWeight(std::move(pending), fuse); });
       }
     }
     out = {Median(b), Median(i), Median(w), Median(bf), Median(itf), Median(wf)};
@@ -689,10 +692,11 @@ void PrintSplitBackward(const Options& o, bool tuned_from_start) {
   std::printf("   %-26s %7s %7s %7s %7s %9s   %6s %6s %6s\n", "malloc", "B", "I", "W", "I+W",
               "(I+W)/B", "flt_B", "flt_I", "flt_W");
   if (!tuned_from_start) {
-    PrintSplitRow("glibc defaults", TimeSplitBackward(o, layers));
+    PrintSplitRow("glibc defaults", TimeSplitBackward(o, layers, /*fuse=*/false));
     stagecoach::TuneMallocForTensors();
   }
-  PrintSplitRow("mallopt mmap/trim/arenas", TimeSplitBackward(o, layers));
+  PrintSplitRow("mallopt mmap/trim/arenas", TimeSplitBackward(o, layers, /*fuse=*/false));
+  PrintSplitRow("mallopt, weight grads fused", TimeSplitBackward(o, layers, /*fuse=*/true));
   std::printf("\n");
 }
 

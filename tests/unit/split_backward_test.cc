@@ -84,7 +84,7 @@ TEST(SplitBackward, InputThenWeightEqualsFullBackward) {
   for (auto& p : split.Parameters()) EXPECT_FALSE(p.grad().defined()) << "I touched a parameter";
   EXPECT_FALSE(x_split.grad().defined()) << "I accumulated into the input";
 
-  SplitBackward::BackwardWeight(std::move(pending));
+  SplitBackward::BackwardWeight(std::move(pending), /*fuse_weight_grads=*/false);
   ExpectSame(split.Grads(), full.Grads());
 }
 
@@ -96,7 +96,7 @@ TEST(SplitBackward, WeightDoesNotRunTheInputPathAgain) {
   PendingWeightGrad pending;
   SplitBackward::BackwardInput({y}, {torch::ones_like(y)}, x, &pending);
   EXPECT_EQ(g_identity_backwards.load(), 1);
-  SplitBackward::BackwardWeight(std::move(pending));
+  SplitBackward::BackwardWeight(std::move(pending), /*fuse_weight_grads=*/false);
   EXPECT_EQ(g_identity_backwards.load(), 1) << "W ran the input path";
 }
 
@@ -115,8 +115,8 @@ TEST(SplitBackward, FromALossWithInterleavedMicrobatches) {
     torch::Tensor loss = torch::mse_loss(split.Forward(inputs[mb]), target);
     SplitBackward::BackwardInput({loss}, {torch::Tensor()}, inputs[mb], &pending[mb]);
   }
-  SplitBackward::BackwardWeight(std::move(pending[1]));
-  SplitBackward::BackwardWeight(std::move(pending[0]));
+  SplitBackward::BackwardWeight(std::move(pending[1]), /*fuse_weight_grads=*/false);
+  SplitBackward::BackwardWeight(std::move(pending[0]), /*fuse_weight_grads=*/false);
   ExpectSame(split.Grads(), full.Grads());
 }
 
@@ -130,7 +130,7 @@ TEST(SplitBackward, FirstStageDefersEverythingToWeight) {
   torch::Tensor dx = SplitBackward::BackwardInput({y}, {grad_out}, Input(6, false), &pending);
   EXPECT_FALSE(dx.defined());
   for (auto& p : split.Parameters()) EXPECT_FALSE(p.grad().defined());
-  SplitBackward::BackwardWeight(std::move(pending));
+  SplitBackward::BackwardWeight(std::move(pending), /*fuse_weight_grads=*/false);
   ExpectSame(split.Grads(), full.Grads());
 }
 
@@ -140,7 +140,7 @@ TEST(SplitBackward, GraphIsFreedAfterWeight) {
   torch::Tensor y = stage.Forward(x);
   PendingWeightGrad pending;
   SplitBackward::BackwardInput({y}, {torch::ones_like(y)}, x, &pending);
-  SplitBackward::BackwardWeight(std::move(pending));
+  SplitBackward::BackwardWeight(std::move(pending), /*fuse_weight_grads=*/false);
   // The saved tensors are gone: a second backward through the same graph must fail.
   EXPECT_THROW(torch::autograd::backward({y}, {torch::ones_like(y)}), c10::Error);
 }
@@ -165,7 +165,7 @@ TEST(SplitBackwardTest, SeveralInputsAndOutputsOffTheInputPathMatchAFullBackward
       *input_grads = SplitBackward::BackwardInputs(outs, grads, {x, mask}, &pending);
       EXPECT_FALSE(lin->weight.grad().defined()) << "I touched a parameter";
       EXPECT_FALSE(scale.grad().defined()) << "I touched a parameter";
-      SplitBackward::BackwardWeight(std::move(pending));
+      SplitBackward::BackwardWeight(std::move(pending), /*fuse_weight_grads=*/false);
     } else {
       torch::autograd::backward(outs, grads);
       *input_grads = {x.grad(), torch::Tensor()};

@@ -22,6 +22,7 @@
 #include "worker/model/stage_model.h"
 #include "worker/model/torchscript_model.h"
 #include "worker/runtime/counting_allocator.h"
+#include "worker/runtime/fused_weight_grad.h"
 #include "worker/runtime/split_backward.h"
 #include "worker/runtime/training_data.h"
 
@@ -120,7 +121,7 @@ void MeasureWeightPending(StageModel& stage, const std::vector<torch::Tensor>& i
     runtime::SplitBackward::BackwardInputs(roots, grads, copies, &pending);
   }
   layer->set_weight_pending_bytes(std::max<int64_t>(counter.live_bytes() - before, 0));
-  runtime::SplitBackward::BackwardWeight(std::move(pending));
+  runtime::SplitBackward::BackwardWeight(std::move(pending), /*fuse_weight_grads=*/true);
 }
 
 // Times the layer's backward both ways the schedules run it, paired in one loop (one warm-up,
@@ -140,6 +141,13 @@ bool ProfileBackward(StageModel& stage, std::vector<torch::Tensor>& inputs,
   std::vector<torch::Tensor> roots, grads;
   BackwardRoots(outputs, output_grads, last, &roots, &grads);
   if (roots.empty()) return false;
+  // As the executor runs B and W: weight gradients straight into .grad. On the retained graph
+  // the fusion, once installed, serves every repeat.
+  torch::autograd::edge_list root_edges;
+  for (const torch::Tensor& root : roots) {
+    root_edges.push_back(torch::autograd::impl::gradient_edge(root));
+  }
+  runtime::FuseWeightGradients(root_edges);
   std::vector<double> fused_times, input_times, weight_times;
   for (int r = 0; r <= iterations; ++r) {
     for (torch::Tensor& input : inputs) {
@@ -153,8 +161,9 @@ bool ProfileBackward(StageModel& stage, std::vector<torch::Tensor>& inputs,
     const double input = Seconds(device, [&] {
       runtime::SplitBackward::BackwardInputs(fresh_roots, fresh_grads, inputs, &pending);
     });
-    const double weight =
-        Seconds(device, [&] { runtime::SplitBackward::BackwardWeight(std::move(pending)); });
+    const double weight = Seconds(device, [&] {
+      runtime::SplitBackward::BackwardWeight(std::move(pending), /*fuse_weight_grads=*/true);
+    });
     if (r == 0) continue;
     fused_times.push_back(fused);
     input_times.push_back(input);
@@ -226,7 +235,7 @@ void ProfileLayers(LayerStages& layers, const torch::Tensor& microbatch, int ite
     }
     if (counter != nullptr) {
       // Once more, to measure the most its backward allocates (weight gradients are computed
-      // apart, then accumulated into the .grad the timed runs left).
+      // straight into the .grad the timed runs left, as in a step after its first microbatch).
       std::vector<torch::Tensor> roots, grads;
       BackwardRoots(outputs[s], output_grads[s], s == n - 1, &roots, &grads);
       for (torch::Tensor& input : inputs[s]) {

@@ -72,6 +72,9 @@ struct ExecutorOptions {
   absl::Duration comm_timeout = absl::Seconds(60);
   // Divide gradients by num_microbatches at REDUCE_GRAD (PyTorch's scale_grads).
   bool scale_grads = true;
+  // B and W compute each Linear layer's weight gradient straight into .grad
+  // (fused_weight_grad.h) instead of into a new tensor that autograd then adds.
+  bool fuse_weight_grads = true;
   LossKind loss = LossKind::kMse;
   // Forward-only (inference): F runs without recording autograd graphs, the last stage keeps
   // its outputs (StepResult::outputs) instead of computing a loss, and no targets are needed.

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/util/status_macros.h"
+#include "worker/runtime/fused_weight_grad.h"
 #include "worker/runtime/pipeline_executor.h"
 #include "worker/runtime/pipeline_executor_state.h"
 #include "worker/runtime/split_backward.h"
@@ -79,6 +80,13 @@ absl::Status PipelineExecutor::Backward(int s, int mb, bool split, const std::st
       st.pending_weights.emplace(key, std::move(pending));
       return absl::OkStatus();
     }
+    if (options_.fuse_weight_grads) {
+      torch::autograd::edge_list roots;
+      for (const torch::Tensor& y : outputs) {
+        if (y.requires_grad()) roots.push_back(torch::autograd::impl::gradient_edge(y));
+      }
+      FuseWeightGradients(roots);
+    }
     if (s == options_.num_stages - 1) {
       torch::autograd::backward(outputs);
     } else if (!outputs.empty()) {
@@ -120,7 +128,7 @@ absl::Status PipelineExecutor::BackwardWeight(int s, int mb, const std::string& 
   PendingWeightGrad pending = std::move(it->second);
   st.pending_weights.erase(it);
   return GuardTorch(where, [&]() -> absl::Status {
-    SplitBackward::BackwardWeight(std::move(pending));
+    SplitBackward::BackwardWeight(std::move(pending), options_.fuse_weight_grads);
     return absl::OkStatus();
   });
 }

@@ -8,6 +8,8 @@
 #include <unordered_set>
 #include <utility>
 
+#include "worker/runtime/fused_weight_grad.h"
+
 namespace stagecoach::runtime {
 namespace {
 
@@ -216,13 +218,14 @@ std::vector<torch::Tensor> SplitBackward::BackwardInputs(
   return result;
 }
 
-void SplitBackward::BackwardWeight(PendingWeightGrad pending) {
+void SplitBackward::BackwardWeight(PendingWeightGrad pending, bool fuse_weight_grads) {
   // Cut the split nodes' edges towards the input, or W would walk back to it and add the
   // input-path contributions again.
   for (size_t i = 0; i < pending.split_nodes_.size(); ++i) {
     for (size_t e : pending.input_path_edges_[i]) pending.split_nodes_[i]->next_edges()[e] = Edge();
   }
   if (pending.roots_.empty()) return;
+  if (fuse_weight_grads) FuseWeightGradients(pending.roots_);
   torch::autograd::Engine::get_default_engine().execute(pending.roots_, pending.grads_,
                                                         /*keep_graph=*/false,
                                                         /*create_graph=*/false,

@@ -59,8 +59,9 @@ class SplitBackward {
                                                    PendingWeightGrad* pending);
 
   // W. Accumulates the parameter gradients into .grad and frees the rest of the graph.
-  // `pending` is consumed. Throws c10::Error from LibTorch.
-  static void BackwardWeight(PendingWeightGrad pending);
+  // `pending` is consumed. With `fuse_weight_grads`, Linear layers' weight gradients are
+  // computed straight into .grad (fused_weight_grad.h). Throws c10::Error from LibTorch.
+  static void BackwardWeight(PendingWeightGrad pending, bool fuse_weight_grads);
 };
 
 }  // namespace stagecoach::runtime

@@ -276,7 +276,7 @@ absl::Status PipelineExecutor::Execute(const Action& action, StepState& st) {
       return SendGradients(s, mb, where, st);
 
     case ActionType::kReduceGrad:
-      return ReduceGrad(s, where);
+      return ReduceGrad(s);
 
     case ActionType::kUnshard:
     case ActionType::kReshard:

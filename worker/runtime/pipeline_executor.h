@@ -25,10 +25,10 @@
 //   (F;B)OVERLAP_F_B  its sub-actions in order; the F's output is sent as soon as it exists,
 //               so that transfer overlaps the B (its SEND_F action then finds it posted)
 //   SEND_B s,m  sends the gradients of stage s's inputs to their producers on other ranks
-//   REDUCE_GRAD s  the stage's gradients are complete: divides them by the number of
-//               microbatches (the step loss is the mean of the microbatch losses), unless
-//               scale_grads is off, then calls on_gradients_ready(s) (the reduction across
-//               data-parallel replicas starts there)
+//   REDUCE_GRAD s  the stage's gradients are complete (already the mean over microbatches:
+//               the step loss is the mean of the microbatch losses, and the last stage seeds
+//               each microbatch's backward with 1/m, unless scale_grads is off): calls
+//               on_gradients_ready(s) (the reduction across data-parallel replicas starts there)
 //   UNSHARD s, RESHARD s  nothing: stages are not sharded
 // An activation's send is released once the gradient for it came back (the consumer has used
 // it, so the send is complete); the other sends are waited for at the end of the step (a
@@ -70,7 +70,9 @@ struct ExecutorOptions {
   std::vector<int> stage_to_rank;
   // Bound on every data-plane wait.
   absl::Duration comm_timeout = absl::Seconds(60);
-  // Divide gradients by num_microbatches at REDUCE_GRAD (PyTorch's scale_grads).
+  // Gradients are the mean over microbatches, not the sum (PyTorch's scale_grads): the last
+  // stage seeds each microbatch's backward with 1/num_microbatches instead of 1, as the
+  // gradient of the mean loss is, so no pass over the gradients divides them afterwards.
   bool scale_grads = true;
   // B and W compute each Linear layer's weight gradient straight into .grad
   // (fused_weight_grad.h) instead of into a new tensor that autograd then adds.
@@ -232,7 +234,7 @@ class PipelineExecutor {
   // With options_.recompute, before B or I: stage s's forward on microbatch m again, recording
   // the graph, into the step's outputs (or the last stage's loss).
   absl::Status Recompute(int stage, int microbatch, const std::string& where, StepState& state);
-  absl::Status ReduceGrad(int stage, const std::string& where);
+  absl::Status ReduceGrad(int stage);
 
   // Transfers (pipeline_executor_transfers.cc).
   // Posts the receives of stage s's inputs (activations) or of its outputs' gradients from other

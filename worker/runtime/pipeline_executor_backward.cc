@@ -24,8 +24,14 @@ absl::Status PipelineExecutor::OutputGradients(int s, int mb, const std::string&
                                                std::vector<torch::Tensor>& grads) {
   const Key key{s, mb};
   if (s == options_.num_stages - 1) {
-    outputs.push_back(st.losses.at(key));
-    grads.emplace_back();
+    // The step loss is the mean of the microbatch losses: each microbatch's gradient is 1/m of
+    // its loss's (scale_grads), seeded here rather than divided out of every gradient at
+    // REDUCE_GRAD.
+    const torch::Tensor& loss = st.losses.at(key);
+    const bool mean = options_.scale_grads && options_.num_microbatches > 1;
+    outputs.push_back(loss);
+    grads.push_back(mean ? torch::full_like(loss, 1.0 / options_.num_microbatches)
+                         : torch::ones_like(loss));
     return absl::OkStatus();
   }
   const std::vector<torch::Tensor>& ys = st.stage_outputs.at(key);
@@ -87,11 +93,7 @@ absl::Status PipelineExecutor::Backward(int s, int mb, bool split, const std::st
       }
       FuseWeightGradients(roots);
     }
-    if (s == options_.num_stages - 1) {
-      torch::autograd::backward(outputs);
-    } else if (!outputs.empty()) {
-      torch::autograd::backward(outputs, grads);
-    }
+    if (!outputs.empty()) torch::autograd::backward(outputs, grads);
     for (size_t i = 0; i < xs.size(); ++i) {
       if (!xs[i].requires_grad()) continue;
       input_grads[i] = xs[i].grad();
@@ -133,16 +135,8 @@ absl::Status PipelineExecutor::BackwardWeight(int s, int mb, const std::string& 
   });
 }
 
-absl::Status PipelineExecutor::ReduceGrad(int s, const std::string& where) {
-  if (options_.scale_grads && options_.num_microbatches > 1) {
-    RETURN_IF_ERROR(GuardTorch(where, [&]() -> absl::Status {
-      torch::NoGradGuard no_grad;
-      for (torch::Tensor& p : stages_.at(s)->Parameters()) {
-        if (p.grad().defined()) p.mutable_grad().div_(options_.num_microbatches);
-      }
-      return absl::OkStatus();
-    }));
-  }
+absl::Status PipelineExecutor::ReduceGrad(int s) {
+  // The gradients are already the mean over microbatches (OutputGradients seeds 1/m).
   if (options_.on_gradients_ready) options_.on_gradients_ready(s);
   return absl::OkStatus();
 }

@@ -4,8 +4,9 @@
 // daemons (a coordinator and 2 workers on loopback, tests/support/local_cluster); PyTorch runs
 // bench/peer/torch_pipelining.py, 2 processes over gloo. For every schedule both have, the two
 // alternate over --rounds rounds; the table gives each side's median step, its spread (p90/p50
-// over the measured steps of every round) and the ratio PyTorch ÷ Stagecoach (above 1: we are
-// faster), and the largest difference of their per-step losses.
+// over the measured steps of every round, and the median over rounds of each round's own
+// p90/p50, which leaves out the machine's drift between rounds) and the ratio PyTorch ÷
+// Stagecoach (above 1: we are faster), and the largest difference of their per-step losses.
 //
 // A step's time is the slowest rank's own step on both sides: Stagecoach's step_time_seconds
 // (from each rank's step start to its last send and optimizer step), PyTorch's from the start of
@@ -87,6 +88,10 @@ struct Row {
   std::string schedule;
   std::vector<std::vector<double>> ours;  // per stack: measured steps of every round
   std::vector<double> theirs;             // measured steps of every round
+  // p90/p50 of each round's own steps (per stack, and PyTorch's): the runtime's jitter without
+  // the machine's drift between rounds.
+  std::vector<std::vector<double>> ours_round_spreads;
+  std::vector<double> theirs_round_spreads;
   std::vector<double> max_loss_diff;      // per stack, against PyTorch's
   std::string shipped = "not run";
   json torch_info;
@@ -98,6 +103,11 @@ double Quantile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v[static_cast<size_t>(std::lround(q * (v.size() - 1)))];
+}
+
+double Spread(const std::vector<double>& times) {
+  const double median = sc::bench::Median(times);
+  return median > 0 ? Quantile(times, 0.9) / median : 0;
 }
 
 // The command prefix that runs a program inside the chroot `root` (Debian's torch has no libuv).
@@ -309,6 +319,7 @@ std::vector<Row> RunRounds(const Options& o, const TorchSide& torch,
     rows.emplace_back();
     rows.back().schedule = std::string(s);
     rows.back().ours.resize(stacks.size());
+    rows.back().ours_round_spreads.resize(stacks.size());
     rows.back().max_loss_diff.assign(stacks.size(), 0.0);
   }
   const int sides = static_cast<int>(stacks.size()) + 1;  // the stacks, then PyTorch
@@ -326,8 +337,10 @@ std::vector<Row> RunRounds(const Options& o, const TorchSide& torch,
         }
       }
       row.theirs.insert(row.theirs.end(), theirs.times.begin(), theirs.times.end());
+      row.theirs_round_spreads.push_back(Spread(theirs.times));
       for (size_t i = 0; i < stacks.size(); ++i) {
         row.ours[i].insert(row.ours[i].end(), ours[i].times.begin(), ours[i].times.end());
+        row.ours_round_spreads[i].push_back(Spread(ours[i].times));
         for (size_t k = 0; k < ours[i].losses.size() && k < theirs.losses.size(); ++k) {
           const double diff = std::abs(ours[i].losses[k] - theirs.losses[k]);
           row.max_loss_diff[i] = std::isnan(diff) ? NAN : std::max(row.max_loss_diff[i], diff);
@@ -370,19 +383,24 @@ void PrintTable(const Options& o, const std::string& model, const std::vector<St
               info.value("grad_scaling", "?").c_str());
   std::printf("  stack: %s\n", StackVersions(o.torch_root).c_str());
   std::printf("  workarounds: %s\n\n", info.value("workarounds", json()).dump().c_str());
-  std::printf("%-22s %-5s %9s %7s %9s %7s %7s %10s  %s\n", "schedule", "stack", "ours_ms", "p90/50",
-              "torch_ms", "p90/50", "ratio", "loss_diff", "PyTorch as shipped");
+  std::printf("%-22s %-5s %9s %7s %7s %9s %7s %7s %7s %10s  %s\n", "schedule", "stack", "ours_ms",
+              "p90/50", "in_run", "torch_ms", "p90/50", "in_run", "ratio", "loss_diff",
+              "PyTorch as shipped");
   for (const Row& row : rows) {
     const double theirs = sc::bench::Median(row.theirs);
     for (size_t i = 0; i < stacks.size(); ++i) {
       const double ours = sc::bench::Median(row.ours[i]);
-      std::printf("%-22s %-5s %9.2f %7.3f %9.2f %7.3f %7.3f %10.1e  %s\n", row.schedule.c_str(),
-                  stacks[i].name.c_str(), 1e3 * ours, Quantile(row.ours[i], 0.9) / ours,
-                  1e3 * theirs, Quantile(row.theirs, 0.9) / theirs, theirs / ours,
-                  row.max_loss_diff[i], row.shipped.c_str());
+      std::printf("%-22s %-5s %9.2f %7.3f %7.3f %9.2f %7.3f %7.3f %7.3f %10.1e  %s\n",
+                  row.schedule.c_str(), stacks[i].name.c_str(), 1e3 * ours, Spread(row.ours[i]),
+                  sc::bench::Median(row.ours_round_spreads[i]), 1e3 * theirs, Spread(row.theirs),
+                  sc::bench::Median(row.theirs_round_spreads), theirs / ours, row.max_loss_diff[i],
+                  row.shipped.c_str());
     }
   }
-  std::printf("\nratio: PyTorch's median step / Stagecoach's (above 1: Stagecoach is faster)\n");
+  std::printf(
+      "\nratio: PyTorch's median step / Stagecoach's (above 1: Stagecoach is faster)\n"
+      "p90/50: over the steps of every round (with the machine's drift between rounds); in_run: "
+      "the median over rounds of each round's own p90/50\n");
 }
 
 }  // namespace

@@ -8,7 +8,9 @@
 //   2. Split backward: B against I + W (SplitBackward) on one stage, with glibc malloc's default
 //      thresholds and with them raised (mallopt), with page-fault counts.
 //   3. Speed-up: the same model and batch trained on one thread without a pipeline (plain
-//      LibTorch) against 1F1B and GPipe on two ranks.
+//      LibTorch) against 1F1B and GPipe on two ranks. The ranks compute weight gradients
+//      straight into .grad (fused_weight_grad.h) and plain LibTorch does not, so the
+//      efficiency against the ideal can pass 1.
 //   4. --trace FILE writes one measured step of --trace-schedule as a Chrome trace.
 //
 // Times are milliseconds; figures are medians over the measured steps (or repetitions). A

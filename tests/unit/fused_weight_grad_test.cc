@@ -75,6 +75,18 @@ int CompareOverMicrobatches(const Forward& forward, const std::vector<std::vecto
   return first_count;
 }
 
+// One Linear layer's backward on `param` (FuseWeightGradients first) and on `reference`
+// (plain autograd), from the same input and output gradient; returns how many products it fused.
+int LinearBackwardOnBoth(const torch::Tensor& param, const torch::Tensor& reference) {
+  const torch::Tensor x = torch::randn({3, param.size(1)});
+  torch::Tensor y = torch::nn::functional::linear(x, param);
+  const int fused = FuseWeightGradients(Roots({y}));
+  const torch::Tensor grad = torch::randn_like(y);
+  torch::autograd::backward({y}, {grad});
+  torch::autograd::backward({torch::nn::functional::linear(x, reference)}, {grad});
+  return fused;
+}
+
 TEST(FusedWeightGrad, LinearLayersMatchAutogradOverMicrobatches) {
   // Three Linear layers with biases and ReLU between: addmm with W.t() each.
   const Forward mlp = [](const std::vector<torch::Tensor>& p, const torch::Tensor& x) {
@@ -84,6 +96,46 @@ TEST(FusedWeightGrad, LinearLayersMatchAutogradOverMicrobatches) {
   };
   EXPECT_EQ(CompareOverMicrobatches(mlp, {{16, 12}, {16}, {16, 16}, {16}, {5, 16}, {5}}, {8, 12}),
             3);
+}
+
+TEST(FusedWeightGrad, AnInputWithoutGradientAsOnTheFirstStage) {
+  // The products' input edges are empty: only their weights (and biases) need gradients.
+  std::vector<torch::Tensor> fused = Params(5, {{7, 3}, {7}, {2, 7}});
+  std::vector<torch::Tensor> plain = Params(5, {{7, 3}, {7}, {2, 7}});
+  for (int mb = 0; mb < 2; ++mb) {
+    const torch::Tensor x = torch::randn({4, 3});
+    const torch::Tensor grad = torch::randn({4, 2});
+    torch::Tensor y = torch::nn::functional::linear(
+        torch::relu(torch::nn::functional::linear(x, fused[0], fused[1])), fused[2]);
+    EXPECT_EQ(FuseWeightGradients(Roots({y})), 2);
+    torch::autograd::backward({y}, {grad});
+    torch::autograd::backward(
+        {torch::nn::functional::linear(
+            torch::relu(torch::nn::functional::linear(x, plain[0], plain[1])), plain[2])},
+        {grad});
+    for (size_t p = 0; p < fused.size(); ++p) {
+      ExpectClose(fused[p].grad(), plain[p].grad(), "parameter gradient");
+    }
+  }
+}
+
+TEST(FusedWeightGrad, ARetainedGraphFusedOnceServesEveryBackward) {
+  // As InspectModel times B: fused once, run three times with the graph kept.
+  std::vector<torch::Tensor> fused = Params(6, {{5, 4}, {5}});
+  std::vector<torch::Tensor> plain = Params(6, {{5, 4}, {5}});
+  const torch::Tensor x = torch::randn({3, 4});
+  const torch::Tensor grad = torch::randn({3, 5});
+  torch::Tensor y_fused = torch::nn::functional::linear(x, fused[0], fused[1]);
+  torch::Tensor y_plain = torch::nn::functional::linear(x, plain[0], plain[1]);
+  EXPECT_EQ(FuseWeightGradients(Roots({y_fused})), 1);
+  EXPECT_EQ(FuseWeightGradients(Roots({y_fused})), 0) << "fused the same product twice";
+  for (int r = 0; r < 3; ++r) {
+    torch::autograd::backward({y_fused}, {grad}, /*retain_graph=*/true);
+    torch::autograd::backward({y_plain}, {grad}, /*retain_graph=*/true);
+  }
+  for (size_t p = 0; p < fused.size(); ++p) {
+    ExpectClose(fused[p].grad(), plain[p].grad(), "parameter gradient");
+  }
 }
 
 TEST(FusedWeightGrad, DoubleParametersFuseToo) {
@@ -134,12 +186,7 @@ TEST(FusedWeightGrad, AParameterWithAHookIsLeftToAutogradAndTheHookRuns) {
     return g * 2;
   });
   std::vector<torch::Tensor> reference = Params(2, {{6, 4}});
-  const torch::Tensor x = torch::randn({3, 4});
-  torch::Tensor y = torch::nn::functional::linear(x, p[0]);
-  EXPECT_EQ(FuseWeightGradients(Roots({y})), 0);
-  const torch::Tensor grad = torch::randn_like(y);
-  torch::autograd::backward({y}, {grad});
-  torch::autograd::backward({torch::nn::functional::linear(x, reference[0])}, {grad});
+  EXPECT_EQ(LinearBackwardOnBoth(p[0], reference[0]), 0);
   EXPECT_EQ(calls, 1);
   ExpectClose(p[0].grad(), reference[0].grad() * 2, "hooked gradient");
 }
@@ -150,12 +197,7 @@ TEST(FusedWeightGrad, AGradOfAnotherLayoutIsLeftToAutograd) {
   std::vector<torch::Tensor> reference = Params(3, {{6, 4}});
   p[0].mutable_grad() = torch::ones({4, 6}).t();
   reference[0].mutable_grad() = torch::ones({6, 4});
-  const torch::Tensor x = torch::randn({3, 4});
-  torch::Tensor y = torch::nn::functional::linear(x, p[0]);
-  EXPECT_EQ(FuseWeightGradients(Roots({y})), 0);
-  const torch::Tensor grad = torch::randn_like(y);
-  torch::autograd::backward({y}, {grad});
-  torch::autograd::backward({torch::nn::functional::linear(x, reference[0])}, {grad});
+  EXPECT_EQ(LinearBackwardOnBoth(p[0], reference[0]), 0);
   ExpectClose(p[0].grad(), reference[0].grad(), "gradient into a transposed .grad");
 }
 
@@ -181,7 +223,7 @@ TEST(FusedWeightGrad, SplitBackwardWeightPartFuses) {
         EXPECT_FALSE(param.grad().defined()) << "I touched a parameter";
       }
     }
-    SplitBackward::BackwardWeight(std::move(pending), /*fuse_weight_grads=*/true);
+    EXPECT_EQ(SplitBackward::BackwardWeight(std::move(pending), /*fuse_weight_grads=*/true), 2);
     torch::autograd::backward({mlp(full, x_full)}, {grad});
     ExpectClose(dx, x_full.grad(), "input gradient");
     for (size_t p = 0; p < split.size(); ++p) {

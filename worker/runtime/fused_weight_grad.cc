@@ -81,7 +81,8 @@ class FusedWeightGradHook : public torch::autograd::FunctionPreHook {
 
   variable_list operator()(const variable_list& grads) override {
     const torch::Tensor& grad = grads.at(0);
-    if (!grad.defined()) return grads;
+    // As AccumulateGrad: nothing for a parameter that stopped requiring grad since the forward.
+    if (!grad.defined() || !param_.requires_grad()) return grads;
     const torch::Tensor input = input_->unpack();
     const torch::Tensor lhs = transposed_ ? grad.t() : input.t();
     const torch::Tensor& rhs = transposed_ ? input : grad;
@@ -150,6 +151,8 @@ int FuseWeightGradients(const torch::autograd::edge_list& roots) {
         !FusableParameter(accumulate->variable)) {
       continue;
     }
+    // A sparse or MKLDNN input takes another formula in autograd.
+    if (product.input->unpack().layout() != torch::kStrided) continue;
     fusions.push_back(Fusion{
         node, product.weight_edge,
         std::make_unique<FusedWeightGradHook>(product.input, accumulate->variable, transposed)});

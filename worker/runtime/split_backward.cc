@@ -218,18 +218,19 @@ std::vector<torch::Tensor> SplitBackward::BackwardInputs(
   return result;
 }
 
-void SplitBackward::BackwardWeight(PendingWeightGrad pending, bool fuse_weight_grads) {
+int SplitBackward::BackwardWeight(PendingWeightGrad pending, bool fuse_weight_grads) {
   // Cut the split nodes' edges towards the input, or W would walk back to it and add the
   // input-path contributions again.
   for (size_t i = 0; i < pending.split_nodes_.size(); ++i) {
     for (size_t e : pending.input_path_edges_[i]) pending.split_nodes_[i]->next_edges()[e] = Edge();
   }
-  if (pending.roots_.empty()) return;
-  if (fuse_weight_grads) FuseWeightGradients(pending.roots_);
+  if (pending.roots_.empty()) return 0;
+  const int fused = fuse_weight_grads ? FuseWeightGradients(pending.roots_) : 0;
   torch::autograd::Engine::get_default_engine().execute(pending.roots_, pending.grads_,
                                                         /*keep_graph=*/false,
                                                         /*create_graph=*/false,
                                                         /*accumulate_grad=*/true, {});
+  return fused;
 }
 
 }  // namespace stagecoach::runtime

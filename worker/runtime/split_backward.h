@@ -60,8 +60,9 @@ class SplitBackward {
 
   // W. Accumulates the parameter gradients into .grad and frees the rest of the graph.
   // `pending` is consumed. With `fuse_weight_grads`, Linear layers' weight gradients are
-  // computed straight into .grad (fused_weight_grad.h). Throws c10::Error from LibTorch.
-  static void BackwardWeight(PendingWeightGrad pending, bool fuse_weight_grads);
+  // computed straight into .grad (fused_weight_grad.h); returns how many were. Throws
+  // c10::Error from LibTorch.
+  static int BackwardWeight(PendingWeightGrad pending, bool fuse_weight_grads);
 };
 
 }  // namespace stagecoach::runtime

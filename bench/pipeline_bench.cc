@@ -659,7 +659,7 @@ SplitTimes TimeSplitBackward(const Options& o, int layers, bool fuse) {
         torch::Tensor x = x0.clone().requires_grad_(true);
         torch::Tensor y = stage->Forward(x);
         timed(keep, b, bf, [&] {
-          if (fuse) rt::FuseWeightGradients({torch::autograd::impl::gradient_edge(y)});
+          if (fuse) rt::FuseWeightGradients(std::vector<torch::Tensor>{y});
           torch::autograd::backward({y}, {grad});
           torch::Tensor input_grad = x.grad();
         });

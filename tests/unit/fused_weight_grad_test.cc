@@ -5,7 +5,6 @@
 // alpha ≠ 1, a .grad of another layout); the weight part of a split backward fuses too.
 #include "worker/runtime/fused_weight_grad.h"
 
-#include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
 #include <functional>
@@ -17,10 +16,8 @@
 namespace stagecoach::runtime::fused_weight_grad_test {
 namespace {
 
-torch::autograd::edge_list Roots(const std::vector<torch::Tensor>& outputs) {
-  torch::autograd::edge_list roots;
-  for (const torch::Tensor& y : outputs) roots.push_back(torch::autograd::impl::gradient_edge(y));
-  return roots;
+int Fuse(const torch::Tensor& output) {
+  return FuseWeightGradients(std::vector<torch::Tensor>{output});
 }
 
 void ExpectClose(const torch::Tensor& fused, const torch::Tensor& reference, const char* what) {
@@ -62,7 +59,7 @@ int CompareOverMicrobatches(const Forward& forward, const std::vector<std::vecto
     torch::Tensor y_fused = forward(fused, x_fused);
     torch::Tensor y_plain = forward(plain, x_plain);
     const torch::Tensor grad = torch::randn_like(y_plain);
-    const int count = FuseWeightGradients(Roots({y_fused}));
+    const int count = Fuse(y_fused);
     if (first_count < 0) first_count = count;
     EXPECT_EQ(count, first_count) << "microbatch " << mb;
     torch::autograd::backward({y_fused}, {grad});
@@ -75,12 +72,12 @@ int CompareOverMicrobatches(const Forward& forward, const std::vector<std::vecto
   return first_count;
 }
 
-// One Linear layer's backward on `param` (FuseWeightGradients first) and on `reference`
+// One Linear layer's backward on `param` (Fuse first) and on `reference`
 // (plain autograd), from the same input and output gradient; returns how many products it fused.
 int LinearBackwardOnBoth(const torch::Tensor& param, const torch::Tensor& reference) {
   const torch::Tensor x = torch::randn({3, param.size(1)});
   torch::Tensor y = torch::nn::functional::linear(x, param);
-  const int fused = FuseWeightGradients(Roots({y}));
+  const int fused = Fuse(y);
   const torch::Tensor grad = torch::randn_like(y);
   torch::autograd::backward({y}, {grad});
   torch::autograd::backward({torch::nn::functional::linear(x, reference)}, {grad});
@@ -107,7 +104,7 @@ TEST(FusedWeightGrad, AnInputWithoutGradientAsOnTheFirstStage) {
     const torch::Tensor grad = torch::randn({4, 2});
     torch::Tensor y = torch::nn::functional::linear(
         torch::relu(torch::nn::functional::linear(x, fused[0], fused[1])), fused[2]);
-    EXPECT_EQ(FuseWeightGradients(Roots({y})), 2);
+    EXPECT_EQ(Fuse(y), 2);
     torch::autograd::backward({y}, {grad});
     torch::autograd::backward(
         {torch::nn::functional::linear(
@@ -127,8 +124,8 @@ TEST(FusedWeightGrad, ARetainedGraphFusedOnceServesEveryBackward) {
   const torch::Tensor grad = torch::randn({3, 5});
   torch::Tensor y_fused = torch::nn::functional::linear(x, fused[0], fused[1]);
   torch::Tensor y_plain = torch::nn::functional::linear(x, plain[0], plain[1]);
-  EXPECT_EQ(FuseWeightGradients(Roots({y_fused})), 1);
-  EXPECT_EQ(FuseWeightGradients(Roots({y_fused})), 0) << "fused the same product twice";
+  EXPECT_EQ(Fuse(y_fused), 1);
+  EXPECT_EQ(Fuse(y_fused), 0) << "fused the same product twice";
   for (int r = 0; r < 3; ++r) {
     torch::autograd::backward({y_fused}, {grad}, /*retain_graph=*/true);
     torch::autograd::backward({y_plain}, {grad}, /*retain_graph=*/true);

@@ -143,11 +143,7 @@ bool ProfileBackward(StageModel& stage, std::vector<torch::Tensor>& inputs,
   if (roots.empty()) return false;
   // As the executor runs B and W: weight gradients straight into .grad. On the retained graph
   // the fusion, once installed, serves every repeat.
-  torch::autograd::edge_list root_edges;
-  for (const torch::Tensor& root : roots) {
-    root_edges.push_back(torch::autograd::impl::gradient_edge(root));
-  }
-  runtime::FuseWeightGradients(root_edges);
+  runtime::FuseWeightGradients(roots);
   std::vector<double> fused_times, input_times, weight_times;
   for (int r = 0; r <= iterations; ++r) {
     for (torch::Tensor& input : inputs) {

@@ -164,4 +164,12 @@ int FuseWeightGradients(const torch::autograd::edge_list& roots) {
   return static_cast<int>(fusions.size());
 }
 
+int FuseWeightGradients(const std::vector<torch::Tensor>& outputs) {
+  torch::autograd::edge_list roots;
+  for (const torch::Tensor& y : outputs) {
+    if (y.requires_grad()) roots.push_back(torch::autograd::impl::gradient_edge(y));
+  }
+  return FuseWeightGradients(roots);
+}
+
 }  // namespace stagecoach::runtime

@@ -36,10 +36,17 @@
 #pragma once
 
 #include <torch/csrc/autograd/edge.h>
+#include <torch/types.h>
+
+#include <vector>
 
 namespace stagecoach::runtime {
 
 // Returns how many products it fused.
 int FuseWeightGradients(const torch::autograd::edge_list& roots);
+
+// The same for the graph a backward from `outputs` runs: the gradient edges of those that
+// require grad.
+int FuseWeightGradients(const std::vector<torch::Tensor>& outputs);
 
 }  // namespace stagecoach::runtime

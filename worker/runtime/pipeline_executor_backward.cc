@@ -86,13 +86,7 @@ absl::Status PipelineExecutor::Backward(int s, int mb, bool split, const std::st
       st.pending_weights.emplace(key, std::move(pending));
       return absl::OkStatus();
     }
-    if (options_.fuse_weight_grads) {
-      torch::autograd::edge_list roots;
-      for (const torch::Tensor& y : outputs) {
-        if (y.requires_grad()) roots.push_back(torch::autograd::impl::gradient_edge(y));
-      }
-      FuseWeightGradients(roots);
-    }
+    if (options_.fuse_weight_grads) FuseWeightGradients(outputs);
     if (!outputs.empty()) torch::autograd::backward(outputs, grads);
     for (size_t i = 0; i < xs.size(); ++i) {
       if (!xs[i].requires_grad()) continue;

@@ -13,8 +13,10 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -331,6 +333,30 @@ TEST_F(FailureRecovery, WithoutRestartPolicyAKilledWorkerFailsTheJobAndTheSurviv
   EXPECT_EQ(used.count(survivor), 1u) << "the survivor " << survivor << " did not run it";
 }
 
+// The coordinator writes job records off its table's lock (coordinator/job_writer.h), so a kill
+// right after a transition can beat that transition's record to the disk. Waits (at most 15 s)
+// until `seen`'s record in the coordinator's --data-dir has its state and history length.
+absl::Status WaitForRecordOnDisk(const std::string& data_dir, const v1::Job& seen) {
+  const std::string path = absl::StrCat(data_dir, "/jobs/", seen.id(), ".pb");
+  const absl::Time deadline = absl::Now() + absl::Seconds(15);
+  while (true) {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream bytes;
+    bytes << in.rdbuf();
+    v1::Job record;
+    if (in && record.ParseFromString(bytes.str()) && record.state() == seen.state() &&
+        record.history_size() == seen.history_size()) {
+      return absl::OkStatus();
+    }
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(path, " does not hold ", seen.id(), " as ", v1::JobState_Name(seen.state()),
+                       " with ", seen.history_size(), " transitions after 15 s"));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
 TEST_F(FailureRecovery, RestartedCoordinatorKeepsItsJobsAndContinuesFromTheCheckpoint) {
   TempDir data;
   ClusterOptions options;
@@ -354,6 +380,9 @@ TEST_F(FailureRecovery, RestartedCoordinatorKeepsItsJobsAndContinuesFromTheCheck
   ASSERT_EQ(held->checkpoints(held->checkpoints_size() - 1).step(), 5) << History(*held);
   ASSERT_EQ(held->losses_size(), 8);
 
+  // This test is about what a restart keeps, so the kill comes once both records are written.
+  ASSERT_TRUE(WaitForRecordOnDisk(data.path(), *straight).ok()) << c.Logs();
+  ASSERT_TRUE(WaitForRecordOnDisk(data.path(), *held).ok()) << c.Logs();
   ASSERT_TRUE(c.RestartCoordinator().ok()) << c.Logs();
 
   // The finished job, as it was.

@@ -25,8 +25,8 @@
 #include "common/util/malloc_tuning.h"
 #include "common/util/work_queue.h"
 #include "coordinator/job_manager.h"
-#include "coordinator/job_store.h"
-#include "coordinator/kv_store.h"
+#include "coordinator/jobs/job_store.h"
+#include "coordinator/workers/kv_store.h"
 
 namespace sc = stagecoach;
 namespace coord = stagecoach::coordinator;

@@ -52,7 +52,7 @@
 #include "bench/bench_support.h"
 #include "worker/model/stage_model.h"
 #include "worker/model/torchscript_model.h"
-#include "worker/runtime/checkpoint.h"
+#include "worker/runtime/checkpoint/checkpoint.h"
 
 namespace md = stagecoach::model;
 namespace rt = stagecoach::runtime;

@@ -49,15 +49,15 @@
 #include "common/schedule/simulator.h"
 #include "common/util/malloc_tuning.h"
 #include "worker/model/mlp.h"
-#include "worker/runtime/compute_slice.h"
-#include "worker/runtime/compute_threads.h"
-#include "worker/runtime/counting_allocator.h"
-#include "worker/runtime/cpu_pinning.h"
-#include "worker/runtime/fused_weight_grad.h"
-#include "worker/runtime/pipeline_executor.h"
-#include "worker/runtime/split_backward.h"
-#include "worker/runtime/training_data.h"
-#include "worker/runtime/training_setup.h"
+#include "worker/runtime/device/compute_slice.h"
+#include "worker/runtime/device/compute_threads.h"
+#include "worker/runtime/device/counting_allocator.h"
+#include "worker/runtime/device/cpu_pinning.h"
+#include "worker/runtime/executor/fused_weight_grad.h"
+#include "worker/runtime/executor/pipeline_executor.h"
+#include "worker/runtime/executor/split_backward.h"
+#include "worker/runtime/executor/training_setup.h"
+#include "worker/runtime/training/training_data.h"
 #include "worker/transport/gloo/factory.h"
 #include "worker/transport/in_memory_store.h"
 
@@ -631,7 +631,7 @@ struct SplitTimes {
 // that I has work to do), on a fresh thread computing on one LibTorch thread, as a rank does.
 // Each repetition runs a fresh forward (untimed) for B and another for I and W; gradients
 // accumulate into .grad as within a step. `fuse`: B and W compute the weight gradients straight
-// into .grad, as the executor does by default (worker/runtime/fused_weight_grad.h).
+// into .grad, as the executor does by default (worker/runtime/executor/fused_weight_grad.h).
 SplitTimes TimeSplitBackward(const Options& o, int layers, bool fuse) {
   SplitTimes out;
   std::thread worker([&] {

@@ -1,4 +1,4 @@
-// What the training recipe costs a step (worker/runtime/step_recipe.h), on this machine:
+// What the training recipe costs a step (worker/runtime/training/step_recipe.h), on this machine:
 //   - StepRecipe::Prepare on one rank's gradients (the learning rate, every gradient's norm, the
 //     non-finite check, and with --clip the scaling), for a stage of 8 x Linear(1024, 1024)
 //     (about 33 MB of float32 gradients, the peer benchmark's model), against that stage's own
@@ -8,9 +8,9 @@
 // Every figure is the median of --iterations runs after --warmup untimed ones.
 //
 //   build/bench/recipe_bench [--iterations N] [--warmup N] [--rows N]
-#include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "bench/bench_support.h"
-#include "worker/runtime/job_reduction.h"
-#include "worker/runtime/step_recipe.h"
+#include "worker/runtime/training/job_reduction.h"
+#include "worker/runtime/training/step_recipe.h"
 #include "worker/transport/gloo/factory.h"
 #include "worker/transport/in_memory_store.h"
 

@@ -7,8 +7,8 @@
 #include "common/rpc/time_conversion.h"
 #include "common/util/logging.h"
 #include "common/util/status_macros.h"
-#include "coordinator/recovery.h"
-#include "coordinator/schedule_view.h"
+#include "coordinator/lifecycle/recovery.h"
+#include "coordinator/planning/schedule_view.h"
 
 namespace stagecoach::coordinator {
 namespace {

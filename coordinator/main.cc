@@ -9,15 +9,15 @@
 #include "common/util/logging.h"
 #include "common/util/malloc_tuning.h"
 #include "common/util/work_queue.h"
-#include "coordinator/artifact_store.h"
-#include "coordinator/coordinator_auth.h"
-#include "coordinator/coordinator_metrics.h"
-#include "coordinator/coordinator_service.h"
-#include "coordinator/generation.h"
-#include "coordinator/generation_service.h"
-#include "coordinator/grpc_worker_client.h"
+#include "coordinator/generation/generation.h"
 #include "coordinator/job_manager.h"
-#include "coordinator/kv_store.h"
+#include "coordinator/jobs/coordinator_metrics.h"
+#include "coordinator/service/artifact_store.h"
+#include "coordinator/service/coordinator_auth.h"
+#include "coordinator/service/coordinator_service.h"
+#include "coordinator/service/generation_service.h"
+#include "coordinator/workers/grpc_worker_client.h"
+#include "coordinator/workers/kv_store.h"
 
 namespace {
 

@@ -1,7 +1,7 @@
 // The on-disk layout of a checkpoint, the one place that spells it: the worker writes the stage
-// files (worker/runtime/checkpoint.h), the coordinator writes and verifies the manifest and
-// finds the step directories (coordinator/checkpoint_manifest.h), tests and tools read them.
-// No LibTorch. docs/checkpoints.md describes the files.
+// files (worker/runtime/checkpoint/checkpoint.h), the coordinator writes and verifies the manifest
+// and finds the step directories (coordinator/checkpoints/checkpoint_manifest.h), tests and tools
+// read them. No LibTorch. docs/checkpoints.md describes the files.
 //
 //   <training.checkpoint.dir>/
 //     step-<NNNNNN>/              one checkpoint: the state after NNNNNN steps of the job's

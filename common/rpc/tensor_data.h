@@ -1,6 +1,6 @@
 // Checks on v1::TensorData, the torch-free tensor of the API (a dtype name, a shape and
 // little-endian row-major bytes). Used by the coordinator and stagectl, which have no LibTorch;
-// the worker converts to and from torch::Tensor in worker/runtime/tensor_data.h.
+// the worker converts to and from torch::Tensor in worker/runtime/task/tensor_data.h.
 #pragma once
 
 #include <cstdint>

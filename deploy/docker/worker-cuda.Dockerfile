@@ -57,6 +57,7 @@ RUN ln -s /usr/local/${CUDA_VERSION_DIR} /usr/local/cuda \
 ENV PATH=/usr/local/cuda/bin:${PATH}
 WORKDIR /src
 COPY CMakeLists.txt ./
+COPY cmake cmake
 COPY proto proto
 COPY common common
 COPY coordinator coordinator

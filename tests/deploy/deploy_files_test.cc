@@ -561,6 +561,36 @@ TEST_P(DockerfileTest, BuiltTargetsAreCMakeTargetsWithTheirSourcesCopied) {
   EXPECT_GT(built, 0) << path_ << " builds no --target";
 }
 
+// The top-level CMakeLists.txt includes files of the repository (cmake/layering.cmake): a builder
+// that copies CMakeLists.txt without them fails at its first cmake.
+TEST_P(DockerfileTest, BuildersCopyTheFilesTheTopLevelCMakeListsIncludes) {
+  static const std::regex kInclude("\\binclude\\s*\\(\\s*([A-Za-z0-9_./-]+\\.cmake)\\s*\\)");
+  const std::string text = ReadFile(RepoRoot() + "/CMakeLists.txt");
+  std::vector<std::string> included;
+  for (auto m = std::sregex_iterator(text.begin(), text.end(), kInclude);
+       m != std::sregex_iterator(); ++m) {
+    included.push_back((*m)[1].str());
+  }
+  ASSERT_FALSE(included.empty()) << "the top-level CMakeLists.txt includes no .cmake file";
+  for (const Stage& stage : stages_) {
+    if (BuiltTargets(stage).empty()) continue;
+    for (const std::string& file : included) {
+      bool copied = false;
+      for (const Instruction& ins : stage.instructions) {
+        if (ins.keyword != "COPY") continue;
+        const Copy copy = ParseCopy(ins);
+        if (!copy.from.empty()) continue;
+        for (const std::string& c : copy.sources) {
+          std::string src(absl::StripSuffix(c, "/"));
+          copied |= src == "." || src == file || absl::StartsWith(file, src + "/");
+        }
+      }
+      EXPECT_TRUE(copied) << path_ << ": the top-level CMakeLists.txt includes " << file
+                          << ", which stage " << stage.name << " does not copy";
+    }
+  }
+}
+
 TEST_P(DockerfileTest, BuilderInstallsScriptsLibShPackagesOnly) {
   const std::set<std::string> lib_sh = LibShPackages();
   ASSERT_FALSE(lib_sh.empty()) << "could not read STAGECOACH_PACKAGES from scripts/lib.sh";

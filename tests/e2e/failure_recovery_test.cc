@@ -333,8 +333,8 @@ TEST_F(FailureRecovery, WithoutRestartPolicyAKilledWorkerFailsTheJobAndTheSurviv
   EXPECT_EQ(used.count(survivor), 1u) << "the survivor " << survivor << " did not run it";
 }
 
-// The coordinator writes job records off its table's lock (coordinator/job_writer.h), so a kill
-// right after a transition can beat that transition's record to the disk. Waits (at most 15 s)
+// The coordinator writes job records off its table's lock (coordinator/jobs/job_writer.h), so a
+// kill right after a transition can beat that transition's record to the disk. Waits (at most 15 s)
 // until `seen`'s record in the coordinator's --data-dir has its state and history length.
 absl::Status WaitForRecordOnDisk(const std::string& data_dir, const v1::Job& seen) {
   const std::string path = absl::StrCat(data_dir, "/jobs/", seen.id(), ".pb");

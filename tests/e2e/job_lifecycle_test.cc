@@ -256,7 +256,7 @@ TEST(JobLifecycle, WatchShowsEveryStepWithItsLoss) {
   CommandResult yaml = c.Stagectl({"-o", "yaml", "status", job_id});
   EXPECT_THAT(yaml.out, HasSubstr("state: SUCCEEDED"));
   // Both workers listen on 127.0.0.1: each divides the CPUs it may use by the job's 2 ranks
-  // there (worker/runtime/compute_threads.h).
+  // there (worker/runtime/device/compute_threads.h).
   EXPECT_THAT(c.Logs(), HasSubstr("rank 0: "));
   EXPECT_THAT(c.Logs(), HasSubstr("2 of the job's ranks on this host)"));
 }

@@ -1,8 +1,8 @@
-// libFuzzer target: ReadManifest (coordinator/checkpoint_manifest.h), which the coordinator runs
-// on a checkpoint's manifest.json before a job resumes from it, on arbitrary bytes. ReadManifest
-// takes a step directory, so each input is written to <tmp>/manifest.json first (the parser
-// itself is private to checkpoint_manifest.cc). Errors are expected; a crash, a sanitizer report
-// or an uncaught exception is a bug. Seeds: tests/fuzz/corpus/checkpoint_manifest.
+// libFuzzer target: ReadManifest (coordinator/checkpoints/checkpoint_manifest.h), which the
+// coordinator runs on a checkpoint's manifest.json before a job resumes from it, on arbitrary
+// bytes. ReadManifest takes a step directory, so each input is written to <tmp>/manifest.json first
+// (the parser itself is private to checkpoint_manifest.cc). Errors are expected; a crash, a
+// sanitizer report or an uncaught exception is a bug. Seeds: tests/fuzz/corpus/checkpoint_manifest.
 #include <unistd.h>
 
 #include <cstddef>
@@ -11,7 +11,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "coordinator/checkpoint_manifest.h"
+#include "coordinator/checkpoints/checkpoint_manifest.h"
 
 namespace {
 

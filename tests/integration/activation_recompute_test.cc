@@ -3,8 +3,8 @@
 // built-in MLP's, and for every kind of schedule (GPipe, 1F1B, split I/W with ZBVZeroBubble,
 // OVERLAP_F_B with DualPipeV) a step with recomputation gives bit for bit the losses and
 // gradients of a step without. Its memory saving is measured as the live-tensor peak of the
-// counting CPU allocator (worker/runtime/counting_allocator.h) on one rank running GPipe: the
-// activation peak (peak - live at the step's start) drops by about (M-1)/M of the activations a
+// counting CPU allocator (worker/runtime/device/counting_allocator.h) on one rank running GPipe:
+// the activation peak (peak - live at the step's start) drops by about (M-1)/M of the activations a
 // stage keeps, since only one microbatch's graph lives at a time.
 #include <torch/torch.h>
 
@@ -18,8 +18,8 @@
 #include "gtest/gtest.h"
 #include "tests/support/executor_ranks.h"
 #include "worker/model/mlp.h"
-#include "worker/runtime/counting_allocator.h"
-#include "worker/runtime/pipeline_executor.h"
+#include "worker/runtime/device/counting_allocator.h"
+#include "worker/runtime/executor/pipeline_executor.h"
 #include "worker/transport/in_memory_store.h"
 
 namespace stagecoach::runtime::activation_recompute_test {

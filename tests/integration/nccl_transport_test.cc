@@ -20,7 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/transport_conformance.h"
-#include "worker/runtime/message_tags.h"
+#include "worker/runtime/executor/message_tags.h"
 #include "worker/transport/in_memory_store.h"
 #include "worker/transport/nccl/factory.h"
 #include "worker/transport/transport.h"

@@ -14,8 +14,8 @@
 #include "common/schedule/build.h"
 #include "gtest/gtest.h"
 #include "tests/support/executor_ranks.h"
-#include "worker/runtime/message_tags.h"
-#include "worker/runtime/pipeline_executor.h"
+#include "worker/runtime/executor/message_tags.h"
+#include "worker/runtime/executor/pipeline_executor.h"
 #include "worker/transport/in_memory_store.h"
 
 namespace stagecoach::runtime::pipeline_wiring_test {

@@ -4,7 +4,7 @@
 // single-process reference; failures (a stop, a missing peer, a shape mismatch, a lost
 // message) end every rank promptly with an error that names rank, action, peer, stage and
 // microbatch.
-#include "worker/runtime/task_runner.h"
+#include "worker/runtime/task/task_runner.h"
 
 #include <torch/serialize.h>
 #include <torch/torch.h>
@@ -20,16 +20,16 @@
 #include "absl/synchronization/notification.h"
 #include "common/rpc/time_conversion.h"
 #include "common/spec/spec_parser.h"
-#include "coordinator/planner.h"
+#include "coordinator/planning/planner.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/process.h"
 #include "tests/support/reference_mlp.h"
 #include "tests/support/stage_files.h"
-#include "worker/runtime/checkpoint.h"
-#include "worker/runtime/forward_actions.h"
-#include "worker/runtime/tensor_data.h"
-#include "worker/runtime/training_data.h"
+#include "worker/runtime/checkpoint/checkpoint.h"
+#include "worker/runtime/executor/forward_actions.h"
+#include "worker/runtime/task/tensor_data.h"
+#include "worker/runtime/training/training_data.h"
 #include "worker/service/task_manager.h"
 #include "worker/transport/gloo/factory.h"
 #include "worker/transport/in_memory_store.h"

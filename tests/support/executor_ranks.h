@@ -13,7 +13,7 @@
 #include "absl/status/statusor.h"
 #include "common/schedule/build.h"
 #include "worker/model/stage_model.h"
-#include "worker/runtime/pipeline_executor.h"
+#include "worker/runtime/executor/pipeline_executor.h"
 #include "worker/transport/gloo/factory.h"
 #include "worker/transport/in_memory_store.h"
 

@@ -1,6 +1,7 @@
-// Reading the stage weights workers write into a checkpoint (worker/runtime/checkpoint.h,
-// docs/checkpoints.md): one export file `step-NNNNNN/stage-S.state_dict.pt` per stage, a pickled
-// dict of parameter name -> tensor that torch.load reads. Independent of the worker's code.
+// Reading the stage weights workers write into a checkpoint
+// (worker/runtime/checkpoint/checkpoint.h, docs/checkpoints.md): one export file
+// `step-NNNNNN/stage-S.state_dict.pt` per stage, a pickled dict of parameter name -> tensor that
+// torch.load reads. Independent of the worker's code.
 #pragma once
 
 #include <torch/types.h>

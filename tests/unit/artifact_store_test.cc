@@ -1,7 +1,7 @@
 // The coordinator's artifact store on a real directory: round trip, content addressing, size
 // and checksum mismatches refused with nothing stored, the size limit (in the header and as
 // bytes arrive), unknown and malformed ids, and concurrent uploads of the same bytes.
-#include "coordinator/artifact_store.h"
+#include "coordinator/service/artifact_store.h"
 
 #include <filesystem>
 #include <fstream>

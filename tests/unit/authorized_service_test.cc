@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/rpc/channel.h"
 #include "common/rpc/server.h"
-#include "coordinator/coordinator_auth.h"
+#include "coordinator/service/coordinator_auth.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "stagecoach/v1/coordinator.grpc.pb.h"

@@ -1,7 +1,7 @@
-// Checkpoint manifests (coordinator/checkpoint_manifest.h): written whole and never over an
-// existing one, read back field for field, and a checkpoint refused when its manifest is
+// Checkpoint manifests (coordinator/checkpoints/checkpoint_manifest.h): written whole and never
+// over an existing one, read back field for field, and a checkpoint refused when its manifest is
 // missing (partial) or malformed, or a listed file is missing, of another size or corrupt.
-#include "coordinator/checkpoint_manifest.h"
+#include "coordinator/checkpoints/checkpoint_manifest.h"
 
 #include <unistd.h>
 

@@ -1,9 +1,9 @@
-// Stage checkpoints (worker/runtime/checkpoint.h): training resumed from a checkpoint continues
-// bit-identically to training that never stopped (AdamW, SGD with momentum, two stages sharing
-// one optimizer); one-entry and empty dicts round-trip; corrupt, truncated and mismatched
+// Stage checkpoints (worker/runtime/checkpoint/checkpoint.h): training resumed from a checkpoint
+// continues bit-identically to training that never stopped (AdamW, SGD with momentum, two stages
+// sharing one optimizer); one-entry and empty dicts round-trip; corrupt, truncated and mismatched
 // checkpoints are refused naming the file or parameter, without touching the parameters; an
 // existing file is never overwritten; the export file loads into a PyTorch model.
-#include "worker/runtime/checkpoint.h"
+#include "worker/runtime/checkpoint/checkpoint.h"
 
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>

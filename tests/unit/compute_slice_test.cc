@@ -1,6 +1,6 @@
-// RequestTimeSlice (worker/runtime/compute_slice.h): the calling thread's slice as the kernel
-// reports it afterwards, its nice value kept; kernels before 6.12 keep their own and say so.
-#include "worker/runtime/compute_slice.h"
+// RequestTimeSlice (worker/runtime/device/compute_slice.h): the calling thread's slice as the
+// kernel reports it afterwards, its nice value kept; kernels before 6.12 keep their own and say so.
+#include "worker/runtime/device/compute_slice.h"
 
 #include <sys/resource.h>
 #include <sys/syscall.h>

@@ -1,7 +1,7 @@
-// The worker's compute thread policy (worker/runtime/compute_threads.h): cgroup quotas read from
-// their files' text, the CPUs allowed, the threads chosen with and without --threads, and the
+// The worker's compute thread policy (worker/runtime/device/compute_threads.h): cgroup quotas read
+// from their files' text, the CPUs allowed, the threads chosen with and without --threads, and the
 // count set per calling thread.
-#include "worker/runtime/compute_threads.h"
+#include "worker/runtime/device/compute_threads.h"
 
 #include <ATen/Parallel.h>
 

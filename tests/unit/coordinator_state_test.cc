@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <thread>
 
-#include "coordinator/job.h"
-#include "coordinator/kv_store.h"
-#include "coordinator/worker_registry.h"
+#include "coordinator/jobs/job.h"
+#include "coordinator/workers/kv_store.h"
+#include "coordinator/workers/worker_registry.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -16,9 +16,9 @@
 #include "common/util/clock.h"
 #include "common/util/executor.h"
 #include "coordinator/job_manager.h"
-#include "coordinator/job_store.h"
-#include "coordinator/kv_store.h"
-#include "coordinator/worker_client.h"
+#include "coordinator/jobs/job_store.h"
+#include "coordinator/workers/kv_store.h"
+#include "coordinator/workers/worker_client.h"
 #include "gtest/gtest.h"
 
 namespace stagecoach::coordinator {

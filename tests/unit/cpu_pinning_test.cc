@@ -1,6 +1,6 @@
-// Compute-thread pinning (worker/runtime/cpu_pinning.h): pinned only where the ranks' CPUs
+// Compute-thread pinning (worker/runtime/device/cpu_pinning.h): pinned only where the ranks' CPUs
 // cannot collide, each rank at a host to its own share of the mask; and the pinning itself.
-#include "worker/runtime/cpu_pinning.h"
+#include "worker/runtime/device/cpu_pinning.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -9,7 +9,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "worker/runtime/compute_threads.h"
+#include "worker/runtime/device/compute_threads.h"
 
 namespace stagecoach::runtime::cpu_pinning_test {
 namespace {

@@ -1,9 +1,9 @@
-// Fused weight-gradient accumulation (worker/runtime/fused_weight_grad.h): a backward with the
-// weight gradients computed straight into .grad gives autograd's own gradients (same model,
+// Fused weight-gradient accumulation (worker/runtime/executor/fused_weight_grad.h): a backward with
+// the weight gradients computed straight into .grad gives autograd's own gradients (same model,
 // same inputs, no fusion), over several microbatches accumulating; it fuses exactly the
 // products it claims to, and leaves to autograd the ones it must (a weight used twice, a hook,
 // alpha ≠ 1, a .grad of another layout); the weight part of a split backward fuses too.
-#include "worker/runtime/fused_weight_grad.h"
+#include "worker/runtime/executor/fused_weight_grad.h"
 
 #include <torch/torch.h>
 
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "worker/runtime/split_backward.h"
+#include "worker/runtime/executor/split_backward.h"
 
 namespace stagecoach::runtime::fused_weight_grad_test {
 namespace {

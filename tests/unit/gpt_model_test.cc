@@ -1,6 +1,7 @@
 // The built-in GPT family (worker/model/gpt.h) and the tokens dataset
-// (worker/runtime/training_data.h): stages chained equal the whole model exactly, per-layer
-// parameter counts equal the planner's, and a tokens file gives shifted windows per (seed, step).
+// (worker/runtime/training/training_data.h): stages chained equal the whole model exactly,
+// per-layer parameter counts equal the planner's, and a tokens file gives shifted windows per
+// (seed, step).
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -11,13 +12,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/spec/spec_parser.h"
-#include "coordinator/planner.h"
+#include "coordinator/planning/planner.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/temp_dir.h"
 #include "worker/model/gpt.h"
-#include "worker/runtime/training_data.h"
-#include "worker/runtime/training_setup.h"
+#include "worker/runtime/executor/training_setup.h"
+#include "worker/runtime/training/training_data.h"
 
 namespace stagecoach::gpt_model_test {
 namespace {

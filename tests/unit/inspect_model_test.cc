@@ -1,8 +1,8 @@
-// model::InspectModel (worker/model/inspect.h): the layers and parameter counts of built-in
-// models and of TorchScript files (tests/models/make_models.py, written by /usr/bin/python3 with
-// PyTorch at test time; those tests are skipped without it), and profiled forward/backward
-// times: every layer measured, the heaviest layer measured slowest, through skip connections
-// too; models or data that cannot be inspected are refused naming the field.
+// model::InspectModel (worker/runtime/inspect/inspect.h): the layers and parameter counts of
+// built-in models and of TorchScript files (tests/models/make_models.py, written by
+// /usr/bin/python3 with PyTorch at test time; those tests are skipped without it), and profiled
+// forward/backward times: every layer measured, the heaviest layer measured slowest, through skip
+// connections too; models or data that cannot be inspected are refused naming the field.
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,7 +19,7 @@
 #include "gtest/gtest.h"
 #include "tests/support/python.h"
 #include "tests/support/test_paths.h"
-#include "worker/model/inspect.h"
+#include "worker/runtime/inspect/inspect.h"
 
 namespace stagecoach::model::inspect_model_test {
 namespace {

@@ -5,8 +5,8 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/placement.h"
-#include "coordinator/step_aggregation.h"
+#include "coordinator/control/step_aggregation.h"
+#include "coordinator/lifecycle/placement.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/coordinator_test_fakes.h"

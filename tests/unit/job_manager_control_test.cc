@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/job_manager.h"
-#include "coordinator/job_store.h"
+#include "coordinator/jobs/job_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/coordinator_test_fakes.h"

@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/util/sha256.h"
-#include "coordinator/checkpoint_manifest.h"
+#include "coordinator/checkpoints/checkpoint_manifest.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/temp_dir.h"

@@ -1,7 +1,7 @@
 // The job table alone: ids, lookup, paged listing, retention of finished jobs by count and age
 // (with the records on disk following), and the bounded event log; the job writer alone:
 // records written off the caller's thread, coalesced, in order, removals after saves.
-#include "coordinator/job_table.h"
+#include "coordinator/jobs/job_table.h"
 
 #include <map>
 #include <set>
@@ -10,8 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/util/executor.h"
-#include "coordinator/event_log.h"
-#include "coordinator/job_writer.h"
+#include "coordinator/jobs/event_log.h"
+#include "coordinator/jobs/job_writer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/coordinator_test_fakes.h"

@@ -1,7 +1,7 @@
-// The split policies of coordinator/memory_partition.h: fewer-first-last worked by hand, and
-// memory balancing against the equal-layers split on a model whose layers keep very different
+// The split policies of coordinator/planning/memory_partition.h: fewer-first-last worked by hand,
+// and memory balancing against the equal-layers split on a model whose layers keep very different
 // amounts.
-#include "coordinator/memory_partition.h"
+#include "coordinator/planning/memory_partition.h"
 
 #include <algorithm>
 #include <string>
@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/spec/spec_parser.h"
-#include "coordinator/planner.h"
+#include "coordinator/planning/planner.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

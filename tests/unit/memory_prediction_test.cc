@@ -1,14 +1,14 @@
-// The planner's memory prediction (coordinator/memory_prediction.h): the per-stage model it
-// builds from measured layer sizes and the recipe, worked by hand, and the prediction PlanJob
+// The planner's memory prediction (coordinator/planning/memory_prediction.h): the per-stage model
+// it builds from measured layer sizes and the recipe, worked by hand, and the prediction PlanJob
 // attaches to a plan (none without measured sizes, none for forward-only plans).
-#include "coordinator/memory_prediction.h"
+#include "coordinator/planning/memory_prediction.h"
 
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/spec/spec_parser.h"
-#include "coordinator/planner.h"
+#include "coordinator/planning/planner.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -1,8 +1,8 @@
-// The plan search (coordinator/plan_search.h) over synthetic profiles: what it tries, how it
-// scales a profile to other microbatch sizes, and what it chooses — a zero-bubble schedule
+// The plan search (coordinator/planning/plan_search.h) over synthetic profiles: what it tries, how
+// it scales a profile to other microbatch sizes, and what it chooses — a zero-bubble schedule
 // without a limit, a low-memory one under a tight limit, no split backward when I + W cost far
 // more than B, a clear refusal naming the smallest peak when nothing fits.
-#include "coordinator/plan_search.h"
+#include "coordinator/planning/plan_search.h"
 
 #include <set>
 #include <string>

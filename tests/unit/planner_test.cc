@@ -1,5 +1,5 @@
 // The planner: partitions, schedule plans, and what it refuses.
-#include "coordinator/planner.h"
+#include "coordinator/planning/planner.h"
 
 #include <cstdio>
 #include <filesystem>

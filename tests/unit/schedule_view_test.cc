@@ -1,6 +1,6 @@
 // GetJobSchedule's view of a real plan (PlanJob of a small MLP spec): per-rank stages, compute
 // and lowered lists, and the grids, for 1F1B (one stage per rank) and Interleaved1F1B (two).
-#include "coordinator/schedule_view.h"
+#include "coordinator/planning/schedule_view.h"
 
 #include <string>
 #include <vector>

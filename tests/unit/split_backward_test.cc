@@ -1,7 +1,7 @@
-// Split backward (worker/runtime/split_backward.h): I then W gives exactly the gradients of one
-// full backward, I never touches the parameters, W never re-runs the input path, and the graph
-// is freed after W.
-#include "worker/runtime/split_backward.h"
+// Split backward (worker/runtime/executor/split_backward.h): I then W gives exactly the gradients
+// of one full backward, I never touches the parameters, W never re-runs the input path, and the
+// graph is freed after W.
+#include "worker/runtime/executor/split_backward.h"
 
 #include <torch/torch.h>
 

@@ -1,7 +1,7 @@
-// The step gate alone (worker/runtime/step_gate.h): no LibTorch, no transport. The test's main
+// The step gate alone (worker/runtime/task/step_gate.h): no LibTorch, no transport. The test's main
 // thread or a TaskThread plays the task's thread; concurrency is ordered with notifications and
 // StepGate::AwaitHolding, never with sleeps.
-#include "worker/runtime/step_gate.h"
+#include "worker/runtime/task/step_gate.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -2,7 +2,7 @@
 // the per-job store (capacity, latest complete step, restarts); and, against the simulator, that
 // a trace of simulated timings reproduces the simulated times with every transfer arriving after
 // its SEND and before its consumer runs, whatever each rank's own time base.
-#include "coordinator/step_trace.h"
+#include "coordinator/jobs/step_trace.h"
 
 #include <cmath>
 #include <map>
@@ -15,7 +15,7 @@
 #include "common/schedule/action.h"
 #include "common/schedule/simulator.h"
 #include "common/spec/spec_parser.h"
-#include "coordinator/planner.h"
+#include "coordinator/planning/planner.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 

@@ -1,14 +1,14 @@
-// The coordinator's token sampling for generation (coordinator/token_sampler.h) and the tensors
-// generation sends and reads (coordinator/generation.h): greedy picks, top-k, seeded draws that
-// follow the softmax, and the shapes checked on the way back.
-#include "coordinator/token_sampler.h"
+// The coordinator's token sampling for generation (coordinator/generation/token_sampler.h) and the
+// tensors generation sends and reads (coordinator/generation/generation.h): greedy picks, top-k,
+// seeded draws that follow the softmax, and the shapes checked on the way back.
+#include "coordinator/generation/token_sampler.h"
 
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
 
-#include "coordinator/generation.h"
+#include "coordinator/generation/generation.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

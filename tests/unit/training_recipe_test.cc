@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "common/spec/learning_rate.h"
-#include "coordinator/training_record.h"
+#include "coordinator/jobs/training_record.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

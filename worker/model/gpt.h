@@ -16,7 +16,7 @@
 // tie_embeddings: the head's weight is the token embedding's. In a stage holding both, the head
 // uses embed.tok.weight itself (one parameter, listed once); a stage holding the head alone has
 // "head.weight" as a copy of the embedding's initial values (no draw of its own), which
-// worker/runtime/tied_parameters.h keeps equal to the first stage's during training.
+// worker/runtime/training/tied_parameters.h keeps equal to the first stage's during training.
 //
 // Initialisation: LibTorch's generator is seeded with model.seed, then the layers are built in
 // order (LibTorch's module constructors draw their default init first) and each one's

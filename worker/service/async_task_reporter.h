@@ -26,7 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "stagecoach/v1/coordinator.pb.h"
-#include "worker/runtime/task_runner.h"
+#include "worker/runtime/task/task_runner.h"
 
 namespace stagecoach::worker {
 

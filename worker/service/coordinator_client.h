@@ -11,7 +11,7 @@
 #include "absl/time/time.h"
 #include "common/rpc/channel.h"
 #include "stagecoach/v1/coordinator.grpc.pb.h"
-#include "worker/runtime/task_runner.h"
+#include "worker/runtime/task/task_runner.h"
 #include "worker/service/artifact_cache.h"
 #include "worker/transport/rendezvous_store.h"
 

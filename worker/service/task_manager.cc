@@ -5,9 +5,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/util/logging.h"
-#include "worker/runtime/compute_slice.h"
-#include "worker/runtime/compute_threads.h"
-#include "worker/runtime/cpu_pinning.h"
+#include "worker/runtime/device/compute_slice.h"
+#include "worker/runtime/device/compute_threads.h"
+#include "worker/runtime/device/cpu_pinning.h"
 
 namespace stagecoach::worker {
 
@@ -65,8 +65,8 @@ struct TaskCpus {
   std::vector<int> pinned;  // empty: not pinned
 };
 
-// The task's compute threads (runtime/compute_threads.h) and the CPUs they are pinned to
-// (runtime/cpu_pinning.h), logged with why.
+// The task's compute threads (worker/runtime/device/compute_threads.h) and the CPUs they are pinned
+// to (worker/runtime/device/cpu_pinning.h), logged with why.
 TaskCpus ChooseTaskCpus(const TaskManagerDeps& deps, const v1::TaskAssignment& task) {
   const runtime::CpuAllowance allowance = runtime::ReadCpuAllowance();
   TaskCpus cpus;

@@ -13,7 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "stagecoach/v1/worker.pb.h"
-#include "worker/runtime/task_runner.h"
+#include "worker/runtime/task/task_runner.h"
 
 namespace stagecoach::worker {
 
@@ -33,11 +33,11 @@ struct TaskManagerDeps {
   runtime::FileResolver resolve_file;
   // TaskRunnerDeps::memory_counter.
   runtime::CountingCpuAllocator* memory_counter = nullptr;
-  // The worker's --threads (0: by the policy of runtime/compute_threads.h, with the task's
-  // ranks_on_host), set on the task's thread before it runs.
+  // The worker's --threads (0: by the policy of worker/runtime/device/compute_threads.h, with the
+  // task's ranks_on_host), set on the task's thread before it runs.
   int compute_threads = 0;
-  // Pin the task's compute threads where runtime/cpu_pinning.h's policy allows (the worker's
-  // default; --no-pin-threads clears it).
+  // Pin the task's compute threads where worker/runtime/device/cpu_pinning.h's policy allows (the
+  // worker's default; --no-pin-threads clears it).
   bool pin_threads = true;
 };
 

@@ -5,7 +5,7 @@
 #include "common/util/status_macros.h"
 #include "worker/collectives/nccl/factory.h"
 #include "worker/collectives/ring/factory.h"
-#include "worker/runtime/message_tags.h"
+#include "worker/runtime/executor/message_tags.h"
 
 namespace stagecoach::worker {
 namespace {

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "worker/runtime/task_runner.h"
+#include "worker/runtime/task/task_runner.h"
 #include "worker/transport/registry.h"
 
 namespace stagecoach::worker {

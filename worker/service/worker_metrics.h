@@ -13,7 +13,7 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "stagecoach/v1/coordinator.pb.h"
-#include "worker/runtime/task_runner.h"
+#include "worker/runtime/task/task_runner.h"
 
 namespace stagecoach::worker {
 

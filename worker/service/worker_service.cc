@@ -5,8 +5,8 @@
 #include "absl/time/time.h"
 #include "common/rpc/status_conversion.h"
 #include "common/spec/spec_parser.h"
-#include "worker/model/inspect.h"
-#include "worker/runtime/compute_threads.h"
+#include "worker/runtime/device/compute_threads.h"
+#include "worker/runtime/inspect/inspect.h"
 
 namespace stagecoach::worker {
 namespace {

@@ -1,6 +1,6 @@
 // The gRPC adapter of WorkerService over the TaskManager, and of InspectModel over
-// model::InspectModel (worker/model/inspect.h). Who may call it is not its concern: the worker
-// serves it behind rpc::AuthorizeEveryCall with its coordinator's session token
+// model::InspectModel (worker/runtime/inspect/inspect.h). Who may call it is not its concern: the
+// worker serves it behind rpc::AuthorizeEveryCall with its coordinator's session token
 // (SessionToken::Check), so every call is checked before it reaches a handler.
 #pragma once
 
@@ -13,7 +13,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "stagecoach/v1/worker.grpc.pb.h"
-#include "worker/runtime/task_runner.h"
+#include "worker/runtime/task/task_runner.h"
 #include "worker/service/task_manager.h"
 
 namespace stagecoach::worker {

@@ -1,0 +1,63 @@
+// Step aggregation: every rank's report of a step (ReportStepRequest) is checked and recorded
+// (its bytes, executed actions, timings for the step trace, losses and bubble ratio); when the
+// last rank of a step has reported, the step is complete: the job's loss and largest bubble
+// ratio of the step are recorded, a step_completed event is logged, the metrics get the step,
+// and a client batch step (StepJob) gets its losses.
+//
+// Step numbers: `step` counts the current attempt's steps (the rank's own count); the step's
+// number in the job's timeline is attempt_base + step. Loss = mean of the microbatch losses the
+// rank owning the last stage reports.
+//
+// No lock of its own: called with the job table's lock held. The checkpoint files a report
+// carries are checkpoint collection's (checkpoint_collection.h).
+#pragma once
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "coordinator/jobs/coordinator_metrics.h"
+#include "coordinator/jobs/job.h"
+#include "stagecoach/v1/coordinator.pb.h"
+
+namespace stagecoach::coordinator {
+
+class StepAggregator {
+ public:
+  // `metrics` may be null.
+  explicit StepAggregator(CoordinatorMetrics* metrics) : metrics_(metrics) {}
+
+  // A training (or forward-only job's) step report from `slot`'s rank: its step must be the next
+  // one the rank owes, the last stage's rank reports one loss per microbatch (unless the job is
+  // forward-only), and timings come one per executed action. INVALID_ARGUMENT naming the field.
+  absl::Status CheckLocked(const Job& job, const RankSlot& slot,
+                           const v1::ReportStepRequest& req) const;
+
+  // Records a checked report; returns true when it completed its step (see the file comment).
+  bool AddLocked(Job& job, RankSlot& slot, const v1::ReportStepRequest& req, absl::Time now);
+
+  // A forward-only client step's report (ReportStepRequest.forward_only_step): the job must
+  // have such a step in flight at req.global_step, and the last stage's rank sends one output
+  // row per input row. INVALID_ARGUMENT naming the field. The step is done when every rank
+  // reported it.
+  absl::Status AddForwardOnlyLocked(Job& job, const RankSlot& slot,
+                                    const v1::ReportStepRequest& req);
+
+  // A held rank's checkpoint of where it holds (ReportStepRequest.checkpoint_only): it reports
+  // files, at its last step. INVALID_ARGUMENT otherwise.
+  static absl::Status CheckCheckpointOnly(const RankSlot& slot, const v1::ReportStepRequest& req);
+
+ private:
+  // The last rank of `step` reported: the step is complete.
+  void CompleteStepLocked(Job& job, int64_t step, absl::Time now);
+  // The training recipe's part of a completed training step: its learning rate, gradient norm,
+  // skip and validation loss into the event and the job's TrainingRecord; a run of
+  // training.max_skipped_steps skipped steps sets the job's step_failure.
+  static void RecordRecipeLocked(Job& job, const StepAggregate& agg, int64_t global,
+                                 v1::StepCompleted& step);
+  // The ranks' measured activation peaks: into the event, the job's latest and largest per
+  // rank, and the metrics (with the plan's predictions).
+  void RecordMemoryLocked(Job& job, const StepAggregate& agg, v1::StepCompleted& step);
+
+  CoordinatorMetrics* const metrics_;
+};
+
+}  // namespace stagecoach::coordinator

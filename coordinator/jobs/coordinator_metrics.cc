@@ -1,0 +1,249 @@
+// The coordinator's Prometheus metrics (see coordinator_metrics.h).
+#include "coordinator/jobs/coordinator_metrics.h"
+
+#include <algorithm>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/metrics/metrics.h"
+#include "google/protobuf/descriptor.h"
+
+namespace stagecoach::coordinator {
+namespace {
+
+std::string LowerWithoutPrefix(const std::string& name, absl::string_view prefix) {
+  absl::string_view rest = name;
+  if (absl::StartsWith(rest, prefix)) rest.remove_prefix(prefix.size());
+  return absl::AsciiStrToLower(rest);
+}
+
+template <typename Enum>
+void SetPerState(prometheus::Family<prometheus::Gauge>& family,
+                 const google::protobuf::EnumDescriptor* descriptor,
+                 const std::map<Enum, int>& counts, absl::string_view prefix) {
+  for (int i = 0; i < descriptor->value_count(); ++i) {
+    const auto* value = descriptor->value(i);
+    if (value->number() == 0) continue;  // *_UNSPECIFIED
+    auto it = counts.find(static_cast<Enum>(value->number()));
+    family.Add({{"state", LowerWithoutPrefix(value->name(), prefix)}})
+        .Set(it == counts.end() ? 0 : it->second);
+  }
+}
+
+}  // namespace
+
+std::string CoordinatorMetrics::StateLabel(v1::JobState state) {
+  return LowerWithoutPrefix(v1::JobState_Name(state), "JOB_STATE_");
+}
+
+std::string CoordinatorMetrics::StateLabel(v1::WorkerState state) {
+  return LowerWithoutPrefix(v1::WorkerState_Name(state), "WORKER_STATE_");
+}
+
+CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
+    : jobs_(prometheus::BuildGauge()
+                .Name("stagecoach_jobs")
+                .Help("Jobs known to the coordinator, by state")
+                .Register(registry)),
+      workers_(prometheus::BuildGauge()
+                   .Name("stagecoach_workers")
+                   .Help("Registered workers, by state")
+                   .Register(registry)),
+      steps_(prometheus::BuildCounter()
+                 .Name("stagecoach_steps_total")
+                 .Help("Training or inference steps completed by every rank of a job")
+                 .Register(registry)
+                 .Add({})),
+      step_duration_(prometheus::BuildHistogram()
+                         .Name("stagecoach_step_duration_seconds")
+                         .Help("Wall time of a completed step on its slowest rank")
+                         .Register(registry)
+                         .Add({}, metrics::DurationBucketsSeconds())),
+      loss_(prometheus::BuildGauge()
+                .Name("stagecoach_loss")
+                .Help("Mean microbatch loss of the job's last completed step")
+                .Register(registry)),
+      samples_per_second_(prometheus::BuildGauge()
+                              .Name("stagecoach_samples_per_second")
+                              .Help("Samples per second of the job's last completed step "
+                                    "(batch size over the slowest rank's step time)")
+                              .Register(registry)),
+      bubble_ratio_(prometheus::BuildGauge()
+                        .Name("stagecoach_bubble_ratio")
+                        .Help("Measured idle fraction (0..1) of a rank in the job's last "
+                              "completed step")
+                        .Register(registry)),
+      hidden_ratio_(prometheus::BuildGauge()
+                        .Name("stagecoach_grad_reduction_hidden_ratio")
+                        .Help("Share (0..1) of a rank's gradient reduction across data-parallel "
+                              "replicas hidden behind its compute in the job's last completed "
+                              "step: 1 - compute's wait / (first bucket start -> last bucket end)")
+                        .Register(registry)),
+      learning_rate_(prometheus::BuildGauge()
+                         .Name("stagecoach_learning_rate")
+                         .Help("Learning rate of the job's last completed training step "
+                               "(training.lr_schedule)")
+                         .Register(registry)),
+      grad_norm_(prometheus::BuildGauge()
+                     .Name("stagecoach_grad_norm")
+                     .Help("Global L2 norm of the gradients of the job's last completed step, "
+                           "before clipping (training.grad_clip)")
+                     .Register(registry)),
+      skipped_steps_(prometheus::BuildCounter()
+                         .Name("stagecoach_skipped_steps_total")
+                         .Help("Training steps whose optimizer step every rank skipped because "
+                               "some rank's gradients were not finite")
+                         .Register(registry)),
+      eval_loss_(prometheus::BuildGauge()
+                     .Name("stagecoach_eval_loss")
+                     .Help("Validation loss of the job's latest eval pass (the spec's eval)")
+                     .Register(registry)),
+      measured_memory_(prometheus::BuildGauge()
+                           .Name("stagecoach_activation_peak_bytes")
+                           .Help("Most bytes of tensors a rank allocated above what was live at "
+                                 "the start of the job's last completed step, as its worker "
+                                 "measured (CPU workers)")
+                           .Register(registry)),
+      predicted_memory_(prometheus::BuildGauge()
+                            .Name("stagecoach_predicted_activation_peak_bytes")
+                            .Help("The planner's prediction of a rank's activation and buffer "
+                                  "peak in a step (the schedule memory model)")
+                            .Register(registry)),
+      bytes_(prometheus::BuildCounter()
+                 .Name("stagecoach_data_plane_bytes_total")
+                 .Help("Data-plane bytes the workers reported, by direction")
+                 .Register(registry)),
+      bytes_sent_(bytes_.Add({{"direction", "sent"}})),
+      bytes_received_(bytes_.Add({{"direction", "received"}})),
+      restarts_(prometheus::BuildCounter()
+                    .Name("stagecoach_job_restarts_total")
+                    .Help("Jobs restarted from their latest checkpoint after a failure")
+                    .Register(registry)
+                    .Add({})) {
+  SetJobCounts({});
+  SetWorkerCounts({});
+}
+
+void CoordinatorMetrics::SetJobCounts(const std::map<v1::JobState, int>& counts) {
+  SetPerState(jobs_, v1::JobState_descriptor(), counts, "JOB_STATE_");
+}
+
+void CoordinatorMetrics::SetWorkerCounts(const std::map<v1::WorkerState, int>& counts) {
+  SetPerState(workers_, v1::WorkerState_descriptor(), counts, "WORKER_STATE_");
+}
+
+void CoordinatorMetrics::StepCompleted(const std::string& job_id, absl::Duration step_time,
+                                       std::optional<double> loss, double samples_per_second,
+                                       const std::vector<double>& bubble_ratios,
+                                       const std::vector<double>& hidden_ratios, int num_ranks) {
+  const size_t per_replica =
+      num_ranks > 0 ? static_cast<size_t>(num_ranks) : std::max<size_t>(bubble_ratios.size(), 1);
+  auto labels = [&](size_t task) -> std::map<std::string, std::string> {
+    return {{"job", job_id},
+            {"rank", absl::StrCat(task % per_replica)},
+            {"replica", absl::StrCat(task / per_replica)}};
+  };
+  steps_.Increment();
+  step_duration_.Observe(absl::ToDoubleSeconds(step_time));
+
+  absl::MutexLock lock(&mu_);
+  auto [it, added] = series_.try_emplace(job_id);
+  JobSeries& s = it->second;
+  if (added) {
+    s.samples_per_second = &samples_per_second_.Add({{"job", job_id}});
+  } else {
+    series_order_.erase(std::find(series_order_.begin(), series_order_.end(), job_id));
+  }
+  series_order_.push_back(job_id);
+  if (loss.has_value()) {
+    if (s.loss == nullptr) s.loss = &loss_.Add({{"job", job_id}});
+    s.loss->Set(*loss);
+  }
+  s.samples_per_second->Set(samples_per_second);
+  for (size_t task = s.bubble_ratios.size(); task < bubble_ratios.size(); ++task) {
+    s.bubble_ratios.push_back(&bubble_ratio_.Add(labels(task)));
+  }
+  for (size_t task = 0; task < bubble_ratios.size(); ++task) {
+    s.bubble_ratios[task]->Set(bubble_ratios[task]);
+  }
+  for (size_t task = s.hidden_ratios.size(); task < hidden_ratios.size(); ++task) {
+    s.hidden_ratios.push_back(&hidden_ratio_.Add(labels(task)));
+  }
+  for (size_t task = 0; task < hidden_ratios.size(); ++task) {
+    s.hidden_ratios[task]->Set(hidden_ratios[task]);
+  }
+
+  while (series_order_.size() > static_cast<size_t>(kMaxJobSeries)) {
+    auto oldest = series_.find(series_order_.front());
+    series_order_.pop_front();
+    JobSeries& old = oldest->second;
+    if (old.loss != nullptr) loss_.Remove(old.loss);
+    samples_per_second_.Remove(old.samples_per_second);
+    for (prometheus::Gauge* g : old.bubble_ratios) bubble_ratio_.Remove(g);
+    for (prometheus::Gauge* g : old.hidden_ratios) hidden_ratio_.Remove(g);
+    if (old.learning_rate != nullptr) learning_rate_.Remove(old.learning_rate);
+    if (old.grad_norm != nullptr) grad_norm_.Remove(old.grad_norm);
+    if (old.skipped_steps != nullptr) skipped_steps_.Remove(old.skipped_steps);
+    if (old.eval_loss != nullptr) eval_loss_.Remove(old.eval_loss);
+    for (prometheus::Gauge* g : old.measured_memory) measured_memory_.Remove(g);
+    for (prometheus::Gauge* g : old.predicted_memory) predicted_memory_.Remove(g);
+    series_.erase(oldest);
+  }
+}
+
+void CoordinatorMetrics::RankMemory(const std::string& job_id, const std::vector<int64_t>& measured,
+                                    const std::vector<int64_t>& predicted, int num_ranks) {
+  const size_t per_replica = std::max(num_ranks, 1);
+  absl::MutexLock lock(&mu_);
+  auto it = series_.find(job_id);
+  if (it == series_.end()) return;  // evicted: its series are gone
+  JobSeries& s = it->second;
+  for (size_t task = s.measured_memory.size(); task < measured.size(); ++task) {
+    s.measured_memory.push_back(
+        &measured_memory_.Add({{"job", job_id},
+                               {"rank", absl::StrCat(task % per_replica)},
+                               {"replica", absl::StrCat(task / per_replica)}}));
+  }
+  for (size_t task = 0; task < measured.size(); ++task) {
+    s.measured_memory[task]->Set(static_cast<double>(measured[task]));
+  }
+  for (size_t rank = s.predicted_memory.size(); rank < predicted.size(); ++rank) {
+    s.predicted_memory.push_back(
+        &predicted_memory_.Add({{"job", job_id}, {"rank", absl::StrCat(rank)}}));
+  }
+  for (size_t rank = 0; rank < predicted.size(); ++rank) {
+    s.predicted_memory[rank]->Set(static_cast<double>(predicted[rank]));
+  }
+}
+
+void CoordinatorMetrics::RecipeStep(const std::string& job_id, double learning_rate,
+                                    std::optional<double> grad_norm, bool skipped,
+                                    std::optional<double> eval_loss) {
+  const std::map<std::string, std::string> labels = {{"job", job_id}};
+  absl::MutexLock lock(&mu_);
+  auto it = series_.find(job_id);
+  if (it == series_.end()) return;  // evicted: its series are gone
+  JobSeries& s = it->second;
+  if (s.learning_rate == nullptr) s.learning_rate = &learning_rate_.Add(labels);
+  s.learning_rate->Set(learning_rate);
+  if (s.skipped_steps == nullptr) s.skipped_steps = &skipped_steps_.Add(labels);
+  if (skipped) s.skipped_steps->Increment();
+  if (grad_norm.has_value()) {
+    if (s.grad_norm == nullptr) s.grad_norm = &grad_norm_.Add(labels);
+    s.grad_norm->Set(*grad_norm);
+  }
+  if (eval_loss.has_value()) {
+    if (s.eval_loss == nullptr) s.eval_loss = &eval_loss_.Add(labels);
+    s.eval_loss->Set(*eval_loss);
+  }
+}
+
+void CoordinatorMetrics::JobRestarted() { restarts_.Increment(); }
+
+void CoordinatorMetrics::AddDataPlaneBytes(int64_t sent, int64_t received) {
+  if (sent > 0) bytes_sent_.Increment(static_cast<double>(sent));
+  if (received > 0) bytes_received_.Increment(static_cast<double>(received));
+}
+
+}  // namespace stagecoach::coordinator

@@ -1,0 +1,184 @@
+#include "coordinator/lifecycle/placement.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/rpc/address.h"
+#include "common/util/logging.h"
+
+namespace stagecoach::coordinator {
+
+Placement::Placement(TaskSettings settings, WorkerRegistry* registry)
+    : settings_(settings), registry_(registry) {}
+
+std::vector<StartOrder> Placement::PlaceLocked(JobTable& table, absl::Time now) {
+  std::vector<StartOrder> orders;
+  bool blocked = false;  // an older job is waiting: later ones queue behind it
+  std::string blocker;
+  for (Job* job : table.AllLocked()) {
+    const bool restarting = job->state == v1::JOB_STATE_RESTARTING;
+    if ((job->state != v1::JOB_STATE_PENDING && !restarting) || job->starting) continue;
+    // A restarting job's previous workers must be free of it first (StopTask returned), and
+    // the checkpoints it completed listed (it continues from the latest).
+    if (restarting && (registry_->AnyBusyWith(job->id) || job->manifests_in_flight > 0)) continue;
+    if (job->recovering) {  // re-planned in the background first (JobManager::Recover)
+      blocked = true;
+      blocker = job->id;
+      continue;
+    }
+    const int needed = job->plan.num_tasks();
+    const std::string& device = job->spec.placement.device;
+    // A restarting job keeps its cause in view while it waits.
+    const std::string waiting =
+        restarting && !job->history.empty() ? absl::StrCat(job->history.back().reason(), "; ") : "";
+    if (blocked) {
+      job->reason = absl::StrCat(waiting, "queued behind ", blocker, "; needs ", needed, " ",
+                                 device, " workers");
+      continue;
+    }
+    std::vector<WorkerRecord> idle = registry_->Idle(device, job->plan.transport);
+    if (static_cast<int>(idle.size()) < needed) {
+      job->reason =
+          absl::StrCat(waiting, "waiting for ", needed, " workers, ", idle.size(), " free");
+      if (device != "cpu") {
+        absl::StrAppend(&job->reason, " (device ", device, ", transport ", job->plan.transport,
+                        ")");
+      }
+      blocked = true;
+      blocker = job->id;
+      continue;
+    }
+    idle.resize(needed);  // ranks in registration order of the free workers
+    const AttemptStart start = PrepareAttemptLocked(*job, restarting);
+    StartOrder order = AssignRanksLocked(*job, idle, start);
+    if (restarting && !job->spec.training.checkpoint.dir.empty()) {
+      order.set_aside_dir = job->spec.training.checkpoint.dir;
+      order.set_aside_after = job->attempt_base;
+      order.set_aside_tag = absl::StrCat("attempt-", job->attempt - 1);
+    }
+    std::vector<std::string> names;
+    for (const WorkerRecord& w : idle) names.push_back(w.id);
+    const std::string placed = absl::StrCat(
+        "starting attempt ", job->attempt, " on ", absl::StrJoin(names, ", "),
+        start.checkpoint.has_value()
+            ? absl::StrCat(" from the checkpoint after step ", start.checkpoint->step())
+            : "");
+    absl::Status moved = job->TransitionTo(v1::JOB_STATE_STARTING, placed, now);
+    if (!moved.ok()) spdlog::error("{}: {}", job->id, moved.message());
+    spdlog::info("{} {}", job->id, placed);
+    table.PersistLocked(*job);
+    orders.push_back(std::move(order));
+  }
+  return orders;
+}
+
+AttemptStart Placement::PrepareAttemptLocked(Job& job, bool restarting) {
+  // A restart continues from the latest complete checkpoint; a first attempt from the
+  // checkpoint the job resumes from, if any.
+  AttemptStart start{job.resumed_from, job.resume_files};
+  job.restored.reset();
+  if (restarting) {
+    // A checkpoint past the losses on record (the coordinator stopped after writing its
+    // manifest but before its step's loss was saved) is not restarted from: the steps before
+    // it would have no loss. An earlier one is, and the steps after it run again.
+    const int64_t covered =
+        job.forward_only() ? INT64_MAX : job.base_step + static_cast<int64_t>(job.losses.size());
+    while (!job.checkpoints.empty() && job.checkpoints.back().step() > covered) {
+      spdlog::warn(
+          "{}: not restarting from the checkpoint after step {}: the losses on record "
+          "end at step {}; an earlier starting point runs them again",
+          job.id, job.checkpoints.back().step(), covered);
+      job.checkpoint_stage_files.erase(job.checkpoints.back().step());
+      job.checkpoints.pop_back();
+    }
+  }
+  if (restarting && !job.checkpoints.empty()) {
+    const v1::JobCheckpoint& latest = job.checkpoints.back();
+    auto files = job.checkpoint_stage_files.find(latest.step());
+    if (files != job.checkpoint_stage_files.end() &&
+        static_cast<int>(files->second.size()) == job.plan.num_stages) {
+      start = AttemptStart{latest, files->second};
+      job.restored = latest;
+    }
+  }
+  job.attempt_base = start.checkpoint.has_value() ? start.checkpoint->step() : job.base_step;
+  if (job.hold_step >= 0 && job.hold_step < job.attempt_base) job.hold_step = -1;
+  // Steps after the starting point are run again.
+  const size_t kept = static_cast<size_t>(job.attempt_base - job.base_step);
+  job.losses.resize(std::min(job.losses.size(), kept));
+  job.max_bubble_ratios.resize(std::min(job.max_bubble_ratios.size(), kept));
+  auto& missing = job.missing_loss_steps;
+  missing.erase(std::remove_if(missing.begin(), missing.end(),
+                               [kept](int64_t step) { return step >= static_cast<int64_t>(kept); }),
+                missing.end());
+  job.training.DropFrom(job.attempt_base);
+  job.traces.DropAfter(job.attempt_base - 1);
+  job.steps_completed = 0;
+  job.pausing = false;
+  job.finishing = job.inference;
+  job.partial_steps.clear();
+  job.checkpoint_files.clear();
+  return start;
+}
+
+namespace {
+
+std::string HostOf(const std::string& address) {
+  auto parsed = rpc::ParseHostPort(address, "worker address");
+  return parsed.ok() ? parsed->host : address;
+}
+
+}  // namespace
+
+std::map<std::string, int> RanksByHost(const std::vector<RankSlot>& ranks) {
+  std::map<std::string, int> counts;
+  for (const RankSlot& slot : ranks) ++counts[HostOf(slot.worker_address)];
+  return counts;
+}
+
+int RanksOnHost(const std::vector<RankSlot>& ranks, const std::string& address) {
+  const std::map<std::string, int> counts = RanksByHost(ranks);
+  const auto it = counts.find(HostOf(address));
+  return it == counts.end() ? 0 : it->second;
+}
+
+StartOrder Placement::AssignRanksLocked(Job& job, const std::vector<WorkerRecord>& workers,
+                                        const AttemptStart& start) {
+  const int64_t step_limit = job.hold_step >= 0 ? job.hold_step : job.finish_step;
+  ++job.attempt;
+  job.starting = true;
+  job.ranks.clear();
+  StartOrder order;
+  order.job_id = job.id;
+  order.attempt = job.attempt;
+  for (int i = 0; i < static_cast<int>(workers.size()); ++i) {
+    const int r = i % job.plan.num_ranks;
+    RankSlot& slot = job.ranks.emplace_back();
+    slot.rank = r;
+    slot.replica = i / job.plan.num_ranks;
+    slot.worker_id = workers[i].id;
+    slot.worker_address = workers[i].address;
+    for (int s = 0; s < job.plan.num_stages; ++s) {
+      if (job.plan.stage_to_rank[s] == r) slot.stages.push_back(s);
+    }
+    for (const auto& action : job.plan.lowered[r]) {
+      if (action.has_value()) slot.actions.push_back(action->ToString());
+    }
+  }
+  // Counted once per attempt: a job may have thousands of ranks.
+  const std::map<std::string, int> ranks_by_host = RanksByHost(job.ranks);
+  std::map<std::string, int> placed_on_host;
+  for (const RankSlot& slot : job.ranks) {
+    v1::TaskAssignment task = BuildTaskAssignment(job, slot, start, step_limit, settings_);
+    const std::string host = HostOf(slot.worker_address);
+    task.set_ranks_on_host(ranks_by_host.at(host));
+    task.set_index_on_host(placed_on_host[host]++);
+    order.tasks.emplace_back(slot.worker_address, std::move(task));
+    absl::Status assigned = registry_->Assign(slot.worker_id, job.id, slot.rank);
+    if (!assigned.ok()) spdlog::error("{}: {}", job.id, assigned.message());
+  }
+  return order;
+}
+
+}  // namespace stagecoach::coordinator

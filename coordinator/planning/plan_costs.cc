@@ -1,0 +1,52 @@
+#include "coordinator/planning/plan_costs.h"
+
+#include <algorithm>
+
+namespace stagecoach::coordinator {
+
+CostAssumptions DefaultCostAssumptions() {
+  CostAssumptions a;
+  a.message_latency_seconds = 100e-6;
+  a.link_bytes_per_second = 2e9;
+  a.message_cpu_seconds = 500e-6;
+  return a;
+}
+
+schedule::CostModel PlanCostModel(const Plan& plan, const CostAssumptions& assumptions) {
+  schedule::CostModel costs;
+  bool measured = false;
+  const int last = static_cast<int>(plan.stages.size()) - 1;
+  auto remote = [&](int a, int b) {
+    return b >= 0 && b <= last && static_cast<size_t>(std::max(a, b)) < plan.stage_to_rank.size() &&
+           plan.stage_to_rank[a] != plan.stage_to_rank[b];
+  };
+  for (const StagePlan& stage : plan.stages) {
+    schedule::StageCosts c{0, 0, 0, 0};
+    for (int l = stage.first_layer; l < stage.end_layer; ++l) {
+      const v1::LayerInfo& layer = plan.layers[l];
+      c.forward += layer.forward_seconds();
+      c.backward += layer.backward_seconds();
+      const bool split = layer.backward_input_seconds() > 0 || layer.backward_weight_seconds() > 0;
+      c.backward_input += split ? layer.backward_input_seconds() : layer.backward_seconds() / 2;
+      c.backward_weight += split ? layer.backward_weight_seconds() : layer.backward_seconds() / 2;
+    }
+    measured = measured || c.forward > 0 || c.backward > 0;
+    const double messages = (remote(stage.stage, stage.stage - 1) ? 1 : 0) +
+                            (remote(stage.stage, stage.stage + 1) ? 1 : 0);
+    const double cpu = messages * assumptions.message_cpu_seconds;
+    c.forward += cpu;
+    c.backward += cpu;
+    c.backward_input += cpu;
+    costs.per_stage.push_back(c);
+    costs.per_stage_message_bytes.push_back(
+        stage.end_layer > stage.first_layer
+            ? static_cast<double>(plan.layers[stage.end_layer - 1].output_bytes())
+            : 0.0);
+  }
+  if (!measured) return schedule::CostModel();
+  costs.latency = assumptions.message_latency_seconds;
+  costs.bandwidth = assumptions.link_bytes_per_second;
+  return costs;
+}
+
+}  // namespace stagecoach::coordinator

@@ -1,0 +1,523 @@
+// Stage checkpoint files (see checkpoint.h for the layout).
+#include "worker/runtime/checkpoint/checkpoint.h"
+
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <torch/serialize.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <type_traits>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/util/durable_file.h"
+#include "common/util/sha256.h"
+#include "common/util/status_macros.h"
+#include "worker/runtime/checkpoint/optimizer_state.h"
+#include "worker/runtime/checkpoint/torch_save.h"
+
+namespace stagecoach::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+
+template <typename Optim>
+const torch::optim::OptimizerParamState* FindState(const Optim& optimizer,
+                                                   const torch::Tensor& param) {
+  const auto& state = optimizer.state();
+  auto it = state.find(OptimizerStateKey<std::decay_t<decltype(state)>>(param));
+  return it == state.end() ? nullptr : it->second.get();
+}
+
+enum class OptimizerKind { kSgd, kAdamW };
+
+absl::StatusOr<OptimizerKind> KindOf(const torch::optim::Optimizer& optimizer) {
+  if (dynamic_cast<const torch::optim::AdamW*>(&optimizer) != nullptr) return OptimizerKind::kAdamW;
+  if (dynamic_cast<const torch::optim::SGD*>(&optimizer) != nullptr) return OptimizerKind::kSgd;
+  return absl::UnimplementedError(
+      "checkpoint: only sgd and adamw optimizer state can be checkpointed");
+}
+
+const char* KindName(OptimizerKind kind) { return kind == OptimizerKind::kSgd ? "sgd" : "adamw"; }
+
+// The optimizer-state fields a kind writes; the first ones are required when a parameter has
+// state at all.
+const std::vector<std::string>& FieldsOf(OptimizerKind kind) {
+  static const std::vector<std::string> sgd = {"momentum_buffer"};
+  static const std::vector<std::string> adamw = {"exp_avg", "exp_avg_sq", "step", "max_exp_avg_sq"};
+  return kind == OptimizerKind::kSgd ? sgd : adamw;
+}
+
+torch::Tensor ToCpuCopy(const torch::Tensor& t) { return t.detach().to(torch::kCPU).clone(); }
+
+std::string PathIn(const std::string& dir, const std::string& name) {
+  return (fs::path(dir) / name).string();
+}
+
+absl::StatusOr<std::vector<char>> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("checkpoint file ", path, " is missing"));
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad())
+    return absl::DataLossError(absl::StrCat("reading checkpoint file ", path, " failed"));
+  return bytes;
+}
+
+c10::Dict<std::string, torch::Tensor> TensorDict(
+    const std::vector<std::pair<std::string, torch::Tensor>>& entries) {
+  c10::Dict<std::string, torch::Tensor> dict;
+  for (const auto& [name, t] : entries) dict.insert(name, t);
+  return dict;
+}
+
+// Reads a {string -> tensor} dict out of `value`, or says what is wrong.
+absl::StatusOr<std::map<std::string, torch::Tensor>> ReadTensorDict(const c10::IValue& value,
+                                                                    const std::string& what) {
+  if (!value.isGenericDict()) return absl::DataLossError(absl::StrCat(what, " is not a dict"));
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& entry : value.toGenericDict()) {
+    if (!entry.key().isString() || !entry.value().isTensor()) {
+      return absl::DataLossError(absl::StrCat(what, " has an entry that is not name -> tensor"));
+    }
+    out.emplace(entry.key().toStringRef(), entry.value().toTensor());
+  }
+  return out;
+}
+
+std::string Describe(const torch::Tensor& t) {
+  return absl::StrCat(std::string(c10::toString(t.scalar_type())), "[",
+                      absl::StrJoin(t.sizes(), ", "), "]");
+}
+
+// A training-state file, unpickled and checked for its layout.
+struct StageState {
+  std::map<std::string, torch::Tensor> params;
+  std::map<std::string, torch::Tensor> optimizer;
+  int64_t stage = -1;
+  int64_t step = -1;
+  int64_t data_position = -1;
+};
+
+absl::StatusOr<StageState> ParseStageState(const std::vector<char>& bytes,
+                                           const std::string& path) {
+  c10::IValue root;
+  try {
+    root = torch::pickle_load(bytes);
+  } catch (const c10::Error& e) {
+    return absl::DataLossError(absl::StrCat("checkpoint file ", path,
+                                            " cannot be unpickled: ", e.what_without_backtrace()));
+  }
+  if (!root.isGenericDict()) {
+    return absl::DataLossError(absl::StrCat("checkpoint file ", path, " does not hold a dict"));
+  }
+  const c10::impl::GenericDict dict = root.toGenericDict();
+  auto get = [&](const std::string& key) -> absl::StatusOr<c10::IValue> {
+    auto it = dict.find(key);
+    if (it == dict.end()) {
+      return absl::DataLossError(absl::StrCat("checkpoint file ", path, " has no '", key, "'"));
+    }
+    return it->value();
+  };
+  auto get_int = [&](const std::string& key) -> absl::StatusOr<int64_t> {
+    ASSIGN_OR_RETURN(c10::IValue v, get(key));
+    if (!v.isInt()) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint file ", path, ": '", key, "' is not an integer"));
+    }
+    return v.toInt();
+  };
+  StageState state;
+  ASSIGN_OR_RETURN(c10::IValue params, get("state_dict"));
+  ASSIGN_OR_RETURN(state.params,
+                   ReadTensorDict(params, absl::StrCat("checkpoint file ", path, ": state_dict")));
+  ASSIGN_OR_RETURN(c10::IValue optimizer, get("optimizer"));
+  ASSIGN_OR_RETURN(state.optimizer, ReadTensorDict(optimizer, absl::StrCat("checkpoint file ", path,
+                                                                           ": optimizer")));
+  ASSIGN_OR_RETURN(state.stage, get_int("stage"));
+  ASSIGN_OR_RETURN(state.step, get_int("step"));
+  ASSIGN_OR_RETURN(state.data_position, get_int("data_position"));
+  return state;
+}
+
+// One parameter's optimizer state, as written to / read from the "optimizer" dict.
+struct ParamOptimState {
+  std::map<std::string, torch::Tensor> fields;  // field -> tensor
+};
+
+absl::Status CheckFieldShape(const std::string& key, const torch::Tensor& value,
+                             const torch::Tensor& param, const std::string& where) {
+  if (value.sizes() != param.sizes() || value.scalar_type() != param.scalar_type()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": optimizer state '", key, "' is ",
+                                                   Describe(value), ", the parameter is ",
+                                                   Describe(param)));
+  }
+  return absl::OkStatus();
+}
+
+// Builds the optimizer state object of one parameter from its fields (checked against the kind
+// and the parameter); nullptr when the parameter has no state.
+absl::StatusOr<std::unique_ptr<torch::optim::OptimizerParamState>> MakeParamState(
+    OptimizerKind kind, const std::string& name, const ParamOptimState& in,
+    const torch::Tensor& param, const std::string& where) {
+  if (in.fields.empty()) return std::unique_ptr<torch::optim::OptimizerParamState>();
+  auto need = [&](const std::string& field) -> absl::StatusOr<torch::Tensor> {
+    auto it = in.fields.find(field);
+    if (it == in.fields.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": optimizer state of parameter '",
+                                                     name, "' lacks '", name, ".", field, "'"));
+    }
+    return it->second;
+  };
+  const auto opts = param.options();
+  if (kind == OptimizerKind::kSgd) {
+    ASSIGN_OR_RETURN(torch::Tensor buf, need("momentum_buffer"));
+    RETURN_IF_ERROR(CheckFieldShape(name + ".momentum_buffer", buf, param, where));
+    auto state = std::make_unique<torch::optim::SGDParamState>();
+    state->momentum_buffer(buf.to(opts).clone());
+    return std::unique_ptr<torch::optim::OptimizerParamState>(std::move(state));
+  }
+  ASSIGN_OR_RETURN(torch::Tensor exp_avg, need("exp_avg"));
+  ASSIGN_OR_RETURN(torch::Tensor exp_avg_sq, need("exp_avg_sq"));
+  ASSIGN_OR_RETURN(torch::Tensor step, need("step"));
+  RETURN_IF_ERROR(CheckFieldShape(name + ".exp_avg", exp_avg, param, where));
+  RETURN_IF_ERROR(CheckFieldShape(name + ".exp_avg_sq", exp_avg_sq, param, where));
+  if (step.numel() != 1 || step.is_floating_point()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": optimizer state '", name, ".step' must be one integer, got ", Describe(step)));
+  }
+  auto state = std::make_unique<torch::optim::AdamWParamState>();
+  state->step(step.item<int64_t>());
+  state->exp_avg(exp_avg.to(opts).clone());
+  state->exp_avg_sq(exp_avg_sq.to(opts).clone());
+  if (auto it = in.fields.find("max_exp_avg_sq"); it != in.fields.end()) {
+    RETURN_IF_ERROR(CheckFieldShape(name + ".max_exp_avg_sq", it->second, param, where));
+    state->max_exp_avg_sq(it->second.to(opts).clone());
+  }
+  return std::unique_ptr<torch::optim::OptimizerParamState>(std::move(state));
+}
+
+// Whether `param` is one of the optimizer's parameters.
+bool Optimizes(const torch::optim::Optimizer& optimizer, const torch::Tensor& param) {
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& p : group.params()) {
+      if (p.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+// The pickled training-state dict of `params` and their state in `optimizer` (layout in
+// checkpoint.h), and the export of the parameters when `export_bytes` is not null.
+static absl::StatusOr<std::vector<char>> StateBytes(
+    int stage, int64_t global_step,
+    const std::vector<std::pair<std::string, torch::Tensor>>& params,
+    const torch::optim::Optimizer& optimizer, int64_t data_position,
+    std::vector<char>* export_bytes, const std::string& omitted = "") {
+  ASSIGN_OR_RETURN(OptimizerKind kind, KindOf(optimizer));
+  try {
+    std::vector<std::pair<std::string, torch::Tensor>> values, optim;
+    for (const auto& [name, p] : params) {
+      if (name == omitted) continue;
+      values.emplace_back(name, ToCpuCopy(p));
+      const torch::optim::OptimizerParamState* st = FindState(optimizer, p);
+      if (st == nullptr) continue;
+      if (kind == OptimizerKind::kSgd) {
+        const auto& sgd = static_cast<const torch::optim::SGDParamState&>(*st);
+        if (sgd.momentum_buffer().defined()) {
+          optim.emplace_back(name + ".momentum_buffer", ToCpuCopy(sgd.momentum_buffer()));
+        }
+      } else {
+        const auto& adam = static_cast<const torch::optim::AdamWParamState&>(*st);
+        optim.emplace_back(name + ".exp_avg", ToCpuCopy(adam.exp_avg()));
+        optim.emplace_back(name + ".exp_avg_sq", ToCpuCopy(adam.exp_avg_sq()));
+        optim.emplace_back(name + ".step", torch::tensor(adam.step(), torch::kInt64));
+        if (adam.max_exp_avg_sq().defined()) {
+          optim.emplace_back(name + ".max_exp_avg_sq", ToCpuCopy(adam.max_exp_avg_sq()));
+        }
+      }
+    }
+    c10::impl::GenericDict root(c10::StringType::get(), c10::AnyType::get());
+    root.insert("state_dict", TensorDict(values));
+    root.insert("optimizer", TensorDict(optim));
+    root.insert("stage", static_cast<int64_t>(stage));
+    root.insert("step", global_step);
+    root.insert("data_position", data_position);
+    // TorchSaveBytes, not torch::pickle_save: files that PyTorch >= 2.6 loads with its default
+    // weights_only=True.
+    if (export_bytes != nullptr) *export_bytes = TorchSaveBytes(c10::IValue(TensorDict(values)));
+    return TorchSaveBytes(c10::IValue(root));
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat("checkpoint: saving stage ", stage, " failed: ", e.what_without_backtrace()));
+  }
+}
+
+// Creates the step directory of `global_step` in `dir`.
+static absl::StatusOr<std::string> MakeStepDir(const std::string& dir, int64_t global_step) {
+  const std::string step_dir = CheckpointStepDir(dir, global_step);
+  std::error_code ec;
+  fs::create_directories(step_dir, ec);
+  if (ec) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("training.checkpoint.dir: cannot create ", step_dir, ": ", ec.message()));
+  }
+  return step_dir;
+}
+
+// Writes `bytes` durably as `name` in `step_dir` (never over an existing file); its entry.
+static absl::StatusOr<v1::StageCheckpointFile> WriteEntry(const std::string& step_dir, int stage,
+                                                          const std::string& name,
+                                                          const std::vector<char>& bytes) {
+  DurableFileOptions options;
+  options.if_exists = DurableFileOptions::IfExists::kFail;
+  options.what = "checkpoint file";
+  RETURN_IF_ERROR(WriteFileDurably(PathIn(step_dir, name),
+                                   absl::string_view(bytes.data(), bytes.size()), options));
+  v1::StageCheckpointFile f;
+  f.set_stage(stage);
+  f.set_file(name);
+  f.set_size_bytes(static_cast<int64_t>(bytes.size()));
+  f.set_sha256(Sha256Hex(absl::string_view(bytes.data(), bytes.size())));
+  return f;
+}
+
+absl::StatusOr<std::vector<v1::StageCheckpointFile>> WriteStageCheckpoint(
+    const std::string& dir, int64_t global_step, int stage,
+    const std::vector<std::pair<std::string, torch::Tensor>>& params,
+    const torch::optim::Optimizer& optimizer, int64_t data_position,
+    const std::string& omitted) {
+  std::vector<char> export_bytes;
+  ASSIGN_OR_RETURN(std::vector<char> state_bytes,
+                   StateBytes(stage, global_step, params, optimizer, data_position, &export_bytes,
+                              omitted));
+  ASSIGN_OR_RETURN(const std::string step_dir, MakeStepDir(dir, global_step));
+  ASSIGN_OR_RETURN(v1::StageCheckpointFile state,
+                   WriteEntry(step_dir, stage, StageStateFileName(stage), state_bytes));
+  ASSIGN_OR_RETURN(v1::StageCheckpointFile exported,
+                   WriteEntry(step_dir, stage, StageExportFileName(stage), export_bytes));
+  return std::vector<v1::StageCheckpointFile>{std::move(state), std::move(exported)};
+}
+
+absl::StatusOr<v1::StageCheckpointFile> WriteStateFile(
+    const std::string& dir, int64_t global_step, int stage, const std::string& file_name,
+    const std::vector<std::pair<std::string, torch::Tensor>>& params,
+    const torch::optim::Optimizer& optimizer, int64_t data_position) {
+  ASSIGN_OR_RETURN(std::vector<char> state_bytes,
+                   StateBytes(stage, global_step, params, optimizer, data_position, nullptr));
+  ASSIGN_OR_RETURN(const std::string step_dir, MakeStepDir(dir, global_step));
+  return WriteEntry(step_dir, stage, file_name, state_bytes);
+}
+
+absl::StatusOr<v1::StageCheckpointFile> FindStageStateFile(const v1::ResumeTask& resume,
+                                                           int stage) {
+  const std::string want = StageStateFileName(stage);
+  for (const v1::StageCheckpointFile& f : resume.files()) {
+    if (f.stage() == stage && f.file() == want) return f;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("resume.files: no ", want, " for stage ", stage,
+                                                 " of checkpoint ", resume.directory()));
+}
+
+// 1. Integrity: the stage's file, its size and SHA-256 as listed, holding stage `stage`.
+static absl::StatusOr<StageState> ReadVerifiedStageState(const std::string& step_dir,
+                                                         const v1::StageCheckpointFile& file,
+                                                         int stage) {
+  if (file.file().empty() || file.file().find('/') != std::string::npos || file.file() == "." ||
+      file.file() == "..") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint file name '", file.file(), "' must be a plain file name"));
+  }
+  if (file.stage() != stage) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint file ", file.file(), " is stage ",
+                                                   file.stage(), "'s, not stage ", stage, "'s"));
+  }
+  const std::string path = PathIn(step_dir, file.file());
+  ASSIGN_OR_RETURN(std::vector<char> bytes, ReadFile(path));
+  if (static_cast<int64_t>(bytes.size()) != file.size_bytes()) {
+    return absl::DataLossError(absl::StrCat("checkpoint file ", path, " is corrupt: expected ",
+                                            file.size_bytes(), " bytes, found ", bytes.size()));
+  }
+  const std::string sha = Sha256Hex(absl::string_view(bytes.data(), bytes.size()));
+  if (sha != file.sha256()) {
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint file ", path, " is corrupt: expected sha256 ", file.sha256(), ", found ", sha));
+  }
+  ASSIGN_OR_RETURN(StageState saved, ParseStageState(bytes, path));
+  if (saved.stage != stage) {
+    return absl::DataLossError(absl::StrCat("checkpoint file ", path, " holds stage ", saved.stage,
+                                            ", expected stage ", stage));
+  }
+  return saved;
+}
+
+// 2a. The saved parameters are exactly the stage's, with their shapes and dtypes, and (with an
+// optimizer) ones it updates. Returns the stage's parameter names.
+static absl::StatusOr<std::set<std::string>> CheckParametersFit(
+    const StageState& saved, const std::vector<std::pair<std::string, torch::Tensor>>& params,
+    torch::optim::Optimizer* optimizer, const std::string& where) {
+  std::set<std::string> names;
+  for (const auto& [name, p] : params) {
+    names.insert(name);
+    auto it = saved.params.find(name);
+    if (it == saved.params.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": parameter '", name, "' of the stage is not in the checkpoint"));
+    }
+    if (it->second.sizes() != p.sizes() || it->second.scalar_type() != p.scalar_type()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": parameter '", name, "' is ",
+                                                     Describe(it->second), " in the checkpoint, ",
+                                                     Describe(p), " in the stage"));
+    }
+    if (optimizer != nullptr && !Optimizes(*optimizer, p)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": parameter '", name, "' is not one the optimizer updates"));
+    }
+  }
+  for (const auto& [name, t] : saved.params) {
+    if (names.count(name) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": parameter '", name, "' in the checkpoint is not in the stage"));
+    }
+  }
+  return names;
+}
+
+// 2b. The saved optimizer state, by parameter: every entry is `kind`'s state of a parameter of
+// the stage.
+static absl::StatusOr<std::map<std::string, ParamOptimState>> MatchOptimizerState(
+    const StageState& saved, const std::set<std::string>& names, OptimizerKind kind,
+    const std::string& where) {
+  std::map<std::string, ParamOptimState> optim;
+  for (const auto& [key, value] : saved.optimizer) {
+    bool matched = false;
+    for (const std::string& field : FieldsOf(kind)) {
+      const std::string suffix = "." + field;
+      if (!absl::EndsWith(key, suffix)) continue;
+      const std::string name = key.substr(0, key.size() - suffix.size());
+      if (names.count(name) == 0) continue;
+      optim[name].fields[field] = value;
+      matched = true;
+      break;
+    }
+    if (!matched) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": optimizer state '", key, "' is not ", KindName(kind),
+                       " state of a parameter of the stage (was the optimizer changed?)"));
+    }
+  }
+  return optim;
+}
+
+// 3. Install: the parameters' values, and (with an optimizer) each parameter's state.
+static absl::Status InstallStageState(
+    const StageState& saved, const std::vector<std::pair<std::string, torch::Tensor>>& params,
+    torch::optim::Optimizer* optimizer,
+    std::vector<std::unique_ptr<torch::optim::OptimizerParamState>> states,
+    const std::string& where) {
+  try {
+    torch::NoGradGuard no_grad;
+    for (const auto& [name, p] : params) {
+      torch::Tensor param = p;
+      param.copy_(saved.params.at(name).to(p.device()));
+    }
+    if (optimizer == nullptr) return absl::OkStatus();
+    auto& state_map = optimizer->state();
+    using StateMap = std::decay_t<decltype(state_map)>;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const torch::Tensor& p = params[i].second;
+      const auto key = OptimizerStateKey<StateMap>(p);
+      if (states[i] == nullptr) {
+        state_map.erase(key);
+      } else {
+        state_map[key] = std::move(states[i]);
+      }
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat(where, ": restoring failed: ", e.what_without_backtrace()));
+  }
+  return absl::OkStatus();
+}
+
+// RestoreStage's steps 2 and 3 on a file's verified contents.
+static absl::Status RestoreState(StageState saved, const std::string& where,
+                                 const std::vector<std::pair<std::string, torch::Tensor>>& params,
+                                 torch::optim::Optimizer* optimizer) {
+  OptimizerKind kind = OptimizerKind::kSgd;
+  if (optimizer != nullptr) {
+    ASSIGN_OR_RETURN(kind, KindOf(*optimizer));
+  }
+  ASSIGN_OR_RETURN(const std::set<std::string> names,
+                   CheckParametersFit(saved, params, optimizer, where));
+  if (optimizer == nullptr) saved.optimizer.clear();  // parameters only
+  ASSIGN_OR_RETURN(auto optim, MatchOptimizerState(saved, names, kind, where));
+  std::vector<std::unique_ptr<torch::optim::OptimizerParamState>> states;
+  try {
+    for (const auto& [name, p] : params) {
+      if (optimizer == nullptr) break;
+      ASSIGN_OR_RETURN(auto st, MakeParamState(kind, name, optim[name], p, where));
+      states.push_back(std::move(st));
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat(where, ": reading optimizer state failed: ", e.what_without_backtrace()));
+  }
+  return InstallStageState(saved, params, optimizer, std::move(states), where);
+}
+
+// RestoreStageCheckpoint, and with `optimizer` null RestoreStageParameters.
+static absl::Status RestoreStage(const std::string& step_dir, const v1::StageCheckpointFile& file,
+                                 int stage,
+                                 const std::vector<std::pair<std::string, torch::Tensor>>& params,
+                                 torch::optim::Optimizer* optimizer) {
+  ASSIGN_OR_RETURN(StageState saved, ReadVerifiedStageState(step_dir, file, stage));
+  return RestoreState(std::move(saved),
+                      absl::StrCat("stage ", stage, " checkpoint ", PathIn(step_dir, file.file())),
+                      params, optimizer);
+}
+
+absl::Status RestoreParameterCopy(const std::string& step_dir,
+                                  const v1::StageCheckpointFile& file, int stage,
+                                  const std::string& source,
+                                  const std::pair<std::string, torch::Tensor>& copy,
+                                  torch::optim::Optimizer* optimizer) {
+  ASSIGN_OR_RETURN(StageState saved, ReadVerifiedStageState(step_dir, file, stage));
+  const std::string where = absl::StrCat("stage ", stage, " checkpoint ",
+                                         PathIn(step_dir, file.file()), " (for ", copy.first, ")");
+  auto it = saved.params.find(source);
+  if (it == saved.params.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": it has no parameter '", source, "'"));
+  }
+  // The source parameter and its optimizer state, under the copy's name.
+  StageState one;
+  one.stage = saved.stage;
+  one.params[copy.first] = it->second;
+  const std::string prefix = source + ".";
+  for (const auto& [key, value] : saved.optimizer) {
+    if (absl::StartsWith(key, prefix)) one.optimizer[copy.first + key.substr(source.size())] = value;
+  }
+  return RestoreState(std::move(one), where, {copy}, optimizer);
+}
+
+absl::Status RestoreStageCheckpoint(
+    const std::string& step_dir, const v1::StageCheckpointFile& file, int stage,
+    const std::vector<std::pair<std::string, torch::Tensor>>& params,
+    torch::optim::Optimizer& optimizer) {
+  return RestoreStage(step_dir, file, stage, params, &optimizer);
+}
+
+absl::Status RestoreStageParameters(
+    const std::string& step_dir, const v1::StageCheckpointFile& file, int stage,
+    const std::vector<std::pair<std::string, torch::Tensor>>& params) {
+  return RestoreStage(step_dir, file, stage, params, nullptr);
+}
+
+}  // namespace stagecoach::runtime

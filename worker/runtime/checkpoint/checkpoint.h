@@ -1,0 +1,113 @@
+// Stage checkpoint files: what a worker writes into training.checkpoint.dir, and how a task
+// resumes from them (training.resume_from).
+//
+// Layout (common/checkpoint/layout.h, docs/checkpoints.md): <dir>/step-<NNNNNN>/ (six digits or
+// more: the global step, i.e. the steps of the job's timeline the checkpoint holds) contains, per
+// stage s,
+//   stage-<s>.pt             the stage's full training state: one pickled dict (torch.save format,
+//                            written by torch::pickle_save) with keys
+//                              "state_dict"    {parameter name -> tensor}, original names
+//                                              ("3.weight", "blocks.0.attn.qkv.weight")
+//                              "optimizer"     {"<param>.<field>" -> tensor}: AdamW "exp_avg",
+//                                              "exp_avg_sq", "step" (int64 scalar) and, with
+//                                              amsgrad, "max_exp_avg_sq"; SGD "momentum_buffer".
+//                                              A parameter without state (no step taken yet, SGD
+//                                              without momentum) has no entry.
+//                              "stage", "step", "data_position"   ints
+//   stage-<s>.state_dict.pt  the export: {parameter name -> tensor} only, loadable with
+//                            torch.load and model.load_state_dict(..., strict=False)
+// and, written last by the coordinator, manifest.json
+// (coordinator/checkpoints/checkpoint_manifest.h). Every file is written durably
+// (common/util/durable_file.h: a temporary name, flushed, then linked into place), so a reader
+// never sees a half-written file and an existing file is never replaced.
+#pragma once
+
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/checkpoint/layout.h"
+#include "stagecoach/v1/types.pb.h"
+
+namespace stagecoach::runtime {
+
+// "<dir>/step-<NNNNNN>": the directory of the checkpoint holding `global_step` steps.
+inline std::string CheckpointStepDir(const std::string& dir, int64_t global_step) {
+  return checkpoint::CheckpointStepDirectory(dir, global_step);
+}
+// "stage-<s>.pt", the training-state file of a stage (what RestoreStageCheckpoint reads), and
+// "stage-<s>.state_dict.pt", its export file.
+using checkpoint::StageExportFileName;
+using checkpoint::StageStateFileName;
+
+// Writes stage `stage`'s checkpoint after `global_step` steps into
+// CheckpointStepDir(dir, global_step) (created if needed): its training-state file and its export
+// file. `params` are the stage's named parameters (StageModel::NamedParameters()); `optimizer`
+// is the rank's optimizer, which may hold other stages' parameters too (only this stage's state
+// is written). `data_position` is where the data stream continues (the global step).
+// Call between steps (not while the optimizer steps). Returns the two files' entries (file
+// names relative to the step directory, sizes, SHA-256), training-state file first, for
+// ReportStepRequest.checkpoint_files. Both files leave out the parameter named `omitted` (a tied
+// copy, which the other stage's files hold; tied_parameters.h) and its optimizer state.
+// Errors: ALREADY_EXISTS naming the path when a target file exists (nothing is overwritten);
+// PERMISSION_DENIED / DATA_LOSS naming the path when it cannot be created or written;
+// UNIMPLEMENTED for an optimizer other than SGD or AdamW; INTERNAL when LibTorch fails.
+absl::StatusOr<std::vector<v1::StageCheckpointFile>> WriteStageCheckpoint(
+    const std::string& dir, int64_t global_step, int stage,
+    const std::vector<std::pair<std::string, torch::Tensor>>& params,
+    const torch::optim::Optimizer& optimizer, int64_t data_position,
+    const std::string& omitted = "");
+
+// One training-state file named `file_name` (the layout above; no export) in the checkpoint
+// after `global_step` steps: `params` and their state in `optimizer` (a ZeRO-1 shard,
+// zero_shards.h). Its entry; errors as WriteStageCheckpoint's.
+absl::StatusOr<v1::StageCheckpointFile> WriteStateFile(
+    const std::string& dir, int64_t global_step, int stage, const std::string& file_name,
+    const std::vector<std::pair<std::string, torch::Tensor>>& params,
+    const torch::optim::Optimizer& optimizer, int64_t data_position);
+
+// The training-state file's entry for `stage` among a ResumeTask's files. INVALID_ARGUMENT
+// ("resume.files: ...") when it is not there.
+absl::StatusOr<v1::StageCheckpointFile> FindStageStateFile(const v1::ResumeTask& resume, int stage);
+
+// Restores stage `stage` from its training-state file `file` (an entry WriteStageCheckpoint
+// returned, e.g. from FindStageStateFile) in `step_dir`. In this order, and changing nothing
+// until every check passed:
+//   1. the file's size and SHA-256 equal the entry's (NOT_FOUND when the file is missing,
+//      DATA_LOSS naming the file with the expected and actual values otherwise), and it
+//      unpickles into the layout above for this stage (DATA_LOSS naming the file);
+//   2. its parameters have exactly the names, shapes and dtypes of `params`, and its optimizer
+//      state matches `optimizer`'s kind and the parameters' shapes (INVALID_ARGUMENT naming the
+//      parameter and what differs);
+// then copies the values into `params` (without autograd, onto the parameters' device) and
+// installs their optimizer state in `optimizer` (SGD or AdamW; other parameters' state is left
+// alone). Not thread-safe with respect to the parameters and the optimizer.
+absl::Status RestoreStageCheckpoint(
+    const std::string& step_dir, const v1::StageCheckpointFile& file, int stage,
+    const std::vector<std::pair<std::string, torch::Tensor>>& params,
+    torch::optim::Optimizer& optimizer);
+
+// RestoreStageCheckpoint without an optimizer, for forward-only tasks (inference on a
+// checkpoint's weights): the same checks of the file and the parameters, then the parameter
+// values only; the file's optimizer state (whatever its kind) is ignored.
+absl::Status RestoreStageParameters(
+    const std::string& step_dir, const v1::StageCheckpointFile& file, int stage,
+    const std::vector<std::pair<std::string, torch::Tensor>>& params);
+
+// Restores one parameter, `copy` (name, tensor), from parameter `source` of stage `stage`'s
+// training-state file `file` (a tied copy from the stage that holds it): its value, and with an
+// optimizer its optimizer state. The file's checks are RestoreStageCheckpoint's; INVALID_ARGUMENT
+// when the file has no `source` or it does not fit the copy.
+absl::Status RestoreParameterCopy(const std::string& step_dir,
+                                  const v1::StageCheckpointFile& file, int stage,
+                                  const std::string& source,
+                                  const std::pair<std::string, torch::Tensor>& copy,
+                                  torch::optim::Optimizer* optimizer);
+
+}  // namespace stagecoach::runtime

@@ -1,0 +1,161 @@
+// PipelineExecutor: posting sends and receives on the transport, and waiting for receives.
+#include <torch/torch.h>
+
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/util/status_macros.h"
+#include "worker/runtime/executor/pipeline_executor.h"
+#include "worker/runtime/executor/pipeline_executor_state.h"
+
+namespace stagecoach::runtime {
+
+using executor_internal::EdgeKey;
+using executor_internal::MetaOf;
+using executor_internal::PendingRecv;
+using executor_internal::PendingSend;
+
+absl::Status PipelineExecutor::PostRecv(bool gradient, int e, int mb, const std::string& where,
+                                        StepState& st) {
+  std::map<EdgeKey, PendingRecv>& recvs = gradient ? st.gradient_recvs : st.activation_recvs;
+  const EdgeKey key{e, mb};
+  if (recvs.count(key) > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(where, ": the receive of the ",
+                                                      EdgeName(gradient, e), " microbatch ", mb,
+                                                      " was posted twice"));
+  }
+  const TensorMeta& meta = EdgeMeta(e, mb);
+  PendingRecv recv;
+  recv.peer = RankOf(gradient ? edges_[e].consumer : edges_[e].producer);
+  recv.buffer = torch::empty(meta.shape, torch::TensorOptions(meta.dtype).device(TransferDevice()));
+  ASSIGN_OR_RETURN(recv.work, transport_->Recv(recv.buffer.data_ptr(), recv.buffer.nbytes(),
+                                               recv.peer, EdgeTag(gradient, e, mb)));
+  recvs.emplace(key, std::move(recv));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<torch::Tensor> PipelineExecutor::WaitRecv(bool gradient, int e, int mb,
+                                                         const std::string& where, StepState& st) {
+  std::map<EdgeKey, PendingRecv>& recvs = gradient ? st.gradient_recvs : st.activation_recvs;
+  const ValueEdge& edge = edges_[e];
+  auto it = recvs.find(EdgeKey{e, mb});
+  if (it == recvs.end()) {
+    // A receive the lowered list has an action for must have been posted by it; the others
+    // (a skip connection whose stage has a neighbour on this rank) are posted here.
+    const bool has_action = gradient ? HasSendF(edge.producer) : HasRecvF(edge.consumer);
+    if (has_action) {
+      return absl::FailedPreconditionError(absl::StrCat(where, ": needs the ",
+                                                        EdgeName(gradient, e), " microbatch ", mb,
+                                                        ", but no receive for it was posted"));
+    }
+    RETURN_IF_ERROR(PostRecv(gradient, e, mb, where, st));
+    it = recvs.find(EdgeKey{e, mb});
+  }
+  const absl::Time before = absl::Now();
+  absl::Status waited = it->second.work->Wait(options_.comm_timeout);
+  st.action_wait += absl::Now() - before;
+  if (!waited.ok()) {
+    return absl::Status(
+        waited.code(),
+        absl::StrCat(where, ": waiting for the ", EdgeName(gradient, e), " microbatch ", mb,
+                     " from rank ", it->second.peer, ": ", waited.message()));
+  }
+  torch::Tensor t = std::move(it->second.buffer);
+  st.result.bytes_received_from[it->second.peer] += static_cast<int64_t>(t.nbytes());
+  recvs.erase(it);
+  if (t.device() != options_.device) t = t.to(options_.device);
+  return t;
+}
+
+absl::Status PipelineExecutor::PostSend(const torch::Tensor& t, const TensorMeta& meta, int peer,
+                                        uint64_t tag, const std::string& what,
+                                        const std::string& where, StepState& st) {
+  if (!(MetaOf(t) == meta)) {
+    return absl::FailedPreconditionError(absl::StrCat(where, ": ", what, " is ",
+                                                      MetaOf(t).ToString(), " but ",
+                                                      meta.ToString(), " was agreed at set-up"));
+  }
+  PendingSend pending;
+  pending.buffer = t.detach();
+  if (!TransportTakesDeviceMemory() && !pending.buffer.is_cpu()) {
+    pending.buffer = pending.buffer.to(torch::kCPU);
+  }
+  pending.buffer = pending.buffer.contiguous();
+  pending.what = absl::StrCat(where, ": sending the ", what, " to rank ", peer);
+  ASSIGN_OR_RETURN(pending.work,
+                   transport_->Send(pending.buffer.data_ptr(), pending.buffer.nbytes(), peer, tag));
+  st.result.bytes_sent_to[peer] += static_cast<int64_t>(pending.buffer.nbytes());
+  st.sends.push_back(std::move(pending));
+  return absl::OkStatus();
+}
+
+namespace {
+
+// The error of a send that failed: "rank r: <what>: <why>".
+absl::Status SendFailed(int rank, const PendingSend& send, const absl::Status& status) {
+  return absl::Status(status.code(),
+                      absl::StrCat("rank ", rank, ": ", send.what, ": ", status.message()));
+}
+
+}  // namespace
+
+absl::Status PipelineExecutor::ReleaseActivationSend(int e, int mb, StepState& st) {
+  auto it = st.activation_sends.find(EdgeKey{e, mb});
+  if (it == st.activation_sends.end()) return absl::OkStatus();
+  // Its gradient came back, so the consumer received it: the wait returns at once.
+  absl::Status sent = it->second.work->Wait(options_.comm_timeout);
+  if (!sent.ok()) return SendFailed(options_.rank, it->second, sent);
+  st.activation_sends.erase(it);
+  return absl::OkStatus();
+}
+
+absl::Status PipelineExecutor::ReleaseFinishedSends(StepState& st) {
+  size_t kept = 0;
+  for (size_t i = 0; i < st.sends.size(); ++i) {
+    PendingSend& send = st.sends[i];
+    if (send.work->Done()) {
+      const absl::Status sent = send.work->Wait(absl::ZeroDuration());
+      if (!sent.ok()) return SendFailed(options_.rank, send, sent);
+      continue;  // its buffer is freed below, with the entry
+    }
+    if (kept != i) st.sends[kept] = std::move(send);
+    ++kept;
+  }
+  st.sends.resize(kept);
+  return absl::OkStatus();
+}
+
+absl::Status PipelineExecutor::WaitSends(StepState& st) {
+  for (PendingSend& send : st.sends) {
+    const absl::Status sent = send.work->Wait(options_.comm_timeout);
+    if (!sent.ok()) return SendFailed(options_.rank, send, sent);
+  }
+  for (auto& [key, send] : st.activation_sends) {
+    const absl::Status sent = send.work->Wait(options_.comm_timeout);
+    if (!sent.ok()) return SendFailed(options_.rank, send, sent);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PipelineExecutor::PostActivationRecvs(int s, int mb, const std::string& where,
+                                                   StepState& st) {
+  for (int e : edges_into_[s]) {
+    if (e < 0 || Local(edges_[e].producer)) continue;
+    RETURN_IF_ERROR(PostRecv(false, e, mb, where, st));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PipelineExecutor::PostGradientRecvs(int s, int mb, const std::string& where,
+                                                 StepState& st) {
+  for (size_t e = 0; e < edges_.size(); ++e) {
+    const ValueEdge& edge = edges_[e];
+    if (edge.producer != s || Local(edge.consumer)) continue;
+    if (!EdgeMeta(static_cast<int>(e), mb).requires_grad) continue;
+    RETURN_IF_ERROR(PostRecv(true, static_cast<int>(e), mb, where, st));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace stagecoach::runtime

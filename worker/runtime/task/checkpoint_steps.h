@@ -1,0 +1,90 @@
+// Checkpoint steps: when a task writes its checkpoints, and the reports that carry them.
+//   - After a counted step (a data step or a training client step) whose new global step count
+//     is a multiple of training.checkpoint.every_steps or one of the requested checkpoint steps
+//     (the step gate says which): every stage of the rank is written and the files go with that
+//     step's report.
+//   - At hold (a paused job's CheckpointJob, StepGate::Action::kCheckpointAtHold): the position
+//     the task holds at, reported on its own (checkpoint_only); one already written there is not
+//     written twice.
+// Forward-only tasks have no checkpoint directory: they write nothing after steps and refuse a
+// checkpoint at hold. With data-parallel replicas the stages of every replica are the same, so
+// only replica 0's tasks write the stage files (`writer`); with ZeRO-1 shards every replica also
+// writes its optimizer shard of each stage (zero_shards.h), otherwise the others write nothing,
+// at hold neither.
+//
+// Not thread-safe: the task's thread only, between steps. The stages, optimizer and reports
+// must outlive it. Errors are WriteStageCheckpoint's (which fail the task).
+#pragma once
+
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "absl/status/status.h"
+#include "stagecoach/v1/coordinator.pb.h"
+#include "worker/model/stage_model.h"
+#include "worker/runtime/task/step_reports.h"
+#include "worker/runtime/training/zero_shards.h"
+
+namespace stagecoach::runtime {
+
+struct CheckpointStepsOptions {
+  // training.checkpoint.dir, empty for none (forward-only tasks).
+  std::string dir;
+  // training.checkpoint.every_steps (0 for none).
+  int64_t every_steps = 0;
+  int rank = 0;
+  // Writes the stage files: replica 0's task (the other replicas' stages are the same).
+  bool writer = true;
+  // With replicas: after each step that is due a checkpoint, every replica reports a SHA-256 of
+  // each of its stages' parameters (ReportStepRequest.parameter_digests), so that the coordinator
+  // can check the replicas hold the same bits.
+  bool digests = false;
+  // By stage: a parameter its files leave out (the last stage's copy of tied embeddings).
+  std::map<int, std::string> omitted;
+};
+
+class CheckpointSteps {
+ public:
+  // `shards`: the task's ZeRO-1 shards (every replica writes its shard files), or null.
+  CheckpointSteps(CheckpointStepsOptions options, const std::map<int, model::StageModel*>& stages,
+                  const torch::optim::Optimizer* optimizer, const StepReports* reports,
+                  const ZeroShards* shards = nullptr);
+
+  // After a counted step that brought the timeline to `global_steps` steps (`requested`: one of
+  // the requested checkpoint steps): writes the checkpoint when due and lists its files in
+  // `report`.
+  absl::Status AfterStep(int64_t global_steps, bool requested, v1::ReportStepRequest* report);
+
+  // A checkpoint of the position the task holds at (`global_steps`; `task_step`: the report's
+  // step, the task's last counted step), sent in a checkpoint_only report.
+  // FAILED_PRECONDITION naming the rank when the job has no training.checkpoint.dir.
+  absl::Status AtHold(int64_t global_steps, int64_t task_step);
+
+ private:
+  // Writes every stage of the rank after `global_steps` steps; lists the files in `report`.
+  absl::Status Write(int64_t global_steps, v1::ReportStepRequest* report);
+
+  // The digests of the stages' parameters, into `report`.
+  void AddDigests(v1::ReportStepRequest* report) const;
+
+  // options_.omitted's entry for `stage`, or "".
+  std::string Omitted(int stage) const {
+    auto it = options_.omitted.find(stage);
+    return it == options_.omitted.end() ? std::string() : it->second;
+  }
+
+  const CheckpointStepsOptions options_;
+  const std::string& dir_ = options_.dir;
+  const bool writer_ = options_.writer;
+  const std::map<int, model::StageModel*>& stages_;
+  const torch::optim::Optimizer* optimizer_;
+  const StepReports* reports_;
+  const ZeroShards* shards_;
+  // The global step of the latest checkpoint this task wrote.
+  int64_t last_ = -1;
+};
+
+}  // namespace stagecoach::runtime

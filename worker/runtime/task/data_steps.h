@@ -1,0 +1,104 @@
+// Data steps: the steps that count in the job's timeline. A data step runs the spec's batch for
+// the timeline's step (an Infer job's task: the client's batch, its outputs kept for
+// ReportTaskEnd on the rank owning the last stage); RunCounted is the counted step itself, which
+// a training client step shares: clear the gradients (set them to none), run the rank's action
+// list, step the optimizer (not on forward-only tasks; the recipe sets its learning rate, clips, or
+// skips the step), run the validation pass that falls due, end the step at the gate, write the
+// checkpoint that falls due, report. DataSteps owns the task's executor and its data stream, and
+// knows whether the executor's agreed shapes are the data's (a client step of another shape changes
+// them until the next data step agrees them again).
+//
+// Not thread-safe: the task's thread only. Everything in StepEnv must outlive it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "stagecoach/v1/types.pb.h"
+#include "worker/runtime/executor/pipeline_executor.h"
+#include "worker/runtime/task/checkpoint_steps.h"
+#include "worker/runtime/task/evaluation.h"
+#include "worker/runtime/task/step_gate.h"
+#include "worker/runtime/task/step_reports.h"
+#include "worker/runtime/task/task_setup.h"
+#include "worker/runtime/training/gradient_reduction.h"
+#include "worker/runtime/training/step_recipe.h"
+#include "worker/runtime/training/tied_parameters.h"
+#include "worker/runtime/training/training_data.h"
+
+namespace stagecoach::runtime {
+
+// What the step parts of a task share (none owned).
+struct StepEnv {
+  const v1::TaskAssignment* task = nullptr;
+  TaskSetup* setup = nullptr;
+  transport::Transport* transport = nullptr;
+  StepGate* gate = nullptr;
+  StepReports* reports = nullptr;
+  CheckpointSteps* checkpoints = nullptr;
+  // The task's count of counted steps (TaskRunner::steps_done).
+  std::atomic<int64_t>* steps_done = nullptr;
+  // An Infer job on the rank owning the last stage: where its merged outputs go.
+  std::optional<v1::TensorData>* inference_outputs = nullptr;
+  // With data-parallel replicas (training tasks): reduces the stages' gradients; else null.
+  GradientReducer* reducer = nullptr;
+  // Training tasks: the recipe's learning rate, clipping and skipping around each optimizer
+  // step; null for forward-only tasks.
+  StepRecipe* recipe = nullptr;
+  // Training tasks whose rank holds a tied copy on another stage (tied embeddings); else null.
+  TiedGradients* tied = nullptr;
+  // CPU tasks of a worker daemon: measures each step's activation peak (ExecutorOptions::
+  // memory_counter); else null.
+  CountingCpuAllocator* memory_counter = nullptr;
+};
+
+// The shapes and dtypes of stage 0's microbatches, for PipelineExecutor::AgreeShapes (empty on
+// the ranks that do not own stage 0, which pass no microbatches).
+std::vector<TensorMeta> MetasOf(const std::vector<torch::Tensor>& microbatches);
+
+class DataSteps {
+ public:
+  // Opens the data stream (a tokens file is read here, by the ranks that need it) and, for a
+  // training task whose spec has `eval`, the evaluator's, and agrees the shapes of the task's
+  // first batch with the other ranks. The data sources', the executor's and AgreeShapes's
+  // errors.
+  static absl::StatusOr<std::unique_ptr<DataSteps>> Create(const StepEnv& env);
+
+  // The data step at `global_step` (the steps the gate had done when it decided on it).
+  absl::Status RunDataStep(int64_t global_step);
+
+  // A counted step at `global_step` on `inputs` (stage 0's microbatches, on its rank) and
+  // `targets` (the last stage's, on its rank); `client_batch` marks its report.
+  absl::Status RunCounted(const std::vector<torch::Tensor>& inputs,
+                          const std::vector<torch::Tensor>& targets, bool client_batch,
+                          int64_t global_step);
+
+  // Agrees the shapes of another batch's microbatches (a client step's) on the task's
+  // executor; the next data step agrees the data's again.
+  absl::Status AgreeOtherShapes(const std::vector<torch::Tensor>& inputs);
+
+  PipelineExecutor& executor() { return *executor_; }
+  const ExecutorOptions& executor_options() const { return options_; }
+
+ private:
+  explicit DataSteps(const StepEnv& env);
+
+  const StepEnv env_;
+  ExecutorOptions options_;
+  std::unique_ptr<PipelineExecutor> executor_;
+  std::unique_ptr<BatchSource> data_;
+  // Validation passes (training tasks with `eval`); else null.
+  std::unique_ptr<Evaluator> evaluator_;
+  bool owns_first_ = false;
+  bool owns_last_ = false;
+  bool want_targets_ = false;
+  // Whether the executor's agreed shapes are the data's.
+  bool data_shapes_ = true;
+};
+
+}  // namespace stagecoach::runtime

@@ -1,0 +1,322 @@
+#include "worker/runtime/task/task_runner.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc/time_conversion.h"
+#include "common/util/logging.h"
+#include "common/util/status_macros.h"
+#include "common/util/work_queue.h"
+#include "worker/runtime/task/checkpoint_steps.h"
+#include "worker/runtime/task/client_steps.h"
+#include "worker/runtime/task/data_steps.h"
+#include "worker/runtime/task/step_reports.h"
+#include "worker/runtime/task/task_setup.h"
+#include "worker/runtime/task/training_parts.h"
+
+namespace stagecoach::runtime {
+namespace {
+
+// The gate of `task` (see the file comment of task_runner.h for the assignment's part).
+StepGateOptions GateOptions(const v1::TaskAssignment& task) {
+  StepGateOptions options;
+  options.job_id = task.job_id();
+  options.attempt = task.attempt();
+  options.rank = task.rank();
+  options.steps_done = task.has_resume() ? task.resume().step() : 0;
+  options.step_limit = task.step_limit();
+  options.finish_at_limit = task.finish_at_limit();
+  if (task.has_inference()) {
+    // An Infer job runs its one step and ends, whatever the assignment's limit.
+    options.step_limit = options.steps_done + 1;
+    options.finish_at_limit = true;
+  }
+  options.checkpoint_steps.assign(task.checkpoint_steps().begin(), task.checkpoint_steps().end());
+  options.hold_timeout = rpc::FromProtoDuration(task.hold_timeout());
+  if (options.hold_timeout <= absl::ZeroDuration()) options.hold_timeout = absl::Hours(24);
+  options.check_timeout = rpc::FromProtoDuration(task.comm_timeout());
+  if (options.check_timeout <= absl::ZeroDuration()) options.check_timeout = absl::Seconds(60);
+  options.forward_only_task = task.forward_only();
+  return options;
+}
+
+}  // namespace
+
+// Decorates the task's rendezvous store so that Stop can interrupt its waits: long waits are
+// cut into short slices, and a cancelled store answers CANCELLED.
+class TaskRunner::CancellableStore : public transport::RendezvousStore {
+ public:
+  static constexpr absl::Duration kSlice = absl::Milliseconds(250);
+
+  explicit CancellableStore(transport::RendezvousStore* inner) : inner_(inner) {}
+
+  void Cancel() { cancelled_.store(true); }
+
+  absl::Status Set(const std::string& key, const std::string& value) override {
+    if (cancelled_.load()) return Cancelled();
+    return inner_->Set(key, value);
+  }
+
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      if (cancelled_.load()) return Cancelled();
+      const absl::Duration slice =
+          std::min(kSlice, std::max(deadline - absl::Now(), absl::ZeroDuration()));
+      auto value = inner_->Get(key, slice);
+      if (value.ok() || !absl::IsDeadlineExceeded(value.status()) || absl::Now() >= deadline) {
+        return value;
+      }
+    }
+  }
+
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      if (cancelled_.load()) return Cancelled();
+      const absl::Duration slice =
+          std::min(kSlice, std::max(deadline - absl::Now(), absl::ZeroDuration()));
+      absl::Status waited = inner_->Wait(keys, slice);
+      if (waited.ok() || !absl::IsDeadlineExceeded(waited) || absl::Now() >= deadline) {
+        return waited;
+      }
+    }
+  }
+
+ private:
+  static absl::Status Cancelled() {
+    return absl::CancelledError("rendezvous interrupted: the task is stopping");
+  }
+
+  transport::RendezvousStore* inner_;
+  std::atomic<bool> cancelled_{false};
+};
+
+TaskRunner::TaskRunner(v1::TaskAssignment task, TaskRunnerDeps deps)
+    : task_(std::move(task)),
+      deps_(std::move(deps)),
+      gate_(GateOptions(task_)),
+      store_(std::make_unique<CancellableStore>(deps_.store)) {}
+
+TaskRunner::~TaskRunner() = default;
+
+void TaskRunner::Stop(const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  gate_.Stop(reason);
+  store_->Cancel();
+  if (transport_ != nullptr) transport_->Abort();
+  if (group_ != nullptr) group_->Abort();
+}
+
+absl::Status TaskRunner::RequestCheckpoint(int64_t global_step) {
+  return gate_.RequestCheckpoint(global_step);
+}
+
+absl::StatusOr<v1::ControlTaskResponse> TaskRunner::ControlTask(
+    const v1::ControlTaskRequest& request) {
+  if (request.job_id() != task_.job_id() || request.attempt() != task_.attempt()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("this task is ", task_.job_id(), " attempt ", task_.attempt(), " rank ",
+                     task_.rank(), ", not ", request.job_id(), " attempt ", request.attempt()));
+  }
+  if (task_.has_inference()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(task_.job_id(), " attempt ", task_.attempt(), " rank ", task_.rank(),
+                     ": an Infer job's task runs its one step and takes no ControlTask"));
+  }
+  // A client step's batch is checked and split before the gate sees it.
+  std::optional<StepGate::ClientStep> client;
+  StepGate::Check check;
+  if (request.has_client_step()) {
+    ASSIGN_OR_RETURN(client, DecodeClientStep(task_, request));
+    check = Stage0Check(*client);
+  }
+  StepGate::Control control;
+  control.step_limit = request.step_limit();
+  control.finish_at_limit = request.finish_at_limit();
+  control.checkpoint_steps.assign(request.checkpoint_steps().begin(),
+                                  request.checkpoint_steps().end());
+  ASSIGN_OR_RETURN(const int64_t done, gate_.Apply(control, std::move(client), check));
+  v1::ControlTaskResponse response;
+  response.set_global_steps_done(done);
+  return response;
+}
+
+StepGate::Check TaskRunner::Stage0Check(const StepGate::ClientStep& client) {
+  const auto* batch = dynamic_cast<const ClientBatch*>(client.payload.get());
+  const bool owns_first =
+      std::any_of(task_.stages().begin(), task_.stages().end(),
+                  [](const v1::StageAssignment& st) { return st.stage() == 0; });
+  if (!owns_first || batch == nullptr) return nullptr;
+  // The gate runs the check once the task's thread is at its step boundary, so after its set-up
+  // (the stages are known by then). The batch lives in the client step, which the gate keeps
+  // until the check has run; the stages are shared, so that they outlive the check if the task
+  // ends meanwhile.
+  return [this, batch]() -> absl::Status {
+    std::shared_ptr<TaskStages> stages;
+    {
+      absl::MutexLock lock(&mu_);
+      stages = checkable_stages_;
+    }
+    if (stages == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(task_.job_id(), " attempt ", task_.attempt(), " rank ", task_.rank(),
+                       ": the task has no stages to check the client step on (it is ending)"));
+    }
+    return CheckStage0Takes(batch->inputs, *stages->by_index.at(0),
+                            absl::StrCat("client_step.inputs (rank ", task_.rank(), ")"));
+  };
+}
+
+v1::ReportTaskEndRequest TaskRunner::Run() {
+  absl::Status status;
+  try {
+    status = RunSteps();
+  } catch (const std::exception& e) {
+    status = absl::InternalError(absl::StrCat("rank ", task_.rank(), ": ", e.what()));
+  }
+  gate_.Finish();
+  v1::ReportTaskEndRequest end;
+  end.set_worker_id(deps_.worker_id);
+  end.set_job_id(task_.job_id());
+  end.set_attempt(task_.attempt());
+  end.set_rank(task_.rank());
+  end.set_replica(task_.replica());
+  const std::optional<std::string> stopped = gate_.stop_reason();
+  if (status.ok()) {
+    end.set_outcome(v1::TASK_OUTCOME_SUCCEEDED);
+    if (inference_outputs_.has_value()) {
+      *end.mutable_inference_outputs() = *std::move(inference_outputs_);
+    }
+  } else if (stopped.has_value()) {
+    end.set_outcome(v1::TASK_OUTCOME_STOPPED);
+    end.set_error(absl::StrCat("stopped: ", *stopped));
+  } else {
+    end.set_outcome(v1::TASK_OUTCOME_FAILED);
+    end.set_error(std::string(status.message()));
+  }
+  if (end.outcome() == v1::TASK_OUTCOME_FAILED) {
+    spdlog::error("{} rank {} failed: {}", task_.job_id(), task_.rank(), end.error());
+  } else {
+    spdlog::info("{} rank {} ended: {}", task_.job_id(), task_.rank(),
+                 v1::TaskOutcome_Name(end.outcome()));
+  }
+  return end;
+}
+
+void TaskRunner::UseDataPlane(transport::Transport* transport, collectives::Collectives* group,
+                              std::shared_ptr<TaskStages> stages) {
+  absl::MutexLock lock(&mu_);
+  transport_ = transport;
+  group_ = group;
+  checkable_stages_ = stages != nullptr && stages->Owns(0) ? std::move(stages) : nullptr;
+  if (gate_.stop_reason().has_value()) {
+    if (transport_ != nullptr) transport_->Abort();
+    if (group_ != nullptr) group_->Abort();
+  }
+}
+
+absl::Status TaskRunner::RunSteps() {
+  ASSIGN_OR_RETURN(TaskSetup setup, SetUpTask(task_, deps_));
+  ASSIGN_OR_RETURN(std::unique_ptr<transport::Transport> transport,
+                   deps_.make_transport(DataPlaneRequest(task_, setup), store_.get()));
+  UseDataPlane(transport.get(), nullptr, setup.stages);
+  std::unique_ptr<collectives::Collectives> group;
+  const std::optional<CollectivesRequest> dp = DataParallelRequest(task_, setup);
+  if (dp.has_value()) {
+    absl::StatusOr<std::unique_ptr<collectives::Collectives>> made =
+        deps_.make_collectives
+            ? deps_.make_collectives(*dp, store_.get())
+            : absl::FailedPreconditionError("this worker cannot make data-parallel groups");
+    if (!made.ok()) {
+      UseDataPlane(nullptr, nullptr, nullptr);
+      transport->Abort();
+      return absl::Status(made.status().code(),
+                          absl::StrCat("rank ", task_.rank(), " replica ", task_.replica(),
+                                       ": data-parallel group: ", made.status().message()));
+    }
+    group = *std::move(made);
+    UseDataPlane(transport.get(), group.get(), setup.stages);
+  }
+  absl::Status status = RunOnDataPlane(setup, *transport, group.get());
+  UseDataPlane(nullptr, nullptr, nullptr);
+  return status;
+}
+
+namespace {
+
+// After an error on a connected data plane: aborts it, so that the peers fail promptly instead
+// of waiting out their timeouts.
+absl::Status AbortDataPlane(transport::Transport& transport, collectives::Collectives* group,
+                            absl::Status status) {
+  transport.Abort();
+  if (group != nullptr) group->Abort();
+  return status;
+}
+
+}  // namespace
+
+absl::Status TaskRunner::RunOnDataPlane(TaskSetup& setup, transport::Transport& transport,
+                                        collectives::Collectives* group) {
+  StepReports reports(task_, deps_.worker_id, setup.stages->held_parameters, &transport,
+                      deps_.reporter);
+  absl::StatusOr<TrainingParts> parts = MakeTrainingParts(task_, setup, transport, group);
+  if (!parts.ok()) return AbortDataPlane(transport, group, parts.status());
+  CheckpointStepsOptions checkpoint_options;
+  checkpoint_options.dir = setup.forward_only ? "" : setup.spec.training.checkpoint.dir;
+  checkpoint_options.every_steps = setup.spec.training.checkpoint.every_steps;
+  checkpoint_options.rank = task_.rank();
+  checkpoint_options.writer = task_.replica() == 0;
+  checkpoint_options.digests = group != nullptr;
+  if (parts->tied != nullptr) checkpoint_options.omitted = parts->tied->Omitted();
+  CheckpointSteps checkpoints(checkpoint_options, setup.stages->by_index, setup.optimizer.get(),
+                              &reports, setup.shards.get());
+  const StepEnv env{&task_,
+                    &setup,
+                    &transport,
+                    &gate_,
+                    &reports,
+                    &checkpoints,
+                    &steps_done_,
+                    &inference_outputs_,
+                    parts->reducer.get(),
+                    parts->recipe.get(),
+                    parts->tied.get(),
+                    deps_.memory_counter};
+  absl::StatusOr<std::unique_ptr<DataSteps>> data = DataSteps::Create(env);
+  if (!data.ok()) return AbortDataPlane(transport, group, data.status());
+  ClientSteps client_steps(env, data->get());
+  spdlog::info("{} rank {}: stages ready, {}{} actions, timeline at step {}", task_.job_id(),
+               task_.rank(), setup.forward_only ? "forward-only, " : "", setup.actions.size(),
+               setup.base_step);
+  const absl::Status status = StepLoop(**data, client_steps, checkpoints);
+  gate_.Finish();
+  if (!status.ok()) return AbortDataPlane(transport, group, status);
+  // Every rank is done with the data plane before any tears it down.
+  return transport.Barrier(rpc::FromProtoDuration(task_.comm_timeout()));
+}
+
+absl::Status TaskRunner::StepLoop(DataSteps& data, ClientSteps& client_steps,
+                                  CheckpointSteps& checkpoints) {
+  for (;;) {
+    ASSIGN_OR_RETURN(const StepGate::Decision decision, gate_.Next());
+    absl::Status status;
+    switch (decision.action) {
+      case StepGate::Action::kDataStep:
+        status = data.RunDataStep(decision.steps_done);
+        break;
+      case StepGate::Action::kClientStep:
+        status = client_steps.Run(decision.client, decision.steps_done);
+        break;
+      case StepGate::Action::kCheckpointAtHold:
+        status = checkpoints.AtHold(decision.steps_done, steps_done_.load() - 1);
+        break;
+      case StepGate::Action::kFinish:
+        return absl::OkStatus();
+    }
+    RETURN_IF_ERROR(status);
+  }
+}
+
+}  // namespace stagecoach::runtime

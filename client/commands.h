@@ -123,6 +123,10 @@ class Commands {
   // a usage error naming --memory-limit. `uploads` as for Submit.
   int Plan(const std::string& spec_path, const std::string& memory_limit, int top,
            const SubmitUploads& uploads = {});
+  // `stagectl plan --job JOB`: the job's schedule and split, and per rank the plan's predicted
+  // compute and bubble beside those its latest traced step measured and the bubble the schedule
+  // gives that step's measured costs (BalanceTable; BalanceJson with -o json|yaml).
+  int PlanOfJob(const std::string& job_id);
   // Runs forward-only inference of the spec's model on the batch in `input_path` (.npy) and
   // writes the outputs to `out_path` (.npy), or prints them when it is empty: a summary (table)
   // or the tensor's shape and values (json, yaml). `timeout` bounds the whole run, queueing

@@ -1,6 +1,7 @@
 // `stagectl plan` (commands.h): the coordinator's plan search for a spec, ranked.
 #include "absl/strings/str_cat.h"
 #include "client/commands.h"
+#include "client/render_balance.h"
 #include "client/render_plan.h"
 #include "common/util/byte_size.h"
 
@@ -50,6 +51,25 @@ int Commands::Plan(const std::string& spec_path, const std::string& memory_limit
     return 1;
   }
   return 0;
+}
+
+int Commands::PlanOfJob(const std::string& job_id) {
+  v1::GetJobRequest req;
+  req.set_job_id(job_id);
+  v1::GetJobResponse resp;
+  grpc::Status status = Call(&v1::CoordinatorService::Stub::GetJob, req, &resp);
+  if (!status.ok()) return RpcError(status, absl::StrCat("plan --job ", job_id));
+  const v1::Job& job = resp.job();
+  std::string text =
+      absl::StrCat("Job:       ", job.id(), " (", job.name(), ")\n", "Schedule:  ", job.schedule(),
+                   ", ", job.num_stages(), " stages on ", job.num_ranks(), " workers, ",
+                   job.microbatches(), " microbatches\n", BalanceLines(job));
+  const std::string table = BalanceTable(job);
+  if (!table.empty()) absl::StrAppend(&text, "\n", table);
+  nlohmann::json json = BalanceJson(job);
+  json["job_id"] = job.id();
+  json["schedule"] = job.schedule();
+  return Print(json, text);
 }
 
 }  // namespace stagecoach::client

@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "client/render_balance.h"
 #include "client/render_memory.h"
 #include "client/render_plan.h"
 #include "common/rpc/tensor_data.h"
@@ -94,10 +95,6 @@ nlohmann::json Nested(const v1::TensorData& t, int dim, int64_t offset) {
   nlohmann::json out = nlohmann::json::array();
   for (int64_t i = 0; i < t.shape(dim); ++i) out.push_back(Nested(t, dim + 1, offset + i * stride));
   return out;
-}
-
-double MaxOf(const google::protobuf::RepeatedField<double>& values) {
-  return values.empty() ? 0.0 : *std::max_element(values.begin(), values.end());
 }
 
 }  // namespace
@@ -216,6 +213,7 @@ nlohmann::json JobJson(const v1::Job& job) {
   out["history_transitions_omitted"] = job.history_transitions_omitted();
   out["ranks"] = RanksJson(job);
   out["memory"] = MemoryJson(job);
+  out["balance"] = BalanceJson(job);
   if (job.has_plan_choice()) out["plan_choice"] = PlanChoiceJson(job);
   nlohmann::json layers = nlohmann::json::array();
   for (const auto& l : job.layers()) {
@@ -514,11 +512,7 @@ std::string JobDetails(const v1::Job& j) {
   }
   out << TrainingLines(j);
   out << PlanChoiceText(j);
-  if (!j.max_bubble_ratios().empty()) {
-    out << "Bubble:    " << absl::StrFormat("%.3f", *j.max_bubble_ratios().rbegin())
-        << " (latest step), " << absl::StrFormat("%.3f", MaxOf(j.max_bubble_ratios()))
-        << " (worst step shown); largest ratio over the ranks\n";
-  }
+  out << BalanceLines(j);
   if (j.has_resumed_from()) {
     out << "Resumed:   from " << j.resumed_from().directory() << " (step "
         << j.resumed_from().step() << ")\n";
@@ -529,6 +523,7 @@ std::string JobDetails(const v1::Job& j) {
         << j.checkpoints_size() << " complete)\n";
   }
   if (j.stages_size() > 0 && j.layers_size() > 0) out << "\n" << StageTable(j);
+  if (j.balance_size() > 0) out << "\n" << BalanceTable(j);
   if (j.ranks_size() > 0 && j.replicas() > 1) out << "\n" << ReplicaGrid(j);
   if (j.memory_size() > 0) out << "\n" << MemoryTable(j);
   if (j.ranks_size() > 0) {

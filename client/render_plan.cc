@@ -53,6 +53,17 @@ std::string PlanTable(const v1::PlanSpecResponse& plans, int top) {
   if (shown < plans.candidates_size()) {
     out << "(" << plans.candidates_size() - shown << " more: --top N or -o json lists them)\n";
   }
+  if (shown > 0 && plans.candidates(0).rank_compute_seconds_size() > 0) {
+    const v1::PlanCandidate& c = plans.candidates(0);
+    out << "Plan 1 per rank (predicted compute, bubble):";
+    for (int r = 0; r < c.rank_compute_seconds_size(); ++r) {
+      out << (r == 0 ? " " : "; ") << "rank " << r << " " << Seconds(c.rank_compute_seconds(r))
+          << ", " << absl::StrFormat("%.3f", r < c.rank_bubble_ratios_size()
+                                                ? c.rank_bubble_ratios(r)
+                                                : 0.0);
+    }
+    out << "\n";
+  }
   return out.str();
 }
 
@@ -69,7 +80,11 @@ nlohmann::json CandidateJson(const v1::PlanCandidate& c) {
           {"max_peak_bytes", c.max_peak_bytes()},
           {"fits", c.fits()},
           {"stage_first_layers",
-           std::vector<int>(c.stage_first_layers().begin(), c.stage_first_layers().end())}};
+           std::vector<int>(c.stage_first_layers().begin(), c.stage_first_layers().end())},
+          {"rank_compute_seconds",
+           std::vector<double>(c.rank_compute_seconds().begin(), c.rank_compute_seconds().end())},
+          {"rank_bubble_ratios",
+           std::vector<double>(c.rank_bubble_ratios().begin(), c.rank_bubble_ratios().end())}};
 }
 
 nlohmann::json PlanJson(const v1::PlanSpecResponse& plans) {

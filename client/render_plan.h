@@ -12,7 +12,8 @@ namespace stagecoach::client {
 
 // A ranked table of the first `top` candidates (RANK, SCHEDULE, STAGES/WORKER, MICROBATCHES,
 // SPLIT, STEP, BUBBLE, PEAK, FITS), under a line saying how many were searched and fit and
-// the limit; "(N more: -o json lists all)" when some are left out. Ends with "\n".
+// the limit; "(N more: -o json lists all)" when some are left out; then the first plan's
+// predicted compute and bubble per rank. Ends with "\n".
 std::string PlanTable(const v1::PlanSpecResponse& plans, int top);
 
 // {memory_limit_bytes, profiled_by, candidates: [CandidateJson...], layers: [{name,
@@ -21,7 +22,8 @@ std::string PlanTable(const v1::PlanSpecResponse& plans, int top);
 nlohmann::json PlanJson(const v1::PlanSpecResponse& plans);
 
 // {schedule, stages_per_rank, num_stages, microbatches, split_policy, step_seconds, bubble,
-// rank_peak_bytes, max_peak_bytes, fits, stage_first_layers}.
+// rank_peak_bytes, max_peak_bytes, fits, stage_first_layers, rank_compute_seconds,
+// rank_bubble_ratios}.
 nlohmann::json CandidateJson(const v1::PlanCandidate& candidate);
 
 // Two lines for `status`: "Plan:      chosen by a search of N plans (M fit L): <chosen>" and

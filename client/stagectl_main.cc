@@ -22,6 +22,7 @@ constexpr char kExamples[] =
     "Examples (the coordinator from --coordinator or $STAGECOACH_COORDINATOR):\n"
     "  stagectl workers                              the workers and what they run\n"
     "  stagectl plan configs/mlp-4stage-1f1b.yaml    rank the plans the spec leaves open\n"
+    "  stagectl plan --job JOB                       a job's ranks: predicted vs measured\n"
     "  stagectl submit configs/mlp-4stage-1f1b.yaml  submit; prints the job id\n"
     "  stagectl watch JOB                            live progress until the job ends\n"
     "  stagectl status JOB                           state, losses, plan, memory per rank\n"
@@ -132,8 +133,17 @@ int main(int argc, char** argv) {
       "search plans for a job spec without submitting it: the coordinator profiles the model on "
       "a worker, simulates every schedule x stages per worker x microbatches x split the spec "
       "leaves open (schedule.kind auto, or a named schedule's variants) and ranks them by "
-      "predicted step time and memory");
-  plan->add_option("SPEC", spec_path, "job spec (YAML); placement.workers is required")->required();
+      "predicted step time and memory; with --job, a submitted job's plan per rank: predicted "
+      "compute and bubble beside what its latest step measured");
+  std::string plan_job;
+  auto* plan_spec =
+      plan->add_option("SPEC", spec_path, "job spec (YAML); placement.workers is required");
+  auto* plan_job_option = plan->add_option(
+      "--job", plan_job,
+      "a submitted job: its split, and per rank the predicted compute and bubble beside the "
+      "measured ones of its latest traced step and the bubble the schedule gives those costs");
+  plan_spec->excludes(plan_job_option);
+  plan_job_option->excludes(plan_spec);
   plan->add_option("--memory-limit", memory_limit,
                    "most bytes a worker may hold, e.g. 8GiB (default: the spec's "
                    "placement.memory_limit, or none)");
@@ -345,7 +355,14 @@ int main(int argc, char** argv) {
   if (generate->parsed()) return sc::client::RunGenerate(gen, options, std::cout, std::cerr);
   sc::client::Commands commands(options, std::cout, std::cerr);
   if (submit->parsed()) return commands.Submit(spec_path, wait, uploads, paused);
-  if (plan->parsed()) return commands.Plan(spec_path, memory_limit, plan_top, uploads);
+  if (plan->parsed()) {
+    if (!plan_job.empty()) return commands.PlanOfJob(plan_job);
+    if (spec_path.empty()) {
+      std::cerr << "stagectl: plan: give a SPEC to search plans for, or --job JOB\n";
+      return 2;
+    }
+    return commands.Plan(spec_path, memory_limit, plan_top, uploads);
+  }
   if (list->parsed()) return commands.List();
   if (status->parsed()) {
     return commands.Status(job_id, {status_history, history_from, history_steps});

@@ -17,7 +17,8 @@
 namespace stagecoach::client {
 namespace {
 
-constexpr int kUsage = 2;
+// The exit code of a usage error (stagectl_main.cc).
+constexpr int kTokensUsage = 2;
 
 absl::StatusOr<std::string> ReadWhole(const std::string& path, absl::string_view what) {
   std::ifstream in(path, std::ios::binary);
@@ -114,7 +115,7 @@ std::string UsageError(const TokensCommandOptions& o) {
 int RunTokens(const TokensCommandOptions& o, std::ostream& out, std::ostream& err) {
   if (const std::string usage = UsageError(o); !usage.empty()) {
     err << "stagectl tokens: " << usage << "\n";
-    return kUsage;
+    return kTokensUsage;
   }
   absl::Status done = o.action == "build"    ? Build(o, out)
                       : o.action == "encode" ? Encode(o, out)

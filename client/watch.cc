@@ -2,11 +2,13 @@
 #include "client/watch.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/render.h"
+#include "client/render_balance.h"
 #include "common/rpc/time_conversion.h"
 
 namespace stagecoach::client {
@@ -30,6 +32,8 @@ void ApplyEvent(const v1::JobEvent& event, WatchState* state) {
       step.bubble_ratios().empty()
           ? 0.0
           : *std::max_element(step.bubble_ratios().begin(), step.bubble_ratios().end());
+  state->bubble_ratios.assign(step.bubble_ratios().begin(), step.bubble_ratios().end());
+  state->num_ranks = step.num_ranks();
   state->client_batch = step.client_batch();
   state->learning_rate = step.learning_rate();
   state->grad_norm = step.has_grad_norm() ? std::optional<double>(step.grad_norm()) : std::nullopt;
@@ -63,13 +67,33 @@ std::string FormatEta(absl::Duration remaining) {
   return absl::StrFormat("%dh%02dm", s / 3600, (s / 60) % 60);
 }
 
+namespace {
+
+// The step's bubble: "0.12 mean, 0.31 worst (rank 1)", compactly "0.12/0.31@r1"; the largest
+// ratio alone from a coordinator that sends none per rank.
+std::string BubbleText(const WatchState& state, bool compact) {
+  if (state.bubble_ratios.empty()) return absl::StrFormat("%.2f", state.max_bubble_ratio);
+  const auto worst = std::max_element(state.bubble_ratios.begin(), state.bubble_ratios.end());
+  const int task = static_cast<int>(worst - state.bubble_ratios.begin());
+  const double mean = std::accumulate(state.bubble_ratios.begin(), state.bubble_ratios.end(), 0.0) /
+                      static_cast<double>(state.bubble_ratios.size());
+  if (!compact) return BubbleSummary(state.bubble_ratios, state.num_ranks);
+  const bool replicated = state.num_ranks > 0 && task >= state.num_ranks;
+  return absl::StrFormat("%.2f/%.2f@%s", mean, *worst,
+                         replicated ? absl::StrFormat("%dr%d", task / state.num_ranks,
+                                                      task % state.num_ranks)
+                                    : absl::StrCat("r", task));
+}
+
+}  // namespace
+
 std::string StepLine(const WatchState& state) {
   if (!state.has_step) return "";
   const std::optional<absl::Duration> eta = EstimateRemaining(state);
   std::string line = absl::StrFormat(
-      "step %d/%d  loss %s  %.0f samples/s  %.3fs/step  bubble %.2f  ETA %s", state.steps_done,
+      "step %d/%d  loss %s  %.0f samples/s  %.3fs/step  bubble %s  ETA %s", state.steps_done,
       state.steps_total, state.loss.has_value() ? absl::StrFormat("%.6f", *state.loss) : "-",
-      state.samples_per_second, absl::ToDoubleSeconds(state.step_time), state.max_bubble_ratio,
+      state.samples_per_second, absl::ToDoubleSeconds(state.step_time), BubbleText(state, false),
       eta.has_value() ? FormatEta(*eta) : "-");
   // Coordinators that predate global steps leave it 0.
   if (state.global_step > state.steps_done - 1) {
@@ -108,11 +132,12 @@ std::string ProgressLine(const WatchState& state, int width) {
   };
   if (room(text) < kMinCells) {
     const std::optional<absl::Duration> eta = EstimateRemaining(state);
-    text = absl::StrFormat("%d/%d loss %s %.0f/s %.3fs/step bubble %.2f ETA %s%s", state.steps_done,
+    text = absl::StrFormat("%d/%d loss %s %.0f/s %.3fs/step bubble %s ETA %s%s", state.steps_done,
                            state.steps_total,
                            state.loss.has_value() ? absl::StrFormat("%.4f", *state.loss) : "-",
                            state.samples_per_second, absl::ToDoubleSeconds(state.step_time),
-                           state.max_bubble_ratio, eta.has_value() ? FormatEta(*eta) : "-", suffix);
+                           BubbleText(state, true), eta.has_value() ? FormatEta(*eta) : "-",
+                           suffix);
   }
   std::string line;
   if (room(text) >= kMinCells) {

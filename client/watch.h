@@ -33,10 +33,13 @@ struct WatchState {
   // The latest step's mean loss; unset for forward-only steps.
   std::optional<double> loss;
   double samples_per_second = 0;
-  // The latest step's wall time (slowest rank) and the largest measured bubble ratio over the
-  // ranks in that step (0..1).
+  // The latest step's wall time (slowest rank), the largest measured bubble ratio over the
+  // ranks in that step (0..1), every rank's (by task: replica * num_ranks + rank) and the ranks
+  // per replica (0 from a coordinator that does not say).
   absl::Duration step_time = absl::ZeroDuration();
   double max_bubble_ratio = 0;
+  std::vector<double> bubble_ratios;
+  int num_ranks = 0;
   // Whether the latest step ran on a client's batch (StepJob).
   bool client_batch = false;
   // The latest kRecentSteps step times, oldest first.
@@ -64,7 +67,9 @@ std::optional<absl::Duration> EstimateRemaining(const WatchState& state);
 std::string FormatEta(absl::Duration remaining);
 
 // The plain step line, as printed once per step when stdout is not a terminal:
-// "step 12/40  loss 0.123456  830 samples/s  0.042s/step  bubble 0.31  ETA 1m12s". The loss is
+// "step 12/40  loss 0.123456  830 samples/s  0.042s/step  bubble 0.120 mean, 0.310 worst (rank
+// 1)  ETA 1m12s": the bubble is the step's mean over the ranks and its worst rank
+// (BubbleSummary). The loss is
 // "-" for forward-only steps and the ETA "-" when EstimateRemaining is unknown; a step on a
 // client's batch ends in "  (client batch)", and one whose global step is ahead of its run's
 // step number (a resumed or client-stepped timeline) says so ("  global 52"). Then the training
@@ -73,7 +78,8 @@ std::string FormatEta(absl::Duration remaining);
 std::string StepLine(const WatchState& state);
 
 // The live line for a terminal `width` columns wide: a progress bar (when there is room) and the
-// StepLine text (a compact form of it, "12/40 loss 0.1235 830/s ...", when the full one leaves
+// StepLine text (a compact form of it, "12/40 loss 0.1235 830/s 0.042s/step bubble 0.12/0.31@r1
+// ...", when the full one leaves
 // no room for a bar; the state appended when the job is not RUNNING), cut so that it never wraps
 // (at most width - 1 characters). Before the first step: the job id and its state.
 std::string ProgressLine(const WatchState& state, int width);

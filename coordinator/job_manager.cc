@@ -239,6 +239,7 @@ absl::StatusOr<v1::Job> JobManager::GetJob(const std::string& job_id, const Hist
   ASSIGN_OR_RETURN(Job * job, table_.FindOrErrorLocked(job_id));
   v1::Job out;
   job->ToRecord(&out, window);
+  job->BalanceToProto(&out);
   return out;
 }
 

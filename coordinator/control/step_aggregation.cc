@@ -76,7 +76,8 @@ bool StepAggregator::AddLocked(Job& job, RankSlot& slot, const v1::ReportStepReq
                           {req.executed_actions().begin(), req.executed_actions().end()},
                           {req.action_timings().begin(), req.action_timings().end()},
                           rpc::FromProtoTimestamp(req.step_start_time()),
-                          {req.reduction().buckets().begin(), req.reduction().buckets().end()}};
+                          {req.reduction().buckets().begin(), req.reduction().buckets().end()},
+                          req.bubble_ratio()};
     job.traces.Add(global, std::move(timing));
   }
   StepAggregate& agg = job.partial_steps[req.step()];
@@ -168,6 +169,7 @@ void StepAggregator::CompleteStepLocked(Job& job, int64_t step_index, absl::Time
   }
   *step->mutable_step_time() = rpc::ToProtoDuration(agg.slowest);
   for (double ratio : agg.bubble_ratios) step->add_bubble_ratios(ratio);
+  step->set_num_ranks(job.plan.num_ranks);
   for (double ratio : agg.hidden_ratios) step->add_reduction_hidden_ratios(ratio);
   RecordMemoryLocked(job, agg, *step);
   const double seconds = absl::ToDoubleSeconds(agg.slowest);

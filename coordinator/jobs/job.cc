@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/rpc/time_conversion.h"
 #include "common/schedule/generators.h"
+#include "common/util/logging.h"
 
 namespace stagecoach::coordinator {
 
@@ -152,6 +153,7 @@ void Job::ToProto(v1::Job* out, const HistoryWindow& window) const {
   out->set_replicas(plan.replicas);
   out->set_schedule(plan.schedule_name);
   out->set_microbatches(plan.num_microbatches);
+  out->set_split(plan.split);
   MemoryToProto(out);
   if (plan_choice.has_value()) *out->mutable_plan_choice() = *plan_choice;
   for (const RankSlot& slot : ranks) {
@@ -200,6 +202,23 @@ void Job::ToRecord(v1::Job* out, const HistoryWindow& window) const {
     st->set_end_layer(stage.end_layer);
     st->set_parameters(stage.parameters);
   }
+}
+
+void Job::BalanceToProto(v1::Job* out) const {
+  int64_t step = -1;
+  const std::map<int, RankStepTiming>* reports = traces.LatestComplete(plan.num_ranks, &step);
+  if (reports != nullptr && step != balance.step) {
+    absl::StatusOr<MeasuredBalance> replayed = ReplayStep(plan, step, *reports);
+    if (replayed.ok()) {
+      balance = *std::move(replayed);
+    } else {
+      // Said once per step; the predictions stand alone.
+      spdlog::warn("job {}: {}", id, replayed.status().message());
+      balance = MeasuredBalance{};
+      balance.step = step;
+    }
+  }
+  coordinator::BalanceToProto(plan, reports != nullptr ? balance : MeasuredBalance{}, out);
 }
 
 void Job::ToSummary(v1::Job* out) const {

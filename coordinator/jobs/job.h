@@ -54,6 +54,7 @@
 #include "absl/time/time.h"
 #include "common/spec/job_spec.h"
 #include "coordinator/jobs/event_log.h"
+#include "coordinator/jobs/rank_balance.h"
 #include "coordinator/jobs/step_trace.h"
 #include "coordinator/jobs/training_record.h"
 #include "coordinator/planning/planner.h"
@@ -253,6 +254,8 @@ struct Job {
   EventLog events;
   // Action timings of the latest steps, by global step (GetStepTrace).
   StepTraceStore traces;
+  // The latest traced step replayed (BalanceToProto), kept until a later step is traced.
+  mutable MeasuredBalance balance;
 
   // Serialises the job's step control (StepControl): held across calls to its workers and a
   // client step's wait, never with the job table's lock held, so a stuck job delays only its
@@ -282,6 +285,10 @@ struct Job {
   // ToProto without the parts that grow with the job (spec text, action lists, per-step history
   // but the latest loss, state transitions): a ListJobs row.
   void ToSummary(v1::Job* out) const;
+  // Job.balance (rank_balance.h): the plan's prediction per rank and the latest step replica 0's
+  // ranks all traced, replayed once per such step. GetJob's, not the record's (the measured
+  // figures are transient).
+  void BalanceToProto(v1::Job* out) const;
 };
 
 }  // namespace stagecoach::coordinator

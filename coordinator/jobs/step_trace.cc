@@ -193,6 +193,20 @@ void StepTraceStore::Add(int64_t global_step, RankStepTiming rank) {
   while (static_cast<int>(steps_.size()) > capacity_) steps_.erase(steps_.begin());
 }
 
+const std::map<int, RankStepTiming>* StepTraceStore::LatestComplete(int num_ranks,
+                                                                    int64_t* step) const {
+  for (auto it = steps_.rbegin(); it != steps_.rend(); ++it) {
+    bool complete = true;
+    for (int r = 0; r < num_ranks && complete; ++r) complete = it->second.count(r) > 0;
+    if (complete) {
+      *step = it->first;
+      return &it->second;
+    }
+  }
+  *step = -1;
+  return nullptr;
+}
+
 absl::StatusOr<std::string> StepTraceStore::Trace(int64_t global_step, int num_ranks,
                                                   const std::string& title,
                                                   int64_t* traced_step) const {

@@ -43,6 +43,8 @@ struct RankStepTiming {
   // With replicas: the buckets of the step's gradient reduction (times relative to `start`),
   // drawn on the rank's "gradient reduction" track.
   std::vector<v1::ReductionBucket> reduction;
+  // The rank's measured bubble ratio of the step (ReportStepRequest.bubble_ratio).
+  double bubble_ratio = 0;
 };
 
 // The Chrome trace JSON of one step from `ranks` (any order; rank r is process r, ranks that
@@ -74,6 +76,10 @@ class StepTraceStore {
   // MeasuredStepTrace.
   absl::StatusOr<std::string> Trace(int64_t global_step, int num_ranks, const std::string& title,
                                     int64_t* traced_step) const;
+
+  // The latest kept step that ranks 0 .. num_ranks-1 all reported, and its reports by rank;
+  // nullptr (and *step -1) when none is.
+  const std::map<int, RankStepTiming>* LatestComplete(int num_ranks, int64_t* step) const;
 
   // The lowest and highest kept step; -1 when nothing is kept.
   int64_t first_kept() const;

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/rpc/tensor_data.h"
 #include "common/spec/spec_overrides.h"
 #include "common/spec/spec_parser.h"
@@ -11,6 +12,7 @@
 #include "common/util/logging.h"
 #include "common/util/status_macros.h"
 #include "coordinator/checkpoints/checkpoint_collection.h"
+#include "coordinator/planning/split_policies.h"
 
 namespace stagecoach::coordinator {
 namespace {
@@ -74,6 +76,11 @@ absl::Status CheckMemoryLimit(const spec::JobSpec& spec, const Plan& plan) {
         "; schedule.kind auto searches for a plan that fits"));
   }
   return absl::OkStatus();
+}
+
+// Whether `spec` leaves the split to its default: no split.policy, no split.points.
+bool LeavesSplitToDefault(const spec::JobSpec& spec) {
+  return !spec.split.policy_given && spec.split.points.empty();
 }
 
 }  // namespace
@@ -142,6 +149,64 @@ absl::StatusOr<std::vector<v1::LayerInfo>> Admission::ModelLayers(const spec::Jo
   return std::vector<v1::LayerInfo>(inspected->layers().begin(), inspected->layers().end());
 }
 
+absl::StatusOr<std::vector<v1::LayerInfo>> Admission::DefaultSplit(spec::JobSpec* spec,
+                                                                   const std::string& spec_yaml,
+                                                                   PlanOptions* planning,
+                                                                   std::string* why) {
+  if (!spec->model.builtin.has_value()) {
+    *why = "for a TorchScript model";
+    return ModelLayers(*spec, spec_yaml, *planning);
+  }
+  std::vector<v1::LayerInfo> builtin = BuiltinLayers(*spec->model.builtin);
+  spec->split.policy = "equal-params";
+  if (!spec->training.resume_from.empty()) {
+    // A resumed job keeps the stages its checkpoint was written with, when they fit.
+    absl::StatusOr<CheckpointManifest> m = ReadManifest(spec->training.resume_from);
+    if (m.ok() && !m->stages.empty()) {
+      for (const ManifestStage& st : m->stages) {
+        planning->stage_first_layers.push_back(st.first_layer);
+      }
+      *why = "the partition of the checkpoint it resumes";
+      return builtin;
+    }
+  }
+  if (spec->split.stages == 1 || spec->placement.workers == 1) {
+    *why = "one stage or one worker: no ranks to balance";
+    return builtin;
+  }
+  const double flops = ProfileFlops(*spec);
+  if (flops > kCheapProfileFlops) {
+    *why = absl::StrFormat(
+        "profiling the model would take about %.2g floating-point operations, over the %.2g a "
+        "default split spends",
+        flops, kCheapProfileFlops);
+    return builtin;
+  }
+  if (InspectingWorkers(*registry_, spec->placement.device).empty()) {
+    *why = "no live worker to profile the model";
+    return builtin;
+  }
+  spec->split.policy = "profiled";
+  absl::StatusOr<std::vector<v1::LayerInfo>> profiled = ModelLayers(*spec, spec_yaml, *planning);
+  std::string refused;
+  if (!profiled.ok()) {
+    refused = std::string(profiled.status().message());
+  } else if (profiled->size() != builtin.size()) {
+    refused = absl::StrCat("the profile has ", profiled->size(), " layers, the model ",
+                           builtin.size());
+  }
+  if (!refused.empty()) {
+    // The user asked for no profile: plan without one, and say why.
+    spdlog::warn("a default split could not profile the model ({}); splitting by parameters",
+                 refused);
+    spec->split.policy = "equal-params";
+    *why = absl::StrCat("profiling the model failed: ", refused);
+    return builtin;
+  }
+  *why = "profiling the model was cheap";
+  return profiled;
+}
+
 PlanOptions Admission::Planning(const std::function<bool()>& caller_gone,
                                 bool client_batches) const {
   PlanOptions plan;
@@ -161,8 +226,24 @@ absl::StatusOr<AdmittedJob> Admission::AdmitTraining(const std::string& spec_yam
   if (spec::IsAutoSchedule(out.spec.schedule)) {
     RETURN_IF_ERROR(AdmitSearched(spec_yaml, origin, caller_gone, &out));
   } else {
-    ASSIGN_OR_RETURN(std::vector<v1::LayerInfo> layers, ModelLayers(out.spec, spec_yaml, {}));
-    ASSIGN_OR_RETURN(out.plan, PlanJob(out.spec, std::move(layers), Planning(caller_gone, false)));
+    PlanOptions planning = Planning(caller_gone, false);
+    std::vector<v1::LayerInfo> layers;
+    std::string why;
+    if (LeavesSplitToDefault(out.spec)) {
+      ASSIGN_OR_RETURN(layers, DefaultSplit(&out.spec, spec_yaml, &planning, &why));
+    } else {
+      ASSIGN_OR_RETURN(layers, ModelLayers(out.spec, spec_yaml, {}));
+    }
+    absl::StatusOr<Plan> plan = PlanJob(out.spec, layers, planning);
+    if (!plan.ok() && !planning.stage_first_layers.empty()) {
+      // The resumed checkpoint's partition does not fit this schedule: plan by the policy, and
+      // let VerifyResumeFrom say what differs.
+      planning.stage_first_layers.clear();
+      why = "";
+      plan = PlanJob(out.spec, std::move(layers), planning);
+    }
+    ASSIGN_OR_RETURN(out.plan, std::move(plan));
+    if (!why.empty()) out.plan.split = absl::StrCat(out.plan.split, " (default: ", why, ")");
     RETURN_IF_ERROR(CheckMemoryLimit(out.spec, out.plan));
     out.spec_yaml = spec_yaml;
   }
@@ -202,7 +283,11 @@ absl::StatusOr<AdmittedJob> Admission::AdmitInference(const std::string& spec_ya
   AdmittedJob out;
   ASSIGN_OR_RETURN(out.spec_yaml, InferenceSpecYaml(spec_yaml, origin, rows));
   ASSIGN_OR_RETURN(out.spec, spec::ParseJobSpec(out.spec_yaml, origin));
-  // The batch is the client's; profiled layer times are measured on the spec's own data.
+  // The batch is the client's; profiled layer times are measured on the spec's own data. A
+  // split left to its default is by parameters (equal layers for a TorchScript model): an Infer
+  // call is not held up by a profile.
+  const bool default_split = LeavesSplitToDefault(out.spec);
+  if (default_split && out.spec.model.builtin.has_value()) out.spec.split.policy = "equal-params";
   PlanOptions client_batches;
   client_batches.client_batches = true;
   std::string inspect_yaml = out.spec_yaml;
@@ -213,6 +298,7 @@ absl::StatusOr<AdmittedJob> Admission::AdmitInference(const std::string& spec_ya
                    ModelLayers(out.spec, inspect_yaml, client_batches));
   ASSIGN_OR_RETURN(out.plan, PlanJob(out.spec, std::move(layers),
                                      Planning(caller_gone, /*client_batches=*/true)));
+  if (default_split) absl::StrAppend(&out.plan.split, " (default for inference)");
   // Inference on a checkpoint's weights (training.resume_from).
   ASSIGN_OR_RETURN(out.resume, VerifyResumeFrom(out.spec, out.plan));
   return out;

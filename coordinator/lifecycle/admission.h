@@ -113,6 +113,18 @@ class Admission {
                                                          std::string* profiled_by = nullptr,
                                                          bool force_profile = false);
 
+  // For a spec that leaves the split to its default (docs/spec.md): sets spec->split.policy to
+  // the policy to plan with and *why to the reason, and returns the layers to plan by. A
+  // built-in model is profiled (`profiled`) when it has more than one stage on more than one
+  // worker, ProfileFlops is within kCheapProfileFlops and a live worker answers; otherwise, or
+  // when the profile fails, it is split by parameters
+  // (`equal-params`), never refused for it. A resumed job takes its checkpoint's partition
+  // (planning->stage_first_layers) instead of a profile. A TorchScript model keeps
+  // equal-layers (ModelLayers' errors).
+  absl::StatusOr<std::vector<v1::LayerInfo>> DefaultSplit(spec::JobSpec* spec,
+                                                          const std::string& spec_yaml,
+                                                          PlanOptions* planning, std::string* why);
+
   // The layers profiled at the search's largest and smallest microbatch (one profile when
   // they are the same): the spec with schedule.microbatches set so that one microbatch of
   // training.batch_size has a replica's microbatch rows.

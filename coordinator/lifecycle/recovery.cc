@@ -36,6 +36,7 @@ Plan DescribedPlan(const v1::Job& record) {
   plan.replicas = std::max(1, record.replicas());
   plan.schedule_name = record.schedule();
   plan.num_microbatches = record.microbatches();
+  plan.split = record.split();
   for (const v1::StageAssignment& st : record.stages()) {
     StagePlan& stage = plan.stages.emplace_back();
     stage.stage = st.stage();
@@ -119,7 +120,12 @@ RecoveredState PrepareRecovery(const RecoveryInput& input) {
 }
 
 void ApplyRecovery(Job& job, RecoveredState state) {
-  if (state.plan.ok()) job.plan = *std::move(state.plan);
+  if (state.plan.ok()) {
+    // Planned again on the recorded partition; the split says what first cut it.
+    std::string split = std::move(job.plan.split);
+    job.plan = *std::move(state.plan);
+    if (!split.empty()) job.plan.split = std::move(split);
+  }
   job.inference = state.inference;
   job.checkpoints = std::move(state.checkpoints);
   job.checkpoint_stage_files = std::move(state.checkpoint_stage_files);

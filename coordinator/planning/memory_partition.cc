@@ -12,6 +12,7 @@
 #include "coordinator/planning/memory_prediction.h"
 #include "coordinator/planning/plan_costs.h"
 #include "coordinator/planning/planner_parts.h"
+#include "coordinator/planning/rank_partition.h"
 
 namespace stagecoach::coordinator {
 namespace {
@@ -40,7 +41,7 @@ absl::StatusOr<Score> Evaluate(const spec::JobSpec& spec, Plan& plan,
 
 // The starting point: each layer costs its parameter bytes (weights, gradients, optimizer
 // state alike, 4 bytes each: the proportions are what matter) plus its activation bytes times
-// the microbatches of one stage the schedule holds at once on average.
+// the microbatches of one stage the schedule holds at once on average, balanced over the ranks.
 absl::StatusOr<std::vector<int>> StartingPartition(const Plan& plan, const PlanOptions& options) {
   double held = 1;
   auto unit =
@@ -55,7 +56,8 @@ absl::StatusOr<std::vector<int>> StartingPartition(const Plan& plan, const PlanO
                          held * static_cast<double>(layer.activation_bytes());
     costs.push_back(static_cast<int64_t>(std::min(bytes, 0x1p60)));
   }
-  return PartitionBalanced(costs, plan.num_stages, options);
+  ASSIGN_OR_RETURN(RankPartition cut, PartitionPerRank(costs, plan.stage_to_rank, options));
+  return cut.firsts;
 }
 
 }  // namespace
@@ -98,14 +100,16 @@ absl::StatusOr<std::vector<int>> PartitionByMemory(const spec::JobSpec& spec, co
   return best;
 }
 
-absl::StatusOr<std::vector<int>> PartitionFewerFirstLast(int num_layers, int stages, int extra,
-                                                         const PlanOptions& options) {
+absl::StatusOr<std::vector<int>> PartitionFewerFirstLast(int num_layers,
+                                                         const std::vector<int>& stage_to_rank,
+                                                         int extra, const PlanOptions& options) {
   std::vector<int64_t> costs(num_layers, 1);
   if (num_layers > 0) {
     costs.front() += extra;
     costs.back() += extra;
   }
-  return PartitionBalanced(costs, stages, options);
+  ASSIGN_OR_RETURN(RankPartition cut, PartitionPerRank(costs, stage_to_rank, options));
+  return cut.firsts;
 }
 
 }  // namespace stagecoach::coordinator

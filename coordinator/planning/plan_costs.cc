@@ -49,4 +49,31 @@ schedule::CostModel PlanCostModel(const Plan& plan, const CostAssumptions& assum
   return costs;
 }
 
+std::vector<PredictedRankTime> PredictRankTimes(const Plan& plan,
+                                                const CostAssumptions& assumptions,
+                                                bool* in_seconds) {
+  schedule::CostModel costs = PlanCostModel(plan, assumptions);
+  *in_seconds = !costs.per_stage.empty();
+  if (!*in_seconds) {
+    double total = 0;
+    for (const StagePlan& stage : plan.stages) total += static_cast<double>(stage.parameters);
+    for (const StagePlan& stage : plan.stages) {
+      const double f = total > 0 ? static_cast<double>(stage.parameters) / total
+                                 : 1.0 / static_cast<double>(plan.stages.size());
+      costs.per_stage.push_back({f, 2 * f, f, f});
+    }
+  }
+  auto sim = schedule::Simulate(plan.lowered, plan.stage_to_rank, plan.num_stages,
+                                plan.num_microbatches, costs);
+  if (!sim.ok()) return {};
+  double busy = 0;
+  for (double b : sim->busy) busy += b;
+  std::vector<PredictedRankTime> out;
+  for (size_t r = 0; r < sim->busy.size(); ++r) {
+    out.push_back({*in_seconds ? sim->busy[r] : (busy > 0 ? sim->busy[r] / busy : 0.0),
+                   sim->bubble_ratio[r]});
+  }
+  return out;
+}
+
 }  // namespace stagecoach::coordinator

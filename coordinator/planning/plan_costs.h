@@ -38,4 +38,14 @@ CostAssumptions DefaultCostAssumptions();
 // and the assumptions are not applied.
 schedule::CostModel PlanCostModel(const Plan& plan, const CostAssumptions& assumptions = {});
 
+// Each rank's predicted compute per step and bubble ratio, from the schedule simulator: with
+// PlanCostModel(plan, assumptions) when the layers carry profiled times (compute in seconds,
+// *in_seconds true); otherwise with each stage's F its share of the model's parameters, B twice
+// that, I and W once, and messages free (compute a share of the step's compute, *in_seconds
+// false). Empty when the plan cannot be simulated (a schedule file's lists the simulator
+// refuses).
+std::vector<PredictedRankTime> PredictRankTimes(const Plan& plan,
+                                                const CostAssumptions& assumptions,
+                                                bool* in_seconds);
+
 }  // namespace stagecoach::coordinator

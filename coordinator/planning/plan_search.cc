@@ -124,6 +124,10 @@ absl::StatusOr<v1::PlanCandidate> Describe(const Plan& plan, const std::string& 
   for (double b : sim->bubble_ratio) bubble += b;
   if (!sim->bubble_ratio.empty()) bubble /= static_cast<double>(sim->bubble_ratio.size());
   c.set_bubble(bubble);
+  for (size_t r = 0; r < sim->busy.size(); ++r) {
+    c.add_rank_compute_seconds(sim->busy[r]);
+    c.add_rank_bubble_ratios(sim->bubble_ratio[r]);
+  }
   int64_t largest = 0;
   for (const PredictedRankMemory& rank : plan.predicted_memory) {
     c.add_rank_peak_bytes(rank.static_bytes + rank.peak_bytes);

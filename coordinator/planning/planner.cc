@@ -16,7 +16,9 @@
 #include "common/util/status_macros.h"
 #include "coordinator/planning/memory_partition.h"
 #include "coordinator/planning/memory_prediction.h"
+#include "coordinator/planning/plan_costs.h"
 #include "coordinator/planning/planner_parts.h"
+#include "coordinator/planning/split_policies.h"
 
 namespace stagecoach::coordinator {
 namespace planning {
@@ -468,7 +470,9 @@ absl::StatusOr<Plan> PlanJob(const spec::JobSpec& spec, std::vector<v1::LayerInf
   }
 
   // Partition layers into stages.
+  plan.split = spec.split.policy;
   if (!options.stage_first_layers.empty()) {
+    plan.split = "recorded";
     firsts = options.stage_first_layers;
     bool fits = static_cast<int>(firsts.size()) == plan.num_stages && firsts[0] == 0;
     for (size_t s = 1; fits && s < firsts.size(); ++s) {
@@ -481,49 +485,21 @@ absl::StatusOr<Plan> PlanJob(const spec::JobSpec& spec, std::vector<v1::LayerInf
                        ") does not fit ", num_layers, " layers in ", plan.num_stages, " stages"));
     }
   } else if (!firsts.empty()) {
+    plan.split = "points";
     if (static_cast<int>(firsts.size()) != plan.num_stages) {
       return FieldError("split.points",
                         absl::StrCat("the points make ", firsts.size(), " stages, but the ",
                                      plan.schedule_name, " schedule runs ", plan.num_stages));
     }
-  } else if (spec.split.policy == "equal-params") {
-    std::vector<int64_t> params;
-    for (const v1::LayerInfo& layer : layers) params.push_back(layer.parameters());
-    ASSIGN_OR_RETURN(firsts, PartitionBalanced(params, plan.num_stages, options));
-  } else if (spec.split.policy == "profiled") {
-    // Integer costs in nanoseconds of forward + backward.
-    std::vector<int64_t> costs;
-    bool measured = false;
-    for (const v1::LayerInfo& layer : layers) {
-      const double seconds = layer.forward_seconds() + layer.backward_seconds();
-      if (!std::isfinite(seconds) || layer.forward_seconds() < 0 || layer.backward_seconds() < 0) {
-        return FieldError("split.policy", absl::StrCat("'profiled': layer ", layer.name(),
-                                                       " has an invalid measured time (forward ",
-                                                       layer.forward_seconds(), " s, backward ",
-                                                       layer.backward_seconds(), " s)"));
-      }
-      measured = measured || seconds > 0;
-      costs.push_back(static_cast<int64_t>(std::llround(seconds * 1e9)));
-    }
-    if (!measured) {
-      return FieldError("split.policy",
-                        "'profiled' needs each layer's measured forward and backward time, and "
-                        "the model's layers carry none (a worker's InspectModel must profile "
-                        "them)");
-    }
-    ASSIGN_OR_RETURN(firsts, PartitionBalanced(costs, plan.num_stages, options));
-  } else if (spec.split.policy == "memory") {
-    plan.layers = layers;
-    ASSIGN_OR_RETURN(firsts, PartitionByMemory(spec, plan, options));
-  } else if (spec.split.policy == "fewer-first-last") {
-    ASSIGN_OR_RETURN(firsts, PartitionFewerFirstLast(num_layers, plan.num_stages, 1, options));
   } else {
-    ASSIGN_OR_RETURN(firsts, PartitionBalanced(std::vector<int64_t>(layers.size(), 1),
-                                               plan.num_stages, options));
+    plan.layers = layers;
+    ASSIGN_OR_RETURN(firsts, SplitByPolicy(spec, plan, options));
   }
   plan.stages = planning::StagesFor(firsts, layers);
   plan.layers = std::move(layers);
   ASSIGN_OR_RETURN(plan.predicted_memory, PredictMemory(spec, plan));
+  plan.predicted_ranks =
+      PredictRankTimes(plan, DefaultCostAssumptions(), &plan.predicted_in_seconds);
   return plan;
 }
 }  // namespace stagecoach::coordinator

@@ -41,6 +41,12 @@ struct StagePlan {
   int64_t parameters = 0;
 };
 
+// What one pipeline rank is predicted to compute in a step, and how much of the step it idles.
+struct PredictedRankTime {
+  double compute = 0;  // seconds, or a share of the step's compute (Plan::predicted_in_seconds)
+  double bubble_ratio = 0;
+};
+
 // What one pipeline rank is predicted to hold (memory_prediction.h), in bytes.
 struct PredictedRankMemory {
   int64_t static_bytes = 0;  // parameters, gradients, optimizer state
@@ -79,6 +85,14 @@ struct Plan {
   // Indexed by rank: the memory model's prediction when the layers carry measured sizes (a
   // profiled InspectModel), else empty.
   std::vector<PredictedRankMemory> predicted_memory;
+  // How `stages` were cut: the split.policy, "points" (split.points) or "recorded"
+  // (PlanOptions::stage_first_layers); admission appends why when it chose a default policy.
+  std::string split;
+  // Indexed by rank: the compute and bubble ratio the schedule simulator predicts
+  // (PredictRankTimes, plan_costs.h); `predicted_in_seconds` says whether compute is in seconds
+  // or a share of the step's compute.
+  std::vector<PredictedRankTime> predicted_ranks;
+  bool predicted_in_seconds = false;
 
   int num_tasks() const { return num_ranks * replicas; }
   int TaskIndex(int replica, int rank) const { return replica * num_ranks + rank; }

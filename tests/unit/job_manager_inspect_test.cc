@@ -192,6 +192,94 @@ TEST_F(JobManagerInspectTest, ProfiledPolicyBalancesTheTimesTheWorkerMeasured) {
                         "backward time"));
 }
 
+// A GPT on two workers under ZBVZeroBubble whose spec leaves the split to its default.
+std::string DefaultSplitGpt(int d_model) {
+  return absl::StrCat("name: g\nmodel: {builtin: {family: gpt, vocab: 64, d_model: ", d_model,
+                      ", layers: 4, heads: 4, seq: 16}}\nsplit: {stages: 4}\n",
+                      "schedule: {kind: ZBVZeroBubble, microbatches: 4}\n",
+                      "placement: {workers: 2}\ntraining: {batch_size: 8, loss: cross_entropy}\n");
+}
+
+// The GPT's seven layers, measured: embed 1 ms, each block 4 ms, norm 0.1 ms, head 3 ms
+// forward (backward twice as long).
+v1::InspectModelResponse GptProfile() {
+  return Inspection({"embed", "blocks.0", "blocks.1", "blocks.2", "blocks.3", "norm", "head"},
+                    {0.001, 0.004, 0.004, 0.004, 0.004, 0.0001, 0.003});
+}
+
+TEST_F(JobManagerInspectTest, TheDefaultSplitProfilesACheapModelAndBalancesItsRanks) {
+  Register(1);
+  Register(2);
+  workers_.SetInspection(GptProfile());
+  auto id = manager_->SubmitJob(DefaultSplitGpt(32), "g");
+  ASSERT_TRUE(id.ok()) << id.status();
+  std::vector<v1::InspectModelRequest> asked = workers_.Inspected(Address(1));
+  asked.insert(asked.end(), workers_.Inspected(Address(2)).begin(),
+               workers_.Inspected(Address(2)).end());
+  ASSERT_EQ(asked.size(), 1u);
+  EXPECT_TRUE(asked[0].profile());
+  auto job = manager_->GetJob(*id);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->split(), "profiled (default: profiling the model was cheap)");
+  // Rank 0 holds stages 0 and 3, rank 1 stages 1 and 2 (the V). By forward + backward a block
+  // costs 12 ms, and the embedding, norm and head 12.3 ms together: a rank takes three blocks
+  // (36 ms), the other one block and the rest (24.3 ms), the most even split the layers allow;
+  // balancing the stages instead (embed b0 | b1 | b2 | b3 norm head) gives rank 0 36.3 ms. Of
+  // the splits with rank totals of 36 ms, the one whose largest stage is smallest (two blocks,
+  // 24 ms), its boundaries first: embed | b0 | b1 b2 | b3 norm head.
+  EXPECT_THAT(Ranges(*job), ElementsAre(std::pair(0, 1), std::pair(1, 2), std::pair(2, 4),
+                                        std::pair(4, 7)));
+  ASSERT_EQ(job->balance_size(), 2);
+  EXPECT_TRUE(job->predicted_compute_in_seconds());
+  EXPECT_GT(job->balance(1).predicted_compute(), job->balance(0).predicted_compute());
+}
+
+TEST_F(JobManagerInspectTest, TheDefaultSplitIsByParametersWhenProfilingIsNotCheapOrFails) {
+  Register(1);
+  Register(2);
+  // Too large to profile by default: not asked at all.
+  workers_.SetInspection(GptProfile());
+  auto large = manager_->SubmitJob(DefaultSplitGpt(2048), "g");
+  ASSERT_TRUE(large.ok()) << large.status();
+  EXPECT_TRUE(workers_.Inspected(Address(1)).empty());
+  EXPECT_TRUE(workers_.Inspected(Address(2)).empty());
+  auto job = manager_->GetJob(*large);
+  ASSERT_TRUE(job.ok());
+  EXPECT_THAT(job->split(), ::testing::StartsWith("equal-params (default: profiling the model "
+                                                "would take about "));
+  EXPECT_FALSE(job->predicted_compute_in_seconds());
+  ASSERT_TRUE(manager_->CancelJob(*large, "test").ok());
+
+  // A worker that cannot profile it: split by parameters all the same, and the job admitted.
+  workers_.SetInspection(absl::InternalError("out of memory"));
+  auto failed = manager_->SubmitJob(DefaultSplitGpt(32), "g");
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  job = manager_->GetJob(*failed);
+  ASSERT_TRUE(job.ok());
+  EXPECT_THAT(job->split(), ::testing::StartsWith("equal-params (default: profiling the model "
+                                                "failed: "));
+  EXPECT_THAT(job->split(), HasSubstr("out of memory"));
+}
+
+TEST_F(JobManagerInspectTest, TheDefaultSplitNeedsNoWorkerAndNoProfileForOneStage) {
+  auto id = manager_->SubmitJob(DefaultSplitGpt(32), "g");
+  ASSERT_TRUE(id.ok()) << id.status();  // queued until workers come
+  auto job = manager_->GetJob(*id);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->split(), "equal-params (default: no live worker to profile the model)");
+
+  Register(1);
+  auto one = manager_->SubmitJob(
+      "name: o\nmodel: {builtin: {family: mlp, sizes: [4, 8, 2]}}\nsplit: {stages: 1}\n"
+      "schedule: {kind: GPipe, microbatches: 2}\ntraining: {batch_size: 4}\n",
+      "o");
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_TRUE(workers_.Inspected(Address(1)).empty());
+  job = manager_->GetJob(*one);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->split(), "equal-params (default: one stage or one worker: no ranks to balance)");
+}
+
 TEST_F(JobManagerInspectTest, AnIdleWorkerIsAskedBeforeABusyOne) {
   Register(1);
   Register(2);

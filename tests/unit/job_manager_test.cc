@@ -309,8 +309,8 @@ class JobManagerCheckpointTest : public JobManagerTest {
     return files;
   }
 
-  // A complete two-stage checkpoint at `step` (layers [0, 2) and [2, 4)) under dir_.
-  std::string WriteCheckpoint(int64_t step) {
+  // A complete two-stage checkpoint at `step` (layers [0, split) and [split, 4)) under dir_.
+  std::string WriteCheckpoint(int64_t step, int split = 2) {
     CheckpointManifest m;
     m.job_id = "job-0";
     m.step = step;
@@ -320,9 +320,9 @@ class JobManagerCheckpointTest : public JobManagerTest {
     for (int s = 0; s < 2; ++s) {
       ManifestStage& st = m.stages.emplace_back();
       st.stage = s;
-      st.first_layer = 2 * s;
-      st.end_layer = 2 * s + 2;
-      st.layers = {absl::StrCat(2 * s), absl::StrCat(2 * s + 1)};
+      st.first_layer = s == 0 ? 0 : split;
+      st.end_layer = s == 0 ? split : 4;
+      for (int l = st.first_layer; l < st.end_layer; ++l) st.layers.push_back(absl::StrCat(l));
       st.files = WriteStageFiles(dir_, step, s);
     }
     const std::string step_dir = CheckpointStepDirectory(dir_, step);
@@ -493,6 +493,19 @@ TEST_F(JobManagerCheckpointTest, ResumeWithAnotherStageLayoutIsRefused) {
   EXPECT_THAT(std::string(other.status().message()),
               HasSubstr("stage 0 holds layers [0, 2) in checkpoint"));
   EXPECT_TRUE(manager_->ListJobs().empty());
+}
+
+// A spec that leaves the split to its default resumes on the stages its checkpoint was written
+// with (here [0, 1) and [1, 4), which no policy would choose for this model), and says so.
+TEST_F(JobManagerCheckpointTest, ResumeWithTheDefaultSplitTakesTheCheckpointsPartition) {
+  const std::string from = WriteCheckpoint(5, /*split=*/1);
+  auto id = manager_->SubmitJob(CheckpointSpec(dir_ + "/next", from), "s");
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto job = manager_->GetJob(*id);
+  ASSERT_TRUE(job.ok());
+  ASSERT_EQ(job->stages_size(), 2);
+  EXPECT_EQ(job->stages(0).end_layer(), 1);
+  EXPECT_EQ(job->split(), "recorded (default: the partition of the checkpoint it resumes)");
 }
 
 TEST_F(JobManagerCheckpointTest, CheckpointOnDemandAsksEveryRankForTheNextStep) {

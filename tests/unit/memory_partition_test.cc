@@ -55,10 +55,10 @@ int64_t LargestRank(const Plan& plan) {
 }
 
 TEST(PartitionFewerFirstLast, FirstAndLastStageCountOneLayerMore) {
-  auto firsts = PartitionFewerFirstLast(8, 4, 1, {});
+  auto firsts = PartitionFewerFirstLast(8, {0, 1, 2, 3}, 1, {});
   ASSERT_TRUE(firsts.ok());
   EXPECT_THAT(*firsts, ElementsAre(0, 1, 3, 6));  // 1, 2, 3 and 2 layers
-  auto plain = PartitionFewerFirstLast(8, 4, 0, {});
+  auto plain = PartitionFewerFirstLast(8, {0, 1, 2, 3}, 0, {});
   EXPECT_THAT(*plain, ElementsAre(0, 2, 4, 6));
 }
 

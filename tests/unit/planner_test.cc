@@ -95,12 +95,16 @@ TEST(PlanJob, PlansAGptOnATokensFile) {
   auto plan = PlanJob(spec);
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_EQ(plan->stages.size(), 4u);
-  // Seven layers in four stages, earlier stages fewer: embed | b0 b1 | b2 b3 | norm head.
-  EXPECT_EQ(plan->stages[0].end_layer, 1);
+  // Seven layers in four stages under equal-layers (the spec's policy when none is given to
+  // PlanJob). Their sizes are orders of magnitude apart (the norm's 64 parameters against a
+  // block's 12,704), so they weigh by their parameters: embed b0 | b1 | b2 | b3 norm head, not
+  // embed | b0 b1 | b2 b3 | norm head, which would leave a stage with no block.
+  EXPECT_EQ(plan->split, "equal-layers");
+  EXPECT_EQ(plan->stages[0].end_layer, 2);
   EXPECT_EQ(plan->stages[1].end_layer, 3);
-  EXPECT_EQ(plan->stages[2].end_layer, 5);
+  EXPECT_EQ(plan->stages[2].end_layer, 4);
   EXPECT_EQ(plan->stages[3].end_layer, 7);
-  EXPECT_EQ(plan->stages[3].parameters, 2 * d + d * 64);
+  EXPECT_EQ(plan->stages[3].parameters, block + 2 * d + d * 64);
 }
 
 TEST(PlanJob, PlansAGptOnSyntheticTokens) {

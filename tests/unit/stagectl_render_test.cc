@@ -8,6 +8,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "client/render.h"
+#include "client/render_balance.h"
 #include "client/watch.h"
 #include "common/rpc/time_conversion.h"
 #include "gmock/gmock.h"
@@ -61,8 +62,16 @@ TEST(WatchStateTest, StepLineShowsProgressLossThroughputBubbleAndEta) {
   EXPECT_EQ(StepLine(state), "");
   ApplyEvent(StateEvent(0, v1::JOB_STATE_RUNNING, ""), &state);
   ApplyEvent(StepEvent(1, 11, 40, 0.1234567, absl::Milliseconds(42)), &state);
+  // The bubble: the step's mean over its ranks (0.25 and 0.5) and its worst rank.
   EXPECT_EQ(StepLine(state),
-            "step 12/40  loss 0.123457  800 samples/s  0.042s/step  bubble 0.50  ETA 1s");
+            "step 12/40  loss 0.123457  800 samples/s  0.042s/step  bubble 0.375 mean, 0.500 "
+            "worst (rank 1)  ETA 1s");
+  // With replicas, the worst task is named by replica and rank.
+  v1::JobEvent replicated = StepEvent(2, 11, 40, 0.1, absl::Milliseconds(42), {0.1, 0.2, 0.4, 0.3});
+  replicated.mutable_step_completed()->set_num_ranks(2);
+  WatchState two;
+  ApplyEvent(replicated, &two);
+  EXPECT_THAT(StepLine(two), HasSubstr("bubble 0.250 mean, 0.400 worst (replica 1 rank 0)"));
 
   v1::JobEvent forward = StepEvent(2, 12, 40, 0, absl::Seconds(1));
   forward.mutable_step_completed()->clear_loss();
@@ -125,8 +134,8 @@ TEST(WatchStateTest, ProgressLineFitsTheTerminalAndShowsABar) {
   }
   // An 80-column terminal: the compact text, with a bar.
   EXPECT_THAT(ProgressLine(state, 80),
-              AllOf(StartsWith("["), HasSubstr("] 10/40 loss 0.5000 800/s 1.000s/step bubble 0.50 "
-                                               "ETA 30s")));
+              AllOf(StartsWith("["), HasSubstr("] 10/40 loss 0.5000 800/s 1.000s/step bubble "
+                                               "0.38/0.50@r1 ETA 30s")));
   // Too narrow for a bar: the compact text alone, cut.
   EXPECT_THAT(ProgressLine(state, 40), StartsWith("10/40 loss 0.5000"));
 
@@ -186,6 +195,52 @@ TEST(RenderJobTest, ShowsTheTrainingRecipe) {
   EXPECT_TRUE(json["losses"][1].is_null());
   EXPECT_EQ(json["skipped_steps"], nlohmann::json::array({12, 39}));
   EXPECT_DOUBLE_EQ(json["evals"][0]["loss"].get<double>(), 0.3);
+}
+
+// How the layers were split, the bubble as a mean over the ranks and its worst rank, and the
+// per-rank table of predicted against measured compute and bubble.
+TEST(RenderJobTest, ShowsTheSplitAndEachRanksPredictedAndMeasuredShare) {
+  v1::Job job;
+  job.set_id("job-3");
+  job.set_split("profiled (default: profiling the model was cheap)");
+  job.add_max_bubble_ratios(0.4);
+  job.add_max_bubble_ratios(0.3);
+  job.set_predicted_compute_in_seconds(true);
+  job.set_balance_step(41);
+  for (int r = 0; r < 2; ++r) {
+    v1::RankBalance* b = job.add_balance();
+    b->set_rank(r);
+    b->add_stages(r);
+    b->add_stages(3 - r);
+    b->set_predicted_compute(0.010 + r * 0.002);
+    b->set_predicted_bubble_ratio(0.1 * (r + 1));
+    b->set_measured_compute_seconds(0.011 + r * 0.002);
+    b->set_measured_bubble_ratio(r == 0 ? 0.25 : 0.15);
+    b->set_simulated_bubble_ratio(r == 0 ? 0.2 : 0.1);
+  }
+  const std::string details = JobDetails(job);
+  EXPECT_THAT(details, HasSubstr("Split:     profiled (default: profiling the model was cheap)"));
+  EXPECT_THAT(details, HasSubstr("Bubble:    0.200 mean, 0.250 worst (rank 0) in global step 41; "
+                                 "worst step shown 0.400 (on its worst rank)"));
+  EXPECT_THAT(details, HasSubstr("PREDICTED COMPUTE"));
+  EXPECT_THAT(details, HasSubstr("SIMULATED BUBBLE"));
+  const std::string table = BalanceTable(job);
+  EXPECT_THAT(table, AllOf(HasSubstr("0,3"), HasSubstr("10.00 ms"), HasSubstr("13.00 ms"),
+                           HasSubstr("0.250"), HasSubstr("0.100")));
+  const nlohmann::json json = JobJson(job);
+  EXPECT_EQ(json["balance"]["balance_step"], 41);
+  EXPECT_DOUBLE_EQ(json["balance"]["ranks"][1]["simulated_bubble_ratio"].get<double>(), 0.1);
+
+  // Predictions alone (not profiled: shares of the step), before any step was traced.
+  v1::Job planned;
+  planned.set_balance_step(-1);
+  v1::RankBalance* b = planned.add_balance();
+  b->set_predicted_compute(0.55);
+  const std::string only = BalanceTable(planned);
+  EXPECT_THAT(only, AllOf(HasSubstr("PREDICTED SHARE"), HasSubstr("55.0%"),
+                          Not(HasSubstr("MEASURED"))));
+  EXPECT_EQ(BubbleSummary({0.1, 0.4, 0.3, 0.2}, 2), "0.250 mean, 0.400 worst (rank 1)");
+  EXPECT_EQ(BubbleSummary({0.1, 0.2, 0.5, 0.2}, 2), "0.250 mean, 0.500 worst (replica 1 rank 0)");
 }
 
 TEST(RenderJobTest, ShowsRestartsFailureGlobalStepAndPause) {

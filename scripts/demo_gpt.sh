@@ -5,8 +5,9 @@
 # that Debian's `fortunes` package installs under /usr/share/games/fortunes into character tokens
 # (`stagectl tokens`); trains a small GPT through a 4-stage ZBVZeroBubble pipeline (two stages per
 # worker) with AdamW, a warmup + cosine learning rate, clipping and a validation pass on a
-# held-out file, shown live by `stagectl watch`; checks that the final loss beats its bound; then
-# writes text with the trained job (`stagectl generate`, from its final checkpoint). Stops every
+# held-out file, shown live by `stagectl watch`; checks that the final loss beats its bound; shows
+# each worker's predicted and measured share of a step (`stagectl plan --job`); then writes
+# text with the trained job (`stagectl generate`, from its final checkpoint). Stops every
 # process it started, also on Ctrl-C or failure.
 #
 # STAGECOACH_DEMO_SHORT=1 trains a few steps only (what CI runs, via CTest's demo_short) and
@@ -101,11 +102,13 @@ VOCAB="$(/usr/bin/python3 -c 'import json, sys; print(len(json.load(open(sys.arg
   "$RUN_DIR/vocab.json")"
 
 cat >"$RUN_DIR/gpt-fortunes.yaml" <<SPEC
-# A character-level GPT on the fortunes text: 4 stages on 2 workers (ZBVZeroBubble's V:
-# worker 0 holds stages 0 and 3, so the tied embedding and head share it).
+# A character-level GPT on the fortunes text: 8 blocks in 4 stages on 2 workers
+# (ZBVZeroBubble's V: worker 0 holds stages 0 and 3, so the tied embedding and head share it;
+# worker 1 stages 1 and 2). The split is left to its default: the coordinator profiles the
+# model on a worker and balances the two workers' measured compute, not the four stages'.
 name: gpt-fortunes
 model:
-  builtin: {family: gpt, vocab: $VOCAB, d_model: 128, layers: 4, heads: 4, seq: 64, seed: 1,
+  builtin: {family: gpt, vocab: $VOCAB, d_model: 128, layers: 8, heads: 4, seq: 64, seed: 1,
             tie_embeddings: true}
 split: {stages: 4}
 schedule: {kind: ZBVZeroBubble, microbatches: 8}
@@ -144,6 +147,9 @@ for e in job.get("evals", [])[-1:]:
 if not final < bound:
     sys.exit(f"the final loss {final:.3f} did not beat its bound {bound}")
 ' "$BOUND"
+
+log "stagectl plan --job $JOB: each worker's predicted and measured share of a step"
+"$STAGECTL" plan --job "$JOB"
 
 log "stagectl generate $JOB --prompt 'The meaning of life is' (from its final checkpoint)"
 "$STAGECTL" generate "$JOB" --vocab "$RUN_DIR/vocab.json" --prompt "The meaning of life is" \

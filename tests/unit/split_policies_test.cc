@@ -6,6 +6,8 @@
 #include "coordinator/planning/split_policies.h"
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -115,6 +117,79 @@ TEST(SplitPolicies, FewerFirstLastCountsTheEndsTwiceOverTheRanks) {
   std::vector<int64_t> costs(8, 1);
   costs.front() = costs.back() = 2;
   EXPECT_THAT(RankTotals(costs, plan->stage_to_rank, Firsts(*plan)), ElementsAre(5, 5));
+}
+
+// Every cut of `costs` into stage_to_rank.size() stages: the smallest largest rank total.
+int64_t BestLargestRank(const std::vector<int64_t>& costs, const std::vector<int>& to) {
+  const int n = static_cast<int>(costs.size()), stages = static_cast<int>(to.size());
+  int64_t best = INT64_MAX;
+  std::vector<int> firsts = {0};
+  std::function<void()> walk = [&] {
+    if (static_cast<int>(firsts.size()) == stages) {
+      const std::vector<int64_t> t = RankTotals(costs, to, firsts);
+      best = std::min(best, *std::max_element(t.begin(), t.end()));
+      return;
+    }
+    const int left = stages - static_cast<int>(firsts.size());
+    for (int f = firsts.back() + 1; f <= n - left; ++f) {
+      firsts.push_back(f);
+      walk();
+      firsts.pop_back();
+    }
+  };
+  walk();
+  return best;
+}
+
+// For a GPT and an MLP, under ZBVZeroBubble, DualPipeV, Interleaved1F1B and 1F1B on 2 and 4
+// ranks, each policy's ranks are as balanced as any cut of the layers into the schedule's
+// stages can make them, by the quantity the policy balances (spec.md): equal-layers one a layer
+// (parameters for the GPT, whose norm is orders of magnitude below a block), equal-params the
+// parameters, profiled the measured forward + backward nanoseconds, fewer-first-last one a
+// layer with the ends counting two.
+TEST(SplitPolicies, EveryPolicyIsAsBalancedOverTheRanksAsAnyCut) {
+  const std::vector<std::pair<std::string, std::string>> models = {
+      {"gpt", "{family: gpt, vocab: 64, d_model: 32, layers: 6, heads: 4, seq: 16}"},
+      {"mlp", "{family: mlp, sizes: [16, 64, 8, 32, 32, 128, 8, 8, 64, 16, 16, 48, 4]}"}};
+  for (const auto& [family, model] : models) {
+    for (const std::string kind : {"ZBVZeroBubble", "DualPipeV", "Interleaved1F1B", "1F1B"}) {
+      for (int ranks : {2, 4}) {
+        const int stages = kind == "1F1B" ? ranks : 2 * ranks;
+        for (const std::string policy :
+             {"equal-layers", "equal-params", "profiled", "fewer-first-last"}) {
+          SCOPED_TRACE(absl::StrCat(family, " ", kind, " on ", ranks, " ranks, ", policy));
+          const spec::JobSpec spec =
+              Parse(model, absl::StrCat("{stages: ", stages, ", policy: ", policy, "}"),
+                    absl::StrCat("{kind: ", kind, ", microbatches: 8}"), ranks);
+          std::vector<v1::LayerInfo> layers = BuiltinLayers(*spec.model.builtin);
+          std::vector<int64_t> costs;
+          for (size_t l = 0; l < layers.size(); ++l) {
+            // Measured times unlike the parameters: every third layer slow.
+            const double forward = 1e-4 * (1 + (l % 3 == 0 ? 5 : 0)) + 1e-9 * layers[l].parameters();
+            layers[l].set_forward_seconds(forward);
+            layers[l].set_backward_seconds(2 * forward);
+            if (policy == "equal-params" || (policy == "equal-layers" && family == "gpt")) {
+              costs.push_back(layers[l].parameters());
+            } else if (policy == "profiled") {
+              costs.push_back(std::llround(
+                  (layers[l].forward_seconds() + layers[l].backward_seconds()) * 1e9));
+            } else {
+              costs.push_back(policy == "fewer-first-last" &&
+                                      (l == 0 || l + 1 == layers.size())
+                                  ? 2
+                                  : 1);
+            }
+          }
+          auto plan = PlanJob(spec, layers);
+          ASSERT_TRUE(plan.ok()) << plan.status();
+          ASSERT_EQ(plan->num_ranks, ranks);
+          const std::vector<int64_t> totals = RankTotals(costs, plan->stage_to_rank, Firsts(*plan));
+          EXPECT_EQ(*std::max_element(totals.begin(), totals.end()),
+                    BestLargestRank(costs, plan->stage_to_rank));
+        }
+      }
+    }
+  }
 }
 
 TEST(ProfileFlops, EstimatesAProfileOfABuiltinModel) {

@@ -161,12 +161,22 @@ class RankReplay {
           net += m.activations;
           held_during = ++held;
           break;
-        case ActionType::kFullBackward:
-        case ActionType::kBackwardInput: {
+        case ActionType::kBackwardInput:
+          if (s == 0) {
+            // The first stage's input is the data: I has no input path and computes nothing;
+            // W runs the whole backward from the output gradient, which it keeps until then.
+            weight_inputs_[key] = Take(recv_b_, key) + Take(handed_, key);
+            break;
+          }
+          [[fallthrough]];
+        case ActionType::kFullBackward: {
           const bool full = leaf->type == ActionType::kFullBackward;
           const double input_grad = Output(s - 1);
+          // I computes what W will need (weight_gradients) layer by layer and holds it all to
+          // its end, beside the activations it frees only as it goes.
           during = (full ? m.backward_transient
-                         : std::max(0.0, m.backward_transient - m.weight_transient)) +
+                         : std::max(0.0, m.backward_transient - m.weight_transient) +
+                               m.weight_gradients) +
                    input_grad;
           const double base = net;
           const double input = Take(recv_f_, key);
@@ -180,8 +190,13 @@ class RankReplay {
           break;
         }
         case ActionType::kBackwardWeight:
-          during = net + m.weight_transient;
-          net -= m.weight_activations + m.weight_gradients + Take(weight_inputs_, key);
+          if (s == 0) {  // the whole backward, as B (see kBackwardInput)
+            during = net + m.backward_transient;
+            net -= m.activations + Take(weight_inputs_, key);
+          } else {
+            during = net + m.weight_transient;
+            net -= m.weight_activations + m.weight_gradients + Take(weight_inputs_, key);
+          }
           --held;
           break;
         default:
@@ -194,8 +209,9 @@ class RankReplay {
       // only by what the gradients exceed those by.
       if ((leaf->type == ActionType::kFullBackward || leaf->type == ActionType::kBackwardWeight) &&
           stages_with_gradients_.insert(s).second) {
-        const double consumed =
-            leaf->type == ActionType::kFullBackward ? m.activations : m.weight_activations;
+        const double consumed = leaf->type == ActionType::kFullBackward || s == 0
+                                    ? m.activations
+                                    : m.weight_activations;
         during += std::max(0.0, m.gradients - consumed);
         net += m.gradients;
       }

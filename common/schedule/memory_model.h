@@ -122,9 +122,11 @@ struct MemoryProfile {
 //    (B: activations(s); W: weight_activations(s)), so while it runs it holds only what
 //    gradients(s) exceed those by (the transients are profiled with the graph retained);
 //  - I(s, mb) is B that keeps weight_activations(s) and its RECV_F buffer, adds
-//    weight_gradients(s), and runs with
-//    backward_transient - weight_transient while it runs; W(s, mb) holds weight_transient while
-//    it runs and frees all of them at its end;
+//    weight_gradients(s), which it builds up while it runs, and runs with
+//    backward_transient - weight_transient; W(s, mb) holds weight_transient while it runs and
+//    frees all of them at its end. Stage 0's input is the data, so its I has no input path: it
+//    computes and frees nothing (its RECV_B buffer stays), and its W is a B: it runs with
+//    backward_transient and frees activations(0) and the RECV_B buffer;
 //  - an OVERLAP_F_B runs its sub-actions one after another: its peak is the highest any of them
 //    reaches on what the earlier ones left; the changes apply at its end;
 //  - an input gradient sent by SEND_B is freed when the message arrives (with

@@ -20,7 +20,9 @@ schedule::OptimizerKind OptimizerOf(const spec::OptimizerSpec& optimizer) {
 
 // What a split backward holds from I to W: measured (weight_pending_bytes, less the stage's
 // input, which the model keeps as its receive buffer until W), else estimated as everything but
-// the output plus a gradient the size of each layer's output.
+// the output plus a gradient the size of each layer's output. With the measurement, the W's
+// transient is the most any layer's W allocated (weight_transient_bytes), replacing the
+// estimate StageMemoryModel set (its largest layer's parameters).
 void SetWeightPending(const Plan& plan, const StagePlan& stage, bool recompute,
                       schedule::StageMemory& m) {
   double measured = 0;
@@ -28,6 +30,15 @@ void SetWeightPending(const Plan& plan, const StagePlan& stage, bool recompute,
   for (int l = stage.first_layer; l < stage.end_layer; ++l) {
     measured += static_cast<double>(plan.layers[l].weight_pending_bytes());
     has_measured = has_measured || plan.layers[l].weight_pending_bytes() > 0;
+  }
+  if (has_measured) {
+    // The W's own temporaries, measured with the weight gradients already in .grad: a weight
+    // gradient computed straight into .grad adds none, a bias's is computed apart.
+    m.weight_transient = 0;
+    for (int l = stage.first_layer; l < stage.end_layer; ++l) {
+      m.weight_transient = std::max(
+          m.weight_transient, static_cast<double>(plan.layers[l].weight_transient_bytes()));
+    }
   }
   if (has_measured && !recompute) {
     if (stage.first_layer > 0) {

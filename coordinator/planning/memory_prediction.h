@@ -37,8 +37,10 @@ namespace stagecoach::coordinator {
 //  - backward transient: the most any of its layers' backward allocates
 //    (backward_transient_bytes) beyond the gradient of its input (the model counts the stage's
 //    input gradient apart), plus with recomputation the activations it rebuilds;
-//  - weight transient: its largest layer's parameter bytes (that layer's weight gradients,
-//    computed before they are accumulated);
+//  - weight transient: the most any of its layers' W allocated in the profile
+//    (weight_transient_bytes: a weight gradient computed straight into .grad adds none, a
+//    bias's is computed apart); without that measurement its largest layer's parameter bytes
+//    (that layer's weight gradients, computed before they are accumulated);
 //  - output: its last layer's output_bytes.
 // The layer sizes are those of the profile: fp32 (a bf16 job keeps less).
 // gradient_sends_held_to_step_end is not set: the worker's executor frees a gradient send once

@@ -67,7 +67,10 @@ TEST(MemoryPrediction, StageModelFromLayersAndRecipe) {
 TEST(MemoryPrediction, MeasuredWeightPendingSetsWhatWHolds) {
   const spec::JobSpec spec = Parse("{kind: ZBVZeroBubble, microbatches: 8}", "", "{workers: 2}");
   std::vector<v1::LayerInfo> layers = MeasuredLayers();
-  for (v1::LayerInfo& layer : layers) layer.set_weight_pending_bytes(450);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    layers[l].set_weight_pending_bytes(450);
+    layers[l].set_weight_transient_bytes(l == 3 ? 64 : 16);  // e.g. a bias computed apart
+  }
   // 4 stages of two layers: 900 live between I and W, less the stage's 200-byte input (a
   // receive buffer the model keeps until W), all within the 2,000 bytes of activations.
   schedule::MemoryModel model = StageMemoryModel(spec, MustPlan(spec, layers));
@@ -76,6 +79,10 @@ TEST(MemoryPrediction, MeasuredWeightPendingSetsWhatWHolds) {
   EXPECT_EQ(model.per_stage[0].weight_gradients, 0);
   EXPECT_EQ(model.per_stage[1].weight_activations, 700);
   EXPECT_EQ(model.per_stage[1].weight_gradients, 0);
+  // W's transient is what its layers' W measured, the most of them: not their 400 bytes of
+  // parameters, which the W computes straight into .grad.
+  EXPECT_EQ(model.per_stage[0].weight_transient, 16);
+  EXPECT_EQ(model.per_stage[1].weight_transient, 64);
   // More than the activations: the rest is what I computed for W.
   for (v1::LayerInfo& layer : layers) layer.set_weight_pending_bytes(1500);
   model = StageMemoryModel(spec, MustPlan(spec, layers));
@@ -85,6 +92,7 @@ TEST(MemoryPrediction, MeasuredWeightPendingSetsWhatWHolds) {
   model = StageMemoryModel(spec, MustPlan(spec, MeasuredLayers()));
   EXPECT_EQ(model.per_stage[1].weight_activations, 1800);
   EXPECT_EQ(model.per_stage[1].weight_gradients, 400);
+  EXPECT_EQ(model.per_stage[1].weight_transient, 400);  // the largest layer's parameters
 }
 
 TEST(MemoryPrediction, RecomputationKeepsOnlyTheOutputAndRebuildsTheRest) {

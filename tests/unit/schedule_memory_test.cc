@@ -144,29 +144,74 @@ TEST(ScheduleMemoryTest, ControllableVSchedulesHoldTheirShareOfOneFOneB) {
 }
 
 TEST(ScheduleMemoryTest, SplitBackwardKeepsWeightPartUntilW) {
-  // One rank, one stage, two microbatches; F, I and W cost 1 each.
+  // One rank, two stages, two microbatches; every action costs 1. Stage 0 holds nothing, so
+  // that the curve is stage 1's; stage 1 keeps 100 per microbatch, of which W needs 40.
   MemoryModel model = Activations(100);
   model.defaults.weight_activations = 40;
-  const std::vector<int> one_rank{0};
-  // Both forwards first: 200 at 0F1; each I leaves 40, each W frees it.
-  Replay all_first =
-      MustRun({ParseActions({"0F0", "0F1", "0I0", "0I1", "0W0", "0W1"})}, one_rank, 1, 2, model);
+  model.per_stage = {StageMemory{}};
+  const std::vector<int> one_rank{0, 0};
+  // Both of stage 1's forwards first: 200 from 1F1 (at 3); each I leaves 40, each W frees it.
+  Replay all_first = MustRun({ParseActions({"0F0", "1F0", "0F1", "1F1", "1I0", "1I1", "1W0",
+                                            "1W1", "0I0", "0I1", "0W0", "0W1"})},
+                             one_rank, 2, 2, model);
   const RankMemory& a = all_first.memory.ranks[0];
   EXPECT_EQ(a.peak_dynamic, 200);
-  EXPECT_EQ(a.peak_action, "0F1");
-  EXPECT_EQ(a.peak_time, 1);
+  EXPECT_EQ(a.peak_action, "1F1");
+  EXPECT_EQ(a.peak_time, 3);
   EXPECT_THAT(Curve(a),
-              ElementsAre(std::pair(0.0, 100.0), std::pair(1.0, 200.0), std::pair(3.0, 140.0),
-                          std::pair(4.0, 80.0), std::pair(5.0, 40.0), std::pair(6.0, 0.0)));
-  // I before the next F: 0F1 runs on 0W0's 40 bytes, 140 and two activations held.
-  Replay interleaved =
-      MustRun({ParseActions({"0F0", "0I0", "0F1", "0I1", "0W0", "0W1"})}, one_rank, 1, 2, model);
+              ElementsAre(std::pair(0.0, 0.0), std::pair(1.0, 100.0), std::pair(3.0, 200.0),
+                          std::pair(5.0, 140.0), std::pair(6.0, 80.0), std::pair(7.0, 40.0),
+                          std::pair(8.0, 0.0)));
+  // I before the next F: 1F1 runs on 1W0's 40 bytes, 140, with both microbatches of both
+  // stages held (stage 0's of no bytes).
+  Replay interleaved = MustRun({ParseActions({"0F0", "1F0", "1I0", "0F1", "1F1", "1I1", "1W0",
+                                              "1W1", "0I0", "0I1", "0W0", "0W1"})},
+                               one_rank, 2, 2, model);
   EXPECT_EQ(interleaved.memory.ranks[0].peak_dynamic, 140);
-  EXPECT_EQ(interleaved.memory.ranks[0].peak_microbatches, 2);
-  EXPECT_EQ(interleaved.memory.ranks[0].peak_time, 2);
+  EXPECT_EQ(interleaved.memory.ranks[0].peak_microbatches, 4);
+  EXPECT_EQ(interleaved.memory.ranks[0].peak_time, 4);
   // The full backward frees everything at once: 100.
-  Replay full = MustRun({ParseActions({"0F0", "0B0", "0F1", "0B1"})}, one_rank, 1, 2, model);
+  Replay full = MustRun({ParseActions({"0F0", "1F0", "1B0", "0F1", "1F1", "1B1", "0B0", "0B1"})},
+                        one_rank, 2, 2, model);
   EXPECT_EQ(full.memory.ranks[0].peak_dynamic, 100);
+}
+
+TEST(ScheduleMemoryTest, SplitBackwardBuildsUpWhatWNeedsWhileIRuns) {
+  // Stage 1 of two on one rank: I runs with its transient less W's (30 - 10) and builds up the
+  // 25 bytes of weight gradients; W runs with its 10 and frees them.
+  MemoryModel model = Activations(100);
+  model.defaults.weight_activations = 40;
+  model.defaults.weight_gradients = 25;
+  model.defaults.backward_transient = 30;
+  model.defaults.weight_transient = 10;
+  model.per_stage = {StageMemory{}};
+  Replay run = MustRun({ParseActions({"0F0", "1F0", "1I0", "1W0", "0I0", "0W0"})}, {0, 0}, 2, 1,
+                       model);
+  // 1I0 [2,3]: 100 + 20 + 25 = 145, then 40 + 25 = 65; 1W0 [3,4]: 75, then 0.
+  EXPECT_EQ(run.memory.ranks[0].peak_dynamic, 145);
+  EXPECT_EQ(run.memory.ranks[0].peak_action, "1I0");
+  EXPECT_THAT(Curve(run.memory.ranks[0]),
+              ElementsAre(std::pair(0.0, 0.0), std::pair(1.0, 100.0), std::pair(2.0, 145.0),
+                          std::pair(3.0, 75.0), std::pair(4.0, 0.0)));
+}
+
+TEST(ScheduleMemoryTest, TheFirstStagesIDoesNothingAndItsWIsTheWholeBackward) {
+  // Stage 0's input is the data: its I has no input path. Two microbatches on one stage:
+  // every F's 100 stays through its I, and W runs with the backward's transient (50), not
+  // W's (10), and frees everything.
+  MemoryModel model = Activations(100);
+  model.defaults.weight_activations = 40;
+  model.defaults.weight_gradients = 25;
+  model.defaults.backward_transient = 50;
+  model.defaults.weight_transient = 10;
+  Replay run =
+      MustRun({ParseActions({"0F0", "0I0", "0F1", "0I1", "0W0", "0W1"})}, {0}, 1, 2, model);
+  const RankMemory& m = run.memory.ranks[0];
+  EXPECT_EQ(m.peak_dynamic, 250);
+  EXPECT_EQ(m.peak_action, "0W0");
+  EXPECT_THAT(Curve(m), ElementsAre(std::pair(0.0, 100.0), std::pair(2.0, 200.0),
+                                    std::pair(4.0, 250.0), std::pair(5.0, 150.0),
+                                    std::pair(6.0, 0.0)));
 }
 
 TEST(ScheduleMemoryTest, BackwardTransientAddsWhileTheBackwardRuns) {

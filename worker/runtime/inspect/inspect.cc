@@ -102,7 +102,8 @@ void BackwardRoots(const std::vector<torch::Tensor>& outputs,
   }
 }
 
-// Measures what a split backward holds between its I and its W (LayerInfo.weight_pending_bytes):
+// Measures what a split backward holds between its I and its W (LayerInfo.weight_pending_bytes)
+// and what its W allocates beyond that (weight_transient_bytes):
 // the forward runs on fresh copies of `inputs`, so that an input W needs is counted, and only the
 // graph and what I left for W hold anything when the live bytes are read.
 void MeasureWeightPending(StageModel& stage, const std::vector<torch::Tensor>& inputs,
@@ -121,7 +122,12 @@ void MeasureWeightPending(StageModel& stage, const std::vector<torch::Tensor>& i
     runtime::SplitBackward::BackwardInputs(roots, grads, copies, &pending);
   }
   layer->set_weight_pending_bytes(std::max<int64_t>(counter.live_bytes() - before, 0));
+  // The W, the weight gradients already in .grad (the timed runs left them): what it computes
+  // apart from .grad before accumulating (LayerInfo.weight_transient_bytes).
+  const int64_t before_weight = counter.live_bytes();
+  counter.ResetPeak();
   runtime::SplitBackward::BackwardWeight(std::move(pending), /*fuse_weight_grads=*/true);
+  layer->set_weight_transient_bytes(std::max<int64_t>(counter.peak_bytes() - before_weight, 0));
 }
 
 // Times the layer's backward both ways the schedules run it, paired in one loop (one warm-up,

@@ -14,7 +14,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 SECONDS_EACH="${1:-60}"
 shift || true
 TARGETS=("$@")
-[ ${#TARGETS[@]} -eq 0 ] && TARGETS=(spec_parser schedule_csv schedule_action npy checkpoint_manifest)
+[ ${#TARGETS[@]} -eq 0 ] && TARGETS=(spec_parser schedule_csv schedule_action npy checkpoint_manifest safetensors_header)
 FUZZ_DIR="${FUZZ_BUILD_DIR:-$STAGECOACH_ROOT/build-fuzz}"
 
 install_packages

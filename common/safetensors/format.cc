@@ -4,8 +4,12 @@
 #include <array>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <set>
+#include <string>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"

@@ -1,5 +1,6 @@
 #include "common/safetensors/model_dir.h"
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <set>

@@ -1,6 +1,8 @@
 #include "common/safetensors/writer.h"
 
 #include <set>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"

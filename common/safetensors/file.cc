@@ -6,27 +6,17 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/util/durable_file.h"
 
 namespace stagecoach::safetensors {
 namespace {
 
 absl::Status SystemError(const std::string& path, absl::string_view step, int error) {
-  const std::string message = absl::StrCat(path, ": ", step, ": ", std::strerror(error));
-  switch (error) {
-    case ENOENT:
-    case ENOTDIR:
-      return absl::NotFoundError(message);
-    case EACCES:
-    case EPERM:
-      return absl::PermissionDeniedError(message);
-    default:
-      return absl::DataLossError(message);
-  }
+  return ErrnoStatus(error, absl::StrCat(path, ": ", step));
 }
 
 }  // namespace

@@ -18,25 +18,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A status for a failed system call: `code` by `err`, the message naming what failed and why.
-absl::Status ErrnoStatus(int err, absl::string_view message) {
-  const std::string text = absl::StrCat(message, ": ", std::strerror(err));
-  switch (err) {
-    case EACCES:
-    case EPERM:
-    case EROFS:
-      return absl::PermissionDeniedError(text);
-    case ENOENT:
-    case ENOTDIR:
-      return absl::NotFoundError(text);
-    case ENOSPC:
-    case EDQUOT:
-      return absl::ResourceExhaustedError(text);
-    default:
-      return absl::DataLossError(text);
-  }
-}
-
 absl::Status AlreadyExists(const DurableFileOptions& options, const std::string& path) {
   return absl::AlreadyExistsError(
       absl::StrCat(options.what, " ", path, " already exists; it is not overwritten"));
@@ -82,6 +63,24 @@ bool NoHardLinks(int err) {
 }
 
 }  // namespace
+
+absl::Status ErrnoStatus(int err, absl::string_view message) {
+  const std::string text = absl::StrCat(message, ": ", std::strerror(err));
+  switch (err) {
+    case EACCES:
+    case EPERM:
+    case EROFS:
+      return absl::PermissionDeniedError(text);
+    case ENOENT:
+    case ENOTDIR:
+      return absl::NotFoundError(text);
+    case ENOSPC:
+    case EDQUOT:
+      return absl::ResourceExhaustedError(text);
+    default:
+      return absl::DataLossError(text);
+  }
+}
 
 absl::Status WriteFileDurably(const std::string& path, absl::string_view contents,
                               const DurableFileOptions& options) {

@@ -45,6 +45,10 @@ struct DurableFileOptions {
   std::string temp_prefix;
 };
 
+// A status for a failed system call whose errno is `err`: `message` (naming what failed),
+// ": ", and strerror(err), with the code the table above gives.
+absl::Status ErrnoStatus(int err, absl::string_view message);
+
 // Writes `contents` to `path` durably (see above).
 absl::Status WriteFileDurably(const std::string& path, absl::string_view contents,
                               const DurableFileOptions& options = {});

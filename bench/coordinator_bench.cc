@@ -22,7 +22,7 @@
 
 #include "bench/bench_support.h"
 #include "common/util/logging.h"
-#include "common/util/malloc_tuning.h"
+#include "common/process/malloc_tuning.h"
 #include "common/util/work_queue.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/jobs/job_store.h"

@@ -47,7 +47,7 @@
 #include "common/schedule/build.h"
 #include "common/schedule/chrome_trace.h"
 #include "common/schedule/simulator.h"
-#include "common/util/malloc_tuning.h"
+#include "common/process/malloc_tuning.h"
 #include "worker/model/mlp.h"
 #include "worker/runtime/device/compute_slice.h"
 #include "worker/runtime/device/compute_threads.h"

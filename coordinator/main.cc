@@ -7,7 +7,7 @@
 #include "common/rpc/authorized_service.h"
 #include "common/util/byte_size.h"
 #include "common/util/logging.h"
-#include "common/util/malloc_tuning.h"
+#include "common/process/malloc_tuning.h"
 #include "common/util/work_queue.h"
 #include "coordinator/generation/generation.h"
 #include "coordinator/job_manager.h"

@@ -7,7 +7,7 @@
 #include "common/daemon/daemon.h"
 #include "common/rpc/authorized_service.h"
 #include "common/util/logging.h"
-#include "common/util/malloc_tuning.h"
+#include "common/process/malloc_tuning.h"
 #include "worker/runtime/device/counting_allocator.h"
 #include "worker/runtime/device/device.h"
 #include "worker/service/artifact_cache.h"

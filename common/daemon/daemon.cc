@@ -8,9 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/metrics/metrics.h"
 #include "common/metrics/process_metrics.h"
-#include "common/util/crash_report.h"
+#include "common/process/crash_report.h"
 #include "common/util/logging.h"
-#include "common/util/signals.h"
+#include "common/process/signals.h"
 #include "prometheus/registry.h"
 
 namespace stagecoach::daemon {

@@ -81,7 +81,7 @@ class Daemon {
   // Where the daemon declares its own flags, before Configure.
   FlagSet& flags() { return flags_; }
 
-  // Installs the crash report (common/util/crash_report.h: a fault prints its stack to
+  // Installs the crash report (common/process/crash_report.h: a fault prints its stack to
   // stderr), blocks SIGINT and SIGTERM in this thread and the threads created afterwards (call
   // it before any thread exists), parses the command line and --config into every flag, runs
   // `validate` (the daemon's own checks across flags), sets up logging and builds the TLS

@@ -12,7 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/rpc/auth.h"
-#include "common/util/config_file.h"
+#include "common/process/config_file.h"
 
 namespace stagecoach::daemon {
 

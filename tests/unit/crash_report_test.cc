@@ -1,6 +1,6 @@
 // The daemons' crash report: a fault or an abort prints which signal, which thread and its stack
 // to stderr, and the process still dies of that signal (death tests: each case runs in a child).
-#include "common/util/crash_report.h"
+#include "common/process/crash_report.h"
 
 #include <signal.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-#include "common/util/malloc_tuning.h"
+#include "common/process/malloc_tuning.h"
 
 #include <malloc.h>
 

@@ -1,4 +1,4 @@
-#include "common/util/signals.h"
+#include "common/process/signals.h"
 
 #include <pthread.h>
 

@@ -1,4 +1,4 @@
-#include "common/util/config_file.h"
+#include "common/process/config_file.h"
 
 #include <yaml-cpp/yaml.h>
 

@@ -1,4 +1,4 @@
-#include "common/util/crash_report.h"
+#include "common/process/crash_report.h"
 
 #include <execinfo.h>
 #include <signal.h>

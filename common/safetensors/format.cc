@@ -114,7 +114,6 @@ class HeaderParser {
     t.dtype = *parsed;
     const auto shape = value.find("shape");
     if (shape == value.end() || !shape->is_array()) return TensorError(name, "has no shape list");
-    unsigned __int128 elements = 1;
     for (size_t d = 0; d < shape->size(); ++d) {
       const std::optional<uint64_t> dim = NonNegativeInteger((*shape)[d]);
       if (!dim || *dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
@@ -123,9 +122,6 @@ class HeaderParser {
                                               ", not an integer in [0, 2^63)"));
       }
       t.shape.push_back(static_cast<int64_t>(*dim));
-      elements *= *dim;
-      // Past 2^64 elements no file holds it; stop there so that the product cannot overflow.
-      elements = std::min(elements, static_cast<unsigned __int128>(1) << 64);
     }
     const auto offsets = value.find("data_offsets");
     if (offsets == value.end() || !offsets->is_array() || offsets->size() != 2) {
@@ -144,13 +140,11 @@ class HeaderParser {
     }
     t.begin = *begin;
     t.end = *end;
-    const unsigned __int128 bytes = elements * static_cast<unsigned>(ElementSize(t.dtype));
+    const std::optional<uint64_t> bytes = ShapeBytes(t.dtype, t.shape);
     if (bytes != t.end - t.begin) {
       return TensorError(
           name, absl::StrCat("shape ", shape->dump(), " of ", DtypeName(t.dtype), " needs ",
-                             bytes > std::numeric_limits<uint64_t>::max()
-                                 ? std::string("more than 2^64")
-                                 : absl::StrCat(static_cast<uint64_t>(bytes)),
+                             bytes ? absl::StrCat(*bytes) : std::string("more than 2^64"),
                              " bytes, but data_offsets ", offsets->dump(), " hold ",
                              t.end - t.begin));
     }
@@ -207,6 +201,18 @@ std::string KnownDtypes() {
   std::vector<absl::string_view> names;
   for (const DtypeEntry& e : kDtypes) names.push_back(e.name);
   return absl::StrJoin(names, ", ");
+}
+
+std::optional<uint64_t> ShapeBytes(Dtype dtype, const std::vector<int64_t>& shape) {
+  unsigned __int128 bytes = static_cast<unsigned>(ElementSize(dtype));
+  for (int64_t d : shape) {
+    if (d < 0) return std::nullopt;
+    // Past 2^64 no file holds it; stop there so that the product cannot overflow (a later zero
+    // still makes it 0).
+    bytes = std::min(bytes * static_cast<uint64_t>(d), static_cast<unsigned __int128>(1) << 64);
+  }
+  if (bytes > std::numeric_limits<uint64_t>::max()) return std::nullopt;
+  return static_cast<uint64_t>(bytes);
 }
 
 int64_t TensorInfo::NumElements() const {

@@ -53,6 +53,9 @@ std::optional<Dtype> ParseDtype(absl::string_view name);
 int ElementSize(Dtype dtype);
 // Every name ParseDtype knows, comma-separated, for messages.
 std::string KnownDtypes();
+// The bytes of a tensor of `shape` in `dtype`; nullopt when a dimension is negative or they
+// exceed 2^64 - 1 (no file holds them).
+std::optional<uint64_t> ShapeBytes(Dtype dtype, const std::vector<int64_t>& shape);
 
 // The largest header read (HF's readers refuse more too): 100 MiB.
 inline constexpr uint64_t kMaxHeaderBytes = 100ull << 20;

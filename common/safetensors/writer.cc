@@ -10,24 +10,6 @@
 #include "nlohmann/json.hpp"
 
 namespace stagecoach::safetensors {
-namespace {
-
-// The shape's bytes of `dtype`, or an error when a dimension is negative or they overflow.
-absl::StatusOr<uint64_t> ShapeBytes(const TensorToWrite& t, absl::string_view file_name) {
-  unsigned __int128 bytes = static_cast<unsigned>(ElementSize(t.dtype));
-  for (int64_t d : t.shape) {
-    if (d < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(file_name, ": tensor '", t.name,
-                                                     "': negative dimension in shape [",
-                                                     absl::StrJoin(t.shape, ", "), "]"));
-    }
-    bytes *= static_cast<uint64_t>(d);
-    if (bytes > (static_cast<unsigned __int128>(1) << 63)) bytes = static_cast<uint64_t>(1) << 63;
-  }
-  return static_cast<uint64_t>(bytes);
-}
-
-}  // namespace
 
 absl::StatusOr<std::string> EncodeHeader(const std::vector<TensorToWrite>& tensors,
                                          const std::map<std::string, std::string>& metadata,
@@ -44,12 +26,18 @@ absl::StatusOr<std::string> EncodeHeader(const std::vector<TensorToWrite>& tenso
     if (t.name.empty()) return error("an empty name");
     if (t.name == "__metadata__") return error("the name is reserved for the metadata");
     if (!names.insert(t.name).second) return error("written twice");
-    absl::StatusOr<uint64_t> bytes = ShapeBytes(t, file_name);
-    if (!bytes.ok()) return bytes.status();
-    if (*bytes != t.data.size()) {
+    for (int64_t d : t.shape) {
+      if (d < 0) {
+        return error(absl::StrCat("negative dimension in shape [", absl::StrJoin(t.shape, ", "),
+                                  "]"));
+      }
+    }
+    const std::optional<uint64_t> bytes = ShapeBytes(t.dtype, t.shape);
+    if (bytes != t.data.size()) {
       return error(absl::StrCat("shape [", absl::StrJoin(t.shape, ", "), "] of ",
-                                DtypeName(t.dtype), " needs ", *bytes, " bytes, but ",
-                                t.data.size(), " were given"));
+                                DtypeName(t.dtype), " needs ",
+                                bytes ? absl::StrCat(*bytes) : std::string("more than 2^64"),
+                                " bytes, but ", t.data.size(), " were given"));
     }
     header[t.name] = {{"dtype", std::string(DtypeName(t.dtype))},
                       {"shape", t.shape},

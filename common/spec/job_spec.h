@@ -9,17 +9,20 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "common/hf/decoder_config.h"
 
 namespace stagecoach::spec {
 
 // model.builtin: a model family built in to the worker.
 struct BuiltinModel {
-  // "mlp" or "gpt".
+  // "mlp", "gpt" or "llama" (common/spec/builtin_model.h says what each family's layers are).
   std::string family;
   // mlp: layer widths [in, h1, ..., out]; layer i is Linear(sizes[i], sizes[i+1]) followed by
   // ReLU except after the last. At least two entries.
   std::vector<int64_t> sizes;
   // gpt: vocabulary size, model width, number of blocks, attention heads, sequence length.
+  // llama: the same five, mirrored from `decoder` (vocab_size, hidden_size, num_hidden_layers,
+  // num_attention_heads) and the training window `seq` (<= max_position_embeddings).
   int64_t vocab = 0;
   int64_t d_model = 0;
   int64_t layers = 0;
@@ -29,11 +32,14 @@ struct BuiltinModel {
   // builds all layers in order, so each keeps exactly its layers of one identical model (the
   // same parameters torch.manual_seed(seed) and PyTorch's default init would give).
   uint64_t seed = 0;
-  // gpt: the token embedding and the output head are one parameter (embed.tok.weight is
-  // head.weight). When they sit on different stages each holds a copy and their gradients are
+  // gpt and llama: the token embedding and the output head are one parameter
+  // (TiedEmbeddingName in builtin_model.h is head.weight). When they sit on different stages each holds a copy and their gradients are
   // summed between the two after the step's backward and replica reduction, before the
   // optimizer step, so the copies stay identical.
   bool tie_embeddings = false;
+  // llama: the decoder's configuration under Hugging Face's config.json names (its
+  // tie_word_embeddings is tie_embeddings above). Set exactly for family llama.
+  std::optional<hf::DecoderConfig> decoder;
 };
 
 struct ModelSpec {

@@ -58,6 +58,19 @@ void CheckModel(const BuiltinModel& model, LimitChecker& check) {
     check.Check("model.builtin.d_model", model.d_model, &SpecLimits::max_dimension);
     check.Check("model.builtin.heads", model.heads, &SpecLimits::max_dimension);
     check.Check("model.builtin.seq", model.seq, &SpecLimits::max_dimension);
+  } else if (model.family == "llama" && model.decoder.has_value()) {
+    const hf::DecoderConfig& c = *model.decoder;
+    check.Check("model.builtin.num_hidden_layers", c.num_hidden_layers + 3,
+                &SpecLimits::max_layers);
+    for (const auto& [key, value] :
+         {std::pair<const char*, int64_t>{"vocab_size", c.vocab_size},
+          {"hidden_size", c.hidden_size},
+          {"intermediate_size", c.intermediate_size},
+          {"num_attention_heads", c.num_attention_heads},
+          {"head_dim", c.head_dim},
+          {"max_position_embeddings", c.max_position_embeddings}}) {
+      check.Check(absl::StrCat("model.builtin.", key), value, &SpecLimits::max_dimension);
+    }
   }
 }
 
@@ -76,44 +89,6 @@ const std::vector<SpecLimitFlag>& SpecLimitFlags() {
       {"max-actions", &SpecLimits::max_actions, "schedule actions"},
   };
   return kFlags;
-}
-
-absl::StatusOr<std::vector<int64_t>> BuiltinLayerParameterCounts(const BuiltinModel& model) {
-  std::vector<int64_t> out;
-  const auto overflow = [&](const std::string& what) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.builtin: the parameter count of ", what, " does not fit in 64 bits"));
-  };
-  if (model.family == "mlp") {
-    for (size_t i = 0; i + 1 < model.sizes.size(); ++i) {
-      int64_t n = 0;  // weight and bias
-      if (!MulAdd(model.sizes[i], model.sizes[i + 1], model.sizes[i + 1], &n)) {
-        return overflow(absl::StrCat("layer ", i));
-      }
-      out.push_back(n);
-    }
-  } else if (model.family == "gpt") {
-    const int64_t d = model.d_model;
-    int64_t tokens = 0, embed = 0, d2 = 0, block = 0, head = 0;
-    // embed: token and position tables.
-    if (!MulAdd(model.vocab, d, 0, &tokens) || !MulAdd(model.seq, d, tokens, &embed)) {
-      return overflow("embed");
-    }
-    out.push_back(embed);
-    // A block: ln1 (2d), attn.qkv (3d*d + 3d), attn.proj (d*d + d), ln2 (2d), mlp.fc
-    // (4d*d + 4d), mlp.proj (4d*d + d).
-    int64_t thirteen_d = 0;
-    if (!MulAdd(d, d, 0, &d2) || !MulAdd(13, d, 0, &thirteen_d) ||
-        !MulAdd(12, d2, thirteen_d, &block)) {
-      return overflow("a block");
-    }
-    // The layer count is checked against max_layers before anything sized by it is built.
-    if (model.layers > 0) out.insert(out.end(), static_cast<size_t>(model.layers), block);
-    out.push_back(2 * d);  // norm (d <= 2^31 by the parser)
-    if (!MulAdd(d, model.vocab, 0, &head)) return overflow("head");
-    out.push_back(head);  // no bias
-  }
-  return out;
 }
 
 absl::Status CheckSpecLimits(const JobSpec& spec, const SpecLimits& limits) {

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/spec/builtin_model.h"
 #include "common/spec/job_spec.h"
 
 namespace stagecoach::spec {
@@ -44,11 +45,6 @@ struct SpecLimits {
 // "model.builtin.layers: 1000000 is over the limit of 100000 layers (the coordinator's
 // --max-layers)". Also refuses a built-in model whose parameter count overflows 64 bits.
 absl::Status CheckSpecLimits(const JobSpec& spec, const SpecLimits& limits);
-
-// Parameter count of each top-level layer of a built-in model, in layer order (mlp: weight and
-// bias of each Linear; gpt: embed = token + position tables, each block, norm, head without
-// bias). INVALID_ARGUMENT naming model.builtin when a count does not fit in 64 bits.
-absl::StatusOr<std::vector<int64_t>> BuiltinLayerParameterCounts(const BuiltinModel& model);
 
 // The coordinator flag that raises each limit ("max-layers", ...), for error messages and docs.
 struct SpecLimitFlag {

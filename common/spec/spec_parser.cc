@@ -21,6 +21,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
 #include "common/checkpoint/layout.h"
+#include "common/spec/builtin_fields.h"
 #include "common/spec/recipe_fields.h"
 #include "common/spec/yaml_documents.h"
 #include "common/spec/yaml_fields.h"
@@ -34,6 +35,7 @@ namespace {
 using yaml_fields::Describe;
 using yaml_fields::Fields;
 using yaml_fields::Join;
+using yaml_fields::PeekScalar;
 using yaml_fields::Quote;
 using yaml_fields::Read;
 using yaml_fields::Suggestion;
@@ -54,56 +56,6 @@ const std::vector<std::string>& TopLevelKeys() {
 // "[lo, hi)" and the like, for range errors.
 std::string FormatRange(double lo, bool lo_inclusive, double hi, bool hi_inclusive) {
   return absl::StrCat(lo_inclusive ? "[" : "(", lo, ", ", hi, hi_inclusive ? "]" : ")");
-}
-
-// The name of layer `i` of a built-in model (0 <= i < BuiltinLayerCount).
-std::string LayerName(const BuiltinModel& model, int64_t i) {
-  if (model.family == "mlp") return absl::StrCat(i);
-  if (i == 0) return "embed";
-  if (i <= model.layers) return absl::StrCat("blocks.", i - 1);
-  return i == model.layers + 1 ? "norm" : "head";
-}
-
-// Whether `name` is one of BuiltinLayerNames(model), without listing them (a model may have
-// very many layers).
-bool IsLayerName(const BuiltinModel& model, absl::string_view name) {
-  auto index_below = [](absl::string_view digits, int64_t limit) {
-    int64_t index = 0;
-    if (digits.empty() || (digits.size() > 1 && digits[0] == '0')) return false;
-    if (!std::all_of(digits.begin(), digits.end(),
-                     [](char c) { return absl::ascii_isdigit(static_cast<unsigned char>(c)); })) {
-      return false;
-    }
-    return absl::SimpleAtoi(digits, &index) && index < limit;
-  };
-  if (model.family == "mlp") return index_below(name, BuiltinLayerCount(model));
-  if (model.family != "gpt") return false;
-  if (name == "embed" || name == "norm" || name == "head") return true;
-  return absl::ConsumePrefix(&name, "blocks.") && index_below(name, model.layers);
-}
-
-// The layer names for an error message: all of them, or the first and last few of a long list.
-std::string DescribeLayerNames(const BuiltinModel& model) {
-  constexpr int64_t kHead = 5, kTail = 3;
-  const int64_t count = BuiltinLayerCount(model);
-  std::vector<std::string> shown;
-  for (int64_t i = 0; i < count; ++i) {
-    if (count > kHead + kTail + 2 && i == kHead) {
-      shown.push_back("...");
-      i = count - kTail;
-    }
-    shown.push_back(LayerName(model, i));
-  }
-  return absl::StrJoin(shown, ", ");
-}
-
-// The family-specific scalar value of a mapping's key, if it is a scalar, for choosing which
-// keys the rest of the mapping may have.
-std::string PeekScalar(const YAML::Node& node, const char* key) {
-  if (!node.IsMap()) return "";
-  const YAML::Node& map = node;
-  const YAML::Node value = map[key];
-  return value.IsDefined() && value.IsScalar() ? value.Scalar() : "";
 }
 
 class SpecParser {
@@ -192,80 +144,9 @@ class SpecParser {
     if (has_builtin) {
       const size_t errors_before = v_.error_count();
       BuiltinModel builtin;
-      ParseBuiltin(model->Get("builtin"), &builtin);
+      builtin_fields::ParseBuiltin(v_, model->Get("builtin"), &builtin);
       spec_.model.builtin = builtin;
       builtin_ok_ = !has_torchscript && v_.error_count() == errors_before;
-    }
-  }
-
-  void ParseBuiltin(const YAML::Node& node, BuiltinModel* builtin) {
-    static const std::vector<std::string> kMlpKeys = {"family", "sizes", "seed"};
-    static const std::vector<std::string> kGptKeys = {
-        "family", "vocab", "d_model", "layers", "heads", "seq", "seed", "tie_embeddings"};
-    static const std::vector<std::string> kAllKeys = {
-        "family", "sizes", "vocab", "d_model", "layers", "heads", "seq", "seed", "tie_embeddings"};
-    const std::string path = "model.builtin";
-    const std::string family = PeekScalar(node, "family");
-    std::optional<Fields> fields;
-    if (family == "mlp") {
-      std::vector<std::pair<std::string, std::string>> foreign;
-      for (const char* key : {"vocab", "d_model", "layers", "heads", "seq", "tie_embeddings"}) {
-        foreign.emplace_back(key, "not a key of family mlp");
-      }
-      fields = v_.Open(node, path, kMlpKeys, foreign);
-    } else if (family == "gpt") {
-      fields = v_.Open(node, path, kGptKeys, {{"sizes", "not a key of family gpt"}});
-    } else {
-      fields = v_.Open(node, path, kAllKeys);
-    }
-    if (!fields) return;
-
-    if (fields->Enum("family", {"mlp", "gpt"}, &builtin->family) == Read::kAbsent) {
-      v_.Error(fields->Path("family"), "required (mlp or gpt)");
-    }
-    fields->Uint("seed", &builtin->seed);
-    if (builtin->family == "mlp") {
-      ParseMlpSizes(*fields, builtin);
-    } else if (builtin->family == "gpt") {
-      bool all_ok = true;
-      const std::pair<const char*, int64_t*> dims[] = {{"vocab", &builtin->vocab},
-                                                       {"d_model", &builtin->d_model},
-                                                       {"layers", &builtin->layers},
-                                                       {"heads", &builtin->heads},
-                                                       {"seq", &builtin->seq}};
-      for (const auto& [key, out] : dims) {
-        const Read read = fields->Int(key, 1, kIntMax, out);
-        if (read == Read::kAbsent) v_.Error(fields->Path(key), "required for family gpt");
-        all_ok = all_ok && read == Read::kOk;
-      }
-      fields->Bool("tie_embeddings", &builtin->tie_embeddings);
-      if (all_ok && builtin->d_model % builtin->heads != 0) {
-        v_.Error(fields->Path("d_model"),
-                 absl::StrCat("must be divisible by model.builtin.heads (", builtin->heads,
-                              "), got ", builtin->d_model));
-      }
-    }
-  }
-
-  void ParseMlpSizes(const Fields& fields, BuiltinModel* builtin) {
-    const std::string path = fields.Path("sizes");
-    if (!fields.Has("sizes")) {
-      v_.Error(path, "required for family mlp");
-      return;
-    }
-    const YAML::Node sizes = fields.Get("sizes");
-    if (!sizes.IsSequence()) {
-      v_.Error(path, absl::StrCat("must be a list of at least 2 integers, got ", Describe(sizes)));
-      return;
-    }
-    if (sizes.size() < 2) {
-      v_.Error(path, absl::StrCat("must be a list of at least 2 integers, got ", sizes.size(),
-                                  sizes.size() == 1 ? " item" : " items"));
-    }
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      if (auto size = v_.Int(sizes[i], absl::StrCat(path, "[", i, "]"), 1, kInt64Max)) {
-        builtin->sizes.push_back(*size);
-      }
     }
   }
 
@@ -295,13 +176,13 @@ class SpecParser {
                      absl::StrCat("must be 'beginning' or 'end', got ", Describe(value)));
             continue;
           }
-          if (builtin && !IsLayerName(*builtin, name)) {
+          if (builtin && !IsBuiltinLayerName(*builtin, name)) {
             constexpr int64_t kMaxSuggestionCandidates = 1000;
             const std::string suggestion = layer_count <= kMaxSuggestionCandidates
                                                ? Suggestion(name, BuiltinLayerNames(*builtin))
                                                : "";
             v_.Error(point_path, absl::StrCat("not a layer of the builtin model (its layers: ",
-                                              DescribeLayerNames(*builtin), ")", suggestion));
+                                              DescribeBuiltinLayerNames(*builtin), ")", suggestion));
             continue;
           }
           spec_.split.points[name] = value.Scalar();
@@ -534,27 +415,6 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view yaml_text, absl::string_v
   }
   if (!parser.errors().empty()) return Invalid(absl::StrJoin(parser.errors(), "\n"));
   return spec;
-}
-
-int64_t BuiltinLayerCount(const BuiltinModel& model) {
-  if (model.family == "mlp") {
-    return model.sizes.size() < 2 ? 0 : static_cast<int64_t>(model.sizes.size()) - 1;
-  }
-  if (model.family == "gpt") return model.layers + 3;
-  return 0;
-}
-
-std::vector<std::string> BuiltinLayerNames(const BuiltinModel& model) {
-  std::vector<std::string> names;
-  if (model.family == "mlp") {
-    for (int64_t i = 0; i < BuiltinLayerCount(model); ++i) names.push_back(absl::StrCat(i));
-  } else if (model.family == "gpt") {
-    names.push_back("embed");
-    for (int64_t i = 0; i < model.layers; ++i) names.push_back(absl::StrCat("blocks.", i));
-    names.push_back("norm");
-    names.push_back("head");
-  }
-  return names;
 }
 
 }  // namespace stagecoach::spec

@@ -31,11 +31,12 @@
 // Rules (defaults in JobSpec where not stated):
 //   name        required; [a-z0-9]([a-z0-9-]*[a-z0-9])?, at most 63 characters.
 //   model       exactly one of `torchscript` (non-empty string) or `builtin`:
-//               builtin.family mlp | gpt (required);
+//               builtin.family mlp | gpt | llama (required);
 //               mlp: sizes, a list of >= 2 integers each >= 1;
 //               gpt: vocab, d_model, layers, heads, seq, integers in [1, 2147483647], all
 //                    required, d_model divisible by heads; tie_embeddings: bool, default false;
-//               seed: integer in [0, 2^64), default 0. A key of the other family is an error.
+//               llama: Hugging Face config.json keys and seq (builtin_fields.h lists them);
+//               seed: integer in [0, 2^64), default 0. A key of another family is an error.
 //   split       stages: integer >= 1 (0 in JobSpec when absent); points: non-empty mapping of
 //               layer name -> beginning | end; stages and points are mutually exclusive;
 //               policy: equal-layers (default) | equal-params | profiled. For a builtin model,
@@ -83,6 +84,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/spec/builtin_model.h"
 #include "common/spec/job_spec.h"
 
 namespace stagecoach::spec {
@@ -92,14 +94,5 @@ namespace stagecoach::spec {
 // given values, or the defaults above.
 absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view yaml_text,
                                      absl::string_view origin = "spec");
-
-// The number of top-level layers of a built-in model, which `split` divides: mlp
-// sizes.size() - 1 (0 with fewer than two sizes); gpt layers + 3 (embed, the blocks, norm, head);
-// 0 for an unknown family.
-int64_t BuiltinLayerCount(const BuiltinModel& model);
-
-// The ordered top-level layer names of a built-in model, the names `split.points` uses: mlp "0"
-// ... "n-1"; gpt "embed", "blocks.0" ... "blocks.N-1", "norm", "head". Empty for an unknown family.
-std::vector<std::string> BuiltinLayerNames(const BuiltinModel& model);
 
 }  // namespace stagecoach::spec

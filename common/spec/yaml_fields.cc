@@ -365,4 +365,11 @@ Read Fields::Enum(absl::string_view key, const std::vector<std::string>& options
   return Store(v_->Enum(Get(key), Path(key), options), out);
 }
 
+std::string PeekScalar(const YAML::Node& node, const char* key) {
+  if (!node.IsMap()) return "";
+  const YAML::Node& map = node;
+  const YAML::Node value = map[key];
+  return value.IsDefined() && value.IsScalar() ? value.Scalar() : "";
+}
+
 }  // namespace stagecoach::spec::yaml_fields

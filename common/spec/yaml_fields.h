@@ -39,6 +39,10 @@ std::string Describe(const YAML::Node& node);
 std::string Suggestion(absl::string_view word, const std::vector<std::string>& candidates);
 
 // How a read of one optional field went.
+// The scalar value of a mapping's key, if it is a scalar ("" otherwise), for choosing which
+// keys the rest of the mapping may have (a family, a kind).
+std::string PeekScalar(const YAML::Node& node, const char* key);
+
 enum class Read { kAbsent, kOk, kInvalid };
 
 class Validator;

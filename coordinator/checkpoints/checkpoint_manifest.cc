@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "common/hf/decoder_config.h"
 #include "common/util/durable_file.h"
 #include "common/util/sha256.h"
 #include "common/util/status_macros.h"
@@ -160,6 +161,10 @@ std::string ModelReferenceJson(const spec::ModelSpec& model) {
     json builtin = {{"family", b.family}, {"seed", b.seed}};
     if (b.family == "mlp") {
       builtin["sizes"] = b.sizes;
+    } else if (b.decoder.has_value()) {
+      // llama: its whole configuration, as config.json holds it, and the training window.
+      builtin["config"] = json::parse(hf::DecoderConfigJson(*b.decoder));
+      builtin["seq"] = b.seq;
     } else {
       builtin.update({{"vocab", b.vocab},
                       {"d_model", b.d_model},

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/rpc/time_conversion.h"
+#include "common/spec/builtin_model.h"
 
 namespace stagecoach::coordinator {
 
@@ -54,7 +55,7 @@ v1::TaskAssignment BuildTaskAssignment(const Job& job, const RankSlot& slot,
     // Tied embeddings on different stages: the last stage's copy is restored from stage 0's
     // training-state file (the checkpoint holds the weight once).
     const auto& builtin = job.spec.model.builtin;
-    const bool tied = builtin.has_value() && builtin->family == "gpt" &&
+    const bool tied = builtin.has_value() && spec::IsDecoder(*builtin) &&
                       builtin->tie_embeddings && plan.num_stages > 1;
     const bool holds_first =
         std::find(slot.stages.begin(), slot.stages.end(), 0) != slot.stages.end();

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/schedule/build.h"
+#include "common/spec/builtin_model.h"
 #include "common/spec/spec_limits.h"
 #include "common/spec/spec_parser.h"
 #include "common/transport/backends.h"
@@ -54,12 +55,11 @@ using planning::StageRequest;
 // with the field that asks for it, rather than failing later on a worker.
 absl::Status CheckSupported(const spec::JobSpec& spec, const PlanOptions& options) {
   if (options.client_batches) {
-    if (spec.model.builtin.has_value() && spec.model.builtin->family != "mlp" &&
-        spec.model.builtin->family != "gpt") {
+    if (spec.model.builtin.has_value() && spec::BuiltinLayerCount(*spec.model.builtin) == 0) {
       return FieldError("model.builtin.family",
                         absl::StrCat("family '", spec.model.builtin->family,
                                      "' is not supported by this coordinator (supported: mlp, "
-                                     "gpt)"));
+                                     "gpt, llama)"));
     }
     return absl::OkStatus();
   }
@@ -68,7 +68,7 @@ absl::Status CheckSupported(const spec::JobSpec& spec, const PlanOptions& option
     return FieldError("data.kind",
                       absl::StrCat("'", kind,
                                    "' data is not supported by this coordinator (supported: "
-                                   "synthetic or tensors for mlp, tokens or synthetic for gpt, "
+                                   "synthetic or tensors for mlp, tokens or synthetic for gpt and llama, "
                                    "tensors or tokens for a TorchScript model)"));
   }
   if (spec.model.torchscript.has_value()) {
@@ -86,33 +86,33 @@ absl::Status CheckSupported(const spec::JobSpec& spec, const PlanOptions& option
     }
   } else {
     const std::string& family = spec.model.builtin->family;
-    if (family != "mlp" && family != "gpt") {
+    const bool decoder = spec::IsDecoder(*spec.model.builtin);
+    if (family != "mlp" && !decoder) {
       return FieldError("model.builtin.family",
                         absl::StrCat("family '", family,
                                      "' is not supported by this coordinator (supported: mlp, "
-                                     "gpt)"));
+                                     "gpt, llama)"));
     }
     // Synthetic data is drawn for the model's sizes; a tensors file (torch.save'd inputs and
-    // targets) feeds an MLP, a tokens file feeds a GPT.
-    const bool fits =
-        kind == "synthetic" || (family == "gpt" ? kind == "tokens" : kind == "tensors");
+    // targets) feeds an MLP, a tokens file feeds a decoder.
+    const bool fits = kind == "synthetic" || (decoder ? kind == "tokens" : kind == "tensors");
     if (!fits) {
       return FieldError(
           "data.kind",
           absl::StrCat("'", kind, "' data cannot feed a ", family, " model (use data.kind ",
-                       family == "gpt" ? "tokens or synthetic" : "synthetic or tensors", ")"));
+                       decoder ? "tokens or synthetic" : "synthetic or tensors", ")"));
     }
-    if (spec.data.seq > 0 && (family != "gpt" || spec.data.seq != spec.model.builtin->seq)) {
-      return FieldError("data.seq", family == "gpt"
+    if (spec.data.seq > 0 && (!decoder || spec.data.seq != spec.model.builtin->seq)) {
+      return FieldError("data.seq", decoder
                                         ? absl::StrCat("must equal model.builtin.seq (",
                                                        spec.model.builtin->seq, ") or be left out")
-                                        : std::string("only used with a gpt or TorchScript model"));
+                                        : std::string("only used with a decoder (gpt, llama) or "
+                                                      "TorchScript model"));
     }
-    if (family == "gpt" && spec.training.loss != "cross_entropy") {
+    if (decoder && spec.training.loss != "cross_entropy") {
       return FieldError("training.loss",
-                        absl::StrCat("'", spec.training.loss,
-                                     "' cannot train a gpt model (its targets are next tokens; "
-                                     "use cross_entropy)"));
+                        absl::StrCat("'", spec.training.loss, "' cannot train a ", family,
+                                     " model (its targets are next tokens; use cross_entropy)"));
     }
   }
   if ((kind == "tokens" || kind == "tensors") && spec.data.path.empty()) {

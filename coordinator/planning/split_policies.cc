@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/spec/builtin_model.h"
 #include "common/util/status_macros.h"
 #include "coordinator/planning/memory_partition.h"
 #include "coordinator/planning/planner_parts.h"
@@ -83,12 +84,12 @@ double ProfileFlops(const spec::JobSpec& spec) {
   const int64_t parts = std::max<int64_t>(1, static_cast<int64_t>(spec.schedule.microbatches) *
                                                  std::max(1, spec.placement.replicas));
   const double rows = static_cast<double>((spec.training.batch_size + parts - 1) / parts);
-  const bool gpt = model.family == "gpt";
-  const double tokens = gpt ? rows * static_cast<double>(model.seq) : rows;
+  const bool decoder = spec::IsDecoder(model);
+  const double tokens = decoder ? rows * static_cast<double>(model.seq) : rows;
   double parameters = 0;
   for (int64_t p : BuiltinLayerParameters(model)) parameters += static_cast<double>(p);
   double forward = 2 * parameters * tokens;
-  if (gpt) {
+  if (decoder) {
     forward += 4.0 * static_cast<double>(model.layers) * static_cast<double>(model.seq) *
                static_cast<double>(model.d_model) * tokens;
   }

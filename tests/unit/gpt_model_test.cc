@@ -278,7 +278,7 @@ TEST_F(TokensTest, ErrorsNameTheFieldAndThePlace) {
   spec::JobSpec mlp = Spec(Write("ok.bin", Counting(30)));
   mlp.model.builtin->family = "mlp";
   EXPECT_THAT(message(mlp),
-              HasSubstr("data.kind: tokens data needs a built-in gpt or a TorchScript model"));
+              HasSubstr("data.kind: tokens data needs a built-in gpt or llama or a TorchScript model"));
   // A rank that needs neither inputs nor targets does not read the file.
   EXPECT_TRUE(runtime::BatchSource::Open(Spec(missing), false, false).ok());
 }

@@ -433,9 +433,9 @@ TEST(SpecParserTest, ModelExactlyOne) {
 
 TEST(SpecParserTest, BuiltinFamily) {
   EXPECT_THAT(Errors(Edit(kBase, "family: mlp", "family: cnn")),
-              ElementsAre("model.builtin.family: must be one of mlp, gpt, got 'cnn'"));
+              ElementsAre("model.builtin.family: must be one of mlp, gpt, llama, got 'cnn'"));
   EXPECT_THAT(Errors(Edit(kBase, "family: mlp, ", "")),
-              ElementsAre("model.builtin.family: required (mlp or gpt)"));
+              ElementsAre("model.builtin.family: required (mlp, gpt or llama)"));
   EXPECT_THAT(Errors(Edit(kBase, "{family: mlp, sizes: [8, 16, 16, 16, 4]}", "mlp")),
               ElementsAre("model.builtin: must be a mapping, got 'mlp'"));
 }

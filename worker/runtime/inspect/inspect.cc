@@ -17,8 +17,7 @@
 #include "common/spec/spec_parser.h"
 #include "common/util/sha256.h"
 #include "common/util/status_macros.h"
-#include "worker/model/gpt.h"
-#include "worker/model/mlp.h"
+#include "worker/model/builtin_stage.h"
 #include "worker/model/stage_model.h"
 #include "worker/model/torchscript_model.h"
 #include "worker/runtime/device/counting_allocator.h"
@@ -32,14 +31,6 @@ namespace {
 // The field that names the model in errors.
 std::string ModelField(const spec::JobSpec& spec) {
   return spec.model.torchscript.has_value() ? "model.torchscript" : "model.builtin";
-}
-
-absl::StatusOr<std::unique_ptr<StageModel>> BuildBuiltinStage(const spec::BuiltinModel& model,
-                                                              int first_layer, int end_layer) {
-  if (model.family == "mlp") return BuildMlpStage(model, first_layer, end_layer);
-  if (model.family == "gpt") return BuildGptStage(model, first_layer, end_layer);
-  return absl::InvalidArgumentError(
-      absl::StrCat("model.builtin.family: '", model.family, "' is not a built-in family"));
 }
 
 // The model's layers, cut one stage per layer, with the stages' wiring. For a TorchScript

@@ -11,8 +11,7 @@
 #include "common/spec/spec_parser.h"
 #include "common/util/logging.h"
 #include "common/util/status_macros.h"
-#include "worker/model/gpt.h"
-#include "worker/model/mlp.h"
+#include "worker/model/builtin_stage.h"
 #include "worker/runtime/checkpoint/checkpoint.h"
 #include "worker/runtime/device/device.h"
 #include "worker/runtime/task/client_steps.h"
@@ -78,14 +77,12 @@ absl::Status BuildTorchScriptStages(const v1::TaskAssignment& task, const spec::
   return absl::OkStatus();
 }
 
-// The rank's stages of a built-in mlp or gpt (a chain).
+// The rank's stages of a built-in model (a chain).
 absl::Status BuildBuiltinStages(const v1::TaskAssignment& task, const spec::BuiltinModel& builtin,
                                 TaskStages& out) {
   for (const v1::StageAssignment& st : task.stages()) {
     ASSIGN_OR_RETURN(auto stage,
-                     builtin.family == "gpt"
-                         ? model::BuildGptStage(builtin, st.first_layer(), st.end_layer())
-                         : model::BuildMlpStage(builtin, st.first_layer(), st.end_layer()));
+                     model::BuildBuiltinStage(builtin, st.first_layer(), st.end_layer()));
     out.by_index[st.stage()] = stage.get();
     out.owned.push_back(std::move(stage));
   }
@@ -110,12 +107,10 @@ absl::StatusOr<std::shared_ptr<TaskStages>> BuildStages(const v1::TaskAssignment
   out->wiring = model::ChainWiring(num_stages);
   if (spec.model.torchscript.has_value()) {
     RETURN_IF_ERROR(BuildTorchScriptStages(task, spec, deps, *out));
-  } else if (spec.model.builtin.has_value() &&
-             (spec.model.builtin->family == "mlp" || spec.model.builtin->family == "gpt")) {
+  } else if (spec.model.builtin.has_value()) {
     RETURN_IF_ERROR(BuildBuiltinStages(task, *spec.model.builtin, *out));
   } else {
-    return absl::InvalidArgumentError(
-        "model: this worker runs TorchScript models and the built-in mlp and gpt families");
+    return absl::InvalidArgumentError("model: neither a TorchScript nor a built-in model");
   }
   for (auto& [s, stage] : out->by_index) {
     stage->To(device);

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/spec/builtin_model.h"
 #include "common/util/status_macros.h"
 #include "worker/runtime/checkpoint/checkpoint.h"
 #include "worker/runtime/executor/message_tags.h"
@@ -27,11 +28,11 @@ torch::Tensor GradOrZeros(const torch::Tensor& p) {
 
 std::optional<TiedPair> TiedPairOf(const spec::JobSpec& spec, int num_stages) {
   const auto& builtin = spec.model.builtin;
-  if (!builtin.has_value() || builtin->family != "gpt" || !builtin->tie_embeddings ||
+  if (!builtin.has_value() || !spec::IsDecoder(*builtin) || !builtin->tie_embeddings ||
       num_stages < 2) {
     return std::nullopt;
   }
-  return TiedPair{0, "embed.tok.weight", num_stages - 1, "head.weight"};
+  return TiedPair{0, spec::TiedEmbeddingName(*builtin), num_stages - 1, "head.weight"};
 }
 
 absl::Status RestoreTiedCopy(const TiedPair& pair, const v1::ResumeTask& resume, int stage,

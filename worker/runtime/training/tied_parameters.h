@@ -1,7 +1,7 @@
-// Tied parameters across stages: the built-in GPT's token embedding and output head with
-// model.builtin.tie_embeddings, when they are in different stages (Megatron's "embedding
-// group"). Each of the two stages holds a copy ("embed.tok.weight" in stage 0, "head.weight" in
-// the last stage), both start from the embedding's initial values, and after every step's
+// Tied parameters across stages: a built-in decoder's token embedding and output head with
+// model.builtin.tie_embeddings (gpt) or tie_word_embeddings (llama), when they are in different
+// stages (Megatron's "embedding group"). Each of the two stages holds a copy
+// (spec::TiedEmbeddingName in stage 0, "head.weight" in the last stage), both start from the embedding's initial values, and after every step's
 // backward (and replica reduction) the two gradients are summed between their stages, in one
 // order on both sides (first stage's + last stage's), so both copies get the same bits, the
 // optimizers step them alike and they stay identical. In one stage the head uses the

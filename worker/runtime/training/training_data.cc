@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/spec/builtin_model.h"
 
 namespace stagecoach::runtime {
 namespace {
@@ -58,12 +59,12 @@ class SyntheticSource : public BatchSource {
   bool want_targets_;
 };
 
-// Tokens per row: model.builtin.seq for a built-in gpt, data.seq for a TorchScript model.
+// Tokens per row: model.builtin.seq for a built-in decoder (gpt, llama), data.seq for a TorchScript model.
 int64_t WindowLength(const spec::JobSpec& spec) {
   return spec.model.builtin.has_value() ? spec.model.builtin->seq : spec.data.seq;
 }
 
-// Synthetic token rows for a built-in gpt: arithmetic sequences modulo the vocabulary, from a
+// Synthetic token rows for a built-in decoder (gpt, llama): arithmetic sequences modulo the vocabulary, from a
 // start and a stride drawn per row from generator(seed + 1 + step). The next token follows from
 // the two before it, so a model can learn the task.
 class SyntheticTokensSource : public BatchSource {
@@ -361,22 +362,24 @@ absl::StatusOr<std::unique_ptr<BatchSource>> BatchSource::Open(const spec::JobSp
                                                                bool want_targets) {
   const std::string family =
       spec.model.builtin.has_value() ? spec.model.builtin->family : std::string("torchscript");
+  const bool decoder = spec.model.builtin.has_value() && spec::IsDecoder(*spec.model.builtin);
   if (spec.data.kind == "synthetic") {
-    if (family == "gpt") {
+    if (decoder) {
       return std::unique_ptr<BatchSource>(
           new SyntheticTokensSource(spec, want_inputs, want_targets));
     }
     if (family != "mlp") {
       return absl::InvalidArgumentError(absl::StrCat(
-          "data.kind: synthetic data needs a built-in mlp or gpt model (model is ", family, ")"));
+          "data.kind: synthetic data needs a built-in mlp, gpt or llama model (model is ", family,
+          ")"));
     }
     return std::unique_ptr<BatchSource>(new SyntheticSource(spec, want_inputs, want_targets));
   }
   if (spec.data.kind == "tokens") {
-    if (family != "gpt" && family != "torchscript") {
+    if (!decoder && family != "torchscript") {
       return absl::InvalidArgumentError(absl::StrCat(
-          "data.kind: tokens data needs a built-in gpt or a TorchScript model (model is ", family,
-          ")"));
+          "data.kind: tokens data needs a built-in gpt or llama or a TorchScript model (model is ",
+          family, ")"));
     }
     if (family == "torchscript" && spec.data.seq <= 0) {
       return absl::InvalidArgumentError(

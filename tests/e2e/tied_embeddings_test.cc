@@ -30,6 +30,7 @@
 #include "tests/support/local_cluster.h"
 #include "tests/support/reference_gpt.h"
 #include "tests/support/stage_files.h"
+#include "tests/support/step_zero.h"
 
 namespace stagecoach::testing::tied_embeddings_test {
 namespace {
@@ -75,35 +76,6 @@ bool StateHasParameter(const std::string& path, const std::string& name) {
     }
   }
   return false;
-}
-
-// Submits `spec` held before its first step, checkpoints it there (the initial parameters),
-// resumes it and waits for its end: the finished job in *out.
-void RunFromAStepZeroCheckpoint(LocalCluster& cl, const std::string& spec, v1::Job* out) {
-  // Held before its first step: a checkpoint there is the initial parameters.
-  CommandResult submit = cl.Stagectl({"submit", spec, "--paused"});
-  ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err;
-  const std::string id = LastLine(submit.out);
-  auto paused = cl.WaitForJob(
-      id, [](const v1::Job& j) { return IsFinal(j) || j.state() == v1::JOB_STATE_PAUSED; },
-      absl::Seconds(120));
-  ASSERT_TRUE(paused.ok()) << paused.status() << cl.Logs();
-  ASSERT_EQ(paused->state(), v1::JOB_STATE_PAUSED) << paused->reason();
-  CommandResult checkpoint = cl.Stagectl({"checkpoint", id});
-  ASSERT_EQ(checkpoint.exit_code, 0) << checkpoint.out << checkpoint.err;
-  auto at_zero = cl.WaitForJob(
-      id, [](const v1::Job& j) { return IsFinal(j) || j.checkpoints_size() > 0; },
-      absl::Seconds(60));
-  ASSERT_TRUE(at_zero.ok()) << at_zero.status();
-  ASSERT_GT(at_zero->checkpoints_size(), 0);
-  ASSERT_EQ(at_zero->checkpoints(0).step(), 0);
-  CommandResult resume = cl.Stagectl({"resume", id});
-  ASSERT_EQ(resume.exit_code, 0) << resume.out << resume.err;
-  auto done = cl.WaitForJob(id, IsFinal, absl::Seconds(180));
-  ASSERT_TRUE(done.ok()) << done.status();
-  ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->reason() << cl.Logs();
-  *out = *done;
-
 }
 
 // The spec's GPT, tied, unpipelined, from `initial`.

@@ -9,21 +9,14 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "tests/support/reference_common.h"
 
 namespace stagecoach::testing {
 namespace {
 
-// The synthetic token rows of step `step`: per row a start and a stride drawn from
-// generator(seed + 1 + step) (all starts first), tokens (start + i * stride) mod V, i in [0, T].
 std::pair<torch::Tensor, torch::Tensor> SyntheticTokens(const GptReferenceConfig& c,
                                                         int64_t step) {
-  at::Generator gen = at::detail::createCPUGenerator(c.data_seed + 1 + step);
-  const torch::Tensor start = torch::randint(0, c.vocab, {c.batch_size, 1}, gen, torch::kInt64);
-  const torch::Tensor stride =
-      torch::randint(1, std::max<int64_t>(c.vocab, 2), {c.batch_size, 1}, gen, torch::kInt64);
-  const torch::Tensor i = torch::arange(c.seq + 1, torch::kInt64).unsqueeze(0);
-  const torch::Tensor t = (start + i * stride).remainder(c.vocab);
-  return {t.slice(1, 0, c.seq), t.slice(1, 1, c.seq + 1)};
+  return SyntheticTokenRows(c.data_seed, step, c.batch_size, c.seq, c.vocab);
 }
 
 class Gpt {

@@ -1,7 +1,6 @@
 #include "tests/support/reference_mlp.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/serialize.h>
 #include <torch/torch.h>
@@ -13,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "tests/support/reference_common.h"
 
 namespace stagecoach::testing {
 
@@ -57,26 +57,6 @@ std::pair<torch::Tensor, torch::Tensor> BatchOf(const ReferenceConfig& c, uint64
   y = c.loss == "cross_entropy" ? logits.argmax(1) : torch::tanh(logits);
   return {x, y};
 }
-
-// LibTorch 1.13's CPU autocast to bf16 while alive (what torch.autocast("cpu", torch.bfloat16)
-// does).
-class CpuBf16Autocast {
- public:
-  explicit CpuBf16Autocast(bool on) : on_(on) {
-    if (!on_) return;
-    at::autocast::set_cpu_enabled(true);
-    at::autocast::set_autocast_cpu_dtype(torch::kBFloat16);
-    at::autocast::increment_nesting();
-  }
-  ~CpuBf16Autocast() {
-    if (!on_) return;
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_cpu_enabled(false);
-  }
-
- private:
-  bool on_;
-};
 
 // The microbatch losses of one batch through `layers`.
 std::vector<torch::Tensor> MicrobatchLosses(const ReferenceConfig& c,

@@ -40,12 +40,24 @@ struct BuiltinModel {
   // llama: the decoder's configuration under Hugging Face's config.json names (its
   // tie_word_embeddings is tie_embeddings above). Set exactly for family llama.
   std::optional<hf::DecoderConfig> decoder;
+  // llama from model.hf: the Hugging Face directory whose safetensors hold the initial
+  // parameters (each worker reads its stages' tensors); empty: drawn from `seed`.
+  std::string weights_dir;
+};
+
+// model.hf: a Hugging Face checkpoint directory (config.json, model.safetensors or an index
+// and its shards). hf_model_spec.h reads its config.json into `builtin` (family llama).
+struct HfModelSpec {
+  std::string path;
+  int64_t seq = 0;  // the training window; 0: the config's max_position_embeddings
 };
 
 struct ModelSpec {
-  // Exactly one of these is set.
+  // Exactly one of torchscript, builtin and hf is given in the spec.
   std::optional<std::string> torchscript;  // path or uploaded artifact name of a TorchScript file
   std::optional<BuiltinModel> builtin;
+  // With hf, `builtin` is what its config.json describes once ResolveHfModel has read it.
+  std::optional<HfModelSpec> hf;
 };
 
 struct SplitSpec {

@@ -126,12 +126,13 @@ class SpecParser {
   }
 
   void ParseModel(const YAML::Node& node) {
-    auto model = v_.Open(node, "model", {"torchscript", "builtin"});
+    auto model = v_.Open(node, "model", {"torchscript", "builtin", "hf"});
     if (!model) return;
     const bool has_torchscript = model->Has("torchscript");
     const bool has_builtin = model->Has("builtin");
-    if (has_torchscript == has_builtin) {
-      v_.Error("model", "exactly one of 'torchscript' or 'builtin' is required");
+    const bool has_hf = model->Has("hf");
+    if (int{has_torchscript} + int{has_builtin} + int{has_hf} != 1) {
+      v_.Error("model", "exactly one of 'torchscript', 'builtin' or 'hf' is required");
     }
     std::string torchscript;
     if (model->String("torchscript", &torchscript) == Read::kOk) {
@@ -146,8 +147,22 @@ class SpecParser {
       BuiltinModel builtin;
       builtin_fields::ParseBuiltin(v_, model->Get("builtin"), &builtin);
       spec_.model.builtin = builtin;
-      builtin_ok_ = !has_torchscript && v_.error_count() == errors_before;
+      builtin_ok_ = !has_torchscript && !has_hf && v_.error_count() == errors_before;
     }
+    if (has_hf) ParseHfModel(model->Get("hf"));
+  }
+
+  // model.hf: {path: DIR (required), seq: int >= 1}.
+  void ParseHfModel(const YAML::Node& node) {
+    auto hf = v_.Open(node, "model.hf", {"path", "seq"});
+    if (!hf) return;
+    HfModelSpec out;
+    const Read path = hf->String("path", &out.path);
+    if (path == Read::kAbsent || (path == Read::kOk && out.path.empty())) {
+      v_.Error(hf->Path("path"), "required: a Hugging Face checkpoint directory");
+    }
+    hf->Int("seq", 1, kIntMax, &out.seq);
+    spec_.model.hf = out;
   }
 
   void ParseSplit(const YAML::Node& node) {

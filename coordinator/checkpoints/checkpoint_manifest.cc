@@ -165,6 +165,7 @@ std::string ModelReferenceJson(const spec::ModelSpec& model) {
       // llama: its whole configuration, as config.json holds it, and the training window.
       builtin["config"] = json::parse(hf::DecoderConfigJson(*b.decoder));
       builtin["seq"] = b.seq;
+      if (!b.weights_dir.empty()) builtin["weights_dir"] = b.weights_dir;
     } else {
       builtin.update({{"vocab", b.vocab},
                       {"d_model", b.d_model},

@@ -12,6 +12,7 @@
 #include "common/rpc/tensor_data.h"
 #include "common/rpc/time_conversion.h"
 #include "common/spec/spec_overrides.h"
+#include "common/spec/hf_model_spec.h"
 #include "common/spec/spec_parser.h"
 #include "common/util/status_macros.h"
 #include "coordinator/generation/token_sampler.h"
@@ -22,7 +23,7 @@ namespace {
 
 // A job's spec as a built-in GPT: INVALID_ARGUMENT naming the job for any other model.
 absl::StatusOr<spec::BuiltinModel> GptOf(const v1::Job& job) {
-  ASSIGN_OR_RETURN(const spec::JobSpec spec, spec::ParseJobSpec(job.spec_yaml(), job.id()));
+  ASSIGN_OR_RETURN(const spec::JobSpec spec, spec::ReadJobSpec(job.spec_yaml(), job.id()));
   if (!spec.model.builtin.has_value() || spec.model.builtin->family != "gpt") {
     const std::string what =
         spec.model.builtin.has_value()

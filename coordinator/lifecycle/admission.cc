@@ -7,11 +7,13 @@
 #include "absl/strings/str_format.h"
 #include "common/rpc/tensor_data.h"
 #include "common/spec/spec_overrides.h"
+#include "common/spec/hf_model_spec.h"
 #include "common/spec/spec_parser.h"
 #include "common/util/byte_size.h"
 #include "common/util/logging.h"
 #include "common/util/status_macros.h"
 #include "coordinator/checkpoints/checkpoint_collection.h"
+#include "coordinator/lifecycle/hf_weights_check.h"
 #include "coordinator/planning/split_policies.h"
 
 namespace stagecoach::coordinator {
@@ -221,8 +223,9 @@ absl::StatusOr<AdmittedJob> Admission::AdmitTraining(const std::string& spec_yam
                                                      const std::string& origin,
                                                      const std::function<bool()>& caller_gone) {
   AdmittedJob out;
-  ASSIGN_OR_RETURN(out.spec, spec::ParseJobSpec(spec_yaml, origin));
+  ASSIGN_OR_RETURN(out.spec, spec::ReadJobSpec(spec_yaml, origin));
   RETURN_IF_ERROR(spec::CheckSpecLimits(out.spec, options_.limits));
+  RETURN_IF_ERROR(CheckHfWeights(out.spec));
   if (spec::IsAutoSchedule(out.spec.schedule)) {
     RETURN_IF_ERROR(AdmitSearched(spec_yaml, origin, caller_gone, &out));
   } else {
@@ -268,9 +271,10 @@ absl::StatusOr<AdmittedJob> Admission::AdmitInference(const std::string& spec_ya
   // the input's rows here rather than against a batch size the user never wrote.
   ASSIGN_OR_RETURN(std::string probe_yaml,
                    InferenceSpecYaml(spec_yaml, origin, std::numeric_limits<int64_t>::max()));
-  ASSIGN_OR_RETURN(spec::JobSpec probe, spec::ParseJobSpec(probe_yaml, origin));
+  ASSIGN_OR_RETURN(spec::JobSpec probe, spec::ReadJobSpec(probe_yaml, origin));
   probe.training.batch_size = rows;  // the limits apply to the client's batch
   RETURN_IF_ERROR(spec::CheckSpecLimits(probe, options_.limits));
+  RETURN_IF_ERROR(CheckHfWeights(probe));
   if (static_cast<int64_t>(probe.schedule.microbatches) * probe.placement.replicas > rows) {
     return absl::InvalidArgumentError(absl::StrCat(
         "schedule.microbatches: must be <= the rows of inputs (", rpc::DescribeTensorData(inputs),
@@ -282,7 +286,7 @@ absl::StatusOr<AdmittedJob> Admission::AdmitInference(const std::string& spec_ya
   }
   AdmittedJob out;
   ASSIGN_OR_RETURN(out.spec_yaml, InferenceSpecYaml(spec_yaml, origin, rows));
-  ASSIGN_OR_RETURN(out.spec, spec::ParseJobSpec(out.spec_yaml, origin));
+  ASSIGN_OR_RETURN(out.spec, spec::ReadJobSpec(out.spec_yaml, origin));
   // The batch is the client's; profiled layer times are measured on the spec's own data. A
   // split left to its default is by parameters (equal layers for a TorchScript model): an Infer
   // call is not held up by a profile.
@@ -333,8 +337,9 @@ absl::StatusOr<SearchedPlans> Admission::SearchPlans(const std::string& spec_yam
                                                      int64_t memory_limit_bytes,
                                                      const std::function<bool()>& caller_gone) {
   SearchedPlans out;
-  ASSIGN_OR_RETURN(out.spec, spec::ParseJobSpec(spec_yaml, origin));
+  ASSIGN_OR_RETURN(out.spec, spec::ReadJobSpec(spec_yaml, origin));
   RETURN_IF_ERROR(spec::CheckSpecLimits(out.spec, options_.limits));
+  RETURN_IF_ERROR(CheckHfWeights(out.spec));
   RETURN_IF_ERROR(CheckPlannable(out.spec));
   if (out.spec.placement.workers <= 0) {
     return absl::InvalidArgumentError(
@@ -357,7 +362,7 @@ absl::Status Admission::AdmitSearched(const std::string& spec_yaml, const std::s
   const v1::PlanCandidate& chosen = choice.chosen();
   ASSIGN_OR_RETURN(out->spec_yaml,
                    spec::ApplySpecOverrides(spec_yaml, origin, CandidateOverrides(chosen)));
-  ASSIGN_OR_RETURN(out->spec, spec::ParseJobSpec(out->spec_yaml, origin));
+  ASSIGN_OR_RETURN(out->spec, spec::ReadJobSpec(out->spec_yaml, origin));
   const int64_t rows = (out->spec.training.batch_size / std::max(1, out->spec.placement.replicas) +
                         chosen.microbatches() - 1) /
                        chosen.microbatches();

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc/time_conversion.h"
+#include "common/spec/hf_model_spec.h"
 #include "common/spec/spec_parser.h"
 #include "common/util/status_macros.h"
 #include "coordinator/checkpoints/checkpoint_manifest.h"
@@ -138,7 +139,7 @@ absl::StatusOr<RebuiltJob> RebuildJob(const v1::Job& record) {
   out.job = std::make_shared<Job>();
   Job& job = *out.job;
   job.id = record.id();
-  auto spec = spec::ParseJobSpec(record.spec_yaml(), record.id());
+  auto spec = spec::ReadJobSpec(record.spec_yaml(), record.id());
   if (!spec.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(record.id(), ": its spec no longer parses (",
                                                    spec.status().message(), "); not loaded"));

@@ -9,7 +9,10 @@
 //   qwen3   per-head q/k RMSNorm, head_dim 6 (not hidden / heads), tied across ranks: 1F1B on
 //           2 stages x 2 replicas (the reference splits the batch into 2 x 2 microbatches);
 //   mistral bf16, 1F1B on 2 workers, held to the bf16 reference (the hidden state crossing the
-//           stage boundary in bf16, as the executor sends it).
+//           stage boundary in bf16, as the executor sends it);
+//   model.hf a qwen2 checkpoint directory (config.json, BF16 weights in 3 shards and an index)
+//           that tests/support/hf_llama_ref.py writes with the standard library: the job starts
+//           from the stored values and trains like the reference, 1F1B on 2 workers.
 // Both precisions within the numerical contract's rtol 1e-5 + atol 1e-6. For bf16 that holds
 // because both sides round at the same places (autocast's bf16 matmuls, the bf16 stage
 // boundary) and follow transformers' formulas op for op (rsqrt, silu, repeat_kv): an op written
@@ -23,6 +26,8 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <map>
 #include <string>
@@ -32,6 +37,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/support/local_cluster.h"
+#include "tests/support/python.h"
 #include "tests/support/reference_llama.h"
 #include "tests/support/stage_files.h"
 #include "tests/support/step_zero.h"
@@ -51,6 +57,9 @@ struct Case {
   bool bf16 = false;
   bool clip = false;
   LlamaReferenceConfig ref;  // the model's sizes and switches
+  // model.hf: config.json's text for a checkpoint directory hf_llama_ref.py writes (BF16, 3
+  // shards); the spec's model is {hf: {path, seq: 8}} instead of `builtin`.
+  std::string hf_config;
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -72,9 +81,13 @@ LlamaReferenceConfig Sizes() {
   return r;
 }
 
-std::string Spec(const Case& c, const std::string& ckpt) {
+std::string Spec(const Case& c, const std::string& ckpt, const std::string& hf_dir) {
+  const std::string model =
+      hf_dir.empty()
+          ? absl::StrCat("  builtin: {family: llama, ", kSizes, ", ", c.builtin, "}\n")
+          : absl::StrCat("  hf: {path: ", hf_dir, ", seq: 8}\n");
   return absl::StrCat(
-      "name: ", c.name, "\nmodel:\n  builtin: {family: llama, ", kSizes, ", ", c.builtin, "}\n",
+      "name: ", c.name, "\nmodel:\n", model,
       "split: {stages: ", c.stages, "}\n", "schedule: {kind: ", c.schedule,
       ", microbatches: ", c.microbatches, "}\n", "placement: {workers: ", c.workers,
       ", replicas: ", c.replicas, "}\n", "training:\n  batch_size: 8\n  steps: ", kSteps,
@@ -121,6 +134,19 @@ std::vector<Case> Cases() {
     c.ref.kv_heads = 2;
     out.push_back(c);
   }
+  {
+    Case c{"hf-qwen2-shards", "", "1F1B", 2, 1, 2, 4};
+    c.hf_config = R"({"model_type": "qwen2", "vocab_size": 32, "hidden_size": 24,
+        "intermediate_size": 40, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "max_position_embeddings": 64, "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-06, "tie_word_embeddings": true, "torch_dtype": "bfloat16"})";
+    c.ref = Sizes();
+    c.ref.kv_heads = 2;
+    c.ref.qkv_bias = true;
+    c.ref.tied = true;
+    c.ref.theta = 1e6;
+    out.push_back(c);
+  }
   return out;
 }
 
@@ -159,13 +185,36 @@ TEST_P(LlamaTraining, EqualsTheUnpipelinedReference) {
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   LocalCluster& cl = **cluster;
   const std::string ckpt = cl.dir() + "/ckpt";
+  std::string hf_dir;
+  if (!c.hf_config.empty()) {
+    hf_dir = cl.dir() + "/hf-model";
+    const std::string command =
+        absl::StrCat(kPython, " ", TestDataDir(), "/../support/hf_llama_ref.py write ", hf_dir,
+                     " '", c.hf_config, "' --dtype BF16 --shards 3 --seed 11");
+    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  }
   v1::Job done;
-  ASSERT_NO_FATAL_FAILURE(RunFromAStepZeroCheckpoint(cl, cl.WriteFile("spec.yaml", Spec(c, ckpt)), &done));
+  ASSERT_NO_FATAL_FAILURE(
+      RunFromAStepZeroCheckpoint(cl, cl.WriteFile("spec.yaml", Spec(c, ckpt, hf_dir)), &done));
   ASSERT_EQ(done.losses_size(), kSteps);
 
   LlamaReferenceConfig ref = c.ref;
   ref.initial = LoadAllStageFiles(ckpt, 0, c.stages);
   ref.wire_after = StageEnds(ckpt, c.stages, ref.layers);
+  if (!hf_dir.empty()) {
+    // The job started from the stored values: BF16 widened exactly.
+    const std::string command = absl::StrCat(kPython, " ", TestDataDir(),
+                                             "/../support/hf_llama_ref.py values ", hf_dir,
+                                             " model.layers.1.self_attn.k_proj.bias");
+    FILE* pipe = popen(command.c_str(), "r");
+    ASSERT_NE(pipe, nullptr);
+    std::vector<float> stored;
+    char line[128];
+    while (std::fgets(line, sizeof(line), pipe) != nullptr) stored.push_back(std::stof(line));
+    ASSERT_EQ(pclose(pipe), 0) << command;
+    EXPECT_TRUE(torch::equal(ref.initial.at("layers.1.self_attn.k_proj.bias"),
+                             torch::tensor(stored)));
+  }
   ref.bf16 = c.bf16;
   ref.data_seed = 9;
   ref.batch_size = 8;

@@ -370,7 +370,7 @@ TEST(SpecParserTest, UnknownKeysInEveryNestedMapping) {
   EXPECT_THAT(Errors(Edit(kBase, "  builtin:", "  bultin:")),
               ElementsAre("model.bultin: unknown key (valid keys: torchscript, builtin); did you "
                           "mean 'builtin'?",
-                          "model: exactly one of 'torchscript' or 'builtin' is required"));
+                          "model: exactly one of 'torchscript', 'builtin' or 'hf' is required"));
 }
 
 TEST(SpecParserTest, DuplicateKey) {
@@ -420,7 +420,7 @@ TEST(SpecParserTest, NameRules) {
 // model.
 
 TEST(SpecParserTest, ModelExactlyOne) {
-  const std::string kError = "model: exactly one of 'torchscript' or 'builtin' is required";
+  const std::string kError = "model: exactly one of 'torchscript', 'builtin' or 'hf' is required";
   EXPECT_THAT(
       Errors(Edit(kBase, "model:\n  builtin: {family: mlp, sizes: [8, 16, 16, 16, 4]}\n", "")),
       ElementsAre(kError));

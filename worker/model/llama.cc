@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/util/status_macros.h"
+#include "worker/model/hf_weights.h"
 #include "worker/model/precision.h"
 
 namespace stagecoach::model {
@@ -284,11 +286,14 @@ absl::StatusOr<std::unique_ptr<StageModel>> BuildLlamaStage(const spec::BuiltinM
     return absl::InvalidArgumentError(absl::StrCat("stage layers [", first_layer, ", ", end_layer,
                                                    ") are outside the model's ", layers, " layers"));
   }
+  // Weights from a checkpoint directory: only the stage's layers are built; their initial
+  // draws are overwritten. From a seed: every layer up to the stage's, in order.
+  const bool from_files = !model.weights_dir.empty();
   std::vector<std::pair<std::string, std::shared_ptr<LlamaLayer>>> kept;
-  std::lock_guard<std::mutex> lock(SeedMutex());
+  std::unique_lock<std::mutex> lock(SeedMutex());
   torch::manual_seed(model.seed);
   std::shared_ptr<Embed> embed;
-  for (int64_t i = 0; i < end_layer; ++i) {
+  for (int64_t i = from_files ? first_layer : 0; i < end_layer; ++i) {
     std::string name;
     std::shared_ptr<LlamaLayer> layer;
     if (i == 0) {
@@ -303,7 +308,7 @@ absl::StatusOr<std::unique_ptr<StageModel>> BuildLlamaStage(const spec::BuiltinM
       layer = std::make_shared<Norm>(c.hidden_size, c.rms_norm_eps);
     } else {
       name = "head";
-      if (!c.tie_word_embeddings) {
+      if (!c.tie_word_embeddings || (from_files && first_layer > 0)) {
         layer = std::make_shared<Head>(c.hidden_size, c.vocab_size);
       } else if (first_layer == 0) {
         layer = Head::Sharing(embed->weight());
@@ -313,7 +318,12 @@ absl::StatusOr<std::unique_ptr<StageModel>> BuildLlamaStage(const spec::BuiltinM
     }
     if (i >= first_layer) kept.emplace_back(std::move(name), std::move(layer));
   }
-  return std::unique_ptr<StageModel>(new LlamaStage(std::move(kept)));
+  lock.unlock();
+  auto stage = std::make_unique<LlamaStage>(std::move(kept));
+  if (from_files) {
+    RETURN_IF_ERROR(LoadHfWeights(model.weights_dir, c.tie_word_embeddings, *stage));
+  }
+  return std::unique_ptr<StageModel>(std::move(stage));
 }
 
 }  // namespace stagecoach::model

@@ -23,7 +23,9 @@
 // tie_word_embeddings: as the GPT's tie_embeddings (gpt.h): one parameter when embed and head
 // share a stage, a copy in the head's stage otherwise.
 //
-// Initialisation (a model trained from scratch): LibTorch's generator seeded with model.seed,
+// With model.weights_dir (a model given as model.hf) the stage builds only its own layers and
+// reads their parameters from the directory's safetensors (hf_weights.h). Otherwise,
+// initialisation (a model trained from scratch): LibTorch's generator seeded with model.seed,
 // the layers built in order and each parameter, in the order listed above, drawn as
 // transformers' _init_weights does: Linear and Embedding weights normal(0, 0.02), biases zero,
 // RMSNorm weights one. Every worker builds the layers before and in its stage, so that all

@@ -4,6 +4,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/rpc/status_conversion.h"
+#include "common/spec/hf_model_spec.h"
 #include "common/spec/spec_parser.h"
 #include "worker/runtime/device/compute_threads.h"
 #include "worker/runtime/inspect/inspect.h"
@@ -45,7 +46,7 @@ WorkerServiceImpl::~WorkerServiceImpl() {
 grpc::Status WorkerServiceImpl::InspectModel(grpc::ServerContext* ctx,
                                              const v1::InspectModelRequest* req,
                                              v1::InspectModelResponse* resp) {
-  auto parsed = spec::ParseJobSpec(req->spec_yaml(), "spec_yaml");
+  auto parsed = spec::ReadJobSpec(req->spec_yaml(), "spec_yaml");
   if (!parsed.ok()) return rpc::ToGrpcStatus(parsed.status());
   spec::JobSpec spec = *std::move(parsed);
   std::string model_path;

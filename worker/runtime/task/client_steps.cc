@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/types/span.h"
 #include "common/rpc/tensor_data.h"
+#include "common/spec/hf_model_spec.h"
 #include "common/spec/spec_parser.h"
 #include "common/util/status_macros.h"
 #include "worker/runtime/executor/forward_actions.h"
@@ -112,7 +113,7 @@ absl::StatusOr<StepGate::ClientStep> DecodeClientStep(const v1::TaskAssignment& 
                                                       const v1::ControlTaskRequest& request) {
   const v1::ClientStep& cs = request.client_step();
   RETURN_IF_ERROR(CheckClientStepLimit(request));
-  ASSIGN_OR_RETURN(const spec::JobSpec spec, spec::ParseJobSpec(task.spec_yaml(), task.job_id()));
+  ASSIGN_OR_RETURN(const spec::JobSpec spec, spec::ReadJobSpec(task.spec_yaml(), task.job_id()));
   const int m = spec.schedule.microbatches;
   if (cs.inputs_shape().empty()) {
     return absl::InvalidArgumentError("client_step.inputs_shape: required");

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/rpc/time_conversion.h"
+#include "common/spec/hf_model_spec.h"
 #include "common/spec/spec_parser.h"
 #include "common/util/logging.h"
 #include "common/util/status_macros.h"
@@ -199,7 +200,7 @@ absl::StatusOr<std::vector<schedule::Action>> ParseActions(const v1::TaskAssignm
 
 absl::StatusOr<TaskSetup> SetUpTask(const v1::TaskAssignment& task, const TaskRunnerDeps& deps) {
   TaskSetup setup;
-  ASSIGN_OR_RETURN(setup.spec, spec::ParseJobSpec(task.spec_yaml(), task.job_id()));
+  ASSIGN_OR_RETURN(setup.spec, spec::ReadJobSpec(task.spec_yaml(), task.job_id()));
   ASSIGN_OR_RETURN(setup.loss, ParseLoss(setup.spec.training.loss));
   ASSIGN_OR_RETURN(setup.precision, model::ParsePrecision(setup.spec.training.precision));
   setup.forward_only = task.forward_only() || task.has_inference();

@@ -7,18 +7,19 @@
 // names and shapes the family lists (common/hf/decoder_tensors.h) are the worker's parameters'.
 #include <torch/torch.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/hf/decoder_tensors.h"
 #include "common/spec/hf_model_spec.h"
 #include "coordinator/lifecycle/hf_weights_check.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/process.h"
 #include "tests/support/python.h"
 #include "tests/support/temp_dir.h"
 #include "worker/model/llama.h"
@@ -35,23 +36,21 @@ constexpr char kConfig[] =
 
 std::string Script() { return testing::TestDataDir() + "/../support/hf_llama_ref.py"; }
 
-// Runs hf_llama_ref.py with `args` (config.json's text passed as one argument); its stdout.
-std::string RunRef(const std::string& args) {
-  const std::string command = absl::StrCat(testing::kPython, " ", Script(), " ", args);
-  std::string out;
-  FILE* pipe = popen(command.c_str(), "r");
-  EXPECT_NE(pipe, nullptr) << command;
-  if (pipe == nullptr) return out;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
-  EXPECT_EQ(pclose(pipe), 0) << command;
-  return out;
+// Runs hf_llama_ref.py with `args`; its stdout.
+std::string RunRef(std::vector<std::string> args) {
+  args.insert(args.begin(), {testing::kPython, Script()});
+  const testing::CommandResult result = testing::RunCommand(args, absl::Seconds(60));
+  EXPECT_EQ(result.exit_code, 0) << absl::StrJoin(args, " ") << ": " << result.err;
+  return result.out;
 }
 
 std::string Write(const std::string& dir, const std::string& options = "",
                   const std::string& config = kConfig) {
-  RunRef(absl::StrCat("write ", dir, " '", config, "' ", options));
+  std::vector<std::string> args = {"write", dir, config};
+  for (absl::string_view o : absl::StrSplit(options, ' ', absl::SkipEmpty())) {
+    args.emplace_back(o);
+  }
+  RunRef(args);
   return dir;
 }
 
@@ -128,7 +127,8 @@ TEST_F(HfModel, RefusesWhatTheConfigurationDoesNotHaveNamingIt) {
   std::fputs(R"({"model_type": "gemma2"})", f);
   std::fclose(f);
   EXPECT_THAT(Refusal(gemma), HasSubstr("model_type 'gemma2' is not supported"));
-  EXPECT_THAT(Refusal(tmp_.path() + "/none"), HasSubstr("model.hf.path: "));
+  EXPECT_THAT(Refusal(tmp_.path() + "/none"), HasSubstr("model.hf: "));
+  EXPECT_THAT(Refusal(tmp_.path() + "/none"), HasSubstr("/none/config.json cannot be read"));
 }
 
 TEST_F(HfModel, AStageHoldsTheStoredValuesAndTheFamilysNamesAreTheWorkers) {
@@ -144,7 +144,7 @@ TEST_F(HfModel, AStageHoldsTheStoredValuesAndTheFamilysNamesAreTheWorkers) {
   ASSERT_EQ(params.size(), 2u);
   auto stored = [&](const std::string& name) {
     std::vector<float> values;
-    for (absl::string_view line : absl::StrSplit(RunRef(absl::StrCat("values ", dir, " ", name)), '\n',
+    for (absl::string_view line : absl::StrSplit(RunRef({"values", dir, name}), '\n',
                                                  absl::SkipEmpty())) {
       values.push_back(std::stof(std::string(line)));
     }

@@ -368,7 +368,7 @@ TEST(SpecParserTest, UnknownKeysInEveryNestedMapping) {
               ElementsAre("restart.max_restart: unknown key (valid keys: max_restarts); did you "
                           "mean 'max_restarts'?"));
   EXPECT_THAT(Errors(Edit(kBase, "  builtin:", "  bultin:")),
-              ElementsAre("model.bultin: unknown key (valid keys: torchscript, builtin); did you "
+              ElementsAre("model.bultin: unknown key (valid keys: torchscript, builtin, hf); did you "
                           "mean 'builtin'?",
                           "model: exactly one of 'torchscript', 'builtin' or 'hf' is required"));
 }

@@ -14,18 +14,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "worker/model/layer_chain.h"
 #include "worker/model/precision.h"
 
 namespace stagecoach::model {
 namespace {
 
 constexpr double kInitStd = 0.02;
-
-// One GPT layer: a module whose named_parameters() are the parameter paths inside the layer.
-class GptLayer : public torch::nn::Module {
- public:
-  virtual torch::Tensor forward(const torch::Tensor& x) = 0;
-};
 
 void InitLinear(torch::nn::Linear& linear) {
   torch::NoGradGuard no_grad;
@@ -39,7 +34,7 @@ void InitLayerNorm(torch::nn::LayerNorm& norm) {
   norm->bias.zero_();
 }
 
-class Embed : public GptLayer {
+class Embed : public ChainLayer {
  public:
   Embed(int64_t vocab, int64_t seq, int64_t d)
       : seq_(seq),
@@ -122,7 +117,7 @@ class Mlp : public torch::nn::Module {
   torch::nn::Linear proj_;
 };
 
-class Block : public GptLayer {
+class Block : public ChainLayer {
  public:
   Block(int64_t d, int64_t heads)
       : ln1_(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})))),
@@ -145,7 +140,7 @@ class Block : public GptLayer {
   std::shared_ptr<Mlp> mlp_;
 };
 
-class Norm : public GptLayer {
+class Norm : public ChainLayer {
  public:
   explicit Norm(int64_t d)
       : d_(d),
@@ -160,62 +155,6 @@ class Norm : public GptLayer {
   int64_t d_;
   torch::Tensor weight_;
   torch::Tensor bias_;
-};
-
-class Head : public GptLayer {
- public:
-  Head(int64_t d, int64_t vocab) : weight_(register_parameter("weight", torch::empty({vocab, d}))) {
-    torch::NoGradGuard no_grad;
-    weight_.normal_(0.0, kInitStd);
-  }
-
-  // Tied embeddings in one stage: the embedding's own tensor, not a parameter of the head (the
-  // stage lists it once, as embed.tok.weight).
-  static std::shared_ptr<Head> Sharing(const torch::Tensor& embedding) {
-    return std::shared_ptr<Head>(new Head(embedding, /*own=*/false));
-  }
-  // Tied embeddings on another stage: a copy of the embedding's initial values as the head's
-  // own "weight" (tied_parameters.h keeps the copies equal).
-  static std::shared_ptr<Head> Copying(const torch::Tensor& embedding) {
-    return std::shared_ptr<Head>(new Head(embedding.detach().clone(), /*own=*/true));
-  }
-
-  torch::Tensor forward(const torch::Tensor& x) override { return torch::linear(x, weight_); }
-
- private:
-  Head(torch::Tensor weight, bool own)
-      : weight_(own ? register_parameter("weight", std::move(weight)) : std::move(weight)) {}
-
-  torch::Tensor weight_;
-};
-
-class GptStage : public StageModel {
- public:
-  explicit GptStage(std::vector<std::pair<std::string, std::shared_ptr<GptLayer>>> layers)
-      : layers_(std::move(layers)) {}
-
-  std::vector<torch::Tensor> ForwardValues(const std::vector<torch::Tensor>& inputs) override {
-    torch::Tensor x = inputs.at(0);
-    for (auto& [name, layer] : layers_) x = layer->forward(x);
-    return {x};
-  }
-
-  std::vector<std::pair<std::string, torch::Tensor>> NamedParameters() override {
-    std::vector<std::pair<std::string, torch::Tensor>> out;
-    for (auto& [name, layer] : layers_) {
-      for (const auto& item : layer->named_parameters(/*recurse=*/true)) {
-        out.emplace_back(absl::StrCat(name, ".", item.key()), item.value());
-      }
-    }
-    return out;
-  }
-
-  void To(const torch::Device& device) override {
-    for (auto& [name, layer] : layers_) layer->to(device);
-  }
-
- private:
-  std::vector<std::pair<std::string, std::shared_ptr<GptLayer>>> layers_;
 };
 
 }  // namespace
@@ -245,14 +184,14 @@ absl::StatusOr<std::unique_ptr<StageModel>> BuildGptStage(const spec::BuiltinMod
     return absl::InvalidArgumentError(absl::StrCat("stage layers [", first_layer, ", ", end_layer,
                                                    ") are outside the GPT's ", layers, " layers"));
   }
-  std::vector<std::pair<std::string, std::shared_ptr<GptLayer>>> kept;
+  std::vector<std::pair<std::string, std::shared_ptr<ChainLayer>>> kept;
   {
     std::lock_guard<std::mutex> lock(SeedMutex());
     torch::manual_seed(model.seed);
     std::shared_ptr<Embed> embed;
     for (int64_t i = 0; i < end_layer; ++i) {
       std::string name;
-      std::shared_ptr<GptLayer> layer;
+      std::shared_ptr<ChainLayer> layer;
       if (i == 0) {
         name = "embed";
         embed = std::make_shared<Embed>(model.vocab, model.seq, model.d_model);
@@ -266,17 +205,17 @@ absl::StatusOr<std::unique_ptr<StageModel>> BuildGptStage(const spec::BuiltinMod
       } else {
         name = "head";
         if (!model.tie_embeddings) {
-          layer = std::make_shared<Head>(model.d_model, model.vocab);
+          layer = std::make_shared<OutputHead>(model.d_model, model.vocab, kInitStd);
         } else if (first_layer == 0) {
-          layer = Head::Sharing(embed->tok_weight());
+          layer = OutputHead::Sharing(embed->tok_weight());
         } else {
-          layer = Head::Copying(embed->tok_weight());
+          layer = OutputHead::Copying(embed->tok_weight());
         }
       }
       if (i >= first_layer) kept.emplace_back(std::move(name), std::move(layer));
     }
   }
-  return std::unique_ptr<StageModel>(new GptStage(std::move(kept)));
+  return std::unique_ptr<StageModel>(new LayerChainStage(std::move(kept)));
 }
 
 }  // namespace stagecoach::model

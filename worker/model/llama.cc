@@ -13,18 +13,13 @@
 #include "absl/strings/str_cat.h"
 #include "common/util/status_macros.h"
 #include "worker/model/hf_weights.h"
+#include "worker/model/layer_chain.h"
 #include "worker/model/precision.h"
 
 namespace stagecoach::model {
 namespace {
 
 constexpr double kInitStd = 0.02;  // transformers' initializer_range
-
-// One layer of the model: a module whose named_parameters() are the paths inside the layer.
-class LlamaLayer : public torch::nn::Module {
- public:
-  virtual torch::Tensor forward(const torch::Tensor& x) = 0;
-};
 
 torch::nn::Linear MakeLinear(torch::nn::Module& owner, const std::string& name, int64_t in,
                              int64_t out, bool bias) {
@@ -84,7 +79,7 @@ torch::Tensor Rotate(const torch::Tensor& x, const torch::Tensor& cos, const tor
   return x * cos + rotated * sin;
 }
 
-class Embed : public LlamaLayer {
+class Embed : public ChainLayer {
  public:
   Embed(int64_t vocab, int64_t hidden, int64_t seq)
       : seq_(seq), weight_(register_parameter("weight", torch::empty({vocab, hidden}))) {
@@ -180,7 +175,7 @@ class Mlp : public torch::nn::Module {
   torch::nn::Linear gate_proj_{nullptr}, up_proj_{nullptr}, down_proj_{nullptr};
 };
 
-class DecoderLayer : public LlamaLayer {
+class DecoderLayer : public ChainLayer {
  public:
   explicit DecoderLayer(const hf::DecoderConfig& c) {
     input_norm_ = register_module("input_layernorm",
@@ -203,7 +198,7 @@ class DecoderLayer : public LlamaLayer {
   std::shared_ptr<Mlp> mlp_;
 };
 
-class Norm : public LlamaLayer {
+class Norm : public ChainLayer {
  public:
   Norm(int64_t hidden, double eps)
       : eps_(eps), weight_(register_parameter("weight", torch::ones({hidden}))) {}
@@ -213,59 +208,6 @@ class Norm : public LlamaLayer {
  private:
   double eps_;
   torch::Tensor weight_;
-};
-
-class Head : public LlamaLayer {
- public:
-  Head(int64_t hidden, int64_t vocab)
-      : weight_(register_parameter("weight", torch::empty({vocab, hidden}))) {
-    torch::NoGradGuard no_grad;
-    weight_.normal_(0.0, kInitStd);
-  }
-  // Tied, in the embedding's stage: the embedding's tensor itself, not a parameter of the head.
-  static std::shared_ptr<Head> Sharing(const torch::Tensor& embedding) {
-    return std::shared_ptr<Head>(new Head(embedding, /*own=*/false));
-  }
-  // Tied, on another stage: a copy of the embedding's initial values as its own "weight".
-  static std::shared_ptr<Head> Copying(const torch::Tensor& embedding) {
-    return std::shared_ptr<Head>(new Head(embedding.detach().clone(), /*own=*/true));
-  }
-
-  torch::Tensor forward(const torch::Tensor& x) override { return torch::linear(x, weight_); }
-
- private:
-  Head(torch::Tensor weight, bool own)
-      : weight_(own ? register_parameter("weight", std::move(weight)) : std::move(weight)) {}
-  torch::Tensor weight_;
-};
-
-class LlamaStage : public StageModel {
- public:
-  explicit LlamaStage(std::vector<std::pair<std::string, std::shared_ptr<LlamaLayer>>> layers)
-      : layers_(std::move(layers)) {}
-
-  std::vector<torch::Tensor> ForwardValues(const std::vector<torch::Tensor>& inputs) override {
-    torch::Tensor x = inputs.at(0);
-    for (auto& [name, layer] : layers_) x = layer->forward(x);
-    return {x};
-  }
-
-  std::vector<std::pair<std::string, torch::Tensor>> NamedParameters() override {
-    std::vector<std::pair<std::string, torch::Tensor>> out;
-    for (auto& [name, layer] : layers_) {
-      for (const auto& item : layer->named_parameters(/*recurse=*/true)) {
-        out.emplace_back(absl::StrCat(name, ".", item.key()), item.value());
-      }
-    }
-    return out;
-  }
-
-  void To(const torch::Device& device) override {
-    for (auto& [name, layer] : layers_) layer->to(device);
-  }
-
- private:
-  std::vector<std::pair<std::string, std::shared_ptr<LlamaLayer>>> layers_;
 };
 
 }  // namespace
@@ -289,13 +231,13 @@ absl::StatusOr<std::unique_ptr<StageModel>> BuildLlamaStage(const spec::BuiltinM
   // Weights from a checkpoint directory: only the stage's layers are built; their initial
   // draws are overwritten. From a seed: every layer up to the stage's, in order.
   const bool from_files = !model.weights_dir.empty();
-  std::vector<std::pair<std::string, std::shared_ptr<LlamaLayer>>> kept;
+  std::vector<std::pair<std::string, std::shared_ptr<ChainLayer>>> kept;
   std::unique_lock<std::mutex> lock(SeedMutex());
   torch::manual_seed(model.seed);
   std::shared_ptr<Embed> embed;
   for (int64_t i = from_files ? first_layer : 0; i < end_layer; ++i) {
     std::string name;
-    std::shared_ptr<LlamaLayer> layer;
+    std::shared_ptr<ChainLayer> layer;
     if (i == 0) {
       name = "embed";
       embed = std::make_shared<Embed>(c.vocab_size, c.hidden_size, model.seq);
@@ -309,17 +251,17 @@ absl::StatusOr<std::unique_ptr<StageModel>> BuildLlamaStage(const spec::BuiltinM
     } else {
       name = "head";
       if (!c.tie_word_embeddings || (from_files && first_layer > 0)) {
-        layer = std::make_shared<Head>(c.hidden_size, c.vocab_size);
+        layer = std::make_shared<OutputHead>(c.hidden_size, c.vocab_size, kInitStd);
       } else if (first_layer == 0) {
-        layer = Head::Sharing(embed->weight());
+        layer = OutputHead::Sharing(embed->weight());
       } else {
-        layer = Head::Copying(embed->weight());
+        layer = OutputHead::Copying(embed->weight());
       }
     }
     if (i >= first_layer) kept.emplace_back(std::move(name), std::move(layer));
   }
   lock.unlock();
-  auto stage = std::make_unique<LlamaStage>(std::move(kept));
+  auto stage = std::make_unique<LayerChainStage>(std::move(kept));
   if (from_files) {
     RETURN_IF_ERROR(LoadHfWeights(model.weights_dir, c.tie_word_embeddings, *stage));
   }

@@ -1,0 +1,49 @@
+#include "worker/model/layer_chain.h"
+
+#include <torch/torch.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace stagecoach::model {
+
+OutputHead::OutputHead(int64_t hidden, int64_t vocab, double init_std)
+    : weight_(register_parameter("weight", torch::empty({vocab, hidden}))) {
+  torch::NoGradGuard no_grad;
+  weight_.normal_(0.0, init_std);
+}
+
+OutputHead::OutputHead(torch::Tensor weight, bool own)
+    : weight_(own ? register_parameter("weight", std::move(weight)) : std::move(weight)) {}
+
+std::shared_ptr<OutputHead> OutputHead::Sharing(const torch::Tensor& embedding) {
+  return std::shared_ptr<OutputHead>(new OutputHead(embedding, /*own=*/false));
+}
+
+std::shared_ptr<OutputHead> OutputHead::Copying(const torch::Tensor& embedding) {
+  return std::shared_ptr<OutputHead>(new OutputHead(embedding.detach().clone(), /*own=*/true));
+}
+
+torch::Tensor OutputHead::forward(const torch::Tensor& x) { return torch::linear(x, weight_); }
+
+std::vector<torch::Tensor> LayerChainStage::ForwardValues(
+    const std::vector<torch::Tensor>& inputs) {
+  torch::Tensor x = inputs.at(0);
+  for (auto& [name, layer] : layers_) x = layer->forward(x);
+  return {x};
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> LayerChainStage::NamedParameters() {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (auto& [name, layer] : layers_) {
+    for (const auto& item : layer->named_parameters(/*recurse=*/true)) {
+      out.emplace_back(absl::StrCat(name, ".", item.key()), item.value());
+    }
+  }
+  return out;
+}
+
+void LayerChainStage::To(const torch::Device& device) {
+  for (auto& [name, layer] : layers_) layer->to(device);
+}
+
+}  // namespace stagecoach::model

@@ -44,4 +44,14 @@ std::string StageExportFileName(int stage) {
   return absl::StrCat("stage-", stage, ".state_dict.pt");
 }
 
+std::string HfShardFileName(int stage, int part) {
+  return absl::StrFormat("%s/stage-%d-%05d.safetensors", kHfDirName, stage, part);
+}
+
+bool IsCheckpointFileName(absl::string_view name) {
+  absl::ConsumePrefix(&name, absl::StrCat(kHfDirName, "/"));
+  return !name.empty() && name != "." && name != ".." &&
+         name.find('/') == absl::string_view::npos && name != kManifestFileName;
+}
+
 }  // namespace stagecoach::checkpoint

@@ -8,6 +8,11 @@
 //                                 timeline (the global step, zero-padded to six digits or more)
 //       stage-<s>.pt              stage s's training state (parameters, optimizer, position)
 //       stage-<s>.state_dict.pt   stage s's parameters only, the export for PyTorch
+//       hf/                       a Llama-family model in Hugging Face's layout:
+//         stage-<s>-<KKKKK>.safetensors   stage s's parameters under Hugging Face's names, in
+//                                 parts of at most kHfShardBytes (written by the workers)
+//         model.safetensors.index.json, config.json   written by the coordinator before the
+//                                 manifest, so from_pretrained reads hf/ as a model directory
 //       manifest.json             written last, by the coordinator: a step directory without
 //                                 it is a partial checkpoint
 //
@@ -44,5 +49,17 @@ std::string StageStateFileName(int stage);
 
 // "stage-<s>.state_dict.pt": the export file of stage `stage`.
 std::string StageExportFileName(int stage);
+
+// The Hugging Face export's directory in a step directory, and the largest part a stage's
+// tensors are cut into (save_pretrained's default max_shard_size is 5 GB).
+inline constexpr char kHfDirName[] = "hf";
+inline constexpr uint64_t kHfShardBytes = 5'000'000'000;
+
+// "hf/stage-<s>-<KKKKK>.safetensors": part `part` (from 1) of stage `stage`'s export.
+std::string HfShardFileName(int stage, int part);
+
+// Whether `name` may name a checkpoint file in a manifest or a step report: a plain file name
+// (no '/'), or "hf/" and a plain file name; never the manifest.
+bool IsCheckpointFileName(absl::string_view name);
 
 }  // namespace stagecoach::checkpoint

@@ -5,6 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint/layout.h"
+#include "common/util/status_macros.h"
+#include "coordinator/checkpoints/hf_export_index.h"
 #include "common/util/logging.h"
 #include "common/util/sha256.h"
 
@@ -39,11 +41,12 @@ absl::Status ValidateCheckpointReport(const Job& job, const v1::ReportStepReques
                                                      " reported a file of stage ", f.stage(),
                                                      ", which it does not own"));
     }
-    if (f.file().empty() || f.file().find('/') != std::string::npos ||
-        f.file() == kManifestFileName || f.size_bytes() < 0 || !IsSha256Hex(f.sha256())) {
+    if (!checkpoint::IsCheckpointFileName(f.file()) || f.size_bytes() < 0 ||
+        !IsSha256Hex(f.sha256())) {
       return absl::InvalidArgumentError(
           absl::StrCat("checkpoint_files: stage ", f.stage(), " file '", f.file(),
-                       "' needs a plain file name, a size and a 64-digit sha256"));
+                       "' needs a plain file name (or hf/ and one), a size and a 64-digit "
+                       "sha256"));
     }
   }
   return absl::OkStatus();
@@ -75,6 +78,7 @@ std::optional<PendingManifest> AddReportedFilesLocked(Job& job, const v1::Report
   m.num_stages = job.plan.num_stages;
   m.schedule = job.plan.schedule_name;
   m.model_json = ModelReferenceJson(job.spec.model);
+  if (job.spec.model.builtin.has_value()) pending.hf_config = job.spec.model.builtin->decoder;
   for (int s = 0; s < job.plan.num_stages; ++s) {
     ManifestStage& st = m.stages.emplace_back();
     st.stage = s;
@@ -106,6 +110,9 @@ absl::Status WritePendingManifest(const PendingManifest& pending) {
                                                 f.size_bytes()));
       }
     }
+  }
+  if (pending.hf_config.has_value()) {
+    RETURN_IF_ERROR(WriteHfExportIndex(dir, pending.manifest, *pending.hf_config));
   }
   return WriteManifest(dir, pending.manifest);
 }

@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/hf/decoder_config.h"
 #include "common/spec/job_spec.h"
 #include "coordinator/checkpoints/checkpoint_manifest.h"
 #include "coordinator/jobs/job.h"
@@ -31,6 +32,8 @@ struct PendingManifest {
   std::string job_id;
   std::string step_dir;  // <training.checkpoint.dir>/step-<NNNNNN>
   CheckpointManifest manifest;
+  // A Llama-family model: its configuration, for the hf/ export's config.json.
+  std::optional<hf::DecoderConfig> hf_config;
 };
 
 // The checkpoint part of a step report: global_step, when set, is the job's base step plus the

@@ -35,11 +35,11 @@ absl::Status CheckConsistent(const CheckpointManifest& m) {
       return absl::InvalidArgumentError(absl::StrCat("manifest: stage ", s, " has no files"));
     }
     for (const v1::StageCheckpointFile& f : st.files) {
-      if (f.stage() != s || f.file().empty() || f.file().find('/') != std::string::npos ||
-          f.file() == kManifestFileName || f.size_bytes() < 0 || !IsSha256Hex(f.sha256())) {
+      if (f.stage() != s || !checkpoint::IsCheckpointFileName(f.file()) || f.size_bytes() < 0 ||
+          !IsSha256Hex(f.sha256())) {
         return absl::InvalidArgumentError(
             absl::StrCat("manifest: stage ", s, " file entry '", f.file(), "' (stage ", f.stage(),
-                         ") needs a plain file name of that stage, a size and a sha256"));
+                         ") needs a plain file name (or hf/ and one) of that stage, a size and a sha256"));
       }
     }
   }

@@ -24,15 +24,19 @@ bool FloatingPoint(safetensors::Dtype dtype) {
 }  // namespace
 
 absl::Status CheckHfWeights(const spec::JobSpec& spec) {
-  if (!spec.model.hf.has_value()) return absl::OkStatus();
-  if (!spec.model.builtin.has_value() || !spec.model.builtin->decoder.has_value()) {
+  if (!spec.model.builtin.has_value() || spec.model.builtin->weights_dir.empty()) {
+    return absl::OkStatus();
+  }
+  if (!spec.model.builtin->decoder.has_value()) {
     return absl::InternalError("model.hf: its config.json has not been read");
   }
-  const std::string& dir = spec.model.hf->path;
+  const std::string& dir = spec.model.builtin->weights_dir;
+  // Where the directory came from, for errors.
+  const std::string field = spec.model.hf.has_value() ? "model.hf" : "training.resume_from";
   const hf::DecoderConfig& config = *spec.model.builtin->decoder;
   absl::StatusOr<safetensors::ModelDir> files = safetensors::ModelDir::Open(dir);
   if (!files.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("model.hf.path: ", files.status().message()));
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", files.status().message()));
   }
   const std::string model = absl::StrCat("a ", config.model_type, " model of ", dir,
                                          "/config.json");
@@ -42,18 +46,18 @@ absl::Status CheckHfWeights(const spec::JobSpec& spec) {
     const safetensors::SafetensorsFile* file = nullptr;
     const safetensors::TensorInfo* info = files->Find(t.hf_name, &file);
     if (info == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("model.hf: ", dir, " has no tensor ",
+      return absl::InvalidArgumentError(absl::StrCat(field, ": ", dir, " has no tensor ",
                                                      t.hf_name, ", which ", model, " needs (",
                                                      Shape(t.shape), ")"));
     }
     if (info->shape != t.shape) {
       return absl::InvalidArgumentError(
-          absl::StrCat("model.hf: tensor ", t.hf_name, " in ", file->path(), " has shape ",
+          absl::StrCat(field, ": tensor ", t.hf_name, " in ", file->path(), " has shape ",
                        Shape(info->shape), "; ", model, " needs ", Shape(t.shape)));
     }
     if (!FloatingPoint(info->dtype)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "model.hf: tensor ", t.hf_name, " in ", file->path(), " is ",
+          field, ": tensor ", t.hf_name, " in ", file->path(), " is ",
           safetensors::DtypeName(info->dtype), ", not a floating-point dtype (F32, F16, BF16, F64)"));
     }
   }
@@ -62,7 +66,7 @@ absl::Status CheckHfWeights(const spec::JobSpec& spec) {
     const safetensors::SafetensorsFile* file = nullptr;
     files->Find(name, &file);
     return absl::InvalidArgumentError(absl::StrCat(
-        "model.hf: ", file != nullptr ? file->path() : dir, " holds tensor ", name, ", which ",
+        field, ": ", file != nullptr ? file->path() : dir, " holds tensor ", name, ", which ",
         model, " does not have",
         name == "lm_head.weight" ? " (its tie_word_embeddings makes the head the embedding)" : ""));
   }

@@ -1,4 +1,5 @@
-// Admission's check of a model given as a Hugging Face checkpoint directory (model.hf): before
+// Admission's check of a model whose weights come from a Hugging Face checkpoint directory
+// (model.hf, or training.resume_from naming one; hf_model_spec.h): before
 // any worker is troubled, the directory's safetensors (their headers, memory-mapped; no tensor
 // data is read) must hold exactly the tensors its config.json's model has, under Hugging Face's
 // names, each of the shape the configuration gives and of a floating-point dtype. Refusals are
@@ -12,7 +13,8 @@
 
 namespace stagecoach::coordinator {
 
-// OK for a spec whose model is not model.hf. `spec` must have been read by ReadJobSpec.
+// OK for a model whose weights come from nowhere else. `spec` must have been read by
+// ReadJobSpec.
 absl::Status CheckHfWeights(const spec::JobSpec& spec);
 
 }  // namespace stagecoach::coordinator

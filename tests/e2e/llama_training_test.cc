@@ -26,8 +26,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <string>
@@ -35,8 +34,13 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/util/sha256.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/support/local_cluster.h"
+#include "tests/support/process.h"
 #include "tests/support/python.h"
 #include "tests/support/reference_llama.h"
 #include "tests/support/stage_files.h"
@@ -81,16 +85,21 @@ LlamaReferenceConfig Sizes() {
   return r;
 }
 
-std::string Spec(const Case& c, const std::string& ckpt, const std::string& hf_dir) {
+// The job's spec; with `hf_dir` its model is {hf: {path: hf_dir}}. `again`: a second job of
+// one step, from `resume_from` when given.
+std::string Spec(const Case& c, const std::string& ckpt, const std::string& hf_dir,
+                 bool again = false, const std::string& resume_from = "") {
   const std::string model =
       hf_dir.empty()
           ? absl::StrCat("  builtin: {family: llama, ", kSizes, ", ", c.builtin, "}\n")
           : absl::StrCat("  hf: {path: ", hf_dir, ", seq: 8}\n");
   return absl::StrCat(
-      "name: ", c.name, "\nmodel:\n", model,
+      "name: ", c.name, again ? "-again" : "", "\nmodel:\n", model,
       "split: {stages: ", c.stages, "}\n", "schedule: {kind: ", c.schedule,
       ", microbatches: ", c.microbatches, "}\n", "placement: {workers: ", c.workers,
-      ", replicas: ", c.replicas, "}\n", "training:\n  batch_size: 8\n  steps: ", kSteps,
+      ", replicas: ", c.replicas, "}\n", "training:\n  batch_size: 8\n  steps: ",
+      again ? 1 : kSteps,
+      resume_from.empty() ? "" : absl::StrCat("\n  resume_from: ", resume_from),
       "\n  loss: cross_entropy\n", "  optimizer: {kind: sgd, lr: 0.2, momentum: 0.9}\n",
       c.clip ? "  grad_clip: {max_norm: 0.5}\n" : "", c.bf16 ? "  precision: bf16\n" : "",
       "  checkpoint: {dir: ", ckpt, "}\n", "data: {kind: synthetic, seed: 9}\n");
@@ -172,6 +181,15 @@ std::vector<int> StageEnds(const std::string& ckpt, int stages, int64_t decoder_
   return ends;
 }
 
+std::string HfScript() { return TestDataDir() + "/../support/hf_llama_ref.py"; }
+
+// transformers' name of a parameter (written here from its modeling files, not from ours).
+std::string TransformersName(const std::string& name) {
+  if (name == "embed.weight") return "model.embed_tokens.weight";
+  if (name == "head.weight") return "lm_head.weight";
+  return "model." + name;  // layers.*, norm.weight
+}
+
 class LlamaTraining : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override { setenv("OMP_NUM_THREADS", "1", 1); }
@@ -188,10 +206,11 @@ TEST_P(LlamaTraining, EqualsTheUnpipelinedReference) {
   std::string hf_dir;
   if (!c.hf_config.empty()) {
     hf_dir = cl.dir() + "/hf-model";
-    const std::string command =
-        absl::StrCat(kPython, " ", TestDataDir(), "/../support/hf_llama_ref.py write ", hf_dir,
-                     " '", c.hf_config, "' --dtype BF16 --shards 3 --seed 11");
-    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+    const CommandResult wrote =
+        RunCommand({kPython, HfScript(), "write", hf_dir, c.hf_config, "--dtype", "BF16",
+                    "--shards", "3", "--seed", "11"},
+                   absl::Seconds(60));
+    ASSERT_EQ(wrote.exit_code, 0) << wrote.err;
   }
   v1::Job done;
   ASSERT_NO_FATAL_FAILURE(
@@ -203,15 +222,14 @@ TEST_P(LlamaTraining, EqualsTheUnpipelinedReference) {
   ref.wire_after = StageEnds(ckpt, c.stages, ref.layers);
   if (!hf_dir.empty()) {
     // The job started from the stored values: BF16 widened exactly.
-    const std::string command = absl::StrCat(kPython, " ", TestDataDir(),
-                                             "/../support/hf_llama_ref.py values ", hf_dir,
-                                             " model.layers.1.self_attn.k_proj.bias");
-    FILE* pipe = popen(command.c_str(), "r");
-    ASSERT_NE(pipe, nullptr);
+    const CommandResult values = RunCommand(
+        {kPython, HfScript(), "values", hf_dir, "model.layers.1.self_attn.k_proj.bias"},
+        absl::Seconds(60));
+    ASSERT_EQ(values.exit_code, 0) << values.err;
     std::vector<float> stored;
-    char line[128];
-    while (std::fgets(line, sizeof(line), pipe) != nullptr) stored.push_back(std::stof(line));
-    ASSERT_EQ(pclose(pipe), 0) << command;
+    for (absl::string_view line : absl::StrSplit(values.out, '\n', absl::SkipEmpty())) {
+      stored.push_back(std::stof(std::string(line)));
+    }
     EXPECT_TRUE(torch::equal(ref.initial.at("layers.1.self_attn.k_proj.bias"),
                              torch::tensor(stored)));
   }
@@ -263,6 +281,43 @@ TEST_P(LlamaTraining, EqualsTheUnpipelinedReference) {
     std::cerr << c.name << ": parameter distance to the bf16 reference " << to_bf16
               << ", to the fp32 reference " << to_fp32 << " (of the training's own movement)\n";
     EXPECT_GT(to_fp32, 100 * to_bf16);
+  }
+
+  // The checkpoint's hf/ export, read by the independent reader: the final parameters under
+  // transformers' names, F32, bit for bit; and config.json beside them.
+  const std::string export_dir = absl::StrFormat("%s/step-%06d/hf", ckpt, kSteps);
+  const CommandResult listed =
+      RunCommand({kPython, TestDataDir() + "/../support/safetensors_ref.py", "read", export_dir},
+                 absl::Seconds(60));
+  ASSERT_EQ(listed.exit_code, 0) << listed.err;
+  const nlohmann::json stored = nlohmann::json::parse(listed.out);
+  ASSERT_EQ(stored.size(), final_params.size());
+  for (const auto& [name, p] : final_params) {
+    const std::string hf_name = TransformersName(name);
+    ASSERT_TRUE(stored.contains(hf_name)) << hf_name;
+    EXPECT_EQ(stored[hf_name]["dtype"], "F32") << hf_name;
+    EXPECT_EQ(stored[hf_name]["shape"].get<std::vector<int64_t>>(), p.sizes().vec()) << hf_name;
+    const torch::Tensor bytes = p.contiguous();
+    EXPECT_EQ(stored[hf_name]["sha256"],
+              Sha256Hex(absl::string_view(static_cast<const char*>(bytes.data_ptr()),
+                                          bytes.numel() * bytes.element_size())))
+        << hf_name;
+  }
+  EXPECT_TRUE(std::filesystem::exists(export_dir + "/config.json"));
+
+  // A job started from the export (model.hf for a model that came from one, resume_from for a
+  // built-in) holds the first job's final parameters at its step 0.
+  const std::string again_ckpt = cl.dir() + "/ckpt-again";
+  v1::Job again;
+  ASSERT_NO_FATAL_FAILURE(RunFromAStepZeroCheckpoint(
+      cl,
+      cl.WriteFile("again.yaml", Spec(c, again_ckpt, hf_dir.empty() ? "" : export_dir,
+                                      /*again=*/true, hf_dir.empty() ? export_dir : "")),
+      &again));
+  const std::map<std::string, torch::Tensor> restarted = LoadAllStageFiles(again_ckpt, 0, c.stages);
+  ASSERT_EQ(restarted.size(), final_params.size());
+  for (const auto& [name, p] : final_params) {
+    EXPECT_TRUE(torch::equal(restarted.at(name), p)) << name;
   }
 }
 

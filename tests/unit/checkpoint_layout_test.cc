@@ -18,6 +18,17 @@ TEST(CheckpointLayout, NamesAndPaths) {
   EXPECT_EQ(StageExportFileName(3), "stage-3.state_dict.pt");
 }
 
+TEST(CheckpointLayout, HfExportPartsAreTheOnlyFilesBelowTheStepDirectory) {
+  EXPECT_EQ(HfShardFileName(2, 1), "hf/stage-2-00001.safetensors");
+  for (const char* ok : {"stage-0.pt", "stage-3.state_dict.pt", "hf/stage-2-00001.safetensors"}) {
+    EXPECT_TRUE(IsCheckpointFileName(ok)) << ok;
+  }
+  for (const char* bad : {"", "manifest.json", "hf/manifest.json", "hf/", "hf/../x", "hf/a/b",
+                          "other/x", "/etc/passwd", "..", "hf/.."}) {
+    EXPECT_FALSE(IsCheckpointFileName(bad)) << bad;
+  }
+}
+
 TEST(CheckpointLayout, StepOfADirectoryNameRoundTrips) {
   for (int64_t step : {int64_t{0}, int64_t{7}, int64_t{40}, int64_t{999999}, int64_t{1000000},
                        int64_t{123456789012}}) {

@@ -10,6 +10,7 @@
 #include "common/util/sha256.h"
 #include "common/util/status_macros.h"
 #include "worker/runtime/checkpoint/checkpoint.h"
+#include "worker/runtime/checkpoint/hf_export.h"
 
 namespace stagecoach::runtime {
 
@@ -36,6 +37,12 @@ absl::Status CheckpointSteps::Write(int64_t global_steps, v1::ReportStepRequest*
                                           *optimizer_, /*data_position=*/global_steps,
                                           Omitted(s)));
     for (auto& file : files) *report->add_checkpoint_files() = std::move(file);
+    if (options_.hf_export) {
+      ASSIGN_OR_RETURN(files, WriteHfExport(CheckpointStepDir(dir_, global_steps), s,
+                                            stage->NamedParameters(), Omitted(s),
+                                            options_.hf_part_bytes));
+      for (auto& file : files) *report->add_checkpoint_files() = std::move(file);
+    }
   }
   spdlog::info("{} rank {}: checkpoint after step {} in {}", report->job_id(), options_.rank,
                global_steps, CheckpointStepDir(dir_, global_steps));

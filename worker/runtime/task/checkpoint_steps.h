@@ -44,6 +44,10 @@ struct CheckpointStepsOptions {
   bool digests = false;
   // By stage: a parameter its files leave out (the last stage's copy of tied embeddings).
   std::map<int, std::string> omitted;
+  // A Llama-family model: the writer also exports its stages in Hugging Face's layout
+  // (checkpoint/hf_export.h), in parts of at most hf_part_bytes.
+  bool hf_export = false;
+  uint64_t hf_part_bytes = 0;
 };
 
 class CheckpointSteps {

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/checkpoint/layout.h"
 #include "common/rpc/time_conversion.h"
 #include "common/util/logging.h"
 #include "common/util/status_macros.h"
@@ -270,6 +271,9 @@ absl::Status TaskRunner::RunOnDataPlane(TaskSetup& setup, transport::Transport& 
   checkpoint_options.writer = task_.replica() == 0;
   checkpoint_options.digests = group != nullptr;
   if (parts->tied != nullptr) checkpoint_options.omitted = parts->tied->Omitted();
+  const auto& builtin = setup.spec.model.builtin;
+  checkpoint_options.hf_export = builtin.has_value() && builtin->decoder.has_value();
+  checkpoint_options.hf_part_bytes = checkpoint::kHfShardBytes;
   CheckpointSteps checkpoints(checkpoint_options, setup.stages->by_index, setup.optimizer.get(),
                               &reports, setup.shards.get());
   const StepEnv env{&task_,

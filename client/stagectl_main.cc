@@ -34,20 +34,30 @@ constexpr char kExamples[] =
 CLI::App* AddTokensCommand(CLI::App& app, sc::client::TokensCommandOptions& tok) {
   CLI::App* tokens = app.add_subcommand(
       "tokens",
-      "text to the tokens a built-in GPT trains on, and back, with a character vocabulary "
+      "text to the tokens a built-in decoder trains on, and back, with a character vocabulary or a "
+      "SentencePiece tokenizer "
       "(works without a cluster)");
   tokens
       ->add_option("action", tok.action,
-                   "build (a vocabulary and the tokens of text files), encode (text with an "
-                   "existing vocabulary) or decode (tokens to text)")
+                   "train (a SentencePiece model of text files), build (the tokens of text "
+                   "files, with a new character vocabulary or a --tokenizer), encode (text with "
+                   "an existing vocabulary or tokenizer) or decode (tokens to text)")
       ->required();
   tokens->add_option("files", tok.inputs,
                      "text files (build, encode; read in order) or a token file (decode)");
   tokens->add_option("--text", tok.text, "encode this text instead of files");
-  tokens
-      ->add_option("--vocab", tok.vocab_path,
-                   "the vocabulary file (JSON): written by build, read by encode and decode")
-      ->required();
+  tokens->add_option("--vocab", tok.vocab_path,
+                     "a character vocabulary (JSON): written by build, read by encode and decode");
+  tokens->add_option("--tokenizer", tok.tokenizer_path,
+                     "a SentencePiece model (tokenizer.model) instead of --vocab: read by build, "
+                     "encode and decode");
+  tokens->add_option("--vocab-size", tok.vocab_size,
+                     "train: the pieces of the SentencePiece model to train (written to --out)");
+  tokens->add_flag("--bos", tok.bos, "encode with --tokenizer: begin with the BOS id");
+  tokens->add_flag("--eos", tok.eos, "encode with --tokenizer: end with the EOS id");
+  tokens->add_option("--dtype", tok.dtype,
+                     "with --tokenizer: token files of uint16 (default) or uint32 ids (data.dtype; "
+                     "vocabularies over 65,536)");
   tokens->add_option("--out", tok.out_path,
                      "write the tokens (build, encode) or the text (decode) here; build needs it "
                      "(default otherwise: stdout, token ids space-separated)");
@@ -302,6 +312,9 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (tokens->parsed() && sc::client::UsesSentencePiece(tok)) {
+    return sc::client::ExecSentencePiece(tok, std::cerr);
   }
   if (tokens->parsed()) return sc::client::RunTokens(tok, std::cout, std::cerr);
   if (schedule->parsed() && schedule_job.empty()) {

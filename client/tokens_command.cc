@@ -1,6 +1,11 @@
 // `stagectl tokens` (tokens_command.h).
 #include "client/tokens_command.h"
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <ostream>
 #include <sstream>
@@ -19,6 +24,8 @@ namespace {
 
 // The exit code of a usage error (stagectl_main.cc).
 constexpr int kTokensUsage = 2;
+
+constexpr char kSentencePieceTool[] = "stagecoach-sentencepiece";
 
 absl::StatusOr<std::string> ReadWhole(const std::string& path, absl::string_view what) {
   std::ifstream in(path, std::ios::binary);
@@ -96,7 +103,7 @@ std::string UsageError(const TokensCommandOptions& o) {
   if (o.action != "build" && o.action != "encode" && o.action != "decode") {
     return absl::StrCat("'", o.action, "' is not an action: build, encode or decode");
   }
-  if (o.vocab_path.empty()) return "--vocab FILE is required";
+  if (o.vocab_path.empty()) return "--vocab FILE (or --tokenizer FILE) is required";
   if (o.action == "build") {
     if (o.inputs.empty()) return "build needs one or more text files";
     if (o.out_path.empty()) return "build needs --out FILE for the tokens";
@@ -113,6 +120,15 @@ std::string UsageError(const TokensCommandOptions& o) {
 }  // namespace
 
 int RunTokens(const TokensCommandOptions& o, std::ostream& out, std::ostream& err) {
+  if (UsesSentencePiece(o)) {
+    err << "stagectl tokens: --tokenizer and train run in stagecoach-sentencepiece "
+           "(ExecSentencePiece)\n";
+    return kTokensUsage;
+  }
+  if (o.bos || o.eos || o.vocab_size > 0 || o.dtype != "uint16") {
+    err << "stagectl tokens: --bos, --eos, --vocab-size and --dtype go with --tokenizer\n";
+    return kTokensUsage;
+  }
   if (const std::string usage = UsageError(o); !usage.empty()) {
     err << "stagectl tokens: " << usage << "\n";
     return kTokensUsage;
@@ -125,6 +141,44 @@ int RunTokens(const TokensCommandOptions& o, std::ostream& out, std::ostream& er
     return 1;
   }
   return 0;
+}
+
+bool UsesSentencePiece(const TokensCommandOptions& o) {
+  return !o.tokenizer_path.empty() || o.action == "train";
+}
+
+int ExecSentencePiece(const TokensCommandOptions& o, std::ostream& err) {
+  if (!o.vocab_path.empty()) {
+    err << "stagectl tokens: --vocab (a character vocabulary) and --tokenizer (SentencePiece) are "
+           "two kinds of tokenizer; give one\n";
+    return kTokensUsage;
+  }
+  std::vector<std::string> args = {kSentencePieceTool, o.action};
+  args.insert(args.end(), o.inputs.begin(), o.inputs.end());
+  auto option = [&](const char* name, const std::string& value) {
+    if (!value.empty()) args.insert(args.end(), {name, value});
+  };
+  if (o.text.has_value()) args.insert(args.end(), {"--text", *o.text});
+  option("--tokenizer", o.tokenizer_path);
+  if (o.vocab_size != 0) option("--vocab-size", absl::StrCat(o.vocab_size));
+  if (o.bos) args.push_back("--bos");
+  if (o.eos) args.push_back("--eos");
+  option("--dtype", o.dtype);
+  option("--out", o.out_path);
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  const std::filesystem::path beside = self.parent_path() / kSentencePieceTool;
+  if (!ec && std::filesystem::exists(beside, ec)) {
+    ::execv(beside.c_str(), argv.data());
+  } else {
+    ::execvp(kSentencePieceTool, argv.data());
+  }
+  err << "stagectl tokens: cannot run " << kSentencePieceTool << " (beside stagectl or on PATH): "
+      << std::strerror(errno) << "\n";
+  return 1;
 }
 
 absl::StatusOr<text::CharVocabulary> ReadVocabularyFile(const std::string& path) {

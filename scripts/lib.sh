@@ -13,6 +13,9 @@ STAGECOACH_PACKAGES=(
   libabsl-dev libssl-dev libyaml-cpp-dev libgloo-dev libspdlog-dev libcli11-dev nlohmann-json3-dev
   prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
   unzip
+  # SentencePiece tokenizers (stagectl tokens --tokenizer), and Python's binding for the tests'
+  # independent check of its ids.
+  libsentencepiece-dev python3-sentencepiece
   # The demo's text: English prose and quotations under /usr/share/games/fortunes.
   fortunes
   # clang and its libFuzzer runtime build the fuzz targets (scripts/fuzz.sh, tests/fuzz).

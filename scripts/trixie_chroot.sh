@@ -26,7 +26,8 @@ if [ "$BUILD" = "--build" ]; then
   PACKAGES+=(build-essential cmake ninja-build ccache pkg-config libtorch-dev libgrpc++-dev
     protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev libssl-dev
     libyaml-cpp-dev libgloo-dev libspdlog-dev libcli11-dev nlohmann-json3-dev prometheus-cpp-dev
-    libgtest-dev libgmock-dev libbenchmark-dev openssl unzip)
+    libgtest-dev libgmock-dev libbenchmark-dev openssl unzip libsentencepiece-dev
+    python3-sentencepiece)
 elif [ -n "$BUILD" ]; then
   log "unknown option $BUILD (expected --build)"
   exit 2

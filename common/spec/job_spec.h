@@ -193,6 +193,9 @@ struct DataSpec {
   // tokens: window length (tokens per row) for a TorchScript model; a built-in gpt uses
   // model.builtin.seq. 0 when not given.
   int64_t seq = 0;
+  // tokens: the ids' width in the file, "uint16" (default) or "uint32" (vocabularies over
+  // 65,536; stagectl tokens --dtype).
+  std::string dtype = "uint16";
 };
 
 // restart: what happens when a job fails (a lost worker, a transport error).

@@ -61,7 +61,7 @@ void ParseGradClip(Validator& v, const YAML::Node& node, std::optional<double>* 
 }
 
 void ParseData(Validator& v, const YAML::Node& node, const std::string& path, DataSpec* out) {
-  auto data = v.Open(node, path, {"kind", "path", "seed", "seq"});
+  auto data = v.Open(node, path, {"kind", "path", "seed", "seq", "dtype"});
   if (!data) return;
   const Read kind = data->Enum("kind", {"synthetic", "tokens", "tensors"}, &out->kind);
   const Read file = data->String("path", &out->path);
@@ -80,6 +80,10 @@ void ParseData(Validator& v, const YAML::Node& node, const std::string& path, Da
   const Read seq = data->Int("seq", 1, kIntMax, &out->seq);
   if (seq == Read::kOk && kind != Read::kInvalid && out->kind != "tokens") {
     v.Error(data->Path("seq"), absl::StrCat("only used by ", path, ".kind tokens"));
+  }
+  const Read dtype = data->Enum("dtype", {"uint16", "uint32"}, &out->dtype);
+  if (dtype == Read::kOk && kind != Read::kInvalid && out->kind != "tokens") {
+    v.Error(data->Path("dtype"), absl::StrCat("only used by ", path, ".kind tokens"));
   }
 }
 

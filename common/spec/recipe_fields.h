@@ -29,7 +29,8 @@ void ParseGradClip(yaml_fields::Validator& v, const YAML::Node& node,
                    std::optional<double>* max_norm);
 
 // A data mapping at `path` ("data", "eval.data"): kind synthetic | tokens | tensors, path
-// (required for tokens and tensors, refused for synthetic), seed, seq (tokens only).
+// (required for tokens and tensors, refused for synthetic), seed, seq and dtype (uint16 |
+// uint32; tokens only).
 void ParseData(yaml_fields::Validator& v, const YAML::Node& node, const std::string& path,
                DataSpec* out);
 

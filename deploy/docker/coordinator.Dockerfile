@@ -18,6 +18,7 @@ RUN apt-get update \
       build-essential cmake ninja-build pkg-config \
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
       libabsl-dev libssl-dev libyaml-cpp-dev libspdlog-dev libcli11-dev nlohmann-json3-dev \
+      libsentencepiece-dev \
       prometheus-cpp-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
@@ -30,22 +31,23 @@ COPY client client
 COPY bench bench
 RUN cmake -S /src -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DSTAGECOACH_BUILD_WORKER=OFF -DSTAGECOACH_BUILD_TESTS=OFF \
- && cmake --build /build --target stagecoach-coordinator stagectl \
- && strip /build/coordinator/stagecoach-coordinator /build/client/stagectl
+ && cmake --build /build --target stagecoach-coordinator stagectl stagecoach-sentencepiece \
+ && strip /build/coordinator/stagecoach-coordinator /build/client/stagectl \
+      /build/client/stagecoach-sentencepiece
 
 FROM ${RUNTIME_IMAGE} AS runtime
-# Runtime libraries of the two binaries (readelf -d NEEDED on a Debian 12 build).
+# Runtime libraries of the binaries (readelf -d NEEDED on a Debian 12 build).
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623 libyaml-cpp0.7 libspdlog1.10 \
-      libfmt9 libprometheus-cpp-core1.0 libssl3 ca-certificates \
+      libfmt9 libprometheus-cpp-core1.0 libssl3 libsentencepiece0 ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 10001 stagecoach \
  && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/stagecoach --no-create-home \
       --shell /usr/sbin/nologin stagecoach \
  && install -d -o 10001 -g 10001 /var/lib/stagecoach
 COPY --from=builder /build/coordinator/stagecoach-coordinator /usr/local/bin/
-COPY --from=builder /build/client/stagectl /usr/local/bin/
+COPY --from=builder /build/client/stagectl /build/client/stagecoach-sentencepiece /usr/local/bin/
 USER 10001:10001
 WORKDIR /var/lib/stagecoach
 EXPOSE 7070 9090

@@ -23,6 +23,7 @@ RUN apt-get update \
       libtorch-dev libopenblas0-openmp \
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
       libabsl-dev libssl-dev libyaml-cpp-dev libgloo-dev libspdlog-dev libcli11-dev \
+      libsentencepiece-dev \
       nlohmann-json3-dev prometheus-cpp-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src

@@ -45,6 +45,7 @@ RUN apt-get update \
       build-essential cmake ninja-build pkg-config ca-certificates curl unzip \
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
       libabsl-dev libssl-dev libyaml-cpp-dev libgloo-dev libspdlog-dev libcli11-dev \
+      libsentencepiece-dev \
       nlohmann-json3-dev prometheus-cpp-dev \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=cuda /usr/local/${CUDA_VERSION_DIR} /usr/local/${CUDA_VERSION_DIR}

@@ -222,6 +222,32 @@ TEST_F(TokensTest, WindowsWithShiftedTargetsPerSeedAndStep) {
   EXPECT_FALSE(torch::equal(runtime::MakeBatch(other, 0, true, false)->inputs, x));
 }
 
+// data.dtype uint32: four bytes per token, the same windows; ids past 65,535 for a vocabulary
+// that large.
+TEST_F(TokensTest, Uint32FilesGiveTheSameWindowsAndTakeLargeIds) {
+  std::string wide;
+  for (int i = 0; i < 1000; ++i) {
+    const uint32_t v = static_cast<uint32_t>(i % 50);
+    for (int b = 0; b < 4; ++b) wide.push_back(static_cast<char>((v >> (8 * b)) & 0xff));
+  }
+  spec::JobSpec narrow = Spec(Write("narrow.bin", Counting(1000)));
+  spec::JobSpec spec = Spec(Write("wide.bin", wide));
+  spec.data.dtype = "uint32";
+  auto got = runtime::MakeBatch(spec, 2, true, true);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(torch::equal(got->inputs, runtime::MakeBatch(narrow, 2, true, true)->inputs));
+  std::string big(4 * 20, '\0');
+  big[2] = 1;  // token 0 is 65536
+  spec = Spec(Write("big.bin", big));
+  spec.data.dtype = "uint32";
+  spec.model.builtin->vocab = 70000;
+  EXPECT_TRUE(runtime::MakeBatch(spec, 0, true, true).ok());
+  spec.model.builtin->vocab = 65536;
+  auto refused = runtime::MakeBatch(spec, 0, true, true);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("token 0 is 65536"));
+}
+
 // A TorchScript model reads the same file with data.seq tokens per row and no vocabulary.
 TEST_F(TokensTest, ATorchScriptModelTakesDataSeqTokensPerRow) {
   spec::JobSpec spec = Spec(Write("ts.bin", Counting(1000)));
@@ -267,7 +293,7 @@ TEST_F(TokensTest, ErrorsNameTheFieldAndThePlace) {
   const std::string missing = absl::StrCat(dir_, "/missing.bin");
   EXPECT_THAT(message(Spec(missing)), HasSubstr(absl::StrCat("data.path: cannot open '", missing)));
   EXPECT_THAT(message(Spec(Write("odd.bin", Counting(20) + "x"))),
-              HasSubstr("odd byte count (41)"));
+              HasSubstr("has 41 bytes, not a whole number of uint16 tokens"));
   EXPECT_THAT(message(Spec(Write("short.bin", Counting(8)))),
               HasSubstr("holds 8 tokens, fewer than model.builtin.seq + 1 = 9"));
   std::string big = Counting(30);

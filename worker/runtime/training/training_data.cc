@@ -96,15 +96,16 @@ class SyntheticTokensSource : public BatchSource {
   bool want_targets_;
 };
 
-// A flat little-endian uint16 token file, read into memory once.
+// A flat little-endian uint16 or uint32 (data.dtype) token file, read into memory once.
 class TokensSource : public BatchSource {
  public:
   static absl::StatusOr<std::unique_ptr<BatchSource>> Open(const spec::JobSpec& spec,
                                                            bool want_inputs, bool want_targets) {
     const std::string& path = spec.data.path;
     const int64_t seq = WindowLength(spec);
-    // A TorchScript model declares no vocabulary: any uint16 token is accepted.
-    const int64_t vocab = spec.model.builtin.has_value() ? spec.model.builtin->vocab : 65536;
+    // A TorchScript model declares no vocabulary: any token of the file's dtype is accepted.
+    const int64_t vocab = spec.model.builtin.has_value() ? spec.model.builtin->vocab
+                                                         : int64_t{1} << 32;
     std::ifstream in(path, std::ios::binary);
     if (!in) {
       return absl::InvalidArgumentError(
@@ -114,12 +115,14 @@ class TokensSource : public BatchSource {
     if (in.bad()) {
       return absl::InvalidArgumentError(absl::StrCat("data.path: cannot read '", path, "'"));
     }
-    if (bytes.size() % 2 != 0) {
+    const size_t width = spec.data.dtype == "uint32" ? 4 : 2;
+    if (bytes.size() % width != 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("data.path: '", path, "' has an odd byte count (", bytes.size(),
-                       "); a tokens file is flat little-endian uint16"));
+          absl::StrCat("data.path: '", path, "' has ", bytes.size(), " bytes, not a whole number of ",
+                       spec.data.dtype, " tokens (data.dtype; a tokens file is flat "
+                       "little-endian)"));
     }
-    const int64_t n = static_cast<int64_t>(bytes.size() / 2);
+    const int64_t n = static_cast<int64_t>(bytes.size() / width);
     if (n < seq + 1) {
       return absl::InvalidArgumentError(absl::StrCat(
           "data.path: '", path, "' holds ", n, " tokens, fewer than ",
@@ -127,9 +130,11 @@ class TokensSource : public BatchSource {
     }
     std::vector<int64_t> tokens(n);
     for (int64_t i = 0; i < n; ++i) {
-      const auto lo = static_cast<unsigned char>(bytes[2 * i]);
-      const auto hi = static_cast<unsigned char>(bytes[2 * i + 1]);
-      tokens[i] = static_cast<int64_t>(lo | (hi << 8));
+      int64_t token = 0;
+      for (size_t b = 0; b < width; ++b) {
+        token |= static_cast<int64_t>(static_cast<unsigned char>(bytes[i * width + b])) << (8 * b);
+      }
+      tokens[i] = token;
       if (tokens[i] >= vocab) {
         return absl::InvalidArgumentError(
             absl::StrCat("data.path: '", path, "' token ", i, " is ", tokens[i],

@@ -13,7 +13,7 @@ STAGECOACH_PACKAGES=(
   libabsl-dev libssl-dev libyaml-cpp-dev libgloo-dev libspdlog-dev libcli11-dev nlohmann-json3-dev
   prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
   unzip
-  # SentencePiece tokenizers (stagectl tokens --tokenizer), and Python's binding for the tests'
+  # SentencePiece tokenizers for stagectl tokens --tokenizer, and Python's binding for the tests'
   # independent check of its ids.
   libsentencepiece-dev python3-sentencepiece
   # The demo's text: English prose and quotations under /usr/share/games/fortunes.

@@ -362,7 +362,7 @@ TEST(SpecParserTest, UnknownKeysInEveryNestedMapping) {
                           "transport, replicas, shard_optimizer, overlap_reduction, "
                           "memory_limit)"));
   EXPECT_THAT(Errors(Edit(kBase, "  kind: synthetic", "  kind: synthetic\n  seeed: 1")),
-              ElementsAre("data.seeed: unknown key (valid keys: kind, path, seed, seq); did you "
+              ElementsAre("data.seeed: unknown key (valid keys: kind, path, seed, seq, dtype); did you "
                           "mean 'seed'?"));
   EXPECT_THAT(Errors(absl::StrCat(kBase, "restart: {max_restart: 1}\n")),
               ElementsAre("restart.max_restart: unknown key (valid keys: max_restarts); did you "

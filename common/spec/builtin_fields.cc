@@ -171,7 +171,23 @@ void ParseLlama(Validator& v, const Fields& fields, BuiltinModel* builtin) {
   }
   for (const char* key : {"tie_word_embeddings", "attention_bias", "mlp_bias"}) {
     bool value = false;
-    if (fields.Bool(key, &value) == Read::kOk) config[key] = value;
+    if (fields.Bool(key, &value) != Read::kOk) continue;
+    // transformers' configuration classes of these types have no such key: refused rather than
+    // ignored as config.json's reader ignores it.
+    const absl::string_view name = key;
+    const bool foreign = (name == "mlp_bias" && model_type != "llama") ||
+                         (name == "attention_bias" &&
+                          (model_type == "mistral" || model_type == "qwen2"));
+    if (foreign) {
+      v.Error(fields.Path(key),
+              absl::StrCat("not a key of model_type ", model_type,
+                           name == "mlp_bias" ? " (its MLP has no biases)"
+                           : model_type == "qwen2"
+                               ? " (q, k and v always have biases, o none)"
+                               : " (its attention has no biases)"));
+      continue;
+    }
+    config[key] = value;
   }
   if (fields.Has("rope_scaling")) {
     if (std::optional<json> scaling = RopeScaling(v, fields)) config["rope_scaling"] = *scaling;

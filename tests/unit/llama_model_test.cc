@@ -103,6 +103,13 @@ TEST(LlamaSpec, RefusesNamingTheKey) {
               HasSubstr("model.builtin.rope_scaling.rope_type"));
   EXPECT_THAT(ParseError(absl::StrCat(kSmall, ", rms_norm_eps: 0")),
               HasSubstr("model.builtin.rms_norm_eps: must be > 0"));
+  EXPECT_THAT(ParseError(absl::StrCat(kSmall, ", model_type: qwen3, mlp_bias: true")),
+              HasSubstr("model.builtin.mlp_bias: not a key of model_type qwen3"));
+  EXPECT_THAT(ParseError(absl::StrCat(kSmall, ", model_type: qwen2, attention_bias: false")),
+              HasSubstr("model.builtin.attention_bias: not a key of model_type qwen2 (q, k and v "
+                        "always have biases"));
+  EXPECT_THAT(ParseError(absl::StrCat(kSmall, ", model_type: mistral, attention_bias: true")),
+              HasSubstr("model.builtin.attention_bias: not a key of model_type mistral"));
 }
 
 TEST(LlamaStage, StagesInSequenceEqualTheWholeModel) {

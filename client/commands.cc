@@ -18,7 +18,7 @@
 #include "absl/strings/strip.h"
 #include "client/npy.h"
 #include "client/spec_text.h"
-#include "client/watch.h"
+#include "client/render/watch.h"
 #include "common/rpc/channel.h"
 #include "common/rpc/tensor_data.h"
 #include "common/rpc/time_conversion.h"

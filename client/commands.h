@@ -11,7 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "client/render.h"
+#include "client/render/render.h"
 #include "common/rpc/channel.h"
 #include "stagecoach/v1/coordinator.grpc.pb.h"
 

@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "client/render.h"
-#include "client/tokens_command.h"
+#include "client/render/render.h"
+#include "client/tokens/tokens_command.h"
 #include "common/rpc/channel.h"
 #include "common/rpc/time_conversion.h"
 #include "stagecoach/v1/generation.grpc.pb.h"

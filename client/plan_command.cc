@@ -1,8 +1,8 @@
 // `stagectl plan` (commands.h): the coordinator's plan search for a spec, ranked.
 #include "absl/strings/str_cat.h"
 #include "client/commands.h"
-#include "client/render_balance.h"
-#include "client/render_plan.h"
+#include "client/render/render_balance.h"
+#include "client/render/render_plan.h"
 #include "common/util/byte_size.h"
 
 namespace stagecoach::client {

@@ -8,7 +8,7 @@
 #include "client/commands.h"
 #include "client/generate_command.h"
 #include "client/schedule_command.h"
-#include "client/tokens_command.h"
+#include "client/tokens/tokens_command.h"
 #include "common/rpc/address.h"
 #include "common/rpc/auth.h"
 #include "common/rpc/tls.h"

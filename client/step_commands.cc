@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/npy.h"
-#include "client/render.h"
+#include "client/render/render.h"
 #include "common/rpc/tensor_data.h"
 #include "common/rpc/time_conversion.h"
 

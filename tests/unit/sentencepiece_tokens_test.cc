@@ -1,5 +1,5 @@
 // `stagectl tokens` with a SentencePiece model, run as users run it (stagectl, which execs
-// stagecoach-sentencepiece: client/tokens_command.h), held to Debian's python3-sentencepiece on
+// stagecoach-sentencepiece: client/tokens/tokens_command.h), held to Debian's python3-sentencepiece on
 // the same model and text: a model trained from the test's own text;
 // encode's ids (with and without --bos/--eos) equal the Python binding's; build puts EOS after
 // every document and writes uint16 or uint32 ids; decode gives the text back exactly; bad

@@ -1,5 +1,5 @@
 // The character vocabulary (common/text/char_vocabulary.h) and `stagectl tokens`
-// (client/tokens_command.h): text round-trips through tokens, ids follow code point order, the
+// (client/tokens/tokens_command.h): text round-trips through tokens, ids follow code point order, the
 // token file is little-endian uint16, and bad text, vocabularies, token files and arguments are
 // refused naming what is wrong and where.
 #include <fstream>
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "client/tokens_command.h"
+#include "client/tokens/tokens_command.h"
 #include "common/text/char_vocabulary.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

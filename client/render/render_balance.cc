@@ -1,4 +1,4 @@
-#include "client/render_balance.h"
+#include "client/render/render_balance.h"
 
 #include <algorithm>
 #include <numeric>
@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "client/render.h"
+#include "client/render/render.h"
 
 namespace stagecoach::client {
 namespace {

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "client/tokens_options.h"
+#include "client/tokens/tokens_options.h"
 #include "common/text/char_vocabulary.h"
 
 namespace stagecoach::client {

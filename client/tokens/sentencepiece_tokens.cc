@@ -1,4 +1,4 @@
-#include "client/sentencepiece_tokens.h"
+#include "client/tokens/sentencepiece_tokens.h"
 
 #include <fcntl.h>
 #include <unistd.h>

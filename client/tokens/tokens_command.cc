@@ -1,5 +1,5 @@
 // `stagectl tokens` (tokens_command.h).
-#include "client/tokens_command.h"
+#include "client/tokens/tokens_command.h"
 
 #include <unistd.h>
 

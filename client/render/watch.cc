@@ -1,5 +1,5 @@
 // Rendering of a job's event stream for `stagectl watch` and `submit --wait`.
-#include "client/watch.h"
+#include "client/render/watch.h"
 
 #include <algorithm>
 #include <numeric>
@@ -7,8 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "client/render.h"
-#include "client/render_balance.h"
+#include "client/render/render.h"
+#include "client/render/render_balance.h"
 #include "common/rpc/time_conversion.h"
 
 namespace stagecoach::client {

@@ -3,7 +3,7 @@
 #include <iostream>
 
 #include "CLI/CLI.hpp"
-#include "client/sentencepiece_tokens.h"
+#include "client/tokens/sentencepiece_tokens.h"
 
 int main(int argc, char** argv) {
   stagecoach::client::TokensCommandOptions o;

@@ -1,4 +1,4 @@
-#include "client/render_plan.h"
+#include "client/render/render_plan.h"
 
 #include <algorithm>
 #include <sstream>

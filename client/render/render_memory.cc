@@ -1,10 +1,10 @@
-#include "client/render_memory.h"
+#include "client/render/render_memory.h"
 
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "client/render.h"
+#include "client/render/render.h"
 #include "common/util/byte_size.h"
 
 namespace stagecoach::client {

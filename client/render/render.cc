@@ -1,4 +1,4 @@
-#include "client/render.h"
+#include "client/render/render.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -12,9 +12,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "client/render_balance.h"
-#include "client/render_memory.h"
-#include "client/render_plan.h"
+#include "client/render/render_balance.h"
+#include "client/render/render_memory.h"
+#include "client/render/render_plan.h"
 #include "common/rpc/tensor_data.h"
 #include "common/rpc/time_conversion.h"
 

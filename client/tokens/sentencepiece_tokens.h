@@ -15,7 +15,7 @@
 
 #include <iosfwd>
 
-#include "client/tokens_options.h"
+#include "client/tokens/tokens_options.h"
 
 namespace stagecoach::client {
 

@@ -1,6 +1,6 @@
 // What the plain-LibTorch references (reference_mlp, reference_gpt, reference_llama) share with
-// each other, and nothing with the worker: LibTorch's CPU autocast to bf16, and the decoders'
-// synthetic token rows written again from training_data.h's definition.
+// each other, and nothing with the worker: LibTorch's CPU autocast to bf16, the decoders'
+// synthetic token rows written again from training_data.h's definition, and their training loop.
 #pragma once
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -9,7 +9,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <utility>
+#include <vector>
 
 namespace stagecoach::testing {
 
@@ -48,6 +50,49 @@ inline std::pair<torch::Tensor, torch::Tensor> SyntheticTokenRows(uint64_t seed,
   const torch::Tensor i = torch::arange(seq + 1, torch::kInt64).unsqueeze(0);
   const torch::Tensor t = (start + i * stride).remainder(vocab);
   return {t.slice(1, 0, seq), t.slice(1, 1, seq + 1)};
+}
+
+// A decoder reference's training (GptReferenceConfig, LlamaReferenceConfig: their data and
+// optimizer fields): c.steps steps on SyntheticTokenRows, each batch split with tensor_split
+// into c.microbatches, loss = the mean of the microbatch cross-entropies of forward(inputs)
+// (under CpuBf16Autocast when `bf16`), AdamW or SGD, clip_grad_norm_ with c.max_norm. Appends
+// each step's loss (the mean of the microbatch losses) and, with clipping, gradient norm.
+template <typename Config, typename Forward>
+void TrainDecoderOnSyntheticTokens(const Config& c, const std::vector<torch::Tensor>& params,
+                                   Forward forward, bool bf16, std::vector<double>* losses,
+                                   std::vector<double>* grad_norms) {
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  if (c.optimizer == "adamw") {
+    opt = std::make_unique<torch::optim::AdamW>(
+        params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
+  } else {
+    opt = std::make_unique<torch::optim::SGD>(
+        params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay));
+  }
+  for (int64_t step = 0; step < c.steps; ++step) {
+    const auto [x, y] = SyntheticTokenRows(c.data_seed, step, c.batch_size, c.seq, c.vocab);
+    const auto xs = torch::tensor_split(x, c.microbatches, 0);
+    const auto ys = torch::tensor_split(y, c.microbatches, 0);
+    opt->zero_grad();
+    std::vector<torch::Tensor> step_losses;
+    double sum = 0;
+    for (int mb = 0; mb < c.microbatches; ++mb) {
+      torch::Tensor logits;
+      {
+        CpuBf16Autocast autocast(bf16);
+        logits = forward(xs[mb]);
+      }
+      step_losses.push_back(torch::nn::functional::cross_entropy(
+          logits.reshape({-1, c.vocab}), ys[mb].reshape(-1)));
+      sum += step_losses.back().template item<double>();
+    }
+    torch::stack(step_losses).mean().backward();
+    if (c.max_norm.has_value()) {
+      grad_norms->push_back(torch::nn::utils::clip_grad_norm_(params, *c.max_norm));
+    }
+    opt->step();
+    losses->push_back(sum / c.microbatches);
+  }
 }
 
 }  // namespace stagecoach::testing

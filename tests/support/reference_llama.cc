@@ -148,40 +148,10 @@ class Llama {
 LlamaReferenceResult TrainLlamaReference(const LlamaReferenceConfig& c) {
   Llama llama(c, c.initial);
   EXPECT_EQ(c.initial.count("head.weight"), c.tied ? 0u : 1u);
-  const std::vector<torch::Tensor> params = llama.Parameters();
-  std::unique_ptr<torch::optim::Optimizer> opt;
-  if (c.optimizer == "adamw") {
-    opt = std::make_unique<torch::optim::AdamW>(
-        params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
-  } else {
-    opt = std::make_unique<torch::optim::SGD>(
-        params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay));
-  }
   LlamaReferenceResult result;
-  for (int64_t step = 0; step < c.steps; ++step) {
-    const auto [x, y] = SyntheticTokenRows(c.data_seed, step, c.batch_size, c.seq, c.vocab);
-    const auto xs = torch::tensor_split(x, c.microbatches, 0);
-    const auto ys = torch::tensor_split(y, c.microbatches, 0);
-    opt->zero_grad();
-    std::vector<torch::Tensor> losses;
-    double sum = 0;
-    for (int mb = 0; mb < c.microbatches; ++mb) {
-      torch::Tensor logits;
-      {
-        CpuBf16Autocast autocast(c.bf16);
-        logits = llama.Forward(xs[mb]);
-      }
-      losses.push_back(torch::nn::functional::cross_entropy(logits.reshape({-1, c.vocab}),
-                                                            ys[mb].reshape(-1)));
-      sum += losses.back().item<double>();
-    }
-    torch::stack(losses).mean().backward();
-    if (c.max_norm.has_value()) {
-      result.grad_norms.push_back(torch::nn::utils::clip_grad_norm_(params, *c.max_norm));
-    }
-    opt->step();
-    result.losses.push_back(sum / c.microbatches);
-  }
+  TrainDecoderOnSyntheticTokens(
+      c, llama.Parameters(), [&](const torch::Tensor& x) { return llama.Forward(x); }, c.bf16,
+      &result.losses, &result.grad_norms);
   for (const auto& [name, p] : llama.named()) result.params[name] = p.detach().clone();
   return result;
 }

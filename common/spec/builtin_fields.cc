@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/hf/decoder_config.h"
+#include "common/spec/builtin_model.h"
 
 namespace stagecoach::spec::builtin_fields {
 namespace {
@@ -210,12 +211,9 @@ void ParseLlama(Validator& v, const Fields& fields, BuiltinModel* builtin) {
                          "), got ", builtin->seq));
     return;
   }
-  builtin->vocab = decoder->vocab_size;
-  builtin->d_model = decoder->hidden_size;
-  builtin->layers = decoder->num_hidden_layers;
-  builtin->heads = decoder->num_attention_heads;
-  builtin->tie_embeddings = decoder->tie_word_embeddings;
-  builtin->decoder = *std::move(decoder);
+  const uint64_t seed = builtin->seed;
+  *builtin = LlamaBuiltin(*std::move(decoder), builtin->seq);
+  builtin->seed = seed;
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "common/spec/builtin_model.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -56,6 +57,19 @@ absl::StatusOr<int64_t> LlamaLayerParameters(const hf::DecoderConfig& c) {
 }
 
 }  // namespace
+
+BuiltinModel LlamaBuiltin(hf::DecoderConfig config, int64_t seq) {
+  BuiltinModel out;
+  out.family = "llama";
+  out.seq = seq;
+  out.vocab = config.vocab_size;
+  out.d_model = config.hidden_size;
+  out.layers = config.num_hidden_layers;
+  out.heads = config.num_attention_heads;
+  out.tie_embeddings = config.tie_word_embeddings;
+  out.decoder = std::move(config);
+  return out;
+}
 
 bool IsDecoder(const BuiltinModel& model) {
   return model.family == "gpt" || model.family == "llama";

@@ -20,6 +20,11 @@
 
 namespace stagecoach::spec {
 
+// A llama-family model of `config` trained on windows of `seq` tokens: family llama, the
+// decoder, and the fields gpt shares mirrored from it (vocab, d_model, layers, heads,
+// tie_embeddings).
+BuiltinModel LlamaBuiltin(hf::DecoderConfig config, int64_t seq);
+
 // Whether the family is a decoder over tokens (gpt, llama).
 bool IsDecoder(const BuiltinModel& model);
 

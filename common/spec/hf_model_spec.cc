@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint/layout.h"
 #include "common/hf/decoder_config.h"
+#include "common/spec/builtin_model.h"
 #include "common/spec/spec_parser.h"
 #include "common/util/status_macros.h"
 
@@ -68,22 +69,14 @@ absl::Status ResolveHfModel(JobSpec* spec) {
   if (!spec->model.hf.has_value()) return ResolveResumeFromHf(spec);
   const HfModelSpec& hf = *spec->model.hf;
   const std::string file = absl::StrCat(hf.path, "/config.json");
-  ASSIGN_OR_RETURN(hf::DecoderConfig loaded, ReadConfig(hf.path, "model.hf"));
-  std::optional<hf::DecoderConfig> config = std::move(loaded);
-  BuiltinModel builtin;
-  builtin.family = "llama";
-  builtin.seq = hf.seq > 0 ? hf.seq : config->max_position_embeddings;
-  if (builtin.seq > config->max_position_embeddings) {
+  ASSIGN_OR_RETURN(hf::DecoderConfig config, ReadConfig(hf.path, "model.hf"));
+  const int64_t max_positions = config.max_position_embeddings;
+  if (hf.seq > max_positions) {
     return absl::InvalidArgumentError(
         absl::StrCat("model.hf.seq: must be <= max_position_embeddings of ", file, " (",
-                     config->max_position_embeddings, "), got ", hf.seq));
+                     max_positions, "), got ", hf.seq));
   }
-  builtin.vocab = config->vocab_size;
-  builtin.d_model = config->hidden_size;
-  builtin.layers = config->num_hidden_layers;
-  builtin.heads = config->num_attention_heads;
-  builtin.tie_embeddings = config->tie_word_embeddings;
-  builtin.decoder = *std::move(config);
+  BuiltinModel builtin = LlamaBuiltin(std::move(config), hf.seq > 0 ? hf.seq : max_positions);
   builtin.weights_dir = hf.path;
   spec->model.builtin = std::move(builtin);
   return ResolveResumeFromHf(spec);

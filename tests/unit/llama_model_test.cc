@@ -68,6 +68,7 @@ TEST(LlamaSpec, ReadsTheConfigKeysWithTheirDefaults) {
   EXPECT_EQ(m.layers, 3);
   EXPECT_EQ(m.heads, 4);
   EXPECT_EQ(m.seq, 8);
+  EXPECT_EQ(m.seed, 5u);
   EXPECT_FALSE(m.tie_embeddings);
   EXPECT_EQ(spec::BuiltinLayerNames(m),
             (std::vector<std::string>{"embed", "layers.0", "layers.1", "layers.2", "norm", "head"}));

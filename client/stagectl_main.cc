@@ -27,7 +27,7 @@ constexpr char kExamples[] =
     "  stagectl watch JOB                            live progress until the job ends\n"
     "  stagectl status JOB                           state, losses, plan, memory per rank\n"
     "  stagectl submit --wait SPEC                   submit and wait: exit 0 on success\n"
-    "  stagectl generate JOB --prompt TEXT --vocab vocab.json   text from a trained GPT job\n"
+    "  stagectl generate JOB --prompt TEXT --vocab vocab.json   text from a trained decoder job\n"
     "Each command's own --help lists its options.\n";
 
 // `stagectl tokens`: its options into `tok`.
@@ -72,14 +72,21 @@ CLI::App* AddTokensCommand(CLI::App& app, sc::client::TokensCommandOptions& tok)
 CLI::App* AddGenerateCommand(CLI::App& app, sc::client::GenerateOptions& gen) {
   CLI::App* generate = app.add_subcommand(
       "generate",
-      "write text with a trained GPT job: a paused job's current weights or a finished job's "
-      "final checkpoint, decoding through its pipeline; streams the text as it comes");
+      "write text with a trained decoder job (built-in gpt or llama): a paused job's current "
+      "weights or a finished job's final checkpoint, decoding through its pipeline with a "
+      "key/value cache on every stage; streams the text as it comes");
   generate->add_option("JOB", gen.job_id, "job id")->required();
-  generate->add_option("--prompt", gen.prompt, "the text to continue")->required();
-  generate
-      ->add_option("--vocab", gen.vocab_path,
-                   "the character vocabulary the job's tokens were built with (stagectl tokens)")
-      ->required();
+  generate->add_option("--prompt", gen.prompts,
+                       "the text to continue; repeat it to decode several prompts together");
+  generate->add_option("--prompt-ids", gen.prompt_ids,
+                       "a prompt as token ids separated by spaces (repeatable); the ids that "
+                       "come back are printed too, for a tokenizer of the client's own");
+  generate->add_option("--vocab", gen.vocab_path,
+                       "the character vocabulary the job's tokens were built with (stagectl "
+                       "tokens build)");
+  generate->add_option("--tokenizer", gen.tokenizer_path,
+                       "a SentencePiece model (default for a model.hf job: its directory's "
+                       "tokenizer.model, when there)");
   generate->add_option("--tokens", gen.tokens, "how many tokens to generate (default 200)");
   generate->add_option("--temperature", gen.temperature,
                        "softmax temperature; 0 is greedy decoding (default 0.8)");

@@ -338,6 +338,38 @@ absl::StatusOr<v1::StepJobResponse> JobManager::StepJob(const v1::StepJobRequest
   return control_.StepJob(request, timeout, caller_gone);
 }
 
+absl::StatusOr<DecodeRoute> JobManager::DecodeRouteOf(const std::string& job_id) {
+  absl::MutexLock lock(&table_.mu());
+  ASSIGN_OR_RETURN(Job * job, table_.FindOrErrorLocked(job_id));
+  if (job->state != v1::JOB_STATE_PAUSED) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, " is ", JobStateName(job->state), "; decoding needs it PAUSED"));
+  }
+  DecodeRoute route;
+  route.job_id = job_id;
+  route.attempt = job->attempt;
+  for (int s = 0; s < job->plan.num_stages; ++s) {
+    const int rank = job->plan.stage_to_rank[s];
+    for (const RankSlot& slot : job->ranks) {
+      if (slot.rank == rank && slot.replica == 0) {
+        route.stage_addresses.push_back(slot.worker_address);
+        break;
+      }
+    }
+    if (static_cast<int>(route.stage_addresses.size()) != s + 1) {
+      return absl::InternalError(
+          absl::StrCat("job ", job_id, ": no worker of replica 0 runs stage ", s));
+    }
+  }
+  return route;
+}
+
+absl::StatusOr<v1::DecodeResponse> JobManager::Decode(const std::string& address,
+                                                      const v1::DecodeRequest& request,
+                                                      absl::Duration timeout) {
+  return deps_.workers->Decode(address, request, timeout);
+}
+
 // --- Workers ---
 
 std::vector<v1::WorkerInfo> JobManager::ListWorkers() {

@@ -117,6 +117,15 @@ struct InferenceResult {
   v1::TensorData outputs;
 };
 
+// Where a PAUSED job's stages run (its first replica), for a generation session's decoding
+// steps (WorkerService.Decode).
+struct DecodeRoute {
+  std::string job_id;
+  int attempt = 0;
+  // Indexed by stage: the address of the worker that runs it.
+  std::vector<std::string> stage_addresses;
+};
+
 class JobManager : private LifecycleHooks {
  public:
   JobManager(JobManagerOptions options, JobManagerDeps deps);
@@ -188,6 +197,13 @@ class JobManager : private LifecycleHooks {
   absl::StatusOr<v1::StepJobResponse> StepJob(const v1::StepJobRequest& request,
                                               absl::Duration timeout,
                                               const std::function<bool()>& caller_gone = nullptr);
+  // Where the PAUSED job's stages run; FAILED_PRECONDITION naming its state when it is not
+  // PAUSED, NOT_FOUND for an unknown job.
+  absl::StatusOr<DecodeRoute> DecodeRouteOf(const std::string& job_id);
+  // WorkerService.Decode on the worker at `address`, bounded by `timeout`.
+  absl::StatusOr<v1::DecodeResponse> Decode(const std::string& address,
+                                            const v1::DecodeRequest& request,
+                                            absl::Duration timeout);
   // The job's planned schedule (CoordinatorService.GetJobSchedule).
   absl::StatusOr<v1::GetJobScheduleResponse> GetJobSchedule(const std::string& job_id);
   // The measured Chrome trace of a completed step; -1 for the latest (GetStepTrace).

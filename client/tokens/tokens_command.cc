@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/tokens/sentencepiece_process.h"
 #include "common/text/char_vocabulary.h"
 #include "common/util/byte_size.h"
 #include "common/util/durable_file.h"
@@ -168,13 +169,11 @@ int ExecSentencePiece(const TokensCommandOptions& o, std::ostream& err) {
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
-  std::error_code ec;
-  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  const std::filesystem::path beside = self.parent_path() / kSentencePieceTool;
-  if (!ec && std::filesystem::exists(beside, ec)) {
-    ::execv(beside.c_str(), argv.data());
+  const std::string tool = SentencePieceToolPath();
+  if (tool.find('/') != std::string::npos) {
+    ::execv(tool.c_str(), argv.data());
   } else {
-    ::execvp(kSentencePieceTool, argv.data());
+    ::execvp(tool.c_str(), argv.data());
   }
   err << "stagectl tokens: cannot run " << kSentencePieceTool << " (beside stagectl or on PATH): "
       << std::strerror(errno) << "\n";

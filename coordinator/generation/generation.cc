@@ -1,7 +1,9 @@
 #include "coordinator/generation/generation.h"
 
 #include <algorithm>
-#include <cstring>
+#include <atomic>
+#include <map>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -15,45 +17,76 @@
 #include "common/spec/hf_model_spec.h"
 #include "common/spec/spec_parser.h"
 #include "common/util/status_macros.h"
+#include "coordinator/generation/pipeline_decoder.h"
 #include "coordinator/generation/token_sampler.h"
 #include "coordinator/jobs/job.h"
 
 namespace stagecoach::coordinator {
 namespace {
 
-// A job's spec as a built-in GPT: INVALID_ARGUMENT naming the job for any other model.
-absl::StatusOr<spec::BuiltinModel> GptOf(const v1::Job& job) {
+// What decoding needs of a job's model.
+struct DecoderModel {
+  int64_t vocab = 0;
+  // The most positions a row may reach: the GPT's learned positions (model.builtin.seq), a
+  // Llama-family model's max_position_embeddings.
+  int64_t positions = 0;
+};
+
+// A job's model as a built-in decoder: INVALID_ARGUMENT naming the job for any other model.
+absl::StatusOr<DecoderModel> DecoderOf(const v1::Job& job) {
   ASSIGN_OR_RETURN(const spec::JobSpec spec, spec::ReadJobSpec(job.spec_yaml(), job.id()));
-  if (!spec.model.builtin.has_value() || spec.model.builtin->family != "gpt") {
-    const std::string what =
-        spec.model.builtin.has_value()
-            ? absl::StrCat("a built-in ", spec.model.builtin->family)
-            : std::string(spec.model.torchscript.has_value() ? "a TorchScript model" : "no gpt");
-    return absl::InvalidArgumentError(
-        absl::StrCat("job_id: job ", job.id(), "'s model is ", what,
-                     "; generate needs a built-in gpt (model.builtin.family: gpt)"));
+  const std::optional<spec::BuiltinModel>& m = spec.model.builtin;
+  if (m.has_value() && m->family == "gpt") return DecoderModel{m->vocab, m->seq};
+  if (m.has_value() && m->family == "llama" && m->decoder.has_value()) {
+    return DecoderModel{m->vocab, m->decoder->max_position_embeddings};
   }
-  return *spec.model.builtin;
+  const std::string what =
+      m.has_value() ? absl::StrCat("a built-in ", m->family)
+                    : std::string(spec.model.torchscript.has_value() ? "a TorchScript model"
+                                                                     : "not a decoder");
+  return absl::InvalidArgumentError(
+      absl::StrCat("job_id: job ", job.id(), "'s model is ", what,
+                   "; generate needs a built-in gpt or llama (model.builtin.family, or model.hf)"));
 }
 
-absl::Status CheckRequest(const v1::GenerateRequest& request, const GenerationOptions& options,
-                          const spec::BuiltinModel& gpt) {
-  if (request.prompt().empty()) {
-    return absl::InvalidArgumentError("prompt: needs at least one token");
+// The request's prompts, one per row, checked against the model and the options.
+absl::StatusOr<std::vector<std::vector<int32_t>>> CheckRequest(
+    const v1::GenerateRequest& request, const GenerationOptions& options,
+    const DecoderModel& model) {
+  if (request.prompt().empty() == request.prompts().empty()) {
+    return absl::InvalidArgumentError(
+        request.prompt().empty() ? "prompt: needs at least one token (or prompts: rows of them)"
+                                 : "prompt, prompts: give one of them, not both");
   }
-  for (int i = 0; i < request.prompt_size(); ++i) {
-    const int32_t t = request.prompt(i);
-    if (t < 0 || t >= gpt.vocab) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "prompt: token ", i, " is ", t, ", outside the model's vocabulary [0, ", gpt.vocab, ")"));
+  std::vector<std::vector<int32_t>> rows;
+  if (!request.prompt().empty()) {
+    rows.emplace_back(request.prompt().begin(), request.prompt().end());
+  }
+  for (const v1::TokenIds& p : request.prompts()) rows.emplace_back(p.ids().begin(), p.ids().end());
+  if (static_cast<int64_t>(rows.size()) > options.max_rows) {
+    return absl::InvalidArgumentError(absl::StrCat("prompts: at most ", options.max_rows,
+                                                   " rows, got ", rows.size()));
+  }
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const std::string field =
+        request.prompt().empty() ? absl::StrCat("prompts[", r, "]") : std::string("prompt");
+    if (rows[r].empty()) return absl::InvalidArgumentError(field + ": needs at least one token");
+    for (size_t i = 0; i < rows[r].size(); ++i) {
+      const int32_t t = rows[r][i];
+      if (t < 0 || t >= model.vocab) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ": token ", i, " is ", t,
+                                                       ", outside the model's vocabulary [0, ",
+                                                       model.vocab, ")"));
+      }
     }
   }
   if (request.tokens() < 1 || request.tokens() > options.max_tokens) {
     return absl::InvalidArgumentError(
         absl::StrCat("tokens: must be in [1, ", options.max_tokens, "], got ", request.tokens()));
   }
-  return ValidateSamplingOptions(
-      {request.temperature(), request.top_k(), static_cast<uint64_t>(request.seed())});
+  RETURN_IF_ERROR(ValidateSamplingOptions(
+      {request.temperature(), request.top_k(), static_cast<uint64_t>(request.seed())}));
+  return rows;
 }
 
 // The spec of the helper job that loads `job`'s checkpoint at `directory` for forward steps.
@@ -69,16 +102,10 @@ absl::StatusOr<std::string> HelperSpecYaml(const v1::Job& job, const std::string
   return spec::ApplySpecOverrides(job.spec_yaml(), job.id(), overrides);
 }
 
-// Rows of a forward step on `job`: one per microbatch of every replica.
-int64_t RowsOf(const v1::Job& job) {
-  return static_cast<int64_t>(std::max(1, job.microbatches())) * std::max(1, job.replicas());
-}
-
 }  // namespace
 
 struct Generation::Target {
   std::string job_id;
-  int64_t rows = 1;  // rows per step: the job's microbatches x replicas
   int64_t weights_step = 0;
   bool helper = false;
 };
@@ -91,7 +118,6 @@ absl::StatusOr<Generation::Target> Generation::ResolveTarget(
   if (job.state() == v1::JOB_STATE_PAUSED) {
     Target target;
     target.job_id = job.id();
-    target.rows = RowsOf(job);
     target.weights_step = job.global_steps_done();
     return target;
   }
@@ -126,7 +152,6 @@ absl::StatusOr<Generation::Target> Generation::StartHelper(
       std::move(cancel).Cancel();
       Target target;
       target.job_id = helper_id;
-      target.rows = RowsOf(helper);
       target.weights_step = latest->step();
       target.helper = true;
       return target;
@@ -149,24 +174,61 @@ absl::StatusOr<Generation::Target> Generation::StartHelper(
   }
 }
 
-absl::StatusOr<std::vector<float>> Generation::NextLogits(const Target& target,
-                                                          const std::vector<int32_t>& window,
-                                                          absl::Time deadline,
-                                                          const std::function<bool()>& caller_gone,
-                                                          int64_t vocab) {
-  const absl::Duration left = deadline - absl::Now();
-  if (left <= absl::ZeroDuration()) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("generate on job ", target.job_id, ": out of time"));
+namespace {
+
+// One row of a generation: its prompt and tokens so far, and which of them the stages' caches
+// hold: positions [0, held) are context[start, start + held).
+struct RowState {
+  std::vector<int32_t> context;
+  size_t start = 0;
+  int64_t held = 0;
+};
+
+// The next token's logits of every row, running what each row's caches lack: one new position
+// after what they hold, or, for a row whose context outgrew the model's positions (or a first
+// step), its last `positions` tokens from position 0. Rows with inputs of one length run
+// together.
+absl::StatusOr<std::vector<std::vector<float>>> NextLogits(PipelineDecoder& decoder,
+                                                           std::vector<RowState>& rows,
+                                                           int64_t positions, absl::Time deadline) {
+  struct Group {
+    std::vector<int64_t> rows, starts;
+    std::vector<std::vector<int32_t>> tokens;
+  };
+  std::map<size_t, Group> by_length;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    RowState& row = rows[r];
+    const int64_t pending = static_cast<int64_t>(row.context.size() - row.start) - row.held;
+    int64_t from = row.held;
+    if (row.held + pending > positions) {  // slide: the last `positions` tokens, from 0
+      row.start = row.context.size() - positions;
+      row.held = 0;
+      from = 0;
+    }
+    std::vector<int32_t> tokens(row.context.begin() + row.start + from, row.context.end());
+    Group& g = by_length[tokens.size()];
+    g.rows.push_back(static_cast<int64_t>(r));
+    g.starts.push_back(from);
+    g.tokens.push_back(std::move(tokens));
   }
-  v1::StepJobRequest step;
-  step.set_job_id(target.job_id);
-  step.set_forward_only(true);
-  *step.mutable_inputs() = WindowRows(window, target.rows);
-  ASSIGN_OR_RETURN(const v1::StepJobResponse out, jobs_->StepJob(step, left, caller_gone));
-  return LastPositionLogits(out.outputs(), static_cast<int64_t>(window.size()), vocab,
-                            target.job_id);
+  std::vector<std::vector<float>> logits(rows.size());
+  for (auto& [length, g] : by_length) {
+    ASSIGN_OR_RETURN(std::vector<std::vector<float>> out,
+                     decoder.Step(g.rows, g.starts, g.tokens, deadline));
+    for (size_t j = 0; j < g.rows.size(); ++j) {
+      logits[g.rows[j]] = std::move(out[j]);
+      rows[g.rows[j]].held = g.starts[j] + static_cast<int64_t>(length);
+    }
+  }
+  return logits;
 }
+
+std::string SessionName(const std::string& job_id) {
+  static std::atomic<uint64_t> next{0};
+  return absl::StrCat("generate-", job_id, "-", absl::ToUnixMicros(absl::Now()), "-", next++);
+}
+
+}  // namespace
 
 absl::Status Generation::Generate(const v1::GenerateRequest& request, absl::Duration timeout,
                                   const std::function<bool()>& caller_gone,
@@ -174,76 +236,47 @@ absl::Status Generation::Generate(const v1::GenerateRequest& request, absl::Dura
   const absl::Time deadline = absl::Now() + timeout;
   ASSIGN_OR_RETURN(const v1::Job job,
                    jobs_->GetJob(request.job_id(), HistoryWindow{0, 0, 0, true}));
-  ASSIGN_OR_RETURN(const spec::BuiltinModel gpt, GptOf(job));
-  RETURN_IF_ERROR(CheckRequest(request, options_, gpt));
+  ASSIGN_OR_RETURN(const DecoderModel model, DecoderOf(job));
+  ASSIGN_OR_RETURN(const std::vector<std::vector<int32_t>> prompts,
+                   CheckRequest(request, options_, model));
   ASSIGN_OR_RETURN(const Target target, ResolveTarget(job, deadline, caller_gone));
   std::string ending = "generate: cancelled before the end";
   auto cancel_helper = absl::MakeCleanup([&] {
     if (target.helper) (void)jobs_->CancelJob(target.job_id, ending);
   });
-  TokenSampler sampler(
-      {request.temperature(), request.top_k(), static_cast<uint64_t>(request.seed())});
-  std::vector<int32_t> context(request.prompt().begin(), request.prompt().end());
-  for (int i = 0; i < request.tokens(); ++i) {
-    const size_t from =
-        context.size() > static_cast<size_t>(gpt.seq) ? context.size() - gpt.seq : 0;
-    const std::vector<int32_t> window(context.begin() + from, context.end());
-    ASSIGN_OR_RETURN(const std::vector<float> logits,
-                     NextLogits(target, window, deadline, caller_gone, gpt.vocab));
-    const int token = sampler.Next(logits);
-    context.push_back(token);
-    v1::GenerateResponse message;
-    message.add_tokens(token);
-    if (i == 0) {
-      message.set_ran_on_job(target.job_id);
-      message.set_weights_step(target.weights_step);
+  ASSIGN_OR_RETURN(DecodeRoute route, jobs_->DecodeRouteOf(target.job_id));
+  std::vector<RowState> rows(prompts.size());
+  std::vector<TokenSampler> samplers;
+  for (size_t r = 0; r < prompts.size(); ++r) {
+    rows[r].context = prompts[r];
+    // Row r draws with seed + r: a single prompt draws as it always did.
+    samplers.emplace_back(SamplingOptions{request.temperature(), request.top_k(),
+                                          static_cast<uint64_t>(request.seed()) + r});
+  }
+  {
+    PipelineDecoder decoder(jobs_, std::move(route), SessionName(target.job_id),
+                            static_cast<int64_t>(rows.size()), model.positions, model.vocab);
+    for (int i = 0; i < request.tokens(); ++i) {
+      if (caller_gone && caller_gone()) {
+        return absl::CancelledError("the caller of Generate went away");
+      }
+      ASSIGN_OR_RETURN(const std::vector<std::vector<float>> logits,
+                       NextLogits(decoder, rows, model.positions, deadline));
+      v1::GenerateResponse message;
+      for (size_t r = 0; r < rows.size(); ++r) {
+        const int token = samplers[r].Next(logits[r]);
+        rows[r].context.push_back(token);
+        message.add_tokens(token);
+      }
+      if (i == 0) {
+        message.set_ran_on_job(target.job_id);
+        message.set_weights_step(target.weights_step);
+      }
+      if (!emit(message)) return absl::CancelledError("the caller of Generate went away");
     }
-    if (!emit(message)) return absl::CancelledError("the caller of Generate went away");
   }
   ending = absl::StrCat("generate: done, ", request.tokens(), " tokens from job ", job.id());
   return absl::OkStatus();
-}
-
-absl::StatusOr<std::vector<float>> LastPositionLogits(const v1::TensorData& outputs, int64_t window,
-                                                      int64_t vocab, const std::string& job_id) {
-  RETURN_IF_ERROR(rpc::ValidateTensorData(outputs, "outputs"));
-  const bool f32 = outputs.dtype() == "float32", f64 = outputs.dtype() == "float64";
-  if ((!f32 && !f64) || outputs.shape_size() != 3 || outputs.shape(0) < 1 ||
-      outputs.shape(1) != window || outputs.shape(2) != vocab) {
-    return absl::InternalError(
-        absl::StrCat("job ", job_id, "'s last stage returned ", rpc::DescribeTensorData(outputs),
-                     ", not float logits [rows, ", window, ", ", vocab, "]"));
-  }
-  std::vector<float> logits(vocab);
-  const int64_t first = (window - 1) * vocab;  // row 0, position window - 1
-  const char* data = outputs.data().data();
-  if (f32) {
-    std::memcpy(logits.data(), data + first * 4, vocab * 4);
-  } else {
-    for (int64_t v = 0; v < vocab; ++v) {
-      double x;
-      std::memcpy(&x, data + (first + v) * 8, 8);
-      logits[v] = static_cast<float>(x);
-    }
-  }
-  return logits;
-}
-
-v1::TensorData WindowRows(const std::vector<int32_t>& window, int64_t rows) {
-  v1::TensorData out;
-  out.set_dtype("int64");
-  out.add_shape(rows);
-  out.add_shape(static_cast<int64_t>(window.size()));
-  std::string bytes;
-  bytes.reserve(rows * window.size() * 8);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int32_t t : window) {
-      const int64_t v = t;
-      bytes.append(reinterpret_cast<const char*>(&v), 8);
-    }
-  }
-  out.set_data(std::move(bytes));
-  return out;
 }
 
 }  // namespace stagecoach::coordinator

@@ -1,17 +1,18 @@
-// Generation: autoregressive decoding from a trained built-in GPT job through its own pipeline
-// (GenerationService.Generate in generation.proto; `stagectl generate`). Each new token is one
-// forward-only client step (JobManager::StepJob with forward_only) on the last
-// model.builtin.seq tokens of the prompt and the tokens made so far, each row of the batch the
-// same window (a step needs a row per microbatch; row 0's last position is used); a
-// TokenSampler picks the token from its logits. Causal attention makes the logits at the last
-// position those of the window alone, so this is the decoding a plain model does.
+// Generation: autoregressive decoding from a trained built-in decoder job (gpt or llama) through
+// its own pipeline (GenerationService.Generate in generation.proto; `stagectl generate`), with a
+// key/value cache on every stage (pipeline_decoder.h): each prompt (row) runs through the stages
+// once, then every new token runs one position; a TokenSampler per row picks the token from its
+// logits. A row whose context outgrows the model's positions (a GPT's seq, a Llama's
+// max_position_embeddings) runs its last that many tokens again from position 0 for each new
+// token: the sliding window a plain model decodes with past its positions.
 //
 // The weights: a PAUSED job's current ones (it stays PAUSED, its timeline where it was), or a
 // SUCCEEDED job's latest checkpoint, which a helper job loads: the job's spec with a
 // ForwardOnly schedule and training.resume_from that checkpoint, submitted paused as
-// "<name>-generate" and cancelled when the generation ends, however it ends.
+// "<name>-generate" and cancelled when the generation ends, however it ends. The workers'
+// caches of the session are freed then too.
 //
-// Thread-safe (each call is independent; the job manager serialises steps per job).
+// Thread-safe (each call is independent; a task runs one decoding step at a time).
 #pragma once
 
 #include <cstdint>
@@ -33,6 +34,8 @@ struct GenerationOptions {
   absl::Duration poll_interval = absl::Milliseconds(100);
   // Most tokens one request may ask for.
   int max_tokens = 100000;
+  // Most prompts (rows) one request may decode together.
+  int64_t max_rows = 64;
 };
 
 class Generation {
@@ -56,23 +59,9 @@ class Generation {
                                        const std::function<bool()>& caller_gone);
   absl::StatusOr<Target> StartHelper(const v1::Job& job, absl::Time deadline,
                                      const std::function<bool()>& caller_gone);
-  // The logits of the next token after `window` (row 0, last position).
-  absl::StatusOr<std::vector<float>> NextLogits(const Target& target,
-                                                const std::vector<int32_t>& window,
-                                                absl::Time deadline,
-                                                const std::function<bool()>& caller_gone,
-                                                int64_t vocab);
 
   JobManager* const jobs_;
   const GenerationOptions options_;
 };
-
-// The last-position logits of row 0 of a forward step's outputs, which must be
-// [rows, window, vocab] float32 or float64. INTERNAL naming `job_id` otherwise.
-absl::StatusOr<std::vector<float>> LastPositionLogits(const v1::TensorData& outputs, int64_t window,
-                                                      int64_t vocab, const std::string& job_id);
-
-// The TensorData int64 [rows, window.size()] with `window` in every row.
-v1::TensorData WindowRows(const std::vector<int32_t>& window, int64_t rows);
 
 }  // namespace stagecoach::coordinator

@@ -105,4 +105,15 @@ absl::StatusOr<v1::ControlTaskResponse> GrpcWorkerClient::ControlTask(
   return response;
 }
 
+absl::StatusOr<v1::DecodeResponse> GrpcWorkerClient::Decode(const std::string& address,
+                                                            const v1::DecodeRequest& request,
+                                                            absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, address, timeout);
+  v1::DecodeResponse response;
+  grpc::Status status = Stub(address)->Decode(&ctx, request, &response);
+  if (!status.ok()) return rpc::CallError(status, "Decode", absl::StrCat("worker at ", address));
+  return response;
+}
+
 }  // namespace stagecoach::coordinator

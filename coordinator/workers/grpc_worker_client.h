@@ -35,6 +35,9 @@ class GrpcWorkerClient : public WorkerClient {
   absl::StatusOr<v1::ControlTaskResponse> ControlTask(const std::string& address,
                                                       const v1::ControlTaskRequest& request,
                                                       absl::Duration timeout) override;
+  absl::StatusOr<v1::DecodeResponse> Decode(const std::string& address,
+                                            const v1::DecodeRequest& request,
+                                            absl::Duration timeout) override;
   void SetSessionToken(const std::string& address, const std::string& token) override;
 
  private:

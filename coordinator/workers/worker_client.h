@@ -51,6 +51,18 @@ class WorkerClient {
       const std::string& address, const v1::ControlTaskRequest& request,
       absl::Duration timeout) = 0;
 
+  // WorkerService.Decode: a generation session's decoding step on one stage of the worker's
+  // held task (or the session's end there), bounded by `timeout`. Fakes that run no tasks
+  // inherit UNIMPLEMENTED.
+  virtual absl::StatusOr<v1::DecodeResponse> Decode(const std::string& address,
+                                                    const v1::DecodeRequest& request,
+                                                    absl::Duration timeout) {
+    (void)address;
+    (void)request;
+    (void)timeout;
+    return absl::UnimplementedError("this worker client cannot decode");
+  }
+
   // The secret of the worker registered at `address` (RegisterWorkerResponse.session_token):
   // sent with every later call to it. Empty forgets it.
   virtual void SetSessionToken(const std::string& address, const std::string& token) = 0;

@@ -1,6 +1,6 @@
-// The coordinator's token sampling for generation (coordinator/generation/token_sampler.h) and the
-// tensors generation sends and reads (coordinator/generation/generation.h): greedy picks, top-k,
-// seeded draws that follow the softmax, and the shapes checked on the way back.
+// The coordinator's token sampling for generation (coordinator/generation/token_sampler.h) and
+// the tensors generation sends and reads (coordinator/generation/pipeline_decoder.h): greedy
+// picks, top-k, seeded draws that follow the softmax, and the shapes checked on the way back.
 #include "coordinator/generation/token_sampler.h"
 
 #include <cmath>
@@ -8,7 +8,7 @@
 #include <limits>
 #include <vector>
 
-#include "coordinator/generation/generation.h"
+#include "coordinator/generation/pipeline_decoder.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -74,8 +74,8 @@ TEST(TokenSampler, OptionsOutOfRangeNameTheField) {
   EXPECT_TRUE(ValidateSamplingOptions({0.0, 0, 0}).ok());
 }
 
-TEST(GenerationTensors, WindowRowsRepeatTheWindowInEveryRow) {
-  const v1::TensorData rows = WindowRows({5, 6, 7}, 2);
+TEST(GenerationTensors, TokenRowsAreInt64RowsInOrder) {
+  const v1::TensorData rows = TokenRows({{5, 6, 7}, {8, 9, 10}});
   EXPECT_EQ(rows.dtype(), "int64");
   ASSERT_EQ(rows.shape_size(), 2);
   EXPECT_EQ(rows.shape(0), 2);
@@ -83,7 +83,7 @@ TEST(GenerationTensors, WindowRowsRepeatTheWindowInEveryRow) {
   std::vector<int64_t> values(6);
   ASSERT_EQ(rows.data().size(), 48u);
   std::memcpy(values.data(), rows.data().data(), 48);
-  EXPECT_EQ(values, (std::vector<int64_t>{5, 6, 7, 5, 6, 7}));
+  EXPECT_EQ(values, (std::vector<int64_t>{5, 6, 7, 8, 9, 10}));
 }
 
 v1::TensorData Logits(const std::vector<int64_t>& shape, const std::vector<float>& values) {
@@ -94,17 +94,16 @@ v1::TensorData Logits(const std::vector<int64_t>& shape, const std::vector<float
   return t;
 }
 
-TEST(GenerationTensors, LastPositionLogitsAreRowZerosLastPosition) {
-  // [rows 2, window 2, vocab 3]: row 0 position 1 is {3, 4, 5}.
-  const v1::TensorData out = Logits({2, 2, 3}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
-  auto logits = LastPositionLogits(out, 2, 3, "job-1");
+TEST(GenerationTensors, RowLogitsSplitTheLastStagesOutputsByRow) {
+  const v1::TensorData out = Logits({2, 3}, {0, 1, 2, 3, 4, 5});
+  auto logits = RowLogits(out, 2, 3, "job-1");
   ASSERT_TRUE(logits.ok()) << logits.status();
-  EXPECT_EQ(*logits, (std::vector<float>{3, 4, 5}));
-  auto wrong = LastPositionLogits(out, 2, 4, "job-1");
+  EXPECT_EQ(*logits, (std::vector<std::vector<float>>{{0, 1, 2}, {3, 4, 5}}));
+  auto wrong = RowLogits(out, 2, 4, "job-1");
   ASSERT_FALSE(wrong.ok());
   EXPECT_THAT(std::string(wrong.status().message()),
-              HasSubstr("job job-1's last stage returned float32[2, 2, 3], not float logits "
-                        "[rows, 2, 4]"));
+              HasSubstr("job job-1's last stage returned float32[2, 3], not float32 logits "
+                        "[2, 4]"));
 }
 
 }  // namespace

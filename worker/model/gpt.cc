@@ -10,6 +10,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -55,6 +56,16 @@ class Embed : public ChainLayer {
     return tok_->forward(x) + pos_->weight.slice(0, 0, t);
   }
 
+  torch::Tensor ForwardCached(const torch::Tensor& x, const DecodePositions& at,
+                              LayerKv& kv) override {
+    (void)kv;
+    TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kInt64,
+                "gpt embed: expected int64 token ids [rows, time], got ", x.sizes());
+    TORCH_CHECK(at.positions.max().item<int64_t>() < seq_, "gpt embed: positions up to ",
+                at.positions.max().item<int64_t>(), " are beyond model.builtin.seq = ", seq_);
+    return tok_->forward(x) + torch::embedding(pos_->weight, at.positions);
+  }
+
   // The token embedding's weight [vocab, d], which a tied head shares or copies.
   const torch::Tensor& tok_weight() const { return tok_->weight; }
 
@@ -74,7 +85,10 @@ class Attention : public torch::nn::Module {
     InitLinear(proj_);
   }
 
-  torch::Tensor forward(const torch::Tensor& x) {
+  // Causal self-attention over x's positions; with `at` and `kv`, over the row's cached
+  // positions too (their keys and values), x's new ones added to the cache.
+  torch::Tensor forward(const torch::Tensor& x, const DecodePositions* at = nullptr,
+                        LayerKv* kv = nullptr) {
     const int64_t b = x.size(0), t = x.size(1), d = x.size(2);
     const int64_t hd = d / heads_;
     std::vector<torch::Tensor> qkv = qkv_->forward(x).chunk(3, -1);
@@ -84,10 +98,14 @@ class Attention : public torch::nn::Module {
     torch::Tensor q = split_heads(qkv[0]);
     torch::Tensor k = split_heads(qkv[1]);
     torch::Tensor v = split_heads(qkv[2]);
+    torch::Tensor hidden;
+    if (kv != nullptr) {
+      std::tie(k, v, hidden) = kv->Append(k, v, *at);
+    } else {
+      hidden = torch::ones({t, t}, torch::TensorOptions(torch::kBool).device(x.device())).triu(1);
+    }
     torch::Tensor att = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
-    torch::Tensor future =
-        torch::ones({t, t}, torch::TensorOptions(torch::kBool).device(x.device())).triu(1);
-    att = att.masked_fill(future, -std::numeric_limits<float>::infinity());
+    att = att.masked_fill(hidden, -std::numeric_limits<float>::infinity());
     att = torch::softmax(ToFloat32(att), -1);
     torch::Tensor y = torch::matmul(att, v).transpose(1, 2).reshape({b, t, d});
     return proj_->forward(y);
@@ -130,6 +148,12 @@ class Block : public ChainLayer {
 
   torch::Tensor forward(const torch::Tensor& x) override {
     torch::Tensor y = x + attn_->forward(ln1_->forward(ToFloat32(x)));
+    return y + mlp_->forward(ln2_->forward(ToFloat32(y)));
+  }
+
+  torch::Tensor ForwardCached(const torch::Tensor& x, const DecodePositions& at,
+                              LayerKv& kv) override {
+    torch::Tensor y = x + attn_->forward(ln1_->forward(ToFloat32(x)), &at, &kv);
     return y + mlp_->forward(ln2_->forward(ToFloat32(y)));
   }
 

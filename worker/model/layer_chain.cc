@@ -32,6 +32,13 @@ std::vector<torch::Tensor> LayerChainStage::ForwardValues(
   return {x};
 }
 
+torch::Tensor LayerChainStage::ForwardCached(const torch::Tensor& x, const DecodePositions& at,
+                                             StageKv& kv) {
+  torch::Tensor y = x;
+  for (auto& [name, layer] : layers_) y = layer->ForwardCached(y, at, kv.For(name));
+  return y;
+}
+
 std::vector<std::pair<std::string, torch::Tensor>> LayerChainStage::NamedParameters() {
   std::vector<std::pair<std::string, torch::Tensor>> out;
   for (auto& [name, layer] : layers_) {

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "worker/model/kv_cache.h"
 #include "worker/model/stage_model.h"
 
 namespace stagecoach::model {
@@ -19,6 +20,15 @@ namespace stagecoach::model {
 class ChainLayer : public torch::nn::Module {
  public:
   virtual torch::Tensor forward(const torch::Tensor& x) = 0;
+  // The layer on the new positions `at` of a decoding session ([n, T, ...] for at's n rows),
+  // with `kv` its cache: a layer that mixes positions (attention) or knows them (learned
+  // positions, rotary embeddings) overrides it; the others act on each position alone.
+  virtual torch::Tensor ForwardCached(const torch::Tensor& x, const DecodePositions& at,
+                                      LayerKv& kv) {
+    (void)at;
+    (void)kv;
+    return forward(x);
+  }
 };
 
 // Linear(hidden, vocab) without bias ("weight" [vocab, hidden]).
@@ -47,6 +57,9 @@ class LayerChainStage : public StageModel {
   explicit LayerChainStage(Layers layers) : layers_(std::move(layers)) {}
 
   std::vector<torch::Tensor> ForwardValues(const std::vector<torch::Tensor>& inputs) override;
+  // The stage on a decoding session's new positions `at` (kv_cache.h), each layer with its
+  // cache in `kv`; equals ForwardValues on the rows' whole contexts at those positions.
+  torch::Tensor ForwardCached(const torch::Tensor& x, const DecodePositions& at, StageKv& kv);
   std::vector<std::pair<std::string, torch::Tensor>> NamedParameters() override;
   void To(const torch::Device& device) override;
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -96,6 +97,17 @@ class Embed : public ChainLayer {
     return torch::embedding(weight_, x);
   }
 
+  // A decoding session's positions may go past seq, up to max_position_embeddings (the
+  // session's bound, which the worker checks).
+  torch::Tensor ForwardCached(const torch::Tensor& x, const DecodePositions& at,
+                              LayerKv& kv) override {
+    (void)at;
+    (void)kv;
+    TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kInt64,
+                "llama embed: expected int64 token ids [rows, time], got ", x.sizes());
+    return torch::embedding(weight_, x);
+  }
+
   const torch::Tensor& weight() const { return weight_; }
 
  private:
@@ -121,7 +133,10 @@ class Attention : public torch::nn::Module {
     }
   }
 
-  torch::Tensor forward(const torch::Tensor& x) {
+  // Causal self-attention over x's positions 0 .. T-1; with `at` and `kv`, over the rows'
+  // cached positions too, x being at at.positions (its keys and values added to the cache).
+  torch::Tensor forward(const torch::Tensor& x, const DecodePositions* at = nullptr,
+                        LayerKv* kv = nullptr) {
     const int64_t b = x.size(0), t = x.size(1);
     auto heads = [&](const torch::Tensor& y, int64_t n, RmsNormModule* norm) {
       torch::Tensor out = y.reshape({b, t, n, head_dim_});
@@ -131,22 +146,29 @@ class Attention : public torch::nn::Module {
     torch::Tensor q = heads(q_proj_->forward(x), heads_, q_norm_.get());
     torch::Tensor k = heads(k_proj_->forward(x), kv_heads_, k_norm_.get());
     torch::Tensor v = heads(v_proj_->forward(x), kv_heads_, nullptr);
+    // The rotation angles [T, hd], or [n, 1, T, hd] at a session's positions.
     const torch::Tensor positions =
-        torch::arange(t, torch::TensorOptions(torch::kFloat32).device(x.device()));
-    const torch::Tensor freqs = torch::outer(positions, inv_freq_.to(x.device()));
-    const torch::Tensor angles = torch::cat({freqs, freqs}, -1);  // [T, hd]
+        at != nullptr ? at->positions.to(torch::kFloat32)
+                      : torch::arange(t, torch::TensorOptions(torch::kFloat32).device(x.device()));
+    const torch::Tensor freqs = positions.unsqueeze(-1) * inv_freq_.to(x.device());
+    torch::Tensor angles = torch::cat({freqs, freqs}, -1);
+    if (at != nullptr) angles = angles.unsqueeze(1);
     const torch::Tensor cos = angles.cos(), sin = angles.sin();
     q = Rotate(q, cos, sin);
     k = Rotate(k, cos, sin);
+    torch::Tensor hidden;
+    if (kv != nullptr) {
+      std::tie(k, v, hidden) = kv->Append(k, v, *at);
+    } else {
+      hidden = torch::ones({t, t}, torch::TensorOptions(torch::kBool).device(x.device())).triu(1);
+    }
     if (kv_heads_ != heads_) {
       k = k.repeat_interleave(heads_ / kv_heads_, 1);
       v = v.repeat_interleave(heads_ / kv_heads_, 1);
     }
     torch::Tensor scores =
         torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim_));
-    const torch::Tensor future =
-        torch::ones({t, t}, torch::TensorOptions(torch::kBool).device(x.device())).triu(1);
-    scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+    scores = scores.masked_fill(hidden, -std::numeric_limits<float>::infinity());
     const torch::Tensor weights = torch::softmax(ToFloat32(scores), -1);
     const torch::Tensor y = torch::matmul(weights, v).transpose(1, 2).reshape({b, t, heads_ * head_dim_});
     return o_proj_->forward(y);
@@ -188,6 +210,12 @@ class DecoderLayer : public ChainLayer {
 
   torch::Tensor forward(const torch::Tensor& x) override {
     const torch::Tensor h = x + attn_->forward(input_norm_->forward(x));
+    return h + mlp_->forward(post_norm_->forward(h));
+  }
+
+  torch::Tensor ForwardCached(const torch::Tensor& x, const DecodePositions& at,
+                              LayerKv& kv) override {
+    const torch::Tensor h = x + attn_->forward(input_norm_->forward(x), &at, &kv);
     return h + mlp_->forward(post_norm_->forward(h));
   }
 

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/util/logging.h"
+#include "common/util/status_macros.h"
 #include "worker/runtime/device/compute_slice.h"
 #include "worker/runtime/device/compute_threads.h"
 #include "worker/runtime/device/cpu_pinning.h"
@@ -196,22 +197,30 @@ absl::Status TaskManager::RequestCheckpoint(const std::string& job_id, int64_t s
   return runner_->RequestCheckpoint(step);
 }
 
+absl::StatusOr<std::shared_ptr<runtime::TaskRunner>> TaskManager::RunnerOf(
+    const std::string& job_id, int attempt) {
+  absl::MutexLock lock(&mu_);
+  if (!running_ || runner_->task().job_id() != job_id || runner_->task().attempt() != attempt) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", deps_.worker_id(), " runs no task of ", job_id, " attempt ",
+                     attempt,
+                     running_ ? absl::StrCat(" (it runs ", runner_->task().job_id(), " attempt ",
+                                             runner_->task().attempt(), ")")
+                              : std::string()));
+  }
+  return runner_;
+}
+
+absl::StatusOr<v1::DecodeResponse> TaskManager::Decode(const v1::DecodeRequest& request) {
+  ASSIGN_OR_RETURN(std::shared_ptr<runtime::TaskRunner> runner,
+                   RunnerOf(request.job_id(), request.attempt()));
+  return runner->Decode(request);
+}
+
 absl::StatusOr<v1::ControlTaskResponse> TaskManager::Control(
     const v1::ControlTaskRequest& request) {
-  std::shared_ptr<runtime::TaskRunner> runner;
-  {
-    absl::MutexLock lock(&mu_);
-    if (!running_ || runner_->task().job_id() != request.job_id() ||
-        runner_->task().attempt() != request.attempt()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("worker ", deps_.worker_id(), " runs no task of ", request.job_id(),
-                       " attempt ", request.attempt(),
-                       running_ ? absl::StrCat(" (it runs ", runner_->task().job_id(), " attempt ",
-                                               runner_->task().attempt(), ")")
-                                : std::string()));
-    }
-    runner = runner_;
-  }
+  ASSIGN_OR_RETURN(std::shared_ptr<runtime::TaskRunner> runner,
+                   RunnerOf(request.job_id(), request.attempt()));
   // TaskRunner::ControlTask never waits for a step, but a client step's check on stage 0 runs
   // the batch through the stage: without mu_, so that Status (heartbeats) and Stop go on. A
   // task that ends meanwhile refuses the request.

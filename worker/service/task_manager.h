@@ -67,12 +67,20 @@ class TaskManager {
   // when no task of that job and attempt runs here; otherwise the task's answer.
   absl::StatusOr<v1::ControlTaskResponse> Control(const v1::ControlTaskRequest& request);
 
+  // A generation session's decoding step on the running task of request.job_id
+  // (TaskRunner::Decode, WorkerService.Decode). FAILED_PRECONDITION naming the job when the
+  // worker runs no task of that job and attempt. Runs without the manager's lock.
+  absl::StatusOr<v1::DecodeResponse> Decode(const v1::DecodeRequest& request);
+
   // Stops whatever runs (shutdown, or the coordinator forgot this worker).
   void StopAll(const std::string& reason, absl::Duration timeout);
 
   v1::GetWorkerStatusResponse Status();
 
  private:
+  // The running task of `job_id` and `attempt`; FAILED_PRECONDITION naming what runs instead.
+  absl::StatusOr<std::shared_ptr<runtime::TaskRunner>> RunnerOf(const std::string& job_id,
+                                                                int attempt);
   // The thread of a task that has ended, if any, for the caller to join once it has released
   // mu_: the thread may still be reporting the task's end to the coordinator (a network call),
   // and Status, which heartbeats use, must never wait for that.

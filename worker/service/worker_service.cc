@@ -151,4 +151,23 @@ grpc::Status WorkerServiceImpl::ControlTask(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
+grpc::Status WorkerServiceImpl::Decode(grpc::ServerContext* ctx, const v1::DecodeRequest* req,
+                                       v1::DecodeResponse* resp) {
+  (void)ctx;
+  if (req->job_id().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "job_id: required");
+  }
+  if (req->attempt() < 1) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("attempt: must be >= 1, got ", req->attempt()));
+  }
+  if (req->session().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "session: required");
+  }
+  auto decoded = tasks_->Decode(*req);
+  if (!decoded.ok()) return rpc::ToGrpcStatus(decoded.status());
+  *resp = *std::move(decoded);
+  return grpc::Status::OK;
+}
+
 }  // namespace stagecoach::worker

@@ -52,6 +52,10 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   // INVALID_ARGUMENT for a missing job_id or attempt.
   grpc::Status ControlTask(grpc::ServerContext* ctx, const v1::ControlTaskRequest* req,
                            v1::ControlTaskResponse* resp) override;
+  // TaskManager::Decode: a generation session's decoding step on the running task of the job.
+  // INVALID_ARGUMENT for a missing job_id, attempt or session.
+  grpc::Status Decode(grpc::ServerContext* ctx, const v1::DecodeRequest* req,
+                      v1::DecodeResponse* resp) override;
   // Parses the spec, resolves its files and runs model::InspectModel on a thread of its own
   // (no lock held; a running task is not disturbed), while the call waits for it or for the
   // caller to go away (deadline, cancellation). INVALID_ARGUMENT naming the field for a spec,

@@ -219,6 +219,47 @@ absl::StatusOr<int64_t> StepGate::Apply(const Control& control, std::optional<Cl
   return done;
 }
 
+absl::Status StepGate::RunHeld(const Check& work, const std::string& what) {
+  absl::MutexLock lock(&mu_);
+  auto free = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !checking_step_.has_value() || finishing_ || stop_reason_.has_value();
+  };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&free), options_.check_timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        Who(), ": ", what, " waited longer than ", absl::FormatDuration(options_.check_timeout),
+        " for the step boundary (a client step's check or another such request ran)"));
+  }
+  if (finishing_ || stop_reason_.has_value() || !HoldsLocked() || pending_client_.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Who(), ": ", what, " needs the task to hold (its job PAUSED), but it ",
+        finishing_ || stop_reason_.has_value()
+            ? std::string("is ending")
+            : absl::StrCat("has ", steps_done_, " steps done of its step limit ", step_limit_,
+                           executing_ ? ", a step running" : "",
+                           pending_client_.has_value() ? ", a client step pending" : "")));
+  }
+  // As a client step's check: Next starts nothing while checking_step_ is set.
+  checking_step_ = steps_done_;
+  auto back = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return in_next_ || finishing_ || stop_reason_.has_value();
+  };
+  absl::Status status;
+  if (!mu_.AwaitWithTimeout(absl::Condition(&back), options_.check_timeout)) {
+    status = absl::DeadlineExceededError(
+        absl::StrCat(Who(), ": the task did not come back to its step boundary within ",
+                     absl::FormatDuration(options_.check_timeout), " for ", what));
+  } else if (finishing_ || stop_reason_.has_value()) {
+    status = absl::FailedPreconditionError(absl::StrCat(Who(), ": the task is ending; ", what,
+                                                        " did not run"));
+  } else {
+    mu_.Unlock();
+    status = work();
+    mu_.Lock();
+  }
+  checking_step_.reset();
+  return status;
+}
+
 absl::Status StepGate::AwaitHolding(int64_t steps_done, absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   auto there = [this, steps_done]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

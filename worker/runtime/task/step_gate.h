@@ -157,6 +157,14 @@ class StepGate {
   absl::StatusOr<int64_t> Apply(const Control& control, std::optional<ClientStep> client,
                                 const Check& check = nullptr);
 
+  // Runs `work` on the caller's thread while the task holds (its stages idle: a generation
+  // session's decoding step), starting no step until it ends; the hold goes on afterwards.
+  // Waits up to check_timeout for another such work or a client step's check to end and for
+  // the task's thread to come back to its boundary. FAILED_PRECONDITION (naming job, rank and
+  // steps, and `what`) when the task does not hold (a step runs or is due, a client step is
+  // pending, the task is ending); DEADLINE_EXCEEDED after check_timeout; `work`'s own error.
+  absl::Status RunHeld(const Check& work, const std::string& what);
+
   // Blocks until the task's thread holds (waits in Next with nothing to do) at `steps_done`
   // global steps; DEADLINE_EXCEEDED after `timeout`, FAILED_PRECONDITION once the task ends.
   // For observers (tests, status); the hold does not change.
@@ -198,8 +206,8 @@ class StepGate {
   // Bumped by every Apply that takes effect and by Stop, so that a hold wakes up and a check
   // can tell whether the gate moved while it ran.
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
-  // The global_step of the client step whose check runs (or waits to): Next starts nothing
-  // until it ends.
+  // The global_step of the client step whose check runs (or waits to), or of a RunHeld's work:
+  // Next starts nothing until it ends.
   std::optional<int64_t> checking_step_ ABSL_GUARDED_BY(mu_);
   // The task's thread is inside Next (not using the stages).
   bool in_next_ ABSL_GUARDED_BY(mu_) = false;

@@ -9,11 +9,13 @@
 #include "common/util/logging.h"
 #include "common/util/status_macros.h"
 #include "common/util/work_queue.h"
+#include "worker/runtime/generation/decode_sessions.h"
 #include "worker/runtime/task/checkpoint_steps.h"
 #include "worker/runtime/task/client_steps.h"
 #include "worker/runtime/task/data_steps.h"
 #include "worker/runtime/task/step_reports.h"
 #include "worker/runtime/task/task_setup.h"
+#include "worker/runtime/task/tensor_data.h"
 #include "worker/runtime/task/training_parts.h"
 
 namespace stagecoach::runtime {
@@ -98,7 +100,8 @@ TaskRunner::TaskRunner(v1::TaskAssignment task, TaskRunnerDeps deps)
     : task_(std::move(task)),
       deps_(std::move(deps)),
       gate_(GateOptions(task_)),
-      store_(std::make_unique<CancellableStore>(deps_.store)) {}
+      store_(std::make_unique<CancellableStore>(deps_.store)),
+      decode_sessions_(std::make_unique<DecodeSessions>()) {}
 
 TaskRunner::~TaskRunner() = default;
 
@@ -144,6 +147,53 @@ absl::StatusOr<v1::ControlTaskResponse> TaskRunner::ControlTask(
   return response;
 }
 
+absl::StatusOr<v1::DecodeResponse> TaskRunner::Decode(const v1::DecodeRequest& request) {
+  const std::string who =
+      absl::StrCat(task_.job_id(), " attempt ", task_.attempt(), " rank ", task_.rank());
+  if (request.job_id() != task_.job_id() || request.attempt() != task_.attempt()) {
+    return absl::FailedPreconditionError(absl::StrCat("this task is ", who, ", not ",
+                                                      request.job_id(), " attempt ",
+                                                      request.attempt()));
+  }
+  v1::DecodeResponse response;
+  if (request.end_session()) {
+    decode_sessions_->End(request.session());
+    return response;
+  }
+  DecodeStepRequest step;
+  step.session = request.session();
+  step.stage = request.stage();
+  step.session_rows = request.session_rows();
+  step.max_positions = request.max_positions();
+  step.rows.assign(request.rows().begin(), request.rows().end());
+  step.starts.assign(request.starts().begin(), request.starts().end());
+  step.last_position_only = request.last_position_only();
+  ASSIGN_OR_RETURN(step.inputs, FromTensorData(request.inputs(), "inputs"));
+  const std::string what = absl::StrCat("decoding step of session ", request.session(),
+                                        " on stage ", request.stage());
+  RETURN_IF_ERROR(gate_.RunHeld(
+             [&]() -> absl::Status {
+               std::shared_ptr<TaskStages> stages;
+               {
+                 absl::MutexLock lock(&mu_);
+                 stages = held_stages_;
+               }
+               if (stages == nullptr || !stages->Owns(request.stage())) {
+                 return absl::FailedPreconditionError(absl::StrCat(
+                     who, " does not run stage ", request.stage(),
+                     stages == nullptr ? " (it has no stages: set-up or its end)" : ""));
+               }
+               ASSIGN_OR_RETURN(DecodeStepResult result,
+                                decode_sessions_->Run(step, *stages->by_index.at(request.stage()),
+                                                      stages->precision, stages->device));
+               ASSIGN_OR_RETURN(*response.mutable_outputs(), ToTensorData(result.outputs));
+               response.set_cache_bytes(result.cache_bytes);
+               return absl::OkStatus();
+             },
+             what));
+  return response;
+}
+
 StepGate::Check TaskRunner::Stage0Check(const StepGate::ClientStep& client) {
   const auto* batch = dynamic_cast<const ClientBatch*>(client.payload.get());
   const bool owns_first =
@@ -158,9 +208,9 @@ StepGate::Check TaskRunner::Stage0Check(const StepGate::ClientStep& client) {
     std::shared_ptr<TaskStages> stages;
     {
       absl::MutexLock lock(&mu_);
-      stages = checkable_stages_;
+      stages = held_stages_;
     }
-    if (stages == nullptr) {
+    if (stages == nullptr || !stages->Owns(0)) {
       return absl::FailedPreconditionError(
           absl::StrCat(task_.job_id(), " attempt ", task_.attempt(), " rank ", task_.rank(),
                        ": the task has no stages to check the client step on (it is ending)"));
@@ -178,6 +228,7 @@ v1::ReportTaskEndRequest TaskRunner::Run() {
     status = absl::InternalError(absl::StrCat("rank ", task_.rank(), ": ", e.what()));
   }
   gate_.Finish();
+  decode_sessions_->Clear();
   v1::ReportTaskEndRequest end;
   end.set_worker_id(deps_.worker_id);
   end.set_job_id(task_.job_id());
@@ -211,7 +262,7 @@ void TaskRunner::UseDataPlane(transport::Transport* transport, collectives::Coll
   absl::MutexLock lock(&mu_);
   transport_ = transport;
   group_ = group;
-  checkable_stages_ = stages != nullptr && stages->Owns(0) ? std::move(stages) : nullptr;
+  held_stages_ = std::move(stages);
   if (gate_.stop_reason().has_value()) {
     if (transport_ != nullptr) transport_->Abort();
     if (group_ != nullptr) group_->Abort();

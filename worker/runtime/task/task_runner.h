@@ -54,6 +54,7 @@ namespace stagecoach::runtime {
 class CheckpointSteps;
 class ClientSteps;
 class DataSteps;
+class DecodeSessions;
 
 struct TaskSetup;
 struct TaskStages;
@@ -175,6 +176,14 @@ class TaskRunner {
   // last step's checkpoint and report), then for stage 0's run on the batch.
   absl::StatusOr<v1::ControlTaskResponse> ControlTask(const v1::ControlTaskRequest& request);
 
+  // Runs one decoding step of a generation session on one of the rank's stages, or ends the
+  // session (WorkerService.Decode, whose semantics it implements, through
+  // generation/decode_sessions.h): only while the task holds (StepGate::RunHeld). The session's
+  // caches live until end_session, the task's end, or 10 minutes without a request.
+  // FAILED_PRECONDITION for another job or attempt, a stage the rank does not run, a task that
+  // does not hold or has no stages yet; INVALID_ARGUMENT naming the field. Thread-safe.
+  absl::StatusOr<v1::DecodeResponse> Decode(const v1::DecodeRequest& request);
+
   const v1::TaskAssignment& task() const { return task_; }
   int64_t steps_done() const { return steps_done_.load(); }
 
@@ -211,10 +220,13 @@ class TaskRunner {
   transport::Transport* transport_ ABSL_GUARDED_BY(mu_) = nullptr;
   // The data-parallel group in use, so that Stop can abort it; owned by RunSteps.
   collectives::Collectives* group_ ABSL_GUARDED_BY(mu_) = nullptr;
-  // The rank's stages while RunSteps has them, when it owns stage 0: a client step's check
-  // runs a batch through stage 0 (the gate lets it only while the task holds) and shares them,
-  // so that they outlive a check that a task ending meanwhile does not wait for.
-  std::shared_ptr<TaskStages> checkable_stages_ ABSL_GUARDED_BY(mu_);
+  // The rank's stages while RunSteps has them: a client step's check runs a batch through
+  // stage 0, and a generation session's decoding step through a stage (the gate lets them only
+  // while the task holds); they share the stages, so that they outlive work that a task ending
+  // meanwhile does not wait for.
+  std::shared_ptr<TaskStages> held_stages_ ABSL_GUARDED_BY(mu_);
+  // The generation sessions' caches (Decode); cleared when the task ends.
+  std::unique_ptr<DecodeSessions> decode_sessions_;
   // The rendezvous store wrapper in use, so that Stop can cancel its waits.
   class CancellableStore;
   std::unique_ptr<CancellableStore> store_;

@@ -214,6 +214,8 @@ absl::StatusOr<TaskSetup> SetUpTask(const v1::TaskAssignment& task, const TaskRu
     ASSIGN_OR_RETURN(setup.spec.data.path, Resolve(deps, "data.path", setup.spec.data.path));
   }
   ASSIGN_OR_RETURN(setup.stages, BuildStages(task, setup.spec, deps, setup.device));
+  setup.stages->device = setup.device;
+  setup.stages->precision = setup.precision;
   setup.skips = SkipPairs(setup.stages->wiring);
   std::vector<torch::Tensor> parameters;
   const ReplicaShare share = ShareOf(task);

@@ -46,6 +46,10 @@ struct TaskStages {
   model::PipelineWiring wiring;
   // Parameter elements this rank holds (ReportStepRequest.parameters).
   int64_t held_parameters = 0;
+  // Where the stages run and in which precision (for the work that runs on them while the task
+  // holds: a client step's check, a generation session's decoding).
+  torch::Device device = torch::kCPU;
+  model::Precision precision = model::Precision::kFp32;
 
   bool Owns(int stage) const { return by_index.count(stage) > 0; }
 };

@@ -1,0 +1,73 @@
+#include "worker/model/kv_cache.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <utility>
+
+namespace stagecoach::model {
+
+DecodePositions DecodePositions::Make(std::vector<int64_t> rows, std::vector<int64_t> starts,
+                                      int64_t t, int64_t session_rows, int64_t max_positions,
+                                      const torch::Device& device) {
+  DecodePositions at;
+  const int64_t n = static_cast<int64_t>(rows.size());
+  at.rows = torch::tensor(rows, torch::kInt64).to(device);
+  at.row_ids = std::move(rows);
+  at.positions = (torch::tensor(starts, torch::kInt64).view({n, 1}) +
+                  torch::arange(t, torch::kInt64).view({1, t}))
+                     .to(device);
+  at.starts = std::move(starts);
+  at.session_rows = session_rows;
+  at.max_positions = max_positions;
+  return at;
+}
+
+void LayerKv::Reserve(const torch::Tensor& like, int64_t needed, const DecodePositions& at) {
+  const int64_t capacity = keys_.defined() ? keys_.size(2) : 0;
+  if (needed <= capacity && keys_.scalar_type() == like.scalar_type()) return;
+  int64_t grown = std::max<int64_t>(capacity, 16);
+  while (grown < needed) grown *= 2;
+  grown = std::min(grown, at.max_positions);
+  const auto options = like.options();
+  torch::Tensor keys =
+      torch::zeros({at.session_rows, like.size(1), grown, like.size(3)}, options);
+  torch::Tensor values = torch::zeros_like(keys);
+  if (capacity > 0) {
+    keys.slice(2, 0, capacity).copy_(keys_);
+    values.slice(2, 0, capacity).copy_(values_);
+  }
+  keys_ = std::move(keys);
+  values_ = std::move(values);
+}
+
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> LayerKv::Append(
+    const torch::Tensor& k, const torch::Tensor& v, const DecodePositions& at) {
+  const int64_t n = k.size(0), t = k.size(2);
+  const int64_t length = *std::max_element(at.starts.begin(), at.starts.end()) + t;
+  Reserve(k, length, at);
+  for (int64_t j = 0; j < n; ++j) {
+    keys_[at.row_ids[j]].slice(1, at.starts[j], at.starts[j] + t).copy_(k[j]);
+    values_[at.row_ids[j]].slice(1, at.starts[j], at.starts[j] + t).copy_(v[j]);
+  }
+  torch::Tensor keys = keys_.index_select(0, at.rows).slice(2, 0, length);
+  torch::Tensor values = values_.index_select(0, at.rows).slice(2, 0, length);
+  const torch::Tensor key_positions =
+      torch::arange(length, torch::TensorOptions(torch::kInt64).device(k.device()))
+          .view({1, 1, 1, length});
+  const torch::Tensor mask = key_positions > at.positions.view({n, 1, t, 1});
+  return {std::move(keys), std::move(values), mask};
+}
+
+int64_t LayerKv::bytes() const {
+  if (!keys_.defined()) return 0;
+  return static_cast<int64_t>(keys_.nbytes() + values_.nbytes());
+}
+
+int64_t StageKv::bytes() const {
+  int64_t total = 0;
+  for (const auto& [name, kv] : layers_) total += kv.bytes();
+  return total;
+}
+
+}  // namespace stagecoach::model

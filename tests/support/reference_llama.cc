@@ -168,4 +168,33 @@ torch::Tensor LlamaReferenceLogits(const LlamaReferenceConfig& config,
   return llama.Forward(tokens);
 }
 
+std::vector<int64_t> GreedyLlamaReference(const LlamaReferenceConfig& config,
+                                          const std::map<std::string, torch::Tensor>& params,
+                                          const std::vector<int64_t>& prompt, int n,
+                                          int64_t max_positions) {
+  LlamaReferenceConfig c = config;
+  c.bf16 = false;
+  std::map<std::string, torch::Tensor> initial = params;
+  if (c.tied) initial.erase("head.weight");
+  Llama llama(c, initial);
+  torch::NoGradGuard no_grad;
+  std::vector<int64_t> context = prompt, out;
+  for (int i = 0; i < n; ++i) {
+    const size_t from = context.size() > static_cast<size_t>(max_positions)
+                            ? context.size() - static_cast<size_t>(max_positions)
+                            : 0;
+    const std::vector<int64_t> window(context.begin() + from, context.end());
+    const torch::Tensor logits =
+        llama.Forward(torch::tensor(window, torch::kInt64).unsqueeze(0))[0][-1].contiguous();
+    const float* values = logits.data_ptr<float>();
+    int64_t best = 0;
+    for (int64_t v = 1; v < c.vocab; ++v) {
+      if (values[v] > values[best]) best = v;
+    }
+    context.push_back(best);
+    out.push_back(best);
+  }
+  return out;
+}
+
 }  // namespace stagecoach::testing

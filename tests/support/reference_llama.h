@@ -59,4 +59,12 @@ torch::Tensor LlamaReferenceLogits(const LlamaReferenceConfig& config,
                                    const std::map<std::string, torch::Tensor>& params,
                                    const torch::Tensor& tokens);
 
+// Greedy decoding without a cache: each of the `n` tokens is the argmax (lowest index on ties)
+// of the reference's logits at the last position of the context (prompt + tokens so far), or of
+// its last `max_positions` tokens when it is longer (a sliding window).
+std::vector<int64_t> GreedyLlamaReference(const LlamaReferenceConfig& config,
+                                          const std::map<std::string, torch::Tensor>& params,
+                                          const std::vector<int64_t>& prompt, int n,
+                                          int64_t max_positions);
+
 }  // namespace stagecoach::testing

@@ -439,5 +439,56 @@ TEST(StepGate, TheCheckGivesUpWhenTheTaskThreadDoesNotComeBack) {
   EXPECT_EQ(decision->action, StepGate::Action::kClientStep);
 }
 
+// Held work (a generation session's decoding step) runs while the task holds, no step starts
+// meanwhile, and the hold goes on afterwards; without a hold it is refused.
+TEST(StepGate, HeldWorkRunsOnlyWhileHoldingAndStartsNoStepMeanwhile) {
+  StepGate gate(Options(2, 3));
+  absl::Status refused = gate.RunHeld([] { return absl::OkStatus(); }, "decoding step");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.message(), HasSubstr("job-g attempt 3 rank 1: decoding step needs the task "
+                                           "to hold (its job PAUSED), but it has 2 steps done of "
+                                           "its step limit 3"));
+  RunDataStep(gate, 2);
+  TaskThread task(gate);
+  ASSERT_TRUE(gate.AwaitHolding(3, kWait).ok());
+  absl::Notification running, release;
+  absl::Status worked = absl::UnknownError("not run");
+  std::thread work([&] {
+    worked = gate.RunHeld(
+        [&] {
+          running.Notify();
+          release.WaitForNotificationWithTimeout(kWait);
+          return absl::OkStatus();
+        },
+        "decoding step");
+  });
+  ASSERT_TRUE(running.WaitForNotificationWithTimeout(kWait));
+  ASSERT_TRUE(gate.Apply(Limit(4), std::nullopt).ok());  // a resume while the work runs
+  EXPECT_FALSE(task.Decided());
+  release.Notify();
+  work.join();
+  EXPECT_TRUE(worked.ok()) << worked;
+  auto& decision = task.Result();
+  ASSERT_TRUE(decision.ok());
+  EXPECT_EQ(decision->action, StepGate::Action::kDataStep);
+  EXPECT_EQ(decision->steps_done, 3);
+}
+
+TEST(StepGate, HeldWorkLeavesTheHoldAsItWasAndReturnsItsOwnError) {
+  StepGate gate(Options(1, 1));
+  TaskThread task(gate);
+  ASSERT_TRUE(gate.AwaitHolding(1, kWait).ok());
+  const absl::Status failed =
+      gate.RunHeld([] { return absl::InvalidArgumentError("rows: bad"); }, "decoding step");
+  EXPECT_EQ(failed, absl::InvalidArgumentError("rows: bad"));
+  EXPECT_TRUE(gate.RunHeld([] { return absl::OkStatus(); }, "decoding step").ok());
+  EXPECT_TRUE(gate.AwaitHolding(1, kWait).ok());
+  EXPECT_FALSE(task.Decided());
+  gate.Stop("done");
+  EXPECT_EQ(task.Result().status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(gate.RunHeld([] { return absl::OkStatus(); }, "decoding step").code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace stagecoach::runtime::step_gate_test

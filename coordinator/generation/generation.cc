@@ -254,7 +254,11 @@ absl::Status Generation::Generate(const v1::GenerateRequest& request, absl::Dura
                                           static_cast<uint64_t>(request.seed()) + r});
   }
   {
-    PipelineDecoder decoder(jobs_, std::move(route), SessionName(target.job_id),
+    PipelineDecoder decoder(
+        [this](const std::string& address, const v1::DecodeRequest& r, absl::Duration timeout) {
+          return jobs_->Decode(address, r, timeout);
+        },
+        std::move(route), SessionName(target.job_id),
                             static_cast<int64_t>(rows.size()), model.positions, model.vocab);
     for (int i = 0; i < request.tokens(); ++i) {
       if (caller_gone && caller_gone()) {

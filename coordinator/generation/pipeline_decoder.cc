@@ -11,9 +11,9 @@
 
 namespace stagecoach::coordinator {
 
-PipelineDecoder::PipelineDecoder(JobManager* jobs, DecodeRoute route, std::string session,
+PipelineDecoder::PipelineDecoder(DecodeCall decode, DecodeRoute route, std::string session,
                                  int64_t rows, int64_t max_positions, int64_t vocab)
-    : jobs_(jobs),
+    : decode_(std::move(decode)),
       route_(std::move(route)),
       session_(std::move(session)),
       rows_(rows),
@@ -28,7 +28,7 @@ PipelineDecoder::~PipelineDecoder() {
   end.set_end_session(true);
   for (const std::string& address :
        std::set<std::string>(route_.stage_addresses.begin(), route_.stage_addresses.end())) {
-    absl::StatusOr<v1::DecodeResponse> ended = jobs_->Decode(address, end, absl::Seconds(5));
+    absl::StatusOr<v1::DecodeResponse> ended = decode_(address, end, absl::Seconds(5));
     if (!ended.ok()) {
       spdlog::warn("generation session {} of {}: could not end it on the worker at {}: {}",
                    session_, route_.job_id, address, ended.status().ToString());
@@ -58,7 +58,7 @@ absl::StatusOr<std::vector<std::vector<float>>> PipelineDecoder::Step(
     const std::string& address = route_.stage_addresses[s];
     request.set_stage(s);
     request.set_last_position_only(s == stages - 1);
-    absl::StatusOr<v1::DecodeResponse> out = jobs_->Decode(address, request, left);
+    absl::StatusOr<v1::DecodeResponse> out = decode_(address, request, left);
     if (!out.ok()) {
       return absl::Status(out.status().code(),
                           absl::StrCat("job ", route_.job_id, " stage ", s, " (worker at ",

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -28,10 +29,13 @@ namespace stagecoach::coordinator {
 
 class PipelineDecoder {
  public:
-  // `jobs` must outlive this. `session` names the session on the workers (unique per
-  // generation); `rows` prompts of at most `max_positions` positions; `vocab`: the logits'
-  // width.
-  PipelineDecoder(JobManager* jobs, DecodeRoute route, std::string session, int64_t rows,
+  // WorkerService.Decode on the worker at an address, bounded by a timeout (JobManager::Decode).
+  using DecodeCall = std::function<absl::StatusOr<v1::DecodeResponse>(
+      const std::string& address, const v1::DecodeRequest& request, absl::Duration timeout)>;
+
+  // `session` names the session on the workers (unique per generation); `rows` prompts of at
+  // most `max_positions` positions; `vocab`: the logits' width.
+  PipelineDecoder(DecodeCall decode, DecodeRoute route, std::string session, int64_t rows,
                   int64_t max_positions, int64_t vocab);
   ~PipelineDecoder();
   PipelineDecoder(const PipelineDecoder&) = delete;
@@ -48,7 +52,7 @@ class PipelineDecoder {
   int64_t cache_bytes() const;
 
  private:
-  JobManager* const jobs_;
+  const DecodeCall decode_;
   const DecodeRoute route_;
   const std::string session_;
   const int64_t rows_, max_positions_, vocab_;

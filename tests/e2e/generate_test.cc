@@ -29,7 +29,7 @@ using ::testing::HasSubstr;
 constexpr int kVocab = 64;
 constexpr int kSeq = 16;
 constexpr int kSteps = 30;
-constexpr int kNewTokens = 24;
+constexpr int kNewTokens = 64;
 
 // Token t is the character 0x30 + t ('0' .. 'o'): a vocabulary file in code point order.
 std::string VocabJson() {

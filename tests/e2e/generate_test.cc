@@ -114,11 +114,7 @@ class GenerateTest : public ::testing::Test {
   // Submits `spec` and waits until `state` (or an end).
   static absl::StatusOr<v1::Job> SubmitAndWait(const std::string& spec, bool paused,
                                                v1::JobState state) {
-    auto id = cluster_->Submit(spec, paused);
-    if (!id.ok()) return id.status();
-    return cluster_->WaitForJob(
-        *id, [state](const v1::Job& j) { return IsFinal(j) || j.state() == state; },
-        absl::Seconds(180));
+    return cluster_->SubmitAndWait(spec, paused, state, absl::Seconds(180));
   }
 
   static LocalCluster* cluster_;

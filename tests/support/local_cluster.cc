@@ -273,6 +273,19 @@ absl::StatusOr<v1::Job> LocalCluster::WaitForJob(const std::string& job_id,
                : std::string(job.status().message())));
 }
 
+absl::StatusOr<v1::Job> LocalCluster::SubmitAndWait(const std::string& spec_yaml, bool paused,
+                                                    v1::JobState state, absl::Duration timeout) {
+  absl::StatusOr<std::string> id = Submit(spec_yaml, paused);
+  if (!id.ok()) return id.status();
+  return WaitForJob(
+      *id,
+      [state](const v1::Job& j) {
+        return j.state() == state || j.state() == v1::JOB_STATE_SUCCEEDED ||
+               j.state() == v1::JOB_STATE_FAILED || j.state() == v1::JOB_STATE_CANCELLED;
+      },
+      timeout);
+}
+
 std::string LocalCluster::WriteFile(const std::string& name, const std::string& text) {
   const std::string path = dir() + "/" + name;
   std::ofstream(path) << text;

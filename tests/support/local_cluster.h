@@ -88,6 +88,9 @@ class LocalCluster {
   absl::StatusOr<v1::Job> WaitForJob(const std::string& job_id,
                                      const std::function<bool(const v1::Job&)>& done,
                                      absl::Duration timeout);
+  // Submit, then WaitForJob until the job is in `state` or has ended.
+  absl::StatusOr<v1::Job> SubmitAndWait(const std::string& spec_yaml, bool paused,
+                                        v1::JobState state, absl::Duration timeout);
 
   // Writes `text` to a file in the cluster's directory; returns its path.
   std::string WriteFile(const std::string& name, const std::string& text);

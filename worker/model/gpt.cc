@@ -19,6 +19,9 @@
 #include "worker/model/precision.h"
 
 namespace stagecoach::model {
+// Named after the file: the GPT and the Llama family both have an Embed, an Attention and a
+// Norm, and a unity build may put both files in one translation unit.
+namespace gpt_layers {
 namespace {
 
 constexpr double kInitStd = 0.02;
@@ -182,6 +185,7 @@ class Norm : public ChainLayer {
 };
 
 }  // namespace
+}  // namespace gpt_layers
 
 absl::StatusOr<std::unique_ptr<StageModel>> BuildGptStage(const spec::BuiltinModel& model,
                                                           int first_layer, int end_layer) {
@@ -212,24 +216,24 @@ absl::StatusOr<std::unique_ptr<StageModel>> BuildGptStage(const spec::BuiltinMod
   {
     std::lock_guard<std::mutex> lock(SeedMutex());
     torch::manual_seed(model.seed);
-    std::shared_ptr<Embed> embed;
+    std::shared_ptr<gpt_layers::Embed> embed;
     for (int64_t i = 0; i < end_layer; ++i) {
       std::string name;
       std::shared_ptr<ChainLayer> layer;
       if (i == 0) {
         name = "embed";
-        embed = std::make_shared<Embed>(model.vocab, model.seq, model.d_model);
+        embed = std::make_shared<gpt_layers::Embed>(model.vocab, model.seq, model.d_model);
         layer = embed;
       } else if (i <= model.layers) {
         name = absl::StrCat("blocks.", i - 1);
-        layer = std::make_shared<Block>(model.d_model, model.heads);
+        layer = std::make_shared<gpt_layers::Block>(model.d_model, model.heads);
       } else if (i == model.layers + 1) {
         name = "norm";
-        layer = std::make_shared<Norm>(model.d_model);
+        layer = std::make_shared<gpt_layers::Norm>(model.d_model);
       } else {
         name = "head";
         if (!model.tie_embeddings) {
-          layer = std::make_shared<OutputHead>(model.d_model, model.vocab, kInitStd);
+          layer = std::make_shared<OutputHead>(model.d_model, model.vocab, gpt_layers::kInitStd);
         } else if (first_layer == 0) {
           layer = OutputHead::Sharing(embed->tok_weight());
         } else {

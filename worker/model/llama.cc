@@ -18,6 +18,9 @@
 #include "worker/model/precision.h"
 
 namespace stagecoach::model {
+// Named after the file: the GPT and the Llama family both have an Embed, an Attention and a
+// Norm, and a unity build may put both files in one translation unit.
+namespace llama_layers {
 namespace {
 
 constexpr double kInitStd = 0.02;  // transformers' initializer_range
@@ -239,6 +242,7 @@ class Norm : public ChainLayer {
 };
 
 }  // namespace
+}  // namespace llama_layers
 
 absl::StatusOr<std::unique_ptr<StageModel>> BuildLlamaStage(const spec::BuiltinModel& model,
                                                             int first_layer, int end_layer) {
@@ -262,24 +266,24 @@ absl::StatusOr<std::unique_ptr<StageModel>> BuildLlamaStage(const spec::BuiltinM
   std::vector<std::pair<std::string, std::shared_ptr<ChainLayer>>> kept;
   std::unique_lock<std::mutex> lock(SeedMutex());
   torch::manual_seed(model.seed);
-  std::shared_ptr<Embed> embed;
+  std::shared_ptr<llama_layers::Embed> embed;
   for (int64_t i = from_files ? first_layer : 0; i < end_layer; ++i) {
     std::string name;
     std::shared_ptr<ChainLayer> layer;
     if (i == 0) {
       name = "embed";
-      embed = std::make_shared<Embed>(c.vocab_size, c.hidden_size, model.seq);
+      embed = std::make_shared<llama_layers::Embed>(c.vocab_size, c.hidden_size, model.seq);
       layer = embed;
     } else if (i <= n) {
       name = absl::StrCat("layers.", i - 1);
-      layer = std::make_shared<DecoderLayer>(c);
+      layer = std::make_shared<llama_layers::DecoderLayer>(c);
     } else if (i == n + 1) {
       name = "norm";
-      layer = std::make_shared<Norm>(c.hidden_size, c.rms_norm_eps);
+      layer = std::make_shared<llama_layers::Norm>(c.hidden_size, c.rms_norm_eps);
     } else {
       name = "head";
       if (!c.tie_word_embeddings || (from_files && first_layer > 0)) {
-        layer = std::make_shared<OutputHead>(c.hidden_size, c.vocab_size, kInitStd);
+        layer = std::make_shared<OutputHead>(c.hidden_size, c.vocab_size, llama_layers::kInitStd);
       } else if (first_layer == 0) {
         layer = OutputHead::Sharing(embed->weight());
       } else {

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/tokens/file_io.h"
 #include "common/text/sentencepiece_tokenizer.h"
 #include "common/util/status_macros.h"
 
@@ -19,47 +20,10 @@ namespace {
 
 constexpr int kSentencePieceUsage = 2;
 
-absl::StatusOr<std::string> ReadTokensInput(const std::string& path, absl::string_view what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", what, " ", path));
-  std::stringstream bytes;
-  bytes << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat("reading ", what, " ", path, " failed"));
-  return bytes.str();
-}
-
-// `contents` into `path`: a temporary file beside it, written, synced, renamed into place.
-absl::Status WriteTokensOutput(const std::string& path, absl::string_view contents,
-                               absl::string_view what) {
-  const std::string temp = absl::StrCat(path, ".tmp-", ::getpid());
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("cannot create ", what, " ", path, ": ", std::strerror(errno)));
-  }
-  size_t done = 0;
-  while (done < contents.size()) {
-    const ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    done += static_cast<size_t>(n);
-  }
-  const bool ok = done == contents.size() && ::fsync(fd) == 0;
-  const int saved = errno;
-  ::close(fd);
-  if (!ok || ::rename(temp.c_str(), path.c_str()) != 0) {
-    const int error = ok ? errno : saved;
-    ::unlink(temp.c_str());
-    return absl::DataLossError(
-        absl::StrCat("cannot write ", what, " ", path, ": ", std::strerror(error)));
-  }
-  return absl::OkStatus();
-}
-
 // A token file's ids in `dtype`.
 absl::StatusOr<std::vector<int64_t>> ReadTokenFile(const std::string& path,
                                                    const std::string& dtype) {
-  ASSIGN_OR_RETURN(std::string bytes, ReadTokensInput(path, "token file"));
+  ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(path, "token file"));
   const size_t width = dtype == "uint32" ? 4 : 2;
   if (bytes.size() % width != 0) {
     return absl::InvalidArgumentError(absl::StrCat(path, " has ", bytes.size(),
@@ -78,7 +42,7 @@ absl::StatusOr<std::vector<int64_t>> ReadTokenFile(const std::string& path,
 
 absl::Status Train(const TokensCommandOptions& o, std::ostream& out) {
   ASSIGN_OR_RETURN(std::string model, text::TrainSentencePiece(o.inputs, o.vocab_size));
-  RETURN_IF_ERROR(WriteTokensOutput(o.out_path, model, "tokenizer"));
+  RETURN_IF_ERROR(WriteWholeFile(o.out_path, model, "tokenizer"));
   out << "trained a tokenizer of " << o.vocab_size << " pieces on " << o.inputs.size()
       << " file" << (o.inputs.size() == 1 ? "" : "s") << ": wrote " << o.out_path << "\n";
   return absl::OkStatus();
@@ -92,12 +56,12 @@ absl::Status Build(const TokensCommandOptions& o, const text::SentencePieceToken
   }
   std::vector<int64_t> ids;
   for (const std::string& path : o.inputs) {
-    ASSIGN_OR_RETURN(std::string text, ReadTokensInput(path, "text file"));
+    ASSIGN_OR_RETURN(std::string text, ReadWholeFile(path, "text file"));
     ASSIGN_OR_RETURN(std::vector<int64_t> doc, t.Encode(text, path, /*bos=*/false, /*eos=*/true));
     ids.insert(ids.end(), doc.begin(), doc.end());
   }
   ASSIGN_OR_RETURN(std::string bytes, text::TokenFileBytes(ids, o.dtype));
-  RETURN_IF_ERROR(WriteTokensOutput(o.out_path, bytes, "token file"));
+  RETURN_IF_ERROR(WriteWholeFile(o.out_path, bytes, "token file"));
   out << ids.size() << " tokens of " << o.inputs.size() << " document"
       << (o.inputs.size() == 1 ? "" : "s") << " (EOS " << t.eos_id() << " after each): wrote "
       << o.out_path << " (" << bytes.size() << " bytes, " << o.dtype << ")\n"
@@ -118,7 +82,7 @@ absl::Status Encode(const TokensCommandOptions& o, const text::SentencePieceToke
     RETURN_IF_ERROR(add(*o.text, "--text"));
   } else {
     for (const std::string& path : o.inputs) {
-      ASSIGN_OR_RETURN(std::string text, ReadTokensInput(path, "text file"));
+      ASSIGN_OR_RETURN(std::string text, ReadWholeFile(path, "text file"));
       RETURN_IF_ERROR(add(text, path));
     }
   }
@@ -127,7 +91,7 @@ absl::Status Encode(const TokensCommandOptions& o, const text::SentencePieceToke
     return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(std::string bytes, text::TokenFileBytes(ids, o.dtype));
-  RETURN_IF_ERROR(WriteTokensOutput(o.out_path, bytes, "token file"));
+  RETURN_IF_ERROR(WriteWholeFile(o.out_path, bytes, "token file"));
   out << ids.size() << " tokens: wrote " << o.out_path << "\n";
   return absl::OkStatus();
 }
@@ -159,7 +123,7 @@ absl::Status Decode(const TokensCommandOptions& o, const text::SentencePieceToke
     out << *text;
     return absl::OkStatus();
   }
-  return WriteTokensOutput(o.out_path, *text, "text file");
+  return WriteWholeFile(o.out_path, *text, "text file");
 }
 
 std::string SentencePieceUsageError(const TokensCommandOptions& o) {

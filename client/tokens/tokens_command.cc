@@ -14,10 +14,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/tokens/file_io.h"
 #include "client/tokens/sentencepiece_process.h"
 #include "common/text/char_vocabulary.h"
 #include "common/util/byte_size.h"
-#include "common/util/durable_file.h"
 #include "common/util/status_macros.h"
 
 namespace stagecoach::client {
@@ -28,26 +28,11 @@ constexpr int kTokensUsage = 2;
 
 constexpr char kSentencePieceTool[] = "stagecoach-sentencepiece";
 
-absl::StatusOr<std::string> ReadWhole(const std::string& path, absl::string_view what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", what, " ", path));
-  std::stringstream bytes;
-  bytes << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat("reading ", what, " ", path, " failed"));
-  return bytes.str();
-}
-
-absl::Status Write(const std::string& path, absl::string_view contents, absl::string_view what) {
-  DurableFileOptions options;
-  options.what = std::string(what);
-  return WriteFileDurably(path, contents, options);
-}
-
 // The input files, in order.
 absl::StatusOr<std::vector<text::Document>> ReadDocuments(const std::vector<std::string>& paths) {
   std::vector<text::Document> docs;
   for (const std::string& path : paths) {
-    ASSIGN_OR_RETURN(std::string contents, ReadWhole(path, "text file"));
+    ASSIGN_OR_RETURN(std::string contents, ReadWholeFile(path, "text file"));
     docs.push_back({path, std::move(contents)});
   }
   return docs;
@@ -57,8 +42,8 @@ absl::Status Build(const TokensCommandOptions& o, std::ostream& out) {
   ASSIGN_OR_RETURN(std::vector<text::Document> docs, ReadDocuments(o.inputs));
   ASSIGN_OR_RETURN(text::CharVocabulary vocab, text::CharVocabulary::FromDocuments(docs));
   ASSIGN_OR_RETURN(std::vector<uint16_t> tokens, vocab.Encode(docs));
-  RETURN_IF_ERROR(Write(o.vocab_path, vocab.ToJson(), "vocabulary"));
-  RETURN_IF_ERROR(Write(o.out_path, text::TokenBytes(tokens), "token file"));
+  RETURN_IF_ERROR(WriteWholeFile(o.vocab_path, vocab.ToJson(), "vocabulary"));
+  RETURN_IF_ERROR(WriteWholeFile(o.out_path, text::TokenBytes(tokens), "token file"));
   out << tokens.size() << " characters of " << o.inputs.size() << " file"
       << (o.inputs.size() == 1 ? "" : "s") << ", " << vocab.size() << " distinct: wrote "
       << o.vocab_path << " and " << o.out_path << " ("
@@ -81,7 +66,7 @@ absl::Status Encode(const TokensCommandOptions& o, std::ostream& out) {
     out << absl::StrJoin(tokens, " ") << "\n";
     return absl::OkStatus();
   }
-  RETURN_IF_ERROR(Write(o.out_path, text::TokenBytes(tokens), "token file"));
+  RETURN_IF_ERROR(WriteWholeFile(o.out_path, text::TokenBytes(tokens), "token file"));
   out << tokens.size() << " tokens: wrote " << o.out_path << "\n";
   return absl::OkStatus();
 }
@@ -89,14 +74,14 @@ absl::Status Encode(const TokensCommandOptions& o, std::ostream& out) {
 absl::Status Decode(const TokensCommandOptions& o, std::ostream& out) {
   ASSIGN_OR_RETURN(text::CharVocabulary vocab, ReadVocabularyFile(o.vocab_path));
   const std::string& path = o.inputs[0];
-  ASSIGN_OR_RETURN(std::string bytes, ReadWhole(path, "token file"));
+  ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(path, "token file"));
   ASSIGN_OR_RETURN(std::vector<uint16_t> tokens, text::ParseTokenBytes(bytes, path));
   ASSIGN_OR_RETURN(std::string decoded, vocab.Decode(tokens, path));
   if (o.out_path.empty()) {
     out << decoded;
     return absl::OkStatus();
   }
-  return Write(o.out_path, decoded, "text file");
+  return WriteWholeFile(o.out_path, decoded, "text file");
 }
 
 // The usage error of `o`, or "" when the arguments fit the action.
@@ -181,7 +166,7 @@ int ExecSentencePiece(const TokensCommandOptions& o, std::ostream& err) {
 }
 
 absl::StatusOr<text::CharVocabulary> ReadVocabularyFile(const std::string& path) {
-  ASSIGN_OR_RETURN(std::string json, ReadWhole(path, "the vocabulary"));
+  ASSIGN_OR_RETURN(std::string json, ReadWholeFile(path, "the vocabulary"));
   return text::CharVocabulary::Parse(json, path);
 }
 

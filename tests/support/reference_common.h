@@ -95,4 +95,31 @@ void TrainDecoderOnSyntheticTokens(const Config& c, const std::vector<torch::Ten
   }
 }
 
+// Greedy decoding without a cache, for the decoders' references: each of the `n` tokens is the
+// argmax (the lowest index on ties; torch::argmax does not promise which) of `forward`'s logits
+// [1, T, vocab] at the last position of the context (prompt + tokens so far), or of its last
+// `window` tokens when it is longer (a sliding window).
+template <typename Forward>
+std::vector<int64_t> GreedyDecode(Forward&& forward, const std::vector<int64_t>& prompt, int n,
+                                  int64_t window) {
+  torch::NoGradGuard no_grad;
+  std::vector<int64_t> context = prompt, out;
+  for (int i = 0; i < n; ++i) {
+    const size_t from = context.size() > static_cast<size_t>(window)
+                            ? context.size() - static_cast<size_t>(window)
+                            : 0;
+    const std::vector<int64_t> last(context.begin() + from, context.end());
+    const torch::Tensor logits =
+        forward(torch::tensor(last, torch::kInt64).unsqueeze(0))[0][-1].contiguous();
+    const float* values = logits.data_ptr<float>();
+    int64_t best = 0;
+    for (int64_t v = 1; v < logits.size(0); ++v) {
+      if (values[v] > values[best]) best = v;
+    }
+    context.push_back(best);
+    out.push_back(best);
+  }
+  return out;
+}
+
 }  // namespace stagecoach::testing

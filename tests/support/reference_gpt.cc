@@ -94,23 +94,7 @@ std::vector<int64_t> GreedyGptReference(const GptReferenceConfig& config,
     if (!(c.tied && name == "head.weight")) c.initial[name] = value;
   }
   Gpt gpt(c);
-  torch::NoGradGuard no_grad;
-  std::vector<int64_t> context = prompt, out;
-  for (int i = 0; i < n; ++i) {
-    const size_t from = context.size() > static_cast<size_t>(c.seq) ? context.size() - c.seq : 0;
-    const std::vector<int64_t> window(context.begin() + from, context.end());
-    const torch::Tensor logits =
-        gpt.Forward(torch::tensor(window, torch::kInt64).unsqueeze(0))[0][-1];
-    // argmax, lowest index on ties (torch::argmax does not promise which).
-    const auto values = logits.contiguous().data_ptr<float>();
-    int64_t best = 0;
-    for (int64_t v = 1; v < c.vocab; ++v) {
-      if (values[v] > values[best]) best = v;
-    }
-    context.push_back(best);
-    out.push_back(best);
-  }
-  return out;
+  return GreedyDecode([&](const torch::Tensor& x) { return gpt.Forward(x); }, prompt, n, c.seq);
 }
 
 }  // namespace stagecoach::testing

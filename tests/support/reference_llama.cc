@@ -156,13 +156,23 @@ LlamaReferenceResult TrainLlamaReference(const LlamaReferenceConfig& c) {
   return result;
 }
 
+namespace {
+
+// The reference for inference with `params`: fp32, and a tied model's head is its embedding.
+std::pair<LlamaReferenceConfig, std::map<std::string, torch::Tensor>> ForInference(
+    const LlamaReferenceConfig& config, const std::map<std::string, torch::Tensor>& params) {
+  std::pair<LlamaReferenceConfig, std::map<std::string, torch::Tensor>> out{config, params};
+  out.first.bf16 = false;
+  if (out.first.tied) out.second.erase("head.weight");
+  return out;
+}
+
+}  // namespace
+
 torch::Tensor LlamaReferenceLogits(const LlamaReferenceConfig& config,
                                    const std::map<std::string, torch::Tensor>& params,
                                    const torch::Tensor& tokens) {
-  LlamaReferenceConfig c = config;
-  c.bf16 = false;
-  std::map<std::string, torch::Tensor> initial = params;
-  if (c.tied) initial.erase("head.weight");
+  const auto [c, initial] = ForInference(config, params);
   Llama llama(c, initial);
   torch::NoGradGuard no_grad;
   return llama.Forward(tokens);
@@ -172,29 +182,10 @@ std::vector<int64_t> GreedyLlamaReference(const LlamaReferenceConfig& config,
                                           const std::map<std::string, torch::Tensor>& params,
                                           const std::vector<int64_t>& prompt, int n,
                                           int64_t max_positions) {
-  LlamaReferenceConfig c = config;
-  c.bf16 = false;
-  std::map<std::string, torch::Tensor> initial = params;
-  if (c.tied) initial.erase("head.weight");
+  const auto [c, initial] = ForInference(config, params);
   Llama llama(c, initial);
-  torch::NoGradGuard no_grad;
-  std::vector<int64_t> context = prompt, out;
-  for (int i = 0; i < n; ++i) {
-    const size_t from = context.size() > static_cast<size_t>(max_positions)
-                            ? context.size() - static_cast<size_t>(max_positions)
-                            : 0;
-    const std::vector<int64_t> window(context.begin() + from, context.end());
-    const torch::Tensor logits =
-        llama.Forward(torch::tensor(window, torch::kInt64).unsqueeze(0))[0][-1].contiguous();
-    const float* values = logits.data_ptr<float>();
-    int64_t best = 0;
-    for (int64_t v = 1; v < c.vocab; ++v) {
-      if (values[v] > values[best]) best = v;
-    }
-    context.push_back(best);
-    out.push_back(best);
-  }
-  return out;
+  return GreedyDecode([&](const torch::Tensor& x) { return llama.Forward(x); }, prompt, n,
+                      max_positions);
 }
 
 }  // namespace stagecoach::testing

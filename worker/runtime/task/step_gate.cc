@@ -172,11 +172,13 @@ absl::Status StepGate::ValidateLocked(const Control& control, const ClientStep* 
   return absl::OkStatus();
 }
 
-absl::Status StepGate::CheckLocked(int64_t global_step, const Check& check) {
-  const int64_t version = version_;
-  checking_step_ = global_step;
+absl::Status StepGate::AtBoundaryLocked(int64_t step, const std::function<bool()>& may_run,
+                                        const Check& work, const std::string& for_what,
+                                        bool* ran) {
+  *ran = false;
+  checking_step_ = step;
   // The task's thread may still be finishing the previous step (its checkpoint, its report):
-  // the check runs once it is back in Next, where it starts nothing until the check ends.
+  // the work runs once it is back in Next, where it starts nothing until the work ends.
   auto back = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return in_next_ || finishing_ || stop_reason_.has_value();
   };
@@ -184,14 +186,26 @@ absl::Status StepGate::CheckLocked(int64_t global_step, const Check& check) {
   if (!mu_.AwaitWithTimeout(absl::Condition(&back), options_.check_timeout)) {
     status = absl::DeadlineExceededError(
         absl::StrCat(Who(), ": the task did not come back to its step boundary within ",
-                     absl::FormatDuration(options_.check_timeout),
-                     " to check the client step at step ", global_step));
-  } else if (version_ == version && !finishing_) {
+                     absl::FormatDuration(options_.check_timeout), " ", for_what));
+  } else if (may_run()) {
     mu_.Unlock();
-    status = check();
+    status = work();
     mu_.Lock();
+    *ran = true;
   }
   checking_step_.reset();
+  return status;
+}
+
+absl::Status StepGate::CheckLocked(int64_t global_step, const Check& check) {
+  const int64_t version = version_;
+  bool ran = false;
+  absl::Status status = AtBoundaryLocked(
+      global_step,
+      [this, version]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return version_ == version && !finishing_;
+      },
+      check, absl::StrCat("to check the client step at step ", global_step), &ran);
   if (status.ok() && (version_ != version || finishing_ || stop_reason_.has_value())) {
     status = absl::FailedPreconditionError(absl::StrCat(
         Who(), ": the task moved (a ControlTask, a stop or its end) while the client step at step ",
@@ -238,25 +252,17 @@ absl::Status StepGate::RunHeld(const Check& work, const std::string& what) {
                            executing_ ? ", a step running" : "",
                            pending_client_.has_value() ? ", a client step pending" : "")));
   }
-  // As a client step's check: Next starts nothing while checking_step_ is set.
-  checking_step_ = steps_done_;
-  auto back = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return in_next_ || finishing_ || stop_reason_.has_value();
-  };
-  absl::Status status;
-  if (!mu_.AwaitWithTimeout(absl::Condition(&back), options_.check_timeout)) {
-    status = absl::DeadlineExceededError(
-        absl::StrCat(Who(), ": the task did not come back to its step boundary within ",
-                     absl::FormatDuration(options_.check_timeout), " for ", what));
-  } else if (finishing_ || stop_reason_.has_value()) {
-    status = absl::FailedPreconditionError(absl::StrCat(Who(), ": the task is ending; ", what,
-                                                        " did not run"));
-  } else {
-    mu_.Unlock();
-    status = work();
-    mu_.Lock();
+  bool ran = false;
+  absl::Status status = AtBoundaryLocked(
+      steps_done_,
+      [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !finishing_ && !stop_reason_.has_value();
+      },
+      work, absl::StrCat("for ", what), &ran);
+  if (status.ok() && !ran) {
+    status = absl::FailedPreconditionError(
+        absl::StrCat(Who(), ": the task is ending; ", what, " did not run"));
   }
-  checking_step_.reset();
   return status;
 }
 

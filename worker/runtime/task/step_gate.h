@@ -179,6 +179,13 @@ class StepGate {
   // Apply's checks of the gate's state (the order of the errors is the contract's).
   absl::Status ValidateLocked(const Control& control, const ClientStep* client) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks `step` as checked (Next starts nothing meanwhile), waits up to check_timeout for the
+  // task's thread to be back in Next (or ending), then runs `work` without the lock if
+  // `may_run` (called under it) still holds, and sets *ran. DEADLINE_EXCEEDED ending with
+  // `for_what` on the timeout; else `work`'s result (OK when it did not run).
+  absl::Status AtBoundaryLocked(int64_t step, const std::function<bool()>& may_run,
+                                const Check& work, const std::string& for_what, bool* ran)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs `check` without the lock once the task's thread waits in Next; FAILED_PRECONDITION
   // when the gate moved meanwhile.
   absl::Status CheckLocked(int64_t global_step, const Check& check)

@@ -28,6 +28,7 @@
 #include "absl/strings/str_join.h"
 #include "bench/bench_support.h"
 #include "bench/cluster_runs.h"
+#include "bench/llama_sizes.h"
 #include "common/spec/spec_parser.h"
 #include "tests/support/local_cluster.h"
 #include "worker/model/layer_chain.h"
@@ -38,16 +39,14 @@ namespace sc = stagecoach;
 namespace {
 
 struct Options {
-  int hidden = 512, intermediate = 1408, layers = 8, heads = 8, kv_heads = 4, vocab = 8000;
+  sc::bench::LlamaSizes model{512, 1408, 8, 8, 4, 8000};
   int new_tokens = 16;
   std::vector<int> contexts = {128, 1024};
   bool pipeline = true;
 };
 
 std::string Builtin(const Options& o) {
-  return absl::StrCat("{family: llama, vocab_size: ", o.vocab, ", hidden_size: ", o.hidden,
-                      ", intermediate_size: ", o.intermediate, ", num_hidden_layers: ", o.layers,
-                      ", num_attention_heads: ", o.heads, ", num_key_value_heads: ", o.kv_heads,
+  return absl::StrCat("{", sc::bench::LlamaKeys(o.model),
                       ", max_position_embeddings: 2048, seq: 2048, seed: 1}");
 }
 
@@ -131,12 +130,7 @@ void Row(const char* how, int context, double per_token, double prefill, double 
 int main(int argc, char** argv) {
   CLI::App app{"Generation tokens per second of the built-in Llama with and without the cache"};
   Options o;
-  app.add_option("--hidden", o.hidden, "hidden_size");
-  app.add_option("--intermediate", o.intermediate, "intermediate_size");
-  app.add_option("--layers", o.layers, "num_hidden_layers");
-  app.add_option("--heads", o.heads, "num_attention_heads");
-  app.add_option("--kv-heads", o.kv_heads, "num_key_value_heads");
-  app.add_option("--vocab", o.vocab, "vocab_size");
+  sc::bench::AddLlamaSizeOptions(app, o.model);
   app.add_option("--new-tokens", o.new_tokens, "tokens generated per measurement");
   app.add_option("--contexts", o.contexts, "context lengths (prompt tokens)")->delimiter(',');
   app.add_flag("!--no-pipeline", o.pipeline, "skip the job on two workers");
@@ -145,7 +139,7 @@ int main(int argc, char** argv) {
   torch::set_num_threads(cores);
   const sc::spec::JobSpec spec = sc::bench::Value("the spec", sc::spec::ParseJobSpec(Spec(o)));
   auto model =
-      sc::bench::Value("the model", sc::model::BuildLlamaStage(*spec.model.builtin, 0, o.layers + 3));
+      sc::bench::Value("the model", sc::model::BuildLlamaStage(*spec.model.builtin, 0, o.model.layers + 3));
   auto* chain = dynamic_cast<sc::model::LayerChainStage*>(model.get());
   std::printf("llama %s: %.1fM parameters; greedy, %d new tokens per measurement (median "
               "seconds per token), one row, fp32, %d cores\n\n",
@@ -171,7 +165,7 @@ int main(int argc, char** argv) {
               "PREFILL s", "x UNCACHED");
   for (int context : o.contexts) {
     std::vector<int64_t> prompt(context);
-    for (int i = 0; i < context; ++i) prompt[i] = (i * 7919) % o.vocab;
+    for (int i = 0; i < context; ++i) prompt[i] = (i * 7919) % o.model.vocab;
     const Timing plain = Uncached(*model, prompt, o.new_tokens);
     const Timing cached = Cached(*chain, prompt, o.new_tokens);
     Row("uncached", context, plain.per_token, 0, 0);

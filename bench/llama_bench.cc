@@ -24,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/bench_support.h"
 #include "bench/cluster_runs.h"
+#include "bench/llama_sizes.h"
 #include "common/spec/spec_parser.h"
 #include "nlohmann/json.hpp"
 #include "tests/support/local_cluster.h"
@@ -36,15 +37,12 @@ using json = nlohmann::json;
 namespace {
 
 struct Options {
-  int hidden = 768, intermediate = 2048, layers = 12, heads = 12, kv_heads = 4, vocab = 16000;
+  sc::bench::LlamaSizes model{768, 2048, 12, 12, 4, 16000};
   int seq = 128, batch = 4, microbatches = 2, steps = 4, warmup = 1;
 };
 
 std::string Builtin(const Options& o) {
-  return absl::StrCat("{family: llama, vocab_size: ", o.vocab, ", hidden_size: ", o.hidden,
-                      ", intermediate_size: ", o.intermediate, ", num_hidden_layers: ", o.layers,
-                      ", num_attention_heads: ", o.heads, ", num_key_value_heads: ", o.kv_heads,
-                      ", seq: ", o.seq, ", seed: 1}");
+  return absl::StrCat("{", sc::bench::LlamaKeys(o.model), ", seq: ", o.seq, ", seed: 1}");
 }
 
 std::string Spec(const Options& o, int workers, bool bf16) {
@@ -81,13 +79,13 @@ double PlainStepSeconds(const Options& o, bool bf16) {
   const sc::spec::JobSpec spec =
       sc::bench::Value("the spec", sc::spec::ParseJobSpec(Spec(o, 1, bf16)));
   auto model = sc::bench::Value(
-      "the model", sc::model::BuildLlamaStage(*spec.model.builtin, 0, o.layers + 3));
+      "the model", sc::model::BuildLlamaStage(*spec.model.builtin, 0, o.model.layers + 3));
   torch::optim::AdamW optimizer(model->Parameters(), torch::optim::AdamWOptions(3e-4));
   const sc::model::Precision precision =
       bf16 ? sc::model::Precision::kBf16 : sc::model::Precision::kFp32;
   std::vector<double> seconds;
   for (int step = 0; step < o.steps; ++step) {
-    const torch::Tensor tokens = torch::randint(0, o.vocab, {o.batch, o.seq + 1}, torch::kInt64);
+    const torch::Tensor tokens = torch::randint(0, o.model.vocab, {o.batch, o.seq + 1}, torch::kInt64);
     const auto start = std::chrono::steady_clock::now();
     optimizer.zero_grad();
     const auto xs = torch::tensor_split(tokens.slice(1, 0, o.seq), o.microbatches, 0);
@@ -99,7 +97,7 @@ double PlainStepSeconds(const Options& o, bool bf16) {
         logits = model->Forward(xs[mb]);
       }
       const torch::Tensor loss = torch::nn::functional::cross_entropy(
-          sc::model::ToFloat32(logits).reshape({-1, o.vocab}), ys[mb].reshape(-1));
+          sc::model::ToFloat32(logits).reshape({-1, o.model.vocab}), ys[mb].reshape(-1));
       (loss / o.microbatches).backward();
     }
     optimizer.step();
@@ -114,12 +112,7 @@ double PlainStepSeconds(const Options& o, bool bf16) {
 int main(int argc, char** argv) {
   CLI::App app{"Training tokens per second of the built-in Llama: plain LibTorch against jobs"};
   Options o;
-  app.add_option("--hidden", o.hidden, "hidden_size");
-  app.add_option("--intermediate", o.intermediate, "intermediate_size");
-  app.add_option("--layers", o.layers, "num_hidden_layers");
-  app.add_option("--heads", o.heads, "num_attention_heads");
-  app.add_option("--kv-heads", o.kv_heads, "num_key_value_heads");
-  app.add_option("--vocab", o.vocab, "vocab_size");
+  sc::bench::AddLlamaSizeOptions(app, o.model);
   app.add_option("--seq", o.seq, "tokens per row");
   app.add_option("--batch", o.batch, "rows per step");
   app.add_option("--microbatches", o.microbatches, "microbatches per step");

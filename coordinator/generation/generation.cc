@@ -16,6 +16,7 @@
 #include "common/spec/spec_overrides.h"
 #include "common/spec/hf_model_spec.h"
 #include "common/spec/spec_parser.h"
+#include "common/util/logging.h"
 #include "common/util/status_macros.h"
 #include "coordinator/generation/pipeline_decoder.h"
 #include "coordinator/generation/token_sampler.h"
@@ -278,6 +279,8 @@ absl::Status Generation::Generate(const v1::GenerateRequest& request, absl::Dura
       }
       if (!emit(message)) return absl::CancelledError("the caller of Generate went away");
     }
+    spdlog::info("generate on {}: {} tokens for each of {} rows; the stages' caches held {} bytes",
+                 target.job_id, request.tokens(), rows.size(), decoder.cache_bytes());
   }
   ending = absl::StrCat("generate: done, ", request.tokens(), " tokens from job ", job.id());
   return absl::OkStatus();

@@ -103,7 +103,8 @@ class Attention : public torch::nn::Module {
     torch::Tensor v = split_heads(qkv[2]);
     torch::Tensor hidden;
     if (kv != nullptr) {
-      std::tie(k, v, hidden) = kv->Append(k, v, *at);
+      std::tie(k, v) = kv->Append(k, v, *at);
+      hidden = at->hidden;
     } else {
       hidden = torch::ones({t, t}, torch::TensorOptions(torch::kBool).device(x.device())).triu(1);
     }

@@ -17,6 +17,11 @@ DecodePositions DecodePositions::Make(std::vector<int64_t> rows, std::vector<int
   at.positions = (torch::tensor(starts, torch::kInt64).view({n, 1}) +
                   torch::arange(t, torch::kInt64).view({1, t}))
                      .to(device);
+  at.length = *std::max_element(starts.begin(), starts.end()) + t;
+  const torch::Tensor key_positions =
+      torch::arange(at.length, torch::TensorOptions(torch::kInt64).device(device))
+          .view({1, 1, 1, at.length});
+  at.hidden = key_positions > at.positions.view({n, 1, t, 1});
   at.starts = std::move(starts);
   at.session_rows = session_rows;
   at.max_positions = max_positions;
@@ -41,22 +46,17 @@ void LayerKv::Reserve(const torch::Tensor& like, int64_t needed, const DecodePos
   values_ = std::move(values);
 }
 
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> LayerKv::Append(
-    const torch::Tensor& k, const torch::Tensor& v, const DecodePositions& at) {
+std::pair<torch::Tensor, torch::Tensor> LayerKv::Append(const torch::Tensor& k,
+                                                        const torch::Tensor& v,
+                                                        const DecodePositions& at) {
   const int64_t n = k.size(0), t = k.size(2);
-  const int64_t length = *std::max_element(at.starts.begin(), at.starts.end()) + t;
-  Reserve(k, length, at);
+  Reserve(k, at.length, at);
   for (int64_t j = 0; j < n; ++j) {
     keys_[at.row_ids[j]].slice(1, at.starts[j], at.starts[j] + t).copy_(k[j]);
     values_[at.row_ids[j]].slice(1, at.starts[j], at.starts[j] + t).copy_(v[j]);
   }
-  torch::Tensor keys = keys_.index_select(0, at.rows).slice(2, 0, length);
-  torch::Tensor values = values_.index_select(0, at.rows).slice(2, 0, length);
-  const torch::Tensor key_positions =
-      torch::arange(length, torch::TensorOptions(torch::kInt64).device(k.device()))
-          .view({1, 1, 1, length});
-  const torch::Tensor mask = key_positions > at.positions.view({n, 1, t, 1});
-  return {std::move(keys), std::move(values), mask};
+  return {keys_.index_select(0, at.rows).slice(2, 0, at.length),
+          values_.index_select(0, at.rows).slice(2, 0, at.length)};
 }
 
 int64_t LayerKv::bytes() const {

@@ -18,7 +18,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
-#include <tuple>
+#include <utility>
 #include <vector>
 
 namespace stagecoach::model {
@@ -34,6 +34,11 @@ struct DecodePositions {
   std::vector<int64_t> starts;
   // int64 [n, T]: the absolute position of every input, starts[j] + i.
   torch::Tensor positions;
+  // Positions every layer attends over: the largest start + T.
+  int64_t length = 0;
+  // bool [n, 1, T, length]: true where a key must not be attended to (after the query's
+  // position, or beyond what the row holds); the same for every attention layer of the step.
+  torch::Tensor hidden;
   int64_t session_rows = 1;
   int64_t max_positions = 1;
 
@@ -47,12 +52,10 @@ struct DecodePositions {
 class LayerKv {
  public:
   // Stores `k` and `v` [n, kv_heads, T, head_dim] at `at`'s rows and positions; returns every
-  // position [0, L) of those rows' keys and values [n, kv_heads, L, head_dim] (L = the largest
-  // start + T) and the boolean mask [n, 1, T, L] that is true where a key must not be attended
-  // to (after the query's position, or beyond what the row holds).
-  std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> Append(const torch::Tensor& k,
-                                                                 const torch::Tensor& v,
-                                                                 const DecodePositions& at);
+  // position [0, at.length) of those rows' keys and values [n, kv_heads, at.length, head_dim]
+  // (attend to them under at.hidden).
+  std::pair<torch::Tensor, torch::Tensor> Append(const torch::Tensor& k, const torch::Tensor& v,
+                                                 const DecodePositions& at);
   int64_t bytes() const;
 
  private:

@@ -161,7 +161,8 @@ class Attention : public torch::nn::Module {
     k = Rotate(k, cos, sin);
     torch::Tensor hidden;
     if (kv != nullptr) {
-      std::tie(k, v, hidden) = kv->Append(k, v, *at);
+      std::tie(k, v) = kv->Append(k, v, *at);
+      hidden = at->hidden;
     } else {
       hidden = torch::ones({t, t}, torch::TensorOptions(torch::kBool).device(x.device())).triu(1);
     }

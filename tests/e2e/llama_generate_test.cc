@@ -8,21 +8,25 @@
 //   qwen3  per-head q/k RMSNorm, q/k/v biases off, tied embeddings across ranks, 1F1B on 2
 //          workers, a paused job's current weights (step 0), which then trains on: decoding
 //          leaves its timeline and its task's step gate as they were.
-// A prompt outside the vocabulary is refused, naming the token.
+// A prompt outside the vocabulary, both kinds of prompt, an empty row, too many rows, ids that
+// are not integers and text without a tokenizer are refused, naming the field.
 #include <torch/torch.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/support/job_predicates.h"
 #include "tests/support/local_cluster.h"
 #include "tests/support/reference_llama.h"
 #include "tests/support/stage_files.h"
+#include "stagecoach/v1/generation.grpc.pb.h"
 
 namespace stagecoach::testing::llama_generate_test {
 namespace {
@@ -106,10 +110,64 @@ class LlamaGenerateTest : public ::testing::Test {
     return cluster_->SubmitAndWait(spec, paused, state, absl::Seconds(180));
   }
 
+  // The error of a Generate call on the coordinator (plaintext, as the test cluster's).
+  static grpc::Status GenerateError(const v1::GenerateRequest& request);
+  // Requests the coordinator and stagectl refuse before anything runs, naming the field.
+  static void ExpectRefusals(const std::string& job);
+
   static LocalCluster* cluster_;
 };
 
 LocalCluster* LlamaGenerateTest::cluster_ = nullptr;
+
+grpc::Status LlamaGenerateTest::GenerateError(const v1::GenerateRequest& request) {
+  auto stub = v1::GenerationService::NewStub(grpc::CreateChannel(
+      cluster_->coordinator_address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto reader = stub->Generate(&ctx, request);
+  v1::GenerateResponse message;
+  while (reader->Read(&message)) {
+  }
+  return reader->Finish();
+}
+
+void LlamaGenerateTest::ExpectRefusals(const std::string& job) {
+  v1::GenerateRequest both;
+  both.set_job_id(job);
+  both.set_tokens(4);
+  both.add_prompt(1);
+  both.add_prompts()->add_ids(2);
+  grpc::Status status = GenerateError(both);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("prompt, prompts: give one of them, not both"));
+
+  v1::GenerateRequest empty_row;
+  empty_row.set_job_id(job);
+  empty_row.set_tokens(4);
+  empty_row.add_prompts()->add_ids(2);
+  empty_row.add_prompts();
+  status = GenerateError(empty_row);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("prompts[1]: needs at least one token"));
+
+  v1::GenerateRequest too_many;
+  too_many.set_job_id(job);
+  too_many.set_tokens(4);
+  for (int r = 0; r < 65; ++r) too_many.add_prompts()->add_ids(1);
+  status = GenerateError(too_many);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("prompts: at most 64 rows, got 65"));
+
+  CommandResult bad_ids =
+      cluster_->Stagectl({"generate", job, "--prompt-ids", "1 two 3", "--tokens", "2"});
+  EXPECT_EQ(bad_ids.exit_code, 2);
+  EXPECT_THAT(bad_ids.err, HasSubstr("--prompt-ids: 'two' is not a token id"));
+  CommandResult no_tokenizer =
+      cluster_->Stagectl({"generate", job, "--prompt", "hello", "--tokens", "2"});
+  EXPECT_EQ(no_tokenizer.exit_code, 2);
+  EXPECT_THAT(no_tokenizer.err, HasSubstr("--prompt needs a tokenizer"));
+}
 
 TEST_F(LlamaGenerateTest, CachedGreedyOfRaggedPromptsEqualsTheReferencePastMaxPositions) {
   const std::string ckpt = cluster_->dir() + "/ckpt-llama";
@@ -147,6 +205,7 @@ TEST_F(LlamaGenerateTest, CachedGreedyOfRaggedPromptsEqualsTheReferencePastMaxPo
   const CommandResult outside = Run(done->id(), {{1, 40}});
   EXPECT_EQ(outside.exit_code, 1);
   EXPECT_THAT(outside.err, HasSubstr("prompt: token 1 is 40, outside the model's vocabulary"));
+  ExpectRefusals(done->id());
 }
 
 TEST_F(LlamaGenerateTest, APausedQwen3DecodesItsCurrentWeightsAndTrainsOnAfterwards) {

@@ -8,15 +8,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "common/util/checked_math.h"
 
 namespace stagecoach::spec {
 namespace {
-
-// a * b + c, or false when it does not fit.
-bool MulAdd(int64_t a, int64_t b, int64_t c, int64_t* out) {
-  int64_t product = 0;
-  return !__builtin_mul_overflow(a, b, &product) && !__builtin_add_overflow(product, c, out);
-}
 
 // The prefix of a decoder's block names.
 const char* BlockPrefix(const BuiltinModel& model) {
@@ -41,17 +36,17 @@ absl::Status Overflow(const std::string& what) {
 absl::StatusOr<int64_t> LlamaLayerParameters(const hf::DecoderConfig& c) {
   const int64_t h = c.hidden_size;
   int64_t q = 0, kv = 0, attn = 0, mlp = 0, layer = 0;
-  bool ok = MulAdd(c.num_attention_heads, c.head_dim, 0, &q) &&
-            MulAdd(c.num_key_value_heads, c.head_dim, 0, &kv) &&
-            MulAdd(2, kv, q, &attn) &&           // q, k, v outputs
-            MulAdd(attn, h, 0, &attn) &&         // q, k, v weights
-            MulAdd(q, h, attn, &attn) &&         // o weight
-            MulAdd(3 * h, c.intermediate_size, 0, &mlp) &&
-            !__builtin_add_overflow(attn, mlp, &layer) && MulAdd(2, h, layer, &layer);
-  if (ok && c.qkv_bias) ok = MulAdd(2, kv, q, &q) && !__builtin_add_overflow(layer, q, &layer);
+  bool ok = CheckedMulAdd(c.num_attention_heads, c.head_dim, 0, &q) &&
+            CheckedMulAdd(c.num_key_value_heads, c.head_dim, 0, &kv) &&
+            CheckedMulAdd(2, kv, q, &attn) &&           // q, k, v outputs
+            CheckedMulAdd(attn, h, 0, &attn) &&         // q, k, v weights
+            CheckedMulAdd(q, h, attn, &attn) &&         // o weight
+            CheckedMulAdd(3 * h, c.intermediate_size, 0, &mlp) &&
+            !__builtin_add_overflow(attn, mlp, &layer) && CheckedMulAdd(2, h, layer, &layer);
+  if (ok && c.qkv_bias) ok = CheckedMulAdd(2, kv, q, &q) && !__builtin_add_overflow(layer, q, &layer);
   if (ok && c.o_bias) ok = !__builtin_add_overflow(layer, h, &layer);
-  if (ok && c.mlp_bias) ok = MulAdd(2, c.intermediate_size, h + layer, &layer);
-  if (ok && c.qk_norm) ok = MulAdd(2, c.head_dim, layer, &layer);
+  if (ok && c.mlp_bias) ok = CheckedMulAdd(2, c.intermediate_size, h + layer, &layer);
+  if (ok && c.qk_norm) ok = CheckedMulAdd(2, c.head_dim, layer, &layer);
   if (!ok) return Overflow("a decoder layer");
   return layer;
 }
@@ -132,7 +127,7 @@ absl::StatusOr<std::vector<int64_t>> BuiltinLayerParameterCounts(const BuiltinMo
   if (model.family == "mlp") {
     for (size_t i = 0; i + 1 < model.sizes.size(); ++i) {
       int64_t n = 0;  // weight and bias
-      if (!MulAdd(model.sizes[i], model.sizes[i + 1], model.sizes[i + 1], &n)) {
+      if (!CheckedMulAdd(model.sizes[i], model.sizes[i + 1], model.sizes[i + 1], &n)) {
         return Overflow(absl::StrCat("layer ", i));
       }
       out.push_back(n);
@@ -141,26 +136,26 @@ absl::StatusOr<std::vector<int64_t>> BuiltinLayerParameterCounts(const BuiltinMo
     const int64_t d = model.d_model;
     int64_t tokens = 0, embed = 0, d2 = 0, block = 0, head = 0;
     // embed: token and position tables.
-    if (!MulAdd(model.vocab, d, 0, &tokens) || !MulAdd(model.seq, d, tokens, &embed)) {
+    if (!CheckedMulAdd(model.vocab, d, 0, &tokens) || !CheckedMulAdd(model.seq, d, tokens, &embed)) {
       return Overflow("embed");
     }
     out.push_back(embed);
     // A block: ln1 (2d), attn.qkv (3d*d + 3d), attn.proj (d*d + d), ln2 (2d), mlp.fc
     // (4d*d + 4d), mlp.proj (4d*d + d).
     int64_t thirteen_d = 0;
-    if (!MulAdd(d, d, 0, &d2) || !MulAdd(13, d, 0, &thirteen_d) ||
-        !MulAdd(12, d2, thirteen_d, &block)) {
+    if (!CheckedMulAdd(d, d, 0, &d2) || !CheckedMulAdd(13, d, 0, &thirteen_d) ||
+        !CheckedMulAdd(12, d2, thirteen_d, &block)) {
       return Overflow("a block");
     }
     // The layer count is checked against max_layers before anything sized by it is built.
     if (model.layers > 0) out.insert(out.end(), static_cast<size_t>(model.layers), block);
     out.push_back(2 * d);  // norm (d <= 2^31 by the parser)
-    if (!MulAdd(d, model.vocab, 0, &head)) return Overflow("head");
+    if (!CheckedMulAdd(d, model.vocab, 0, &head)) return Overflow("head");
     out.push_back(head);  // no bias
   } else if (model.family == "llama" && model.decoder.has_value()) {
     const hf::DecoderConfig& c = *model.decoder;
     int64_t table = 0;
-    if (!MulAdd(c.vocab_size, c.hidden_size, 0, &table)) return Overflow("embed");
+    if (!CheckedMulAdd(c.vocab_size, c.hidden_size, 0, &table)) return Overflow("embed");
     absl::StatusOr<int64_t> layer = LlamaLayerParameters(c);
     if (!layer.ok()) return layer.status();
     out.push_back(table);

@@ -6,15 +6,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/spec/spec_parser.h"
+#include "common/util/checked_math.h"
 
 namespace stagecoach::spec {
 namespace {
-
-// a * b + c, or false when it does not fit.
-bool MulAdd(int64_t a, int64_t b, int64_t c, int64_t* out) {
-  int64_t product = 0;
-  return !__builtin_mul_overflow(a, b, &product) && !__builtin_add_overflow(product, c, out);
-}
 
 class LimitChecker {
  public:
@@ -114,7 +109,7 @@ absl::Status CheckSpecLimits(const JobSpec& spec, const SpecLimits& limits) {
   check.Check("data.seq", spec.data.seq, &SpecLimits::max_dimension);
   if (spec.eval.has_value()) {
     int64_t rows = 0;
-    if (!MulAdd(spec.eval->batches, spec.training.batch_size, 0, &rows)) rows = INT64_MAX;
+    if (!CheckedMulAdd(spec.eval->batches, spec.training.batch_size, 0, &rows)) rows = INT64_MAX;
     check.Check("eval.batches x training.batch_size", rows, &SpecLimits::max_batch_size);
   }
   if (spec.model.builtin.has_value() && layers_ok) {

@@ -31,9 +31,6 @@ absl::Status CheckDualPipeVConfig(const ScheduleConfig& config) {
   return absl::OkStatus();
 }
 
-// The two stages of a rank, by their position in the V.
-enum Chunk { kDown = 0, kUp = 1 };
-
 // Appends one rank's actions. Each stage numbers its forwards and its backwards (B or I)
 // separately, in order; every I queues its W, and Ws are emitted oldest first.
 class DualPipeVRankWriter {
@@ -41,10 +38,10 @@ class DualPipeVRankWriter {
   DualPipeVRankWriter(int down_stage, int up_stage, RankActions& out)
       : stages_{down_stage, up_stage}, out_(out) {}
 
-  void Forward(Chunk chunk) { out_.push_back(NextForward(chunk)); }
+  void Forward(VChunk chunk) { out_.push_back(NextForward(chunk)); }
 
   // A full backward (B), or with `split` only its input half (I), whose W is queued.
-  void Backward(Chunk chunk, bool split) {
+  void Backward(VChunk chunk, bool split) {
     if (!split) {
       out_.push_back(NextFullBackward(chunk));
       return;
@@ -56,7 +53,7 @@ class DualPipeVRankWriter {
 
   // The next forward of `forward_chunk` overlapped with the next full backward of
   // `backward_chunk`.
-  void OverlappedForwardBackward(Chunk forward_chunk, Chunk backward_chunk) {
+  void OverlappedForwardBackward(VChunk forward_chunk, VChunk backward_chunk) {
     Action forward = NextForward(forward_chunk);
     Action backward = NextFullBackward(backward_chunk);
     out_.push_back(Action{-1, ActionType::kOverlapFB, std::nullopt, {forward, backward}});
@@ -71,10 +68,10 @@ class DualPipeVRankWriter {
   }
 
  private:
-  Action NextForward(Chunk chunk) {
+  Action NextForward(VChunk chunk) {
     return Action::Make(stages_[chunk], ActionType::kForward, next_forward_[chunk]++);
   }
-  Action NextFullBackward(Chunk chunk) {
+  Action NextFullBackward(VChunk chunk) {
     return Action::Make(stages_[chunk], ActionType::kFullBackward, next_backward_[chunk]++);
   }
 

@@ -33,6 +33,9 @@ absl::StatusOr<PipelineOrder> GenerateDualPipeV(const ScheduleConfig& config);
 absl::StatusOr<PipelineOrder> GenerateVHalf(const ScheduleConfig& config);
 absl::StatusOr<PipelineOrder> GenerateVMin(const ScheduleConfig& config);
 
+// The two stages of a rank in a V schedule (ZBV, DualPipeV), by their position in the V.
+enum VChunk { kDown = 0, kUp = 1 };
+
 // Appends `count` idle slots to `actions`.
 inline void AppendIdle(RankActions& actions, int count) {
   for (int i = 0; i < count; ++i) actions.push_back(std::nullopt);

@@ -22,9 +22,6 @@ absl::Status CheckTwoStagesPerRank(const ScheduleConfig& config) {
   return absl::OkStatus();
 }
 
-// The two stages of a rank, by their position in the V.
-enum Chunk { kDown = 0, kUp = 1 };
-
 // Appends one rank's actions, numbering the microbatches of each (chunk, type) in order. The
 // caller lays the rank out for at least 2*ranks-1 microbatches (enough to fill the pipeline); an
 // action on a microbatch >= `num_microbatches` becomes an idle slot, which keeps the timing of the
@@ -35,21 +32,21 @@ class ZbvRankWriter {
   ZbvRankWriter(int down_stage, int up_stage, int num_microbatches, RankActions& out)
       : stages_{down_stage, up_stage}, num_microbatches_(num_microbatches), out_(out) {}
 
-  void Forward(Chunk chunk) { Emit(chunk, ActionType::kForward, next_forward_[chunk]++); }
-  void Input(Chunk chunk) { Emit(chunk, ActionType::kBackwardInput, next_input_[chunk]++); }
-  void Weight(Chunk chunk) { Emit(chunk, ActionType::kBackwardWeight, next_weight_[chunk]++); }
+  void Forward(VChunk chunk) { Emit(chunk, ActionType::kForward, next_forward_[chunk]++); }
+  void Input(VChunk chunk) { Emit(chunk, ActionType::kBackwardInput, next_input_[chunk]++); }
+  void Weight(VChunk chunk) { Emit(chunk, ActionType::kBackwardWeight, next_weight_[chunk]++); }
 
   // Input then Weight of the same microbatch: a full backward with nothing in between.
-  void InputAndWeight(Chunk chunk) {
+  void InputAndWeight(VChunk chunk) {
     Input(chunk);
     Weight(chunk);
   }
 
-  int forwards(Chunk chunk) const { return next_forward_[chunk]; }
-  bool HasPendingWeight(Chunk chunk) const { return next_weight_[chunk] < next_input_[chunk]; }
+  int forwards(VChunk chunk) const { return next_forward_[chunk]; }
+  bool HasPendingWeight(VChunk chunk) const { return next_weight_[chunk] < next_input_[chunk]; }
 
  private:
-  void Emit(Chunk chunk, ActionType type, int microbatch) {
+  void Emit(VChunk chunk, ActionType type, int microbatch) {
     if (microbatch >= num_microbatches_) {
       out_.push_back(std::nullopt);
     } else {

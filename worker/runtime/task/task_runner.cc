@@ -100,8 +100,8 @@ TaskRunner::TaskRunner(v1::TaskAssignment task, TaskRunnerDeps deps)
     : task_(std::move(task)),
       deps_(std::move(deps)),
       gate_(GateOptions(task_)),
-      store_(std::make_unique<CancellableStore>(deps_.store)),
-      decode_sessions_(std::make_unique<DecodeSessions>()) {}
+      decode_sessions_(std::make_unique<DecodeSessions>()),
+      store_(std::make_unique<CancellableStore>(deps_.store)) {}
 
 TaskRunner::~TaskRunner() = default;
 

@@ -76,7 +76,15 @@ class StageModel {
   // stable order.
   virtual std::vector<std::pair<std::string, torch::Tensor>> NamedParameters() = 0;
 
-  // Moves the stage's parameters to `device`; call before handing them to an optimizer.
+  // The stage's buffers (state that is not a parameter: a BatchNorm's running_mean, running_var
+  // and num_batches_tracked, any tensor a user's module registers with register_buffer) with
+  // their names in the whole model, in a stable order. They are part of the stage's state:
+  // checkpointed, exported and restored with the parameters, and left untouched by the
+  // executor's shape probes. The built-in families have none.
+  virtual std::vector<std::pair<std::string, torch::Tensor>> NamedBuffers() { return {}; }
+
+  // Moves the stage's parameters and buffers to `device`; call before handing them to an
+  // optimizer.
   virtual void To(const torch::Device& device) = 0;
 
   // Puts the stage's layers in training (true) or evaluation mode (false), for layers whose

@@ -162,6 +162,22 @@ class TorchScriptStage : public StageModel {
     return out;
   }
 
+  std::vector<std::pair<std::string, torch::Tensor>> NamedBuffers() override {
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    for (const std::string& name : layers_) {
+      for (const auto& b : SubmoduleAt(root_, name).named_buffers(/*recurse=*/true)) {
+        out.emplace_back(Join(name, b.name), b.value);
+      }
+    }
+    for (const auto& b : root_.named_buffers(/*recurse=*/false)) {
+      if (std::find(top_level_tensors_.begin(), top_level_tensors_.end(), b.name) !=
+          top_level_tensors_.end()) {
+        out.emplace_back(b.name, b.value);
+      }
+    }
+    return out;
+  }
+
   void To(const torch::Device& device) override {
     for (const std::string& name : layers_) SubmoduleAt(root_, name).to(device);
     torch::NoGradGuard no_grad;

@@ -39,7 +39,9 @@
 // per microbatch from its inputs' and tells the ranks of their consumers, with whether each
 // value carries a gradient back (it requires grad); so every receive buffer has its exact shape
 // and dtype, every message is checked against them, and only differentiable values have
-// gradient messages.
+// gradient messages. A stage infers its shapes by running once on zeros (a probe) under
+// SideEffectGuard: its buffers (a BatchNorm's running statistics) and the random generator are as
+// before, so the first step starts from the model the user wrote.
 #pragma once
 
 #include <torch/types.h>

@@ -9,6 +9,7 @@
 #include "common/util/status_macros.h"
 #include "worker/runtime/executor/pipeline_executor.h"
 #include "worker/runtime/executor/pipeline_executor_state.h"
+#include "worker/runtime/executor/side_effect_guard.h"
 
 namespace stagecoach::runtime {
 
@@ -16,23 +17,6 @@ using executor_internal::EdgeKey;
 using executor_internal::GuardTorch;
 using executor_internal::Key;
 using executor_internal::MetaOf;
-
-namespace {
-
-// The state of `device`'s default random generator, and setting it.
-torch::Tensor RngState(const torch::Device& device) {
-  at::Generator gen = at::globalContext().defaultGenerator(device);
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
-}
-
-void SetRngState(const torch::Device& device, const torch::Tensor& state) {
-  at::Generator gen = at::globalContext().defaultGenerator(device);
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
-}
-
-}  // namespace
 
 std::vector<torch::Tensor> PipelineExecutor::RunStage(int s, const std::vector<torch::Tensor>& xs) {
   std::vector<torch::Tensor> ys;
@@ -137,15 +121,19 @@ absl::Status PipelineExecutor::Recompute(int s, int mb, const std::string& where
   }
   return GuardTorch(where, [&]() -> absl::Status {
     torch::AutoGradMode grad_mode(true);
-    // The forward's random state for the recomputation, then the generator's own again.
-    const torch::Tensor now = RngState(options_.device);
-    auto saved = st.rng_states.find(key);
-    if (saved != st.rng_states.end()) {
-      SetRngState(options_.device, saved->second);
-      st.rng_states.erase(saved);
+    std::vector<torch::Tensor> ys;
+    {
+      // The forward's random state for the recomputation; afterwards the generator's own again,
+      // and the stage's buffers as the forward left them (a BatchNorm updates its running
+      // statistics once per microbatch, not again when recomputed).
+      SideEffectGuard once(*stages_.at(s), options_.device);
+      auto saved = st.rng_states.find(key);
+      if (saved != st.rng_states.end()) {
+        SetRngState(options_.device, saved->second);
+        st.rng_states.erase(saved);
+      }
+      ys = RunStage(s, in->second);
     }
-    std::vector<torch::Tensor> ys = RunStage(s, in->second);
-    SetRngState(options_.device, now);
     if (s == options_.num_stages - 1) {
       st.losses[key] = ComputeLoss(options_.loss, ys[0], (*st.targets)[mb].to(options_.device));
     } else {

@@ -11,6 +11,7 @@
 #include "worker/runtime/executor/message_tags.h"
 #include "worker/runtime/executor/pipeline_executor.h"
 #include "worker/runtime/executor/pipeline_executor_state.h"
+#include "worker/runtime/executor/side_effect_guard.h"
 
 namespace stagecoach::runtime {
 namespace {
@@ -186,8 +187,10 @@ absl::Status PipelineExecutor::OutputMetas(int s, const std::vector<std::vector<
     }
     RETURN_IF_ERROR(
         GuardTorch(absl::StrCat(where, ", microbatch ", mb, from), [&]() -> absl::Status {
-          // Training probes record autograd, to learn which outputs carry a gradient back.
+          // Training probes record autograd, to learn which outputs carry a gradient back (the
+          // graph is dropped with the probe's values). The probe leaves no trace on the stage.
           torch::AutoGradMode grad_mode(!options_.forward_only);
+          SideEffectGuard no_trace(*stages_.at(s), options_.device);
           std::vector<torch::Tensor> probes;
           for (const TensorMeta& meta : in[mb]) {
             torch::Tensor t =

@@ -319,7 +319,7 @@ void BenchCheckpoint(const Options& o, md::TorchScriptModel& model) {
   {
     const std::string dir = MakeTempDir(parent);
     std::vector<stagecoach::v1::StageCheckpointFile> files =
-        Value("WriteStageCheckpoint", rt::WriteStageCheckpoint(dir, 1, 0, params, optimizer, 1));
+        Value("WriteStageCheckpoint", rt::WriteStageCheckpoint(dir, 1, 0, params, {}, optimizer, 1));
     std::vector<torch::Tensor> saved;
     {
       torch::NoGradGuard no_grad;
@@ -345,7 +345,7 @@ void BenchCheckpoint(const Options& o, md::TorchScriptModel& model) {
     const std::string dir = MakeTempDir(parent);
     Clock::time_point start = Clock::now();
     std::vector<stagecoach::v1::StageCheckpointFile> files =
-        Value("WriteStageCheckpoint", rt::WriteStageCheckpoint(dir, 1, 0, params, optimizer, 1));
+        Value("WriteStageCheckpoint", rt::WriteStageCheckpoint(dir, 1, 0, params, {}, optimizer, 1));
     const double w = MsSince(start);
     start = Clock::now();
     Check("RestoreStageCheckpoint", rt::RestoreStageCheckpoint(rt::CheckpointStepDir(dir, 1),

@@ -1,7 +1,8 @@
 // Stage checkpoints (worker/runtime/checkpoint/checkpoint.h): training resumed from a checkpoint
 // continues bit-identically to training that never stopped (AdamW, SGD with momentum, two stages
 // sharing one optimizer); one-entry and empty dicts round-trip; corrupt, truncated and mismatched
-// checkpoints are refused naming the file or parameter, without touching the parameters; an
+// checkpoints are refused naming the file, parameter or buffer, without touching the parameters;
+// buffers round-trip through the state file and the export; an
 // existing file is never overwritten; the export file loads into a PyTorch model.
 #include "worker/runtime/checkpoint/checkpoint.h"
 
@@ -95,8 +96,8 @@ class CheckpointTest : public ::testing::Test {
     TinyModel a(1);
     auto opt_a = make(a);
     for (int64_t k = 0; k < 3; ++k) a.Step(*opt_a, k);
-    auto f0 = WriteStageCheckpoint(dir_, 3, 0, a.stage0, *opt_a, 3);
-    auto f1 = WriteStageCheckpoint(dir_, 3, 1, a.stage1, *opt_a, 3);
+    auto f0 = WriteStageCheckpoint(dir_, 3, 0, a.stage0, {}, *opt_a, 3);
+    auto f1 = WriteStageCheckpoint(dir_, 3, 1, a.stage1, {}, *opt_a, 3);
     ASSERT_TRUE(f0.ok()) << f0.status();
     ASSERT_TRUE(f1.ok()) << f1.status();
     std::vector<double> losses_a;
@@ -119,6 +120,46 @@ class CheckpointTest : public ::testing::Test {
   const std::string dir_ = tmp_.path();
 };
 
+// A stage's buffers (a BatchNorm's running statistics and count) are in its training-state file
+// and its export, and come back on restore; a stage whose buffers the file does not hold, or holds
+// with another shape, is refused naming the buffer, before anything is changed.
+TEST_F(CheckpointTest, BuffersRoundTripAndMismatchesAreRefusedByName) {
+  TinyModel m(5);
+  auto opt = MakeSgd(m, 0.9);
+  m.Step(*opt, 0);
+  const NamedParams buffers = {{"0.running_mean", torch::randn({8})},
+                               {"0.num_batches_tracked", torch::tensor(7, torch::kInt64)}};
+  auto files = WriteStageCheckpoint(dir_, 1, 0, m.stage0, buffers, *opt, 1);
+  ASSERT_TRUE(files.ok()) << files.status();
+  const std::string step_dir = CheckpointStepDir(dir_, 1);
+
+  NamedParams restored = {{"0.running_mean", torch::zeros({8})},
+                          {"0.num_batches_tracked", torch::tensor(0, torch::kInt64)}};
+  ASSERT_TRUE(RestoreStageParameters(step_dir, (*files)[0], 0, m.stage0, restored).ok());
+  ExpectBitIdentical(restored, buffers);
+
+  const NamedParams renamed = {{"0.running_var", torch::zeros({8})},
+                               {"0.num_batches_tracked", torch::tensor(0, torch::kInt64)}};
+  absl::Status st = RestoreStageParameters(step_dir, (*files)[0], 0, m.stage0, renamed);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("buffer '0.running_var' of the stage is not in the checkpoint"));
+  const NamedParams reshaped = {{"0.running_mean", torch::zeros({4})},
+                                {"0.num_batches_tracked", torch::tensor(0, torch::kInt64)}};
+  st = RestoreStageParameters(step_dir, (*files)[0], 0, m.stage0, reshaped);
+  EXPECT_THAT(st.message(), HasSubstr("buffer '0.running_mean' is"));
+  EXPECT_EQ(reshaped[0].second.count_nonzero().item<int64_t>(), 0) << "changed before refusing";
+
+  // The export holds parameters and buffers under their names.
+  auto exported = torch::pickle_load([&] {
+    std::ifstream in(step_dir + "/" + StageExportFileName(0), std::ios::binary);
+    return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+  }());
+  const auto dict = exported.toGenericDict();
+  EXPECT_EQ(dict.size(), 4u);
+  EXPECT_TRUE(torch::equal(dict.at("0.running_mean").toTensor(), buffers[0].second));
+  EXPECT_EQ(dict.at("0.num_batches_tracked").toTensor().item<int64_t>(), 7);
+}
+
 TEST_F(CheckpointTest, AdamWResumeIsBitIdentical) {
   CheckResumeIsExact([](const TinyModel& m) { return MakeAdamW(m); });
 }
@@ -135,7 +176,7 @@ TEST_F(CheckpointTest, WritesBothFilesWithTheirChecksumsAndLayout) {
   TinyModel m(1);
   auto opt = MakeAdamW(m);
   m.Step(*opt, 0);
-  auto files = WriteStageCheckpoint(dir_, 12, 1, m.stage1, *opt, 12);
+  auto files = WriteStageCheckpoint(dir_, 12, 1, m.stage1, {}, *opt, 12);
   ASSERT_TRUE(files.ok()) << files.status();
   ASSERT_EQ(files->size(), 2u);
   EXPECT_EQ((*files)[0].file(), "stage-1.pt");
@@ -183,8 +224,8 @@ TEST_F(CheckpointTest, OneEntryAndEmptyDictsRoundTrip) {
   NamedParams none;
   const torch::Tensor w1 = one[0].second.detach().clone();
   torch::optim::SGD sgd(std::vector<torch::Tensor>{one[0].second}, torch::optim::SGDOptions(0.1));
-  auto f_one = WriteStageCheckpoint(dir_, 1, 0, one, sgd, 1);
-  auto f_none = WriteStageCheckpoint(dir_, 1, 1, none, sgd, 1);
+  auto f_one = WriteStageCheckpoint(dir_, 1, 0, one, {}, sgd, 1);
+  auto f_none = WriteStageCheckpoint(dir_, 1, 1, none, {}, sgd, 1);
   ASSERT_TRUE(f_one.ok()) << f_one.status();
   ASSERT_TRUE(f_none.ok()) << f_none.status();
 
@@ -193,7 +234,7 @@ TEST_F(CheckpointTest, OneEntryAndEmptyDictsRoundTrip) {
                              torch::optim::SGDOptions(0.1).momentum(0.5));
   one[0].second.sum().backward();
   momentum.step();
-  auto f_mom = WriteStageCheckpoint(dir_, 2, 0, one, momentum, 2);
+  auto f_mom = WriteStageCheckpoint(dir_, 2, 0, one, {}, momentum, 2);
   ASSERT_TRUE(f_mom.ok()) << f_mom.status();
 
   NamedParams other = {{"w", torch::zeros({2, 2}).requires_grad_()}};
@@ -222,7 +263,7 @@ TEST_F(CheckpointTest, CorruptFileIsRefusedAndNothingChanges) {
   TinyModel m(1);
   auto opt = MakeAdamW(m);
   m.Step(*opt, 0);
-  auto files = WriteStageCheckpoint(dir_, 1, 0, m.stage0, *opt, 1);
+  auto files = WriteStageCheckpoint(dir_, 1, 0, m.stage0, {}, *opt, 1);
   ASSERT_TRUE(files.ok());
   const std::string path = dir_ + "/step-000001/stage-0.pt";
   {
@@ -249,7 +290,7 @@ TEST_F(CheckpointTest, TruncatedFileIsRefused) {
   TinyModel m(1);
   auto opt = MakeSgd(m, 0.9);
   m.Step(*opt, 0);
-  auto files = WriteStageCheckpoint(dir_, 1, 1, m.stage1, *opt, 1);
+  auto files = WriteStageCheckpoint(dir_, 1, 1, m.stage1, {}, *opt, 1);
   ASSERT_TRUE(files.ok());
   const std::string path = dir_ + "/step-000001/stage-1.pt";
   fs::resize_file(path, (*files)[0].size_bytes() / 2);
@@ -271,7 +312,7 @@ TEST_F(CheckpointTest, MismatchedParametersAreRefusedNamingTheParameter) {
   TinyModel m(1);
   auto opt = MakeAdamW(m);
   m.Step(*opt, 0);
-  auto files = WriteStageCheckpoint(dir_, 1, 0, m.stage0, *opt, 1);
+  auto files = WriteStageCheckpoint(dir_, 1, 0, m.stage0, {}, *opt, 1);
   ASSERT_TRUE(files.ok());
   const std::string step_dir = CheckpointStepDir(dir_, 1);
 
@@ -306,10 +347,10 @@ TEST_F(CheckpointTest, MismatchedParametersAreRefusedNamingTheParameter) {
 TEST_F(CheckpointTest, ExistingFileIsNotOverwritten) {
   TinyModel m(1);
   auto opt = MakeAdamW(m);
-  auto first = WriteStageCheckpoint(dir_, 4, 0, m.stage0, *opt, 4);
+  auto first = WriteStageCheckpoint(dir_, 4, 0, m.stage0, {}, *opt, 4);
   ASSERT_TRUE(first.ok());
   m.Step(*opt, 0);
-  auto again = WriteStageCheckpoint(dir_, 4, 0, m.stage0, *opt, 4);
+  auto again = WriteStageCheckpoint(dir_, 4, 0, m.stage0, {}, *opt, 4);
   EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists) << again.status();
   EXPECT_THAT(std::string(again.status().message()), HasSubstr(dir_ + "/step-000004/stage-0.pt"));
   // The first checkpoint is intact.
@@ -320,7 +361,7 @@ TEST_F(CheckpointTest, ExistingFileIsNotOverwritten) {
   const std::string step_dir = CheckpointStepDir(dir_, 5);
   fs::create_directories(step_dir);
   std::ofstream(step_dir + "/stage-0.state_dict.pt") << "someone else's";
-  auto export_taken = WriteStageCheckpoint(dir_, 5, 0, m.stage0, *opt, 5);
+  auto export_taken = WriteStageCheckpoint(dir_, 5, 0, m.stage0, {}, *opt, 5);
   EXPECT_EQ(export_taken.status().code(), absl::StatusCode::kAlreadyExists);
   EXPECT_THAT(std::string(export_taken.status().message()), HasSubstr("stage-0.state_dict.pt"));
 }
@@ -330,7 +371,7 @@ TEST_F(CheckpointTest, ParametersOnlyRestore) {
   TinyModel m(1);
   auto opt = MakeAdamW(m);
   m.Step(*opt, 0);
-  auto files = WriteStageCheckpoint(dir_, 1, 1, m.stage1, *opt, 1);
+  auto files = WriteStageCheckpoint(dir_, 1, 1, m.stage1, {}, *opt, 1);
   ASSERT_TRUE(files.ok());
   TinyModel other(2);
   absl::Status s = RestoreStageParameters(CheckpointStepDir(dir_, 1), (*files)[0], 1, other.stage1);
@@ -374,8 +415,8 @@ TEST_F(CheckpointTest, ExportFileLoadsIntoAPyTorchModel) {
   TinyModel m(1);
   auto opt = MakeAdamW(m);
   m.Step(*opt, 0);
-  ASSERT_TRUE(WriteStageCheckpoint(dir_, 1, 0, m.stage0, *opt, 1).ok());
-  ASSERT_TRUE(WriteStageCheckpoint(dir_, 1, 1, m.stage1, *opt, 1).ok());
+  ASSERT_TRUE(WriteStageCheckpoint(dir_, 1, 0, m.stage0, {}, *opt, 1).ok());
+  ASSERT_TRUE(WriteStageCheckpoint(dir_, 1, 1, m.stage1, {}, *opt, 1).ok());
   const std::string script = dir_ + "/load.py";
   std::ofstream(script) << R"PY(
 import sys, torch

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <type_traits>
@@ -99,6 +100,8 @@ std::string Describe(const torch::Tensor& t) {
 struct StageState {
   std::map<std::string, torch::Tensor> params;
   std::map<std::string, torch::Tensor> optimizer;
+  // Absent in files written before buffers were kept.
+  std::optional<std::map<std::string, torch::Tensor>> buffers;
   int64_t stage = -1;
   int64_t step = -1;
   int64_t data_position = -1;
@@ -139,6 +142,11 @@ absl::StatusOr<StageState> ParseStageState(const std::vector<char>& bytes,
   ASSIGN_OR_RETURN(c10::IValue optimizer, get("optimizer"));
   ASSIGN_OR_RETURN(state.optimizer, ReadTensorDict(optimizer, absl::StrCat("checkpoint file ", path,
                                                                            ": optimizer")));
+  if (dict.contains("buffers")) {
+    ASSIGN_OR_RETURN(state.buffers, ReadTensorDict(dict.at("buffers"),
+                                                   absl::StrCat("checkpoint file ", path,
+                                                                ": buffers")));
+  }
   ASSIGN_OR_RETURN(state.stage, get_int("stage"));
   ASSIGN_OR_RETURN(state.step, get_int("step"));
   ASSIGN_OR_RETURN(state.data_position, get_int("data_position"));
@@ -219,6 +227,7 @@ bool Optimizes(const torch::optim::Optimizer& optimizer, const torch::Tensor& pa
 static absl::StatusOr<std::vector<char>> StateBytes(
     int stage, int64_t global_step,
     const std::vector<std::pair<std::string, torch::Tensor>>& params,
+    const std::vector<std::pair<std::string, torch::Tensor>>& buffers,
     const torch::optim::Optimizer& optimizer, int64_t data_position,
     std::vector<char>* export_bytes, const std::string& omitted = "") {
   ASSIGN_OR_RETURN(OptimizerKind kind, KindOf(optimizer));
@@ -244,15 +253,23 @@ static absl::StatusOr<std::vector<char>> StateBytes(
         }
       }
     }
+    std::vector<std::pair<std::string, torch::Tensor>> buffer_values;
+    for (const auto& [name, b] : buffers) buffer_values.emplace_back(name, ToCpuCopy(b));
     c10::impl::GenericDict root(c10::StringType::get(), c10::AnyType::get());
     root.insert("state_dict", TensorDict(values));
+    root.insert("buffers", TensorDict(buffer_values));
     root.insert("optimizer", TensorDict(optim));
     root.insert("stage", static_cast<int64_t>(stage));
     root.insert("step", global_step);
     root.insert("data_position", data_position);
     // TorchSaveBytes, not torch::pickle_save: files that PyTorch >= 2.6 loads with its default
     // weights_only=True.
-    if (export_bytes != nullptr) *export_bytes = TorchSaveBytes(c10::IValue(TensorDict(values)));
+    // The export is a state_dict as PyTorch's modules make it: parameters and buffers.
+    if (export_bytes != nullptr) {
+      std::vector<std::pair<std::string, torch::Tensor>> exported = values;
+      exported.insert(exported.end(), buffer_values.begin(), buffer_values.end());
+      *export_bytes = TorchSaveBytes(c10::IValue(TensorDict(exported)));
+    }
     return TorchSaveBytes(c10::IValue(root));
   } catch (const c10::Error& e) {
     return absl::InternalError(
@@ -292,12 +309,13 @@ static absl::StatusOr<v1::StageCheckpointFile> WriteEntry(const std::string& ste
 absl::StatusOr<std::vector<v1::StageCheckpointFile>> WriteStageCheckpoint(
     const std::string& dir, int64_t global_step, int stage,
     const std::vector<std::pair<std::string, torch::Tensor>>& params,
+    const std::vector<std::pair<std::string, torch::Tensor>>& buffers,
     const torch::optim::Optimizer& optimizer, int64_t data_position,
     const std::string& omitted) {
   std::vector<char> export_bytes;
   ASSIGN_OR_RETURN(std::vector<char> state_bytes,
-                   StateBytes(stage, global_step, params, optimizer, data_position, &export_bytes,
-                              omitted));
+                   StateBytes(stage, global_step, params, buffers, optimizer, data_position,
+                              &export_bytes, omitted));
   ASSIGN_OR_RETURN(const std::string step_dir, MakeStepDir(dir, global_step));
   ASSIGN_OR_RETURN(v1::StageCheckpointFile state,
                    WriteEntry(step_dir, stage, StageStateFileName(stage), state_bytes));
@@ -311,7 +329,7 @@ absl::StatusOr<v1::StageCheckpointFile> WriteStateFile(
     const std::vector<std::pair<std::string, torch::Tensor>>& params,
     const torch::optim::Optimizer& optimizer, int64_t data_position) {
   ASSIGN_OR_RETURN(std::vector<char> state_bytes,
-                   StateBytes(stage, global_step, params, optimizer, data_position, nullptr));
+                   StateBytes(stage, global_step, params, {}, optimizer, data_position, nullptr));
   ASSIGN_OR_RETURN(const std::string step_dir, MakeStepDir(dir, global_step));
   return WriteEntry(step_dir, stage, file_name, state_bytes);
 }
@@ -447,16 +465,52 @@ static absl::Status InstallStageState(
   return absl::OkStatus();
 }
 
+// 2c. The saved buffers are exactly `buffers`' names, shapes and dtypes (nothing to check when the
+// caller restores no buffers).
+static absl::Status CheckBuffersFit(
+    const StageState& saved, const std::vector<std::pair<std::string, torch::Tensor>>& buffers,
+    const std::string& where) {
+  if (buffers.empty()) return absl::OkStatus();
+  if (!saved.buffers.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": the stage has buffers (", buffers[0].first,
+                     ", ...) but the checkpoint has none (written before buffers were kept)"));
+  }
+  std::set<std::string> names;
+  for (const auto& [name, b] : buffers) {
+    names.insert(name);
+    auto it = saved.buffers->find(name);
+    if (it == saved.buffers->end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": buffer '", name, "' of the stage is not in the checkpoint"));
+    }
+    if (it->second.sizes() != b.sizes() || it->second.scalar_type() != b.scalar_type()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": buffer '", name, "' is ",
+                                                     Describe(it->second), " in the checkpoint, ",
+                                                     Describe(b), " in the stage"));
+    }
+  }
+  for (const auto& [name, t] : *saved.buffers) {
+    if (names.count(name) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": buffer '", name, "' in the checkpoint is not in the stage"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // RestoreStage's steps 2 and 3 on a file's verified contents.
 static absl::Status RestoreState(StageState saved, const std::string& where,
                                  const std::vector<std::pair<std::string, torch::Tensor>>& params,
-                                 torch::optim::Optimizer* optimizer) {
+                                 torch::optim::Optimizer* optimizer,
+                                 const std::vector<std::pair<std::string, torch::Tensor>>& buffers) {
   OptimizerKind kind = OptimizerKind::kSgd;
   if (optimizer != nullptr) {
     ASSIGN_OR_RETURN(kind, KindOf(*optimizer));
   }
   ASSIGN_OR_RETURN(const std::set<std::string> names,
                    CheckParametersFit(saved, params, optimizer, where));
+  RETURN_IF_ERROR(CheckBuffersFit(saved, buffers, where));
   if (optimizer == nullptr) saved.optimizer.clear();  // parameters only
   ASSIGN_OR_RETURN(auto optim, MatchOptimizerState(saved, names, kind, where));
   std::vector<std::unique_ptr<torch::optim::OptimizerParamState>> states;
@@ -470,18 +524,30 @@ static absl::Status RestoreState(StageState saved, const std::string& where,
     return absl::InternalError(
         absl::StrCat(where, ": reading optimizer state failed: ", e.what_without_backtrace()));
   }
-  return InstallStageState(saved, params, optimizer, std::move(states), where);
+  RETURN_IF_ERROR(InstallStageState(saved, params, optimizer, std::move(states), where));
+  try {
+    torch::NoGradGuard no_grad;
+    for (const auto& [name, b] : buffers) {
+      torch::Tensor buffer = b;
+      buffer.copy_(saved.buffers->at(name).to(b.device()));
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat(where, ": restoring buffers failed: ", e.what_without_backtrace()));
+  }
+  return absl::OkStatus();
 }
 
 // RestoreStageCheckpoint, and with `optimizer` null RestoreStageParameters.
 static absl::Status RestoreStage(const std::string& step_dir, const v1::StageCheckpointFile& file,
                                  int stage,
                                  const std::vector<std::pair<std::string, torch::Tensor>>& params,
-                                 torch::optim::Optimizer* optimizer) {
+                                 torch::optim::Optimizer* optimizer,
+                                 const std::vector<std::pair<std::string, torch::Tensor>>& buffers) {
   ASSIGN_OR_RETURN(StageState saved, ReadVerifiedStageState(step_dir, file, stage));
   return RestoreState(std::move(saved),
                       absl::StrCat("stage ", stage, " checkpoint ", PathIn(step_dir, file.file())),
-                      params, optimizer);
+                      params, optimizer, buffers);
 }
 
 absl::Status RestoreParameterCopy(const std::string& step_dir,
@@ -504,20 +570,22 @@ absl::Status RestoreParameterCopy(const std::string& step_dir,
   for (const auto& [key, value] : saved.optimizer) {
     if (absl::StartsWith(key, prefix)) one.optimizer[copy.first + key.substr(source.size())] = value;
   }
-  return RestoreState(std::move(one), where, {copy}, optimizer);
+  return RestoreState(std::move(one), where, {copy}, optimizer, {});
 }
 
 absl::Status RestoreStageCheckpoint(
     const std::string& step_dir, const v1::StageCheckpointFile& file, int stage,
     const std::vector<std::pair<std::string, torch::Tensor>>& params,
-    torch::optim::Optimizer& optimizer) {
-  return RestoreStage(step_dir, file, stage, params, &optimizer);
+    torch::optim::Optimizer& optimizer,
+    const std::vector<std::pair<std::string, torch::Tensor>>& buffers) {
+  return RestoreStage(step_dir, file, stage, params, &optimizer, buffers);
 }
 
 absl::Status RestoreStageParameters(
     const std::string& step_dir, const v1::StageCheckpointFile& file, int stage,
-    const std::vector<std::pair<std::string, torch::Tensor>>& params) {
-  return RestoreStage(step_dir, file, stage, params, nullptr);
+    const std::vector<std::pair<std::string, torch::Tensor>>& params,
+    const std::vector<std::pair<std::string, torch::Tensor>>& buffers) {
+  return RestoreStage(step_dir, file, stage, params, nullptr, buffers);
 }
 
 }  // namespace stagecoach::runtime

@@ -8,14 +8,18 @@
 //                            written by torch::pickle_save) with keys
 //                              "state_dict"    {parameter name -> tensor}, original names
 //                                              ("3.weight", "blocks.0.attn.qkv.weight")
+//                              "buffers"       {buffer name -> tensor}, original names
+//                                              ("1.running_mean"); absent in files written
+//                                              before buffers were kept
 //                              "optimizer"     {"<param>.<field>" -> tensor}: AdamW "exp_avg",
 //                                              "exp_avg_sq", "step" (int64 scalar) and, with
 //                                              amsgrad, "max_exp_avg_sq"; SGD "momentum_buffer".
 //                                              A parameter without state (no step taken yet, SGD
 //                                              without momentum) has no entry.
 //                              "stage", "step", "data_position"   ints
-//   stage-<s>.state_dict.pt  the export: {parameter name -> tensor} only, loadable with
-//                            torch.load and model.load_state_dict(..., strict=False)
+//   stage-<s>.state_dict.pt  the export: {name -> tensor} of the stage's parameters and buffers,
+//                            loadable with torch.load; every stage's merged load into the
+//                            user's module with load_state_dict(..., strict=True)
 // and, written last by the coordinator, manifest.json
 // (coordinator/checkpoints/checkpoint_manifest.h). Every file is written durably
 // (common/util/durable_file.h: a temporary name, flushed, then linked into place), so a reader
@@ -48,7 +52,8 @@ using checkpoint::StageStateFileName;
 
 // Writes stage `stage`'s checkpoint after `global_step` steps into
 // CheckpointStepDir(dir, global_step) (created if needed): its training-state file and its export
-// file. `params` are the stage's named parameters (StageModel::NamedParameters()); `optimizer`
+// file. `params` are the stage's named parameters (StageModel::NamedParameters()), `buffers` its
+// named buffers (StageModel::NamedBuffers()); `optimizer`
 // is the rank's optimizer, which may hold other stages' parameters too (only this stage's state
 // is written). `data_position` is where the data stream continues (the global step).
 // Call between steps (not while the optimizer steps). Returns the two files' entries (file
@@ -61,12 +66,13 @@ using checkpoint::StageStateFileName;
 absl::StatusOr<std::vector<v1::StageCheckpointFile>> WriteStageCheckpoint(
     const std::string& dir, int64_t global_step, int stage,
     const std::vector<std::pair<std::string, torch::Tensor>>& params,
+    const std::vector<std::pair<std::string, torch::Tensor>>& buffers,
     const torch::optim::Optimizer& optimizer, int64_t data_position,
     const std::string& omitted = "");
 
 // One training-state file named `file_name` (the layout above; no export) in the checkpoint
 // after `global_step` steps: `params` and their state in `optimizer` (a ZeRO-1 shard,
-// zero_shards.h). Its entry; errors as WriteStageCheckpoint's.
+// zero_shards.h), and no buffers. Its entry; errors as WriteStageCheckpoint's.
 absl::StatusOr<v1::StageCheckpointFile> WriteStateFile(
     const std::string& dir, int64_t global_step, int stage, const std::string& file_name,
     const std::vector<std::pair<std::string, torch::Tensor>>& params,
@@ -84,21 +90,25 @@ absl::StatusOr<v1::StageCheckpointFile> FindStageStateFile(const v1::ResumeTask&
 //      unpickles into the layout above for this stage (DATA_LOSS naming the file);
 //   2. its parameters have exactly the names, shapes and dtypes of `params`, and its optimizer
 //      state matches `optimizer`'s kind and the parameters' shapes (INVALID_ARGUMENT naming the
-//      parameter and what differs);
-// then copies the values into `params` (without autograd, onto the parameters' device) and
+//      parameter and what differs); when `buffers` is not empty, its buffers have exactly their
+//      names, shapes and dtypes (INVALID_ARGUMENT naming the buffer, or saying the file has
+//      none);
+// then copies the values into `params` and `buffers` (without autograd, onto their device) and
 // installs their optimizer state in `optimizer` (SGD or AdamW; other parameters' state is left
 // alone). Not thread-safe with respect to the parameters and the optimizer.
 absl::Status RestoreStageCheckpoint(
     const std::string& step_dir, const v1::StageCheckpointFile& file, int stage,
     const std::vector<std::pair<std::string, torch::Tensor>>& params,
-    torch::optim::Optimizer& optimizer);
+    torch::optim::Optimizer& optimizer,
+    const std::vector<std::pair<std::string, torch::Tensor>>& buffers = {});
 
 // RestoreStageCheckpoint without an optimizer, for forward-only tasks (inference on a
-// checkpoint's weights): the same checks of the file and the parameters, then the parameter
-// values only; the file's optimizer state (whatever its kind) is ignored.
+// checkpoint's weights): the same checks of the file, the parameters and the buffers, then
+// their values only; the file's optimizer state (whatever its kind) is ignored.
 absl::Status RestoreStageParameters(
     const std::string& step_dir, const v1::StageCheckpointFile& file, int stage,
-    const std::vector<std::pair<std::string, torch::Tensor>>& params);
+    const std::vector<std::pair<std::string, torch::Tensor>>& params,
+    const std::vector<std::pair<std::string, torch::Tensor>>& buffers = {});
 
 // Restores one parameter, `copy` (name, tensor), from parameter `source` of stage `stage`'s
 // training-state file `file` (a tied copy from the stage that holds it): its value, and with an

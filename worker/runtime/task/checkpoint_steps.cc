@@ -34,8 +34,8 @@ absl::Status CheckpointSteps::Write(int64_t global_steps, v1::ReportStepRequest*
     if (!writer_) break;
     ASSIGN_OR_RETURN(std::vector<v1::StageCheckpointFile> files,
                      WriteStageCheckpoint(dir_, global_steps, s, stage->NamedParameters(),
-                                          *optimizer_, /*data_position=*/global_steps,
-                                          Omitted(s)));
+                                          stage->NamedBuffers(), *optimizer_,
+                                          /*data_position=*/global_steps, Omitted(s)));
     for (auto& file : files) *report->add_checkpoint_files() = std::move(file);
     if (options_.hf_export) {
       ASSIGN_OR_RETURN(files, WriteHfExport(CheckpointStepDir(dir_, global_steps), s,

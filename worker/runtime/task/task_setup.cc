@@ -161,16 +161,17 @@ absl::StatusOr<int64_t> Resume(const v1::TaskAssignment& task, TaskSetup& setup)
         params.erase(it);
       }
     }
+    const std::vector<std::pair<std::string, torch::Tensor>> buffers = stage->NamedBuffers();
     if (setup.forward_only) {
-      RETURN_IF_ERROR(RestoreStageParameters(resume.directory(), file, s, params));
+      RETURN_IF_ERROR(RestoreStageParameters(resume.directory(), file, s, params, buffers));
     } else if (setup.shards != nullptr || sharded_files) {
       // Optimizer state of another layout (ZeRO-1 shards, or sharding now): re-laid out.
-      RETURN_IF_ERROR(RestoreStageParameters(resume.directory(), file, s, params));
+      RETURN_IF_ERROR(RestoreStageParameters(resume.directory(), file, s, params, buffers));
       RETURN_IF_ERROR(RestoreOptimizerState(resume, s, params, setup.spec.training.optimizer,
                                             *setup.optimizer, setup.shards.get()));
     } else {
-      RETURN_IF_ERROR(
-          RestoreStageCheckpoint(resume.directory(), file, s, params, *setup.optimizer));
+      RETURN_IF_ERROR(RestoreStageCheckpoint(resume.directory(), file, s, params,
+                                             *setup.optimizer, buffers));
     }
     if (copy.has_value()) {
       RETURN_IF_ERROR(RestoreTiedCopy(*tied, resume, s, *copy,

@@ -1,0 +1,269 @@
+// A model's state beyond its parameters, across real processes: a ResNet-style TorchScript model
+// with BatchNorm (written here by Debian's python3-torch) trained by a coordinator and workers on
+// loopback, held to plain PyTorch (an eager nn.Module in /usr/bin/python3 trained on the same
+// batches by the numerical contract, sharing no code with the worker):
+//   - per-step training losses, and the eval losses after every step (eval mode: the running
+//     statistics), on 1F1B (2 stages) and ZBVZeroBubble (4 stages on 2 workers), so the shape
+//     probes before the first step leave the running statistics alone;
+//   - with activation recomputation, where each forward runs twice (a BatchNorm updates its
+//     statistics once per microbatch all the same);
+//   - every parameter and buffer after training (rtol 1e-5, atol 1e-6; num_batches_tracked
+//     exactly), read from the checkpoint's export files, which together load into the original
+//     nn.Module with load_state_dict(strict=True);
+//   - a job resumed from the checkpoint after step 2 gives the uninterrupted run's eval losses
+//     and final state (the running statistics restored, not reset).
+// Skipped when /usr/bin/python3 cannot import torch.
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/support/local_cluster.h"
+#include "tests/support/python.h"
+
+namespace stagecoach::testing::model_state_test {
+namespace {
+
+constexpr double kRtol = 1e-5;
+constexpr double kAtol = 1e-6;
+constexpr int kBatch = 8;
+constexpr int kMicrobatches = 4;
+constexpr int kEvalBatches = 2;
+constexpr double kLr = 0.05;
+constexpr double kMomentum = 0.9;
+
+// make DIR: resnet.pt (scripted), train.pt and eval.pt ({inputs, targets}, torch.save).
+// reference DIR STEPS OUT.json STATE.pt [RECOMPUTE]: trains the eager module from resnet.pt's
+//   initial state by the contract (DESIGN.md "Numerical contract"); writes the per-step losses
+//   and eval losses, and the final state_dict.
+// compare CKPT_STEP_DIR STAGES STATE.pt: merges the stage export files, loads them into a fresh
+//   eager module with strict=True, and compares every tensor with STATE.pt.
+constexpr char kScript[] = R"PY(
+import json, sys, torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+class Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c)
+        self.conv2 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c)
+    def forward(self, x):
+        h = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(x + self.bn2(self.conv2(h)))
+
+class ResNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False),
+                                  nn.BatchNorm2d(8), nn.ReLU())
+        self.layer1 = Block(8)
+        self.layer2 = Block(8)
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 5))
+    def forward(self, x):
+        return self.head(self.layer2(self.layer1(self.stem(x))))
+
+B, M, EVAL_BATCHES, LR, MOMENTUM = (int(sys.argv[-5]), int(sys.argv[-4]), int(sys.argv[-3]),
+                                     float(sys.argv[-2]), float(sys.argv[-1]))
+args = sys.argv[1:-5]
+
+def batch(data, k):
+    n = data["inputs"].shape[0]
+    rows = torch.tensor([(k * B + i) % n for i in range(B)])
+    return data["inputs"][rows].float(), data["targets"][rows]
+
+def microbatch_losses(model, x, y):
+    return [F.cross_entropy(model(xm), ym) for xm, ym in zip(torch.tensor_split(x, M),
+                                                           torch.tensor_split(y, M))]
+
+if args[0] == "make":
+    d = args[1]
+    torch.manual_seed(3)
+    torch.jit.save(torch.jit.script(ResNet()), d + "/resnet.pt")
+    g = torch.Generator().manual_seed(7)
+    for name, n in (("train", 24), ("eval", 16)):
+        torch.save({"inputs": torch.randn(n, 3, 8, 8, generator=g, dtype=torch.float64),
+                    "targets": torch.randint(0, 5, (n,), generator=g)}, d + "/" + name + ".pt")
+elif args[0] == "reference":
+    d, steps, out, state = args[1], int(args[2]), args[3], args[4]
+    model = ResNet()
+    model.load_state_dict(torch.jit.load(d + "/resnet.pt").state_dict(), strict=True)
+    train, held_out = torch.load(d + "/train.pt"), torch.load(d + "/eval.pt")
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    losses, evals = [], []
+    for k in range(steps):
+        model.train()
+        opt.zero_grad()
+        x, y = batch(train, k)
+        mb = microbatch_losses(model, x, y)
+        (sum(mb) / M).backward()
+        opt.step()
+        losses.append(float(sum(l.item() for l in mb) / M))
+        model.eval()
+        with torch.no_grad():
+            evals.append(sum(float(sum(l.item() for l in microbatch_losses(model, *batch(held_out, j))) / M)
+                             for j in range(EVAL_BATCHES)) / EVAL_BATCHES)
+    torch.save(model.state_dict(), state)
+    json.dump({"losses": losses, "evals": evals}, open(out, "w"))
+elif args[0] == "compare":
+    step_dir, stages, state = args[1], int(args[2]), args[3]
+    merged = {}
+    for s in range(stages):
+        part = torch.load("%s/stage-%d.state_dict.pt" % (step_dir, s))
+        for name in part:
+            assert name not in merged, name + " is in two stages"
+        merged.update(part)
+    ResNet().load_state_dict(merged, strict=True)
+    want = torch.load(state)
+    bad = []
+    for name, w in want.items():
+        g = merged[name]
+        if w.dtype == torch.int64:
+            ok = torch.equal(g, w)
+        else:
+            ok = torch.allclose(g, w, rtol=1e-5, atol=1e-6)
+        if not ok:
+            bad.append("%s: got %s, want %s" % (name, g.flatten()[:4].tolist(), w.flatten()[:4].tolist()))
+    print("\n".join(bad) if bad else "%d tensors equal" % len(want))
+    sys.exit(1 if bad else 0)
+)PY";
+
+struct Reference {
+  std::vector<double> losses;
+  std::vector<double> evals;
+  std::string state;  // the final state_dict's file
+};
+
+class ModelState : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!PythonHasTorch()) GTEST_SKIP() << kPython << " cannot import torch";
+    ClusterOptions options;
+    options.workers = 2;
+    auto cluster = LocalCluster::Start(options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = std::move(*cluster);
+    script_ = cluster_->WriteFile("model_state.py", kScript);
+    ASSERT_EQ(Python({"make", cluster_->dir()}), 0);
+  }
+
+  // Runs the script with `args` (and the contract's constants); its exit code.
+  int Python(const std::vector<std::string>& args) {
+    std::string command = absl::StrCat(kPython, " '", script_, "'");
+    for (const std::string& a : args) absl::StrAppend(&command, " '", a, "'");
+    absl::StrAppend(&command, " ", kBatch, " ", kMicrobatches, " ", kEvalBatches, " ", kLr, " ",
+                    kMomentum, " > '", cluster_->dir(), "/python.out' 2>&1");
+    return std::system(command.c_str());
+  }
+  std::string PythonOutput() {
+    std::ifstream in(cluster_->dir() + "/python.out");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+  Reference RunReference(int steps, const std::string& name) {
+    Reference ref;
+    const std::string out = absl::StrCat(cluster_->dir(), "/", name, ".json");
+    ref.state = absl::StrCat(cluster_->dir(), "/", name, ".state.pt");
+    EXPECT_EQ(Python({"reference", cluster_->dir(), std::to_string(steps), out, ref.state}), 0)
+        << PythonOutput();
+    std::ifstream in(out);
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) {
+      ADD_FAILURE() << "the reference wrote no JSON: " << PythonOutput();
+      return ref;
+    }
+    ref.losses = j["losses"].get<std::vector<double>>();
+    ref.evals = j["evals"].get<std::vector<double>>();
+    return ref;
+  }
+
+  // The job's spec: the ResNet split by `split`, `steps` steps on `schedule`, a checkpoint after
+  // every step, an eval pass after every step.
+  std::string Spec(const std::string& name, const std::string& schedule, const std::string& split,
+                   int steps, const std::string& extra_training = "") {
+    const std::string& d = cluster_->dir();
+    return absl::StrCat(
+        "name: ", name, "\nmodel: {torchscript: ", d, "/resnet.pt}\nsplit: ", split,
+        "\nschedule: {kind: ", schedule, ", microbatches: ", kMicrobatches,
+        "}\nplacement: {workers: 2}\ntraining:\n  batch_size: ", kBatch, "\n  steps: ", steps,
+        "\n  loss: cross_entropy\n  optimizer: {kind: sgd, lr: ", kLr, ", momentum: ", kMomentum,
+        "}\n  checkpoint: {dir: ", d, "/ckpt-", name, ", every_steps: 1}\n", extra_training,
+        "data: {kind: tensors, path: ", d, "/train.pt}\neval: {every_steps: 1, batches: ",
+        kEvalBatches, ", data: {kind: tensors, path: ", d, "/eval.pt}}\n");
+  }
+
+  v1::Job Run(const std::string& spec_yaml) {
+    auto job = cluster_->SubmitAndWait(spec_yaml, false, v1::JOB_STATE_SUCCEEDED,
+                                       absl::Minutes(4));
+    EXPECT_TRUE(job.ok()) << job.status() << cluster_->Logs();
+    if (!job.ok()) return v1::Job();
+    EXPECT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->reason() << cluster_->Logs();
+    return *job;
+  }
+
+  // The job's losses and evals against the reference's from step `first` on, and its last
+  // checkpoint's exports (`stages` of them) against the reference's final state.
+  void Check(const v1::Job& job, const Reference& ref, int first, const std::string& name,
+             int stages) {
+    SCOPED_TRACE(name);
+    ASSERT_EQ(job.losses_size() + first, static_cast<int>(ref.losses.size()));
+    for (int i = 0; i < job.losses_size(); ++i) {
+      const double want = ref.losses[first + i];
+      EXPECT_NEAR(job.losses(i), want, kAtol + kRtol * std::abs(want)) << "loss of step " << i;
+    }
+    ASSERT_EQ(job.evals_size() + first, static_cast<int>(ref.evals.size()));
+    for (int i = 0; i < job.evals_size(); ++i) {
+      const double want = ref.evals[first + i];
+      EXPECT_NEAR(job.evals(i).loss(), want, kAtol + kRtol * std::abs(want))
+          << "eval after global step " << job.evals(i).global_step();
+    }
+    const std::string step_dir = absl::StrFormat("%s/ckpt-%s/step-%06d", cluster_->dir(), name,
+                                                 static_cast<int>(ref.losses.size()));
+    EXPECT_EQ(Python({"compare", step_dir, std::to_string(stages), ref.state}), 0)
+        << PythonOutput();
+  }
+
+  std::unique_ptr<LocalCluster> cluster_;
+  std::string script_;
+};
+
+TEST_F(ModelState, BatchNormTrainsAndEvaluatesAsPlainPyTorchOn1F1BAndZbv) {
+  const Reference ref = RunReference(3, "ref3");
+  const v1::Job one_f_one_b =
+      Run(Spec("bn-1f1b", "1F1B", "{points: {layer2: beginning}}", 3));
+  Check(one_f_one_b, ref, 0, "bn-1f1b", 2);
+  const v1::Job zbv = Run(Spec("bn-zbv", "ZBVZeroBubble",
+                               "{points: {layer1: beginning, layer2: beginning, head: beginning}}",
+                               3));
+  Check(zbv, ref, 0, "bn-zbv", 4);
+}
+
+TEST_F(ModelState, RecomputedForwardsUpdateRunningStatisticsOnce) {
+  const Reference ref = RunReference(3, "ref3");
+  const v1::Job job = Run(Spec("bn-recompute", "1F1B", "{points: {layer2: beginning}}", 3,
+                               "  activation_checkpointing: full\n"));
+  Check(job, ref, 0, "bn-recompute", 2);
+}
+
+TEST_F(ModelState, AResumedJobKeepsTheRunningStatistics) {
+  const Reference ref = RunReference(4, "ref4");
+  const v1::Job first = Run(Spec("bn-first", "1F1B", "{points: {layer2: beginning}}", 2));
+  ASSERT_EQ(first.state(), v1::JOB_STATE_SUCCEEDED);
+  const std::string resumed_spec =
+      Spec("bn-resumed", "1F1B", "{points: {layer2: beginning}}", 2,
+           absl::StrCat("  resume_from: ", cluster_->dir(), "/ckpt-bn-first/step-000002\n"));
+  const v1::Job resumed = Run(resumed_spec);
+  Check(resumed, ref, 2, "bn-resumed", 2);
+}
+
+}  // namespace
+}  // namespace stagecoach::testing::model_state_test

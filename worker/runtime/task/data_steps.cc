@@ -124,6 +124,8 @@ absl::Status DataSteps::RunCounted(const std::vector<torch::Tensor>& inputs,
   if (reduction.has_value() && stepped) {
     RETURN_IF_ERROR(env_.reducer->GatherParameters(*reduction));
   }
+  // The forwards updated each replica's buffers from its own rows: replica 0's hold from here.
+  if (reduction.has_value()) RETURN_IF_ERROR(env_.reducer->BroadcastBuffers());
   if (setup.inference && owns_last_) {
     ASSIGN_OR_RETURN(*env_.inference_outputs,
                      MergedOutputs(result, options_.num_microbatches, options_.rank));

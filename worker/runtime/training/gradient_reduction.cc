@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/util/status_macros.h"
+#include "worker/runtime/training/replica_buffers.h"
 
 namespace stagecoach::runtime {
 namespace {
@@ -168,6 +169,12 @@ absl::Status GradientReducer::GatherParameters(ReductionReport& report) {
   report.bytes_sent += report.gather_bytes_sent;
   report.bytes_received += after.bytes_received - before.bytes_received;
   return absl::OkStatus();
+}
+
+absl::Status GradientReducer::BroadcastBuffers() {
+  absl::Status sent = BroadcastReplicaBuffers(*group_, stages_, options_.timeout);
+  if (!sent.ok()) group_->Abort();
+  return sent;
 }
 
 absl::StatusOr<ReductionReport> GradientReducer::Finish() {

@@ -100,6 +100,10 @@ class GradientReducer {
   // group's errors (the group is then aborted).
   absl::Status GatherParameters(ReductionReport& report);
 
+  // After the step: every stage's buffers become replica 0's on every replica
+  // (replica_buffers.h), on the calling thread. The group's errors (the group is then aborted).
+  absl::Status BroadcastBuffers();
+
   // Aborts the group: a reduction in flight and later ones fail promptly.
   void Abort();
 

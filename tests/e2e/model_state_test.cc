@@ -11,7 +11,10 @@
 //     exactly), read from the checkpoint's export files, which together load into the original
 //     nn.Module with load_state_dict(strict=True);
 //   - a job resumed from the checkpoint after step 2 gives the uninterrupted run's eval losses
-//     and final state (the running statistics restored, not reset).
+//     and final state (the running statistics restored, not reset);
+//   - with 2 replicas, every replica's buffers are replica 0's after each step
+//     (worker/runtime/training/replica_buffers.h): the eval losses (each replica evaluates its
+//     share with its own buffers) and the checkpoint match a reference that keeps replica 0's.
 // Skipped when /usr/bin/python3 cannot import torch.
 #include <cmath>
 #include <cstdlib>
@@ -33,7 +36,6 @@ namespace {
 
 constexpr double kRtol = 1e-5;
 constexpr double kAtol = 1e-6;
-constexpr int kBatch = 8;
 constexpr int kMicrobatches = 4;
 constexpr int kEvalBatches = 2;
 constexpr double kLr = 0.05;
@@ -72,9 +74,9 @@ class ResNet(nn.Module):
     def forward(self, x):
         return self.head(self.layer2(self.layer1(self.stem(x))))
 
-B, M, EVAL_BATCHES, LR, MOMENTUM = (int(sys.argv[-5]), int(sys.argv[-4]), int(sys.argv[-3]),
-                                     float(sys.argv[-2]), float(sys.argv[-1]))
-args = sys.argv[1:-5]
+B, M, D, EVAL_BATCHES, LR, MOMENTUM = (int(sys.argv[-6]), int(sys.argv[-5]), int(sys.argv[-4]),
+                                        int(sys.argv[-3]), float(sys.argv[-2]), float(sys.argv[-1]))
+args = sys.argv[1:-6]
 
 def batch(data, k):
     n = data["inputs"].shape[0]
@@ -82,8 +84,26 @@ def batch(data, k):
     return data["inputs"][rows].float(), data["targets"][rows]
 
 def microbatch_losses(model, x, y):
-    return [F.cross_entropy(model(xm), ym) for xm, ym in zip(torch.tensor_split(x, M),
-                                                           torch.tensor_split(y, M))]
+    return [F.cross_entropy(model(xm), ym) for xm, ym in zip(torch.tensor_split(x, D * M),
+                                                           torch.tensor_split(y, D * M))]
+
+# One training step's microbatch losses, their mean's gradient accumulated: D replicas, replica r
+# taking microbatches r*M ... (r+1)*M-1; the buffers after the step are replica 0's (the
+# documented rule), so the other replicas run first and the buffers are put back before replica 0.
+def train_step(model, x, y):
+    xs, ys = torch.tensor_split(x, D * M), torch.tensor_split(y, D * M)
+    saved = [b.clone() for b in model.buffers()]
+    losses = [0.0] * (D * M)
+    for r in list(range(1, D)) + [0]:
+        if r == 0:
+            with torch.no_grad():
+                for b, v in zip(model.buffers(), saved):
+                    b.copy_(v)
+        for i in range(r * M, (r + 1) * M):
+            loss = F.cross_entropy(model(xs[i]), ys[i])
+            (loss / (D * M)).backward()
+            losses[i] = loss.item()
+    return losses
 
 if args[0] == "make":
     d = args[1]
@@ -103,15 +123,13 @@ elif args[0] == "reference":
     for k in range(steps):
         model.train()
         opt.zero_grad()
-        x, y = batch(train, k)
-        mb = microbatch_losses(model, x, y)
-        (sum(mb) / M).backward()
+        mb = train_step(model, *batch(train, k))
         opt.step()
-        losses.append(float(sum(l.item() for l in mb) / M))
+        losses.append(sum(mb) / (D * M))
         model.eval()
         with torch.no_grad():
-            evals.append(sum(float(sum(l.item() for l in microbatch_losses(model, *batch(held_out, j))) / M)
-                             for j in range(EVAL_BATCHES)) / EVAL_BATCHES)
+            evals.append(sum(sum(l.item() for l in microbatch_losses(model, *batch(held_out, j)))
+                             / (D * M) for j in range(EVAL_BATCHES)) / EVAL_BATCHES)
     torch.save(model.state_dict(), state)
     json.dump({"losses": losses, "evals": evals}, open(out, "w"))
 elif args[0] == "compare":
@@ -148,7 +166,7 @@ class ModelState : public ::testing::Test {
   void SetUp() override {
     if (!PythonHasTorch()) GTEST_SKIP() << kPython << " cannot import torch";
     ClusterOptions options;
-    options.workers = 2;
+    options.workers = 4;
     auto cluster = LocalCluster::Start(options);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = std::move(*cluster);
@@ -160,8 +178,8 @@ class ModelState : public ::testing::Test {
   int Python(const std::vector<std::string>& args) {
     std::string command = absl::StrCat(kPython, " '", script_, "'");
     for (const std::string& a : args) absl::StrAppend(&command, " '", a, "'");
-    absl::StrAppend(&command, " ", kBatch, " ", kMicrobatches, " ", kEvalBatches, " ", kLr, " ",
-                    kMomentum, " > '", cluster_->dir(), "/python.out' 2>&1");
+    absl::StrAppend(&command, " ", batch_, " ", kMicrobatches, " ", replicas_, " ", kEvalBatches,
+                    " ", kLr, " ", kMomentum, " > '", cluster_->dir(), "/python.out' 2>&1");
     return std::system(command.c_str());
   }
   std::string PythonOutput() {
@@ -194,7 +212,8 @@ class ModelState : public ::testing::Test {
     return absl::StrCat(
         "name: ", name, "\nmodel: {torchscript: ", d, "/resnet.pt}\nsplit: ", split,
         "\nschedule: {kind: ", schedule, ", microbatches: ", kMicrobatches,
-        "}\nplacement: {workers: 2}\ntraining:\n  batch_size: ", kBatch, "\n  steps: ", steps,
+        "}\nplacement: {workers: 2, replicas: ", replicas_, "}\ntraining:\n  batch_size: ", batch_,
+        "\n  steps: ", steps,
         "\n  loss: cross_entropy\n  optimizer: {kind: sgd, lr: ", kLr, ", momentum: ", kMomentum,
         "}\n  checkpoint: {dir: ", d, "/ckpt-", name, ", every_steps: 1}\n", extra_training,
         "data: {kind: tensors, path: ", d, "/train.pt}\neval: {every_steps: 1, batches: ",
@@ -234,6 +253,8 @@ class ModelState : public ::testing::Test {
 
   std::unique_ptr<LocalCluster> cluster_;
   std::string script_;
+  int batch_ = 8;
+  int replicas_ = 1;
 };
 
 TEST_F(ModelState, BatchNormTrainsAndEvaluatesAsPlainPyTorchOn1F1BAndZbv) {
@@ -263,6 +284,14 @@ TEST_F(ModelState, AResumedJobKeepsTheRunningStatistics) {
            absl::StrCat("  resume_from: ", cluster_->dir(), "/ckpt-bn-first/step-000002\n"));
   const v1::Job resumed = Run(resumed_spec);
   Check(resumed, ref, 2, "bn-resumed", 2);
+}
+
+TEST_F(ModelState, ReplicasKeepReplicaZerosBuffers) {
+  batch_ = 16;
+  replicas_ = 2;
+  const Reference ref = RunReference(3, "ref-replicas");
+  const v1::Job job = Run(Spec("bn-replicas", "1F1B", "{points: {layer2: beginning}}", 3));
+  Check(job, ref, 0, "bn-replicas", 2);
 }
 
 }  // namespace

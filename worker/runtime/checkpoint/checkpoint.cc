@@ -376,33 +376,46 @@ static absl::StatusOr<StageState> ReadVerifiedStageState(const std::string& step
   return saved;
 }
 
+// The saved tensors of one kind ("parameter", "buffer") are exactly `live`'s names, shapes and
+// dtypes. Returns their names.
+static absl::StatusOr<std::set<std::string>> CheckTensorsFit(
+    const std::map<std::string, torch::Tensor>& saved,
+    const std::vector<std::pair<std::string, torch::Tensor>>& live, const char* kind,
+    const std::string& where) {
+  std::set<std::string> names;
+  for (const auto& [name, t] : live) {
+    names.insert(name);
+    auto it = saved.find(name);
+    if (it == saved.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": ", kind, " '", name, "' of the stage is not in the checkpoint"));
+    }
+    if (it->second.sizes() != t.sizes() || it->second.scalar_type() != t.scalar_type()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", kind, " '", name, "' is ",
+                                                     Describe(it->second), " in the checkpoint, ",
+                                                     Describe(t), " in the stage"));
+    }
+  }
+  for (const auto& [name, t] : saved) {
+    if (names.count(name) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": ", kind, " '", name, "' in the checkpoint is not in the stage"));
+    }
+  }
+  return names;
+}
+
 // 2a. The saved parameters are exactly the stage's, with their shapes and dtypes, and (with an
 // optimizer) ones it updates. Returns the stage's parameter names.
 static absl::StatusOr<std::set<std::string>> CheckParametersFit(
     const StageState& saved, const std::vector<std::pair<std::string, torch::Tensor>>& params,
     torch::optim::Optimizer* optimizer, const std::string& where) {
-  std::set<std::string> names;
+  ASSIGN_OR_RETURN(std::set<std::string> names,
+                   CheckTensorsFit(saved.params, params, "parameter", where));
   for (const auto& [name, p] : params) {
-    names.insert(name);
-    auto it = saved.params.find(name);
-    if (it == saved.params.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": parameter '", name, "' of the stage is not in the checkpoint"));
-    }
-    if (it->second.sizes() != p.sizes() || it->second.scalar_type() != p.scalar_type()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": parameter '", name, "' is ",
-                                                     Describe(it->second), " in the checkpoint, ",
-                                                     Describe(p), " in the stage"));
-    }
     if (optimizer != nullptr && !Optimizes(*optimizer, p)) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": parameter '", name, "' is not one the optimizer updates"));
-    }
-  }
-  for (const auto& [name, t] : saved.params) {
-    if (names.count(name) == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": parameter '", name, "' in the checkpoint is not in the stage"));
     }
   }
   return names;
@@ -476,27 +489,7 @@ static absl::Status CheckBuffersFit(
         absl::StrCat(where, ": the stage has buffers (", buffers[0].first,
                      ", ...) but the checkpoint has none (written before buffers were kept)"));
   }
-  std::set<std::string> names;
-  for (const auto& [name, b] : buffers) {
-    names.insert(name);
-    auto it = saved.buffers->find(name);
-    if (it == saved.buffers->end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": buffer '", name, "' of the stage is not in the checkpoint"));
-    }
-    if (it->second.sizes() != b.sizes() || it->second.scalar_type() != b.scalar_type()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": buffer '", name, "' is ",
-                                                     Describe(it->second), " in the checkpoint, ",
-                                                     Describe(b), " in the stage"));
-    }
-  }
-  for (const auto& [name, t] : *saved.buffers) {
-    if (names.count(name) == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": buffer '", name, "' in the checkpoint is not in the stage"));
-    }
-  }
-  return absl::OkStatus();
+  return CheckTensorsFit(*saved.buffers, buffers, "buffer", where).status();
 }
 
 // RestoreStage's steps 2 and 3 on a file's verified contents.

@@ -185,6 +185,16 @@ inline Job& QueuePlannedJob(JobTable& table, const std::string& spec_yaml, absl:
   return job;
 }
 
+// A float32 tensor of `shape` holding `values`.
+inline v1::TensorData FloatTensor(const std::vector<int64_t>& shape,
+                                  const std::vector<float>& values) {
+  v1::TensorData t;
+  t.set_dtype("float32");
+  for (int64_t d : shape) t.add_shape(d);
+  t.set_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4));
+  return t;
+}
+
 // A float32 [rows, cols] tensor of zeros, as a client batch.
 inline v1::TensorData ZeroFloats(int64_t rows, int64_t cols) {
   v1::TensorData t;

@@ -13,19 +13,13 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/coordinator_test_fakes.h"
 
 namespace stagecoach::coordinator::pipeline_decoder_test {
 namespace {
 
 using ::testing::HasSubstr;
 
-v1::TensorData Floats(const std::vector<int64_t>& shape, const std::vector<float>& values) {
-  v1::TensorData t;
-  t.set_dtype("float32");
-  for (int64_t d : shape) t.add_shape(d);
-  t.set_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4));
-  return t;
-}
 
 struct Call {
   std::string address;
@@ -53,10 +47,10 @@ class Workers {
           const float row = static_cast<float>(request.rows(r));
           values.insert(values.end(), {row, 10 * row, 100 * row});
         }
-        *response.mutable_outputs() = Floats({rows, 3}, values);
+        *response.mutable_outputs() = FloatTensor({rows, 3}, values);
       } else {
         values.assign(rows, static_cast<float>(request.stage() + 1));
-        *response.mutable_outputs() = Floats({rows, 1, 1}, values);
+        *response.mutable_outputs() = FloatTensor({rows, 1, 1}, values);
       }
       response.set_cache_bytes(1000 * (request.stage() + 1));
       return response;

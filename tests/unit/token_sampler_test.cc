@@ -11,6 +11,7 @@
 #include "coordinator/generation/pipeline_decoder.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/coordinator_test_fakes.h"
 
 namespace stagecoach::coordinator::token_sampler_test {
 namespace {
@@ -86,16 +87,9 @@ TEST(GenerationTensors, TokenRowsAreInt64RowsInOrder) {
   EXPECT_EQ(values, (std::vector<int64_t>{5, 6, 7, 8, 9, 10}));
 }
 
-v1::TensorData Logits(const std::vector<int64_t>& shape, const std::vector<float>& values) {
-  v1::TensorData t;
-  t.set_dtype("float32");
-  for (int64_t d : shape) t.add_shape(d);
-  t.set_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4));
-  return t;
-}
 
 TEST(GenerationTensors, RowLogitsSplitTheLastStagesOutputsByRow) {
-  const v1::TensorData out = Logits({2, 3}, {0, 1, 2, 3, 4, 5});
+  const v1::TensorData out = FloatTensor({2, 3}, {0, 1, 2, 3, 4, 5});
   auto logits = RowLogits(out, 2, 3, "job-1");
   ASSERT_TRUE(logits.ok()) << logits.status();
   EXPECT_EQ(*logits, (std::vector<std::vector<float>>{{0, 1, 2}, {3, 4, 5}}));

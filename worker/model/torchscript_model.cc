@@ -121,19 +121,21 @@ std::vector<c10::IValue> RunPlain(torch::jit::Function& fn, torch::jit::Stack st
   return stack;
 }
 
-// Parameters (and, with buffers, buffers) of the module at `path`, named in the whole model.
+enum class TensorKind { kParameters, kBuffers, kBoth };
+
+// The parameters, the buffers or both (parameters first) of the module at `path`, named in the
+// whole model; with `recurse` false, only the module's own.
 std::vector<std::pair<std::string, torch::Tensor>> NamedTensorsOf(const torch::jit::Module& root,
                                                                   const std::string& path,
-                                                                  bool buffers) {
+                                                                  TensorKind kind,
+                                                                  bool recurse = true) {
   std::vector<std::pair<std::string, torch::Tensor>> out;
   torch::jit::Module m = SubmoduleAt(root, path);
-  for (const auto& p : m.named_parameters(/*recurse=*/true)) {
-    out.emplace_back(Join(path, p.name), p.value);
+  if (kind != TensorKind::kBuffers) {
+    for (const auto& p : m.named_parameters(recurse)) out.emplace_back(Join(path, p.name), p.value);
   }
-  if (buffers) {
-    for (const auto& b : m.named_buffers(/*recurse=*/true)) {
-      out.emplace_back(Join(path, b.name), b.value);
-    }
+  if (kind != TensorKind::kParameters) {
+    for (const auto& b : m.named_buffers(recurse)) out.emplace_back(Join(path, b.name), b.value);
   }
   return out;
 }
@@ -149,33 +151,11 @@ class TorchScriptStage : public StageModel {
         top_level_tensors_(std::move(top_level_tensors)) {}
 
   std::vector<std::pair<std::string, torch::Tensor>> NamedParameters() override {
-    std::vector<std::pair<std::string, torch::Tensor>> out;
-    for (const std::string& name : layers_) {
-      for (auto& p : NamedTensorsOf(root_, name, false)) out.push_back(std::move(p));
-    }
-    for (const auto& p : root_.named_parameters(/*recurse=*/false)) {
-      if (std::find(top_level_tensors_.begin(), top_level_tensors_.end(), p.name) !=
-          top_level_tensors_.end()) {
-        out.emplace_back(p.name, p.value);
-      }
-    }
-    return out;
+    return Owned(TensorKind::kParameters);
   }
 
   std::vector<std::pair<std::string, torch::Tensor>> NamedBuffers() override {
-    std::vector<std::pair<std::string, torch::Tensor>> out;
-    for (const std::string& name : layers_) {
-      for (const auto& b : SubmoduleAt(root_, name).named_buffers(/*recurse=*/true)) {
-        out.emplace_back(Join(name, b.name), b.value);
-      }
-    }
-    for (const auto& b : root_.named_buffers(/*recurse=*/false)) {
-      if (std::find(top_level_tensors_.begin(), top_level_tensors_.end(), b.name) !=
-          top_level_tensors_.end()) {
-        out.emplace_back(b.name, b.value);
-      }
-    }
-    return out;
+    return Owned(TensorKind::kBuffers);
   }
 
   void To(const torch::Device& device) override {
@@ -189,6 +169,23 @@ class TorchScriptStage : public StageModel {
 
   void SetTraining(bool training) override {
     for (const std::string& name : layers_) SubmoduleAt(root_, name).train(training);
+  }
+
+ private:
+  // The stage's tensors of `kind`: its layers' submodules', then the top-level module's own that
+  // its layers own.
+  std::vector<std::pair<std::string, torch::Tensor>> Owned(TensorKind kind) {
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    for (const std::string& name : layers_) {
+      for (auto& t : NamedTensorsOf(root_, name, kind)) out.push_back(std::move(t));
+    }
+    for (auto& t : NamedTensorsOf(root_, "", kind, /*recurse=*/false)) {
+      if (std::find(top_level_tensors_.begin(), top_level_tensors_.end(), t.first) !=
+          top_level_tensors_.end()) {
+        out.push_back(std::move(t));
+      }
+    }
+    return out;
   }
 
  protected:
@@ -370,7 +367,7 @@ absl::Status TorchScriptModel::Impl::Analyse() {
 
   for (size_t l = 0; l < layers.size(); ++l) {
     int64_t count = 0;
-    for (const auto& p : NamedTensorsOf(module, layers[l].name, false)) count += p.second.numel();
+    for (const auto& p : NamedTensorsOf(module, layers[l].name, TensorKind::kParameters)) count += p.second.numel();
     for (const std::string& name : layer_top_tensors[l]) {
       if (top_params.count(name)) count += module.attr(name).toTensor().numel();
     }
@@ -520,14 +517,14 @@ absl::Status TorchScriptModel::KeepOnlyStages(const std::vector<int>& keep_stage
       continue;
     }
     for (int l = impl.first_layers[s]; l < impl.LayerEnd(s); ++l) {
-      for (const auto& t : NamedTensorsOf(impl.module, impl.layers[l].name, /*buffers=*/true)) {
+      for (const auto& t : NamedTensorsOf(impl.module, impl.layers[l].name, TensorKind::kBoth)) {
         kept.insert(t.first);
       }
       for (const std::string& t : impl.layer_top_tensors[l]) kept.insert(t);
     }
   }
   std::vector<std::pair<std::string, torch::Tensor>> tensors =
-      NamedTensorsOf(impl.module, "", /*buffers=*/true);
+      NamedTensorsOf(impl.module, "", TensorKind::kBoth);
   torch::NoGradGuard no_grad;
   for (auto& [name, tensor] : tensors) {
     if (kept.count(name)) continue;

@@ -2,10 +2,17 @@
 
 #include <pthread.h>
 
+#include <mutex>
+
 namespace stagecoach {
 
+void IgnoreSigpipe() {
+  static std::once_flag once;
+  std::call_once(once, [] { signal(SIGPIPE, SIG_IGN); });
+}
+
 sigset_t BlockTerminationSignals() {
-  signal(SIGPIPE, SIG_IGN);
+  IgnoreSigpipe();
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);

@@ -13,6 +13,13 @@ namespace stagecoach {
 // returns the set to wait on.
 sigset_t BlockTerminationSignals();
 
+// Ignores SIGPIPE in the whole process, once. Any process that writes to sockets its peers may
+// close calls it before its first write: gloo's TCP transport writes with writev, which raises
+// SIGPIPE on a connection the peer closed, and the default action ends the process (a test
+// binary that stops one in-process rank, or a library user's own program) where the transport
+// would have reported EPIPE as a "connection closed" error.
+void IgnoreSigpipe();
+
 // Waits until SIGINT or SIGTERM arrives; returns which.
 int WaitForTerminationSignal(const sigset_t& signals);
 

@@ -20,6 +20,9 @@
 //    by peer") but wakes no local waiter.
 //  - Slots: the TCP transport accepts the whole uint64 range and reserves no bits; only gloo's
 //    collectives carve prefixes out of it (gloo/types.h), and none run on this context.
+//  - Closed connections: gloo writes with writev, which raises SIGPIPE when the peer has
+//    closed the connection; unless ignored, that ends the whole process before the transfer
+//    can fail. CreateGlooTransport ignores SIGPIPE process-wide (IgnoreSigpipe).
 //  - Addresses: tcp::CreateDevice segfaults on a host name that does not resolve (it checks
 //    getaddrinfo's result against -1 only), so it is only ever given numeric addresses.
 //
@@ -44,6 +47,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
+#include "common/process/signals.h"
 #include "common/util/status_macros.h"
 #include "worker/transport/adapter.h"
 #include "worker/transport/gloo/endpoint.h"
@@ -104,6 +108,7 @@ absl::StatusOr<std::shared_ptr<::gloo::transport::Device>> CreateDevice(
 absl::StatusOr<std::unique_ptr<Transport>> CreateGlooTransport(const GlooOptions& options,
                                                                RendezvousStore* store) {
   RETURN_IF_ERROR(ValidateConnectOptions("CreateGlooTransport", options, store));
+  IgnoreSigpipe();
 
   absl::StatusOr<std::shared_ptr<::gloo::transport::Device>> device =
       CreateDevice(options.hostname);

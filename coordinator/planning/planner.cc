@@ -7,6 +7,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/schedule/build.h"
@@ -357,6 +358,44 @@ std::vector<v1::LayerInfo> BuiltinLayers(const spec::BuiltinModel& model) {
   return out;
 }
 
+namespace {
+
+// The layers a split point names: the layer itself, or the contiguous run of layers inside a
+// module whose calls the worker opened (torchscript_model.h, "Nested layers").
+struct LayerRun {
+  int first = 0;
+  int last = 0;
+};
+
+absl::StatusOr<LayerRun> LayersOf(const std::string& name, const std::map<std::string, int>& index,
+                                  const std::vector<v1::LayerInfo>& layers) {
+  auto found = index.find(name);
+  if (found != index.end()) return LayerRun{found->second, found->second};
+  std::vector<int> inside;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (absl::StartsWith(layers[i].name(), absl::StrCat(name, "."))) {
+      inside.push_back(static_cast<int>(i));
+    }
+  }
+  if (inside.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", name, "' is not a layer of the model (its ", layers.size(),
+                     " layers: ", DescribeLayers(layers), ")"));
+  }
+  for (size_t k = 1; k < inside.size(); ++k) {
+    if (inside[k] != inside[k - 1] + 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the layers inside '", name, "' are not contiguous (layer ",
+          layers[inside[k - 1] + 1].name(), " comes between ", layers[inside[k - 1]].name(),
+          " and ", layers[inside[k]].name(), "), so no single boundary is at its ",
+          "beginning or end; name one of its layers"));
+    }
+  }
+  return LayerRun{inside.front(), inside.back()};
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<int>> SplitPointsToFirstLayers(
     const std::map<std::string, std::string>& points, const std::vector<v1::LayerInfo>& layers) {
   std::map<std::string, int> index;
@@ -366,21 +405,13 @@ absl::StatusOr<std::vector<int>> SplitPointsToFirstLayers(
   std::map<int, std::string> boundaries;
   for (const auto& [name, where] : points) {
     const std::string field = absl::StrCat("split.points.", name);
-    auto found = index.find(name);
-    if (found == index.end()) {
-      return FieldError(
-          field, absl::StrCat("'", name, "' is not a layer of the model (its ", layers.size(),
-                              " layers: ", DescribeLayers(layers), ")"));
-    }
-    const int layer = found->second;
-    int boundary;
-    if (where == "beginning") {
-      boundary = layer;
-    } else if (where == "end") {
-      boundary = layer + 1;
-    } else {
+    if (where != "beginning" && where != "end") {
       return FieldError(field, absl::StrCat("must be 'beginning' or 'end', got '", where, "'"));
     }
+    absl::StatusOr<LayerRun> run = LayersOf(name, index, layers);
+    if (!run.ok()) return FieldError(field, std::string(run.status().message()));
+    const int layer = where == "beginning" ? run->first : run->last;
+    const int boundary = where == "beginning" ? layer : layer + 1;
     if (boundary == 0) {
       return FieldError(field, absl::StrCat("'beginning' of the first layer (", name,
                                             ") would leave stage 0 without layers"));

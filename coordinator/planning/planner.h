@@ -160,9 +160,13 @@ std::vector<int64_t> BuiltinLayerParameters(const spec::BuiltinModel& model);
 std::vector<v1::LayerInfo> BuiltinLayers(const spec::BuiltinModel& model);
 
 // The first layer of each stage that `points` (layer name -> "beginning" | "end") make over
-// `layers`, starting with 0. INVALID_ARGUMENT naming split.points: a name that is no layer
-// (listing the valid names), a point that makes an empty stage (beginning of the first layer,
-// end of the last), or two points at one boundary (naming both).
+// `layers`, starting with 0. A point may name a layer, or a module that holds a contiguous run
+// of layers (a module whose calls the worker opened: "encoder.layers" for the layers
+// "encoder.layers.0" ... "encoder.layers.11"), whose beginning is its first layer's and whose
+// end is its last's. INVALID_ARGUMENT naming split.points: a name that is no layer and holds
+// none (listing the valid names), a module whose layers are not contiguous, a point that makes
+// an empty stage (beginning of the first layer, end of the last), or two points at one boundary
+// (naming both).
 absl::StatusOr<std::vector<int>> SplitPointsToFirstLayers(
     const std::map<std::string, std::string>& points, const std::vector<v1::LayerInfo>& layers);
 

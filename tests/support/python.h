@@ -36,4 +36,10 @@ inline bool PythonHasTorch() { return PythonCanImport("torch"); }
 // fixtures into DIR; its nn.Module classes are importable for Python reference checks.
 inline std::string MakeModelsScript() { return TestDataDir() + "/../models/make_models.py"; }
 
+// tests/models/nested_models.py: models as users write them (nested blocks, BatchNorm, tensors
+// read by attribute); `python3 nested_models.py DIR` writes resnet.pt, vit.pt and attrread.pt.
+inline std::string NestedModelsScript() {
+  return TestDataDir() + "/../models/nested_models.py";
+}
+
 }  // namespace stagecoach::testing

@@ -659,6 +659,37 @@ TEST(PlanJob, SplitPointsOfATorchScriptModel) {
   EXPECT_EQ(plan->layers[0].name(), "embed");
 }
 
+// A point at a module whose calls the worker opened stands for its first or its last layer.
+TEST(PlanJob, SplitPointsAtAModuleThatHoldsLayers) {
+  const std::vector<v1::LayerInfo> layers =
+      Layers({"conv_proj", "encoder.layers.b0", "encoder.layers.b1", "encoder.layers.b2",
+              "encoder.ln", "heads"});
+  struct Case {
+    std::string points;
+    std::vector<std::pair<int, int>> ranges;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"{encoder.layers.b1: beginning}", {{0, 2}, {2, 6}}},
+           {"{encoder.layers: beginning}", {{0, 1}, {1, 6}}},
+           {"{encoder.layers: end}", {{0, 4}, {4, 6}}},
+           {"{encoder: end, encoder.layers.b2: beginning}", {{0, 3}, {3, 5}, {5, 6}}},
+       }) {
+    SCOPED_TRACE(c.points);
+    auto plan = PlanJob(TorchScriptSpec(absl::StrCat("{points: ", c.points, "}")), layers);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(Ranges(*plan), c.ranges);
+  }
+  auto split = PlanJob(TorchScriptSpec("{points: {a: end}}"), Layers({"a.x", "b", "a.y", "c"}));
+  ASSERT_FALSE(split.ok());
+  EXPECT_THAT(std::string(split.status().message()),
+              HasSubstr("split.points.a: the layers inside 'a' are not contiguous (layer b comes "
+                        "between a.x and a.y)"));
+  auto outside = PlanJob(TorchScriptSpec("{points: {encode: end}}"), layers);
+  ASSERT_FALSE(outside.ok());
+  EXPECT_THAT(std::string(outside.status().message()),
+              HasSubstr("'encode' is not a layer of the model"));
+}
+
 TEST(PlanJob, SplitPointErrorsNameThePoints) {
   const std::vector<v1::LayerInfo> layers = Layers({"embed", "blocks.0", "blocks.1", "head"});
   struct Case {

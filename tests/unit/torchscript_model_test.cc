@@ -113,7 +113,10 @@ class TorchScriptModelTest : public ::testing::Test {
     if (mkdtemp(tmpl) == nullptr) return;
     const std::string dir = tmpl;
     const std::string script = testing::MakeModelsScript();
-    if (std::system(absl::StrCat(kPython, " '", script, "' '", dir, "'").c_str()) == 0) {
+    const std::string nested = testing::NestedModelsScript();
+    if (std::system(absl::StrCat(kPython, " '", script, "' '", dir, "' && ", kPython, " '", nested,
+                                 "' '", dir, "'")
+                        .c_str()) == 0) {
       dir_ = dir;
     }
   }
@@ -128,8 +131,9 @@ class TorchScriptModelTest : public ::testing::Test {
 
   static std::string Path(const std::string& name) { return absl::StrCat(dir_, "/", name); }
 
-  std::unique_ptr<TorchScriptModel> Load(const std::string& name) {
-    auto model = TorchScriptModel::Load(Path(name));
+  std::unique_ptr<TorchScriptModel> Load(const std::string& name,
+                                         const std::vector<std::string>& toward = {}) {
+    auto model = TorchScriptModel::Load(Path(name), "model.torchscript", toward);
     EXPECT_TRUE(model.ok()) << model.status();
     return model.ok() ? std::move(*model) : nullptr;
   }
@@ -155,9 +159,9 @@ class TorchScriptModelTest : public ::testing::Test {
   // Splits `name` at `cuts`, runs the chained stages on `x` and compares the output and every
   // parameter gradient with the whole module's (loaded separately by LibTorch). Returns the wiring.
   PipelineWiring CheckSplit(const std::string& name, const std::vector<int>& cuts,
-                            const torch::Tensor& x) {
+                            const torch::Tensor& x, const std::vector<std::string>& toward = {}) {
     SCOPED_TRACE(absl::StrCat(name, " cut at [", absl::StrJoin(cuts, ", "), "]"));
-    auto model = Load(name);
+    auto model = Load(name, toward);
     if (!model) return {};
     auto wiring = model->Split(cuts);
     EXPECT_TRUE(wiring.ok()) << wiring.status();
@@ -418,6 +422,115 @@ TEST_F(TorchScriptModelTest, RefusesImpossibleCuts) {
   EXPECT_THAT(SplitError("skip.pt", {1, 2}), HasSubstr("layer 0"));
   EXPECT_THAT(SplitError("skip.pt", {0, 2, 2}), HasSubstr("increase strictly"));
   EXPECT_THAT(SplitError("skip.pt", {0, 6}), HasSubstr("6 layers"));
+}
+
+std::vector<std::pair<std::string, int64_t>> LayersOf(TorchScriptModel& model) {
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (const ModelLayer& layer : model.layers()) out.emplace_back(layer.name, layer.parameters);
+  return out;
+}
+
+// The encoder holds 9,008 of the ViT's 9,893 parameters around a stack of four blocks: its call
+// and its nn.Sequential's are opened, the blocks are layers. conv_proj owns the class token and
+// the encoder's position embedding (both read after its call, before the first block's).
+TEST_F(TorchScriptModelTest, AnEncoderAroundAStackOfBlocksIsOpened) {
+  auto model = Load("vit.pt");
+  ASSERT_NE(model, nullptr);
+  constexpr int64_t kBlock = 32 + (16 * 48 + 48) + (16 * 16 + 16) + 32 + (16 * 32 + 32) +
+                             (32 * 16 + 16);
+  EXPECT_EQ(LayersOf(*model), (std::vector<std::pair<std::string, int64_t>>{
+                                  {"conv_proj", 3 * 16 * 16 + 16 + 16 + 5 * 16},
+                                  {"encoder.layers.encoder_layer_0", kBlock},
+                                  {"encoder.layers.encoder_layer_1", kBlock},
+                                  {"encoder.layers.encoder_layer_2", kBlock},
+                                  {"encoder.layers.encoder_layer_3", kBlock},
+                                  {"encoder.ln", 32},
+                                  {"heads", 16 * 5 + 5}}));
+  EXPECT_EQ(model->HeldParameterCount(), 9893);
+  torch::manual_seed(7);
+  const torch::Tensor x = torch::randn({3, 3, 8, 8});
+  CheckSplit("vit.pt", {0, 3}, x);
+  CheckSplit("vit.pt", {0, 2, 3, 4}, x);
+  CheckSplit("vit.pt", {0, 1, 2, 3, 4, 5, 6}, x);
+}
+
+// `h + self.extras.pos_embedding` between block1 and block2: the parameter belongs to block1's
+// stage, wherever the cut; the buffer nothing reads stays with layer 0; KeepOnlyStages keeps it.
+TEST_F(TorchScriptModelTest, ATensorOfAnUncalledModuleGoesToTheStageThatReadsIt) {
+  auto model = Load("attrread.pt");
+  ASSERT_NE(model, nullptr);
+  constexpr int64_t kBlock = 2 * 8 * 8 * 9 + 4 * 8;
+  EXPECT_EQ(LayersOf(*model), (std::vector<std::pair<std::string, int64_t>>{
+                                  {"stem", 3 * 8 * 9},
+                                  {"block1", kBlock + 8 * 8 * 8},
+                                  {"block2", kBlock},
+                                  {"head", 8 * 5 + 5}}));
+  torch::manual_seed(8);
+  const torch::Tensor x = torch::randn({3, 3, 8, 8});
+  CheckSplit("attrread.pt", {0, 1}, x);
+  CheckSplit("attrread.pt", {0, 2}, x);
+  CheckSplit("attrread.pt", {0, 1, 2, 3}, x);
+
+  ASSERT_TRUE(model->Split({0, 1}).ok());
+  ASSERT_TRUE(model->KeepOnlyStages({1}).ok());
+  auto stage = model->Stage(1);
+  ASSERT_TRUE(stage.ok()) << stage.status();
+  std::map<std::string, torch::Tensor> params;
+  for (auto& [name, p] : (*stage)->NamedParameters()) params[name] = p;
+  ASSERT_TRUE(params.count("extras.pos_embedding"));
+  EXPECT_EQ(params["extras.pos_embedding"].numel(), 8 * 8 * 8);
+  auto first = Load("attrread.pt");
+  ASSERT_TRUE(first->Split({0, 1}).ok());
+  auto stage0 = first->Stage(0);
+  ASSERT_TRUE(stage0.ok());
+  std::vector<std::string> buffers;
+  for (auto& [name, b] : (*stage0)->NamedBuffers()) buffers.push_back(name);
+  EXPECT_THAT(buffers, ::testing::ElementsAre("extras.scale"));
+}
+
+// A name inside a layer opens the calls that hold it: heavy.pt's layer "2" (not a stack of
+// blocks, so kept whole by default) opened toward "2.mid.2", and its Sequential `mid` with it.
+TEST_F(TorchScriptModelTest, ANamedModuleOpensTheCallsThatHoldIt) {
+  auto model = Load("heavy.pt", {"2.mid.2"});
+  ASSERT_NE(model, nullptr);
+  std::vector<std::string> names;
+  for (const ModelLayer& layer : model->layers()) names.push_back(layer.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"0", "1", "2.up", "2.mid.0", "2.mid.1", "2.mid.2",
+                                             "2.mid.3", "2.down", "3", "4", "5"}));
+  EXPECT_FALSE(model->sequential());  // torch.relu runs between 2.up and 2.mid.0
+  torch::manual_seed(9);
+  const torch::Tensor x = torch::randn({4, 16});
+  CheckSplit("heavy.pt", {0, 5}, x, {"2.mid.2"});
+  CheckSplit("heavy.pt", {0, 3, 7, 9}, x, {"2.mid.2"});
+}
+
+TEST_F(TorchScriptModelTest, SplitCandidatesListEveryCalledModuleWithItsParameters) {
+  auto model = Load("vit.pt");
+  ASSERT_NE(model, nullptr);
+  std::map<std::string, SplitCandidate> by_name;
+  std::vector<std::string> order;
+  for (const SplitCandidate& c : model->SplitCandidates()) {
+    by_name[c.name] = c;
+    order.push_back(c.name);
+  }
+  ASSERT_GE(order.size(), 8u);
+  EXPECT_EQ(std::vector<std::string>(order.begin(), order.begin() + 5),
+            (std::vector<std::string>{"conv_proj", "encoder", "encoder.layers",
+                                      "encoder.layers.encoder_layer_0",
+                                      "encoder.layers.encoder_layer_0.ln_1"}));
+  EXPECT_EQ(by_name["encoder"].parameters, 9008);
+  EXPECT_EQ(by_name["encoder"].depth, 0);
+  EXPECT_FALSE(by_name["encoder"].layer);
+  EXPECT_EQ(by_name["encoder.layers"].depth, 1);
+  EXPECT_TRUE(by_name["encoder.layers.encoder_layer_2"].layer);
+  EXPECT_EQ(by_name["encoder.layers.encoder_layer_2"].depth, 2);
+  // Inside a layer, at any depth: the attention's projections, the MLP's Linear layers.
+  EXPECT_EQ(by_name["encoder.layers.encoder_layer_2.self_attention.qkv"].parameters, 16 * 48 + 48);
+  EXPECT_EQ(by_name["encoder.layers.encoder_layer_2.self_attention.qkv"].depth, 4);
+  EXPECT_FALSE(by_name["encoder.layers.encoder_layer_2.self_attention.qkv"].layer);
+  EXPECT_TRUE(by_name.count("encoder.layers.encoder_layer_3.mlp.2"));
+  EXPECT_TRUE(by_name["heads"].layer);
+  EXPECT_EQ(order.back().rfind("heads", 0), 0u);
 }
 
 }  // namespace

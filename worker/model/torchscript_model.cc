@@ -24,6 +24,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -57,6 +58,31 @@ bool Recomputable(Node* n) {
   return n->blocks().empty() && !n->hasSideEffects() && !n->isNondeterministic();
 }
 
+torch::jit::Module SubmoduleAt(const torch::jit::Module& root, const std::string& path) {
+  torch::jit::Module m = root;
+  if (path.empty()) return m;
+  for (absl::string_view part : absl::StrSplit(path, '.')) {
+    m = m.attr(std::string(part)).toModule();
+  }
+  return m;
+}
+
+std::string Join(const std::string& prefix, const std::string& name) {
+  return prefix.empty() ? name : absl::StrCat(prefix, ".", name);
+}
+
+std::optional<std::string> PathFromSelf(Value* v, Value* self) {
+  std::vector<std::string> parts;
+  while (v != self) {
+    Node* n = v->node();
+    if (n->kind() != c10::prim::GetAttr) return std::nullopt;
+    parts.push_back(n->s(c10::attr::name));
+    v = n->input(0);
+  }
+  std::reverse(parts.begin(), parts.end());
+  return absl::StrJoin(parts, ".");
+}
+
 }  // namespace torchscript_internal
 
 namespace {
@@ -70,39 +96,15 @@ using torchscript_internal::Recomputable;
 using torchscript_internal::Replicable;
 using torchscript_internal::TopLevel;
 
-// The module at a qualified path ("blocks.0"; "" is `root` itself).
-torch::jit::Module SubmoduleAt(const torch::jit::Module& root, const std::string& path) {
-  torch::jit::Module m = root;
-  if (path.empty()) return m;
-  for (absl::string_view part : absl::StrSplit(path, '.')) {
-    m = m.attr(std::string(part)).toModule();
-  }
-  return m;
-}
+using torchscript_internal::Join;
+using torchscript_internal::PathFromSelf;
+using torchscript_internal::SubmoduleAt;
 
 // Splits "a.b.c" into ("a.b", "c").
 std::pair<std::string, std::string> SplitLast(const std::string& name) {
   const size_t dot = name.rfind('.');
   if (dot == std::string::npos) return {"", name};
   return {name.substr(0, dot), name.substr(dot + 1)};
-}
-
-std::string Join(const std::string& prefix, const std::string& name) {
-  return prefix.empty() ? name : absl::StrCat(prefix, ".", name);
-}
-
-// The attribute path from the graph's `self` to `v` ("blocks.0"), when `v` is `self` or a chain of
-// GetAttr nodes from it.
-std::optional<std::string> PathFromSelf(Value* v, Value* self) {
-  std::vector<std::string> parts;
-  while (v != self) {
-    Node* n = v->node();
-    if (n->kind() != c10::prim::GetAttr) return std::nullopt;
-    parts.push_back(n->s(c10::attr::name));
-    v = n->input(0);
-  }
-  std::reverse(parts.begin(), parts.end());
-  return absl::StrJoin(parts, ".");
 }
 
 absl::Status TorchError(const std::string& what, const std::exception& e) {
@@ -140,15 +142,17 @@ std::vector<std::pair<std::string, torch::Tensor>> NamedTensorsOf(const torch::j
   return out;
 }
 
-// A stage's parameters: those of its layers' submodules and the top-level module's own tensors
-// that its layers own.
+// A stage's tensors: those of its layers' submodules and the loose tensors its layers own.
 class TorchScriptStage : public StageModel {
  public:
+  // `opened`: the opened modules above the stage's layers (and the top-level module, ""), whose
+  // inlined code the stage runs.
   TorchScriptStage(torch::jit::Module root, std::vector<std::string> layers,
-                   std::vector<std::string> top_level_tensors)
+                   std::vector<std::string> loose_tensors, std::vector<std::string> opened)
       : root_(std::move(root)),
         layers_(std::move(layers)),
-        top_level_tensors_(std::move(top_level_tensors)) {}
+        loose_tensors_(loose_tensors.begin(), loose_tensors.end()),
+        opened_(std::move(opened)) {}
 
   std::vector<std::pair<std::string, torch::Tensor>> NamedParameters() override {
     return Owned(TensorKind::kParameters);
@@ -161,29 +165,34 @@ class TorchScriptStage : public StageModel {
   void To(const torch::Device& device) override {
     for (const std::string& name : layers_) SubmoduleAt(root_, name).to(device);
     torch::NoGradGuard no_grad;
-    for (const std::string& name : top_level_tensors_) {
-      torch::Tensor t = root_.attr(name).toTensor();
+    for (const std::string& name : loose_tensors_) {
+      auto [owner, attr] = SplitLast(name);
+      torch::Tensor t = SubmoduleAt(root_, owner).attr(attr).toTensor();
       t.set_data(t.to(device));
     }
   }
 
   void SetTraining(bool training) override {
     for (const std::string& name : layers_) SubmoduleAt(root_, name).train(training);
+    // Only the opened modules' own flag: train() would recurse into other stages' layers.
+    for (const std::string& name : opened_) {
+      torch::jit::Module m = SubmoduleAt(root_, name);
+      if (auto slot = m._ivalue()->type()->findAttributeSlot("training")) {
+        m._ivalue()->setSlot(*slot, training);
+      }
+    }
   }
 
  private:
-  // The stage's tensors of `kind`: its layers' submodules', then the top-level module's own that
-  // its layers own.
+  // The stage's tensors of `kind`: its layers' submodules', then its loose ones.
   std::vector<std::pair<std::string, torch::Tensor>> Owned(TensorKind kind) {
     std::vector<std::pair<std::string, torch::Tensor>> out;
     for (const std::string& name : layers_) {
       for (auto& t : NamedTensorsOf(root_, name, kind)) out.push_back(std::move(t));
     }
-    for (auto& t : NamedTensorsOf(root_, "", kind, /*recurse=*/false)) {
-      if (std::find(top_level_tensors_.begin(), top_level_tensors_.end(), t.first) !=
-          top_level_tensors_.end()) {
-        out.push_back(std::move(t));
-      }
+    if (loose_tensors_.empty()) return out;
+    for (auto& t : NamedTensorsOf(root_, "", kind)) {
+      if (loose_tensors_.count(t.first)) out.push_back(std::move(t));
     }
     return out;
   }
@@ -191,7 +200,8 @@ class TorchScriptStage : public StageModel {
  protected:
   torch::jit::Module root_;
   std::vector<std::string> layers_;
-  std::vector<std::string> top_level_tensors_;
+  std::set<std::string> loose_tensors_;
+  std::vector<std::string> opened_;
 };
 
 // A stage of a sequential model: its layers' submodules called in turn.
@@ -220,8 +230,10 @@ class SequentialStage : public TorchScriptStage {
 class GraphStage : public TorchScriptStage {
  public:
   GraphStage(torch::jit::Module root, std::shared_ptr<torch::jit::GraphFunction> function,
-             std::vector<std::string> layers, std::vector<std::string> top_level_tensors)
-      : TorchScriptStage(std::move(root), std::move(layers), std::move(top_level_tensors)),
+             std::vector<std::string> layers, std::vector<std::string> loose_tensors,
+             std::vector<std::string> opened)
+      : TorchScriptStage(std::move(root), std::move(layers), std::move(loose_tensors),
+                         std::move(opened)),
         function_(std::move(function)) {}
 
   std::vector<torch::Tensor> ForwardValues(const std::vector<torch::Tensor>& inputs) override {
@@ -240,7 +252,7 @@ class GraphStage : public TorchScriptStage {
 
 }  // namespace
 
-absl::Status TorchScriptModel::Impl::Analyse() {
+absl::Status TorchScriptModel::Impl::Analyse(const std::vector<std::string>& open_toward) {
   torch::jit::Method forward = module.get_method("forward");
   graph = forward.graph()->copy();
   if (graph->inputs().size() != 2 || !IsTensor(graph->inputs()[1])) {
@@ -253,66 +265,66 @@ absl::Status TorchScriptModel::Impl::Analyse() {
                                                    ": forward must return one tensor, it returns ",
                                                    graph->outputs()[0]->type()->repr_str()));
   }
-  Value* self = graph->inputs()[0];
-
-  // Inline self's own helper methods, so that the submodules they call are layers too.
-  for (bool changed = true; changed;) {
-    changed = false;
-    std::vector<Node*> nodes;
-    CollectNodes(graph->block(), &nodes);
-    for (Node* n : nodes) {
-      if (n->kind() == c10::prim::CallMethod && n->input(0) == self) {
-        torch::jit::Function& fn = module.get_method(n->s(c10::attr::name)).function();
-        // The method's own graph, not its optimised one (which has its submodule calls inlined).
-        torch::jit::GraphFunction& callee = torch::jit::toGraphFunction(fn);
-        torch::jit::inlineCallTo(n, &callee, callee.graph().get());
-        changed = true;
-        break;
-      }
-    }
-  }
-
-  // A forward that assigns module attributes keeps its reads where they are and is not split.
-  {
-    std::vector<Node*> nodes;
-    CollectNodes(graph->block(), &nodes);
-    for (Node* n : nodes) {
-      if (n->kind() == c10::prim::SetAttr && mutated.empty()) {
-        mutated = PathFromSelf(n->input(0), self).value_or("?");
-        mutated = Join(mutated, n->s(c10::attr::name));
-      }
-    }
-  }
-
-  // One read per tensor attribute, at the top level before its first use.
-  if (mutated.empty()) {
-    std::vector<Node*> nodes;
-    CollectNodes(graph->block(), &nodes);
-    std::map<std::string, Value*> hoisted;
-    for (Node* n : nodes) {
-      if (n->kind() != c10::prim::GetAttr || !IsTensor(n->output())) continue;
-      std::optional<std::string> attr = PathFromSelf(n->output(), self);
-      if (!attr) continue;
-      auto it = hoisted.find(*attr);
-      if (it == hoisted.end()) {
-        torch::jit::WithInsertPoint guard(TopLevel(n, graph.get()));
-        Value* v = self;
-        for (absl::string_view part : absl::StrSplit(*attr, '.')) {
-          v = graph->insertGetAttr(v, std::string(part));
-        }
-        it = hoisted.emplace(*attr, v).first;
-      }
-      n->output()->replaceAllUsesWith(it->second);
-    }
-    torch::jit::EliminateDeadCode(graph);
-  }
-
+  // Self's own helper methods and the opened submodules' calls, inlined.
+  OpenNestedCalls(open_toward);
+  FindMutation();
+  if (mutated.empty()) HoistTensorReads();
   for (Node* n : graph->nodes()) {
     top_index[n] = static_cast<int>(top.size());
     top.push_back(n);
   }
+  std::vector<Node*> first_call = FindLayers();
+  if (layers.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Prefix(),
+                     ": forward calls no submodule, so the model has no layer to cut "
+                     "into stages (call the layers as self.<name>(...))"));
+  }
+  AssignLooseTensors();
+  sequential = IsPlainChain(first_call);
+  return absl::OkStatus();
+}
 
-  // Layers: submodule calls in program order.
+void TorchScriptModel::Impl::FindMutation() {
+  // A forward that assigns module attributes keeps its reads where they are and is not split.
+  Value* self = graph->inputs()[0];
+  std::vector<Node*> nodes;
+  CollectNodes(graph->block(), &nodes);
+  for (Node* n : nodes) {
+    if (n->kind() == c10::prim::SetAttr && mutated.empty()) {
+      mutated = PathFromSelf(n->input(0), self).value_or("?");
+      mutated = Join(mutated, n->s(c10::attr::name));
+    }
+  }
+}
+
+void TorchScriptModel::Impl::HoistTensorReads() {
+  // One read per tensor attribute, at the top level before its first use.
+  Value* self = graph->inputs()[0];
+  std::vector<Node*> nodes;
+  CollectNodes(graph->block(), &nodes);
+  std::map<std::string, Value*> hoisted;
+  for (Node* n : nodes) {
+    if (n->kind() != c10::prim::GetAttr || !IsTensor(n->output())) continue;
+    std::optional<std::string> attr = PathFromSelf(n->output(), self);
+    if (!attr) continue;
+    auto it = hoisted.find(*attr);
+    if (it == hoisted.end()) {
+      torch::jit::WithInsertPoint guard(TopLevel(n, graph.get()));
+      Value* v = self;
+      for (absl::string_view part : absl::StrSplit(*attr, '.')) {
+        v = graph->insertGetAttr(v, std::string(part));
+      }
+      it = hoisted.emplace(*attr, v).first;
+    }
+    n->output()->replaceAllUsesWith(it->second);
+  }
+  torch::jit::EliminateDeadCode(graph);
+}
+
+std::vector<torchscript_internal::Node*> TorchScriptModel::Impl::FindLayers() {
+  // Layers: submodule calls in program order; tensor attribute reads noted on the way.
+  Value* self = graph->inputs()[0];
   std::vector<Node*> nodes;
   CollectNodes(graph->block(), &nodes);
   std::vector<Node*> first_call;
@@ -334,49 +346,60 @@ absl::Status TorchScriptModel::Impl::Analyse() {
     }
     layer_calls[it->second].push_back(top_index.at(TopLevel(n, graph.get())));
   }
-  if (layers.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(Prefix(),
-                     ": forward calls no submodule, so the model has no layer to cut "
-                     "into stages (call the layers as self.<name>(...))"));
-  }
+  return first_call;
+}
 
-  // Tensors held by the top-level module: owned by the layer whose part of the graph first reads
-  // them; those never read belong to layer 0.
-  layer_top_tensors.assign(layers.size(), {});
-  std::set<std::string> top_tensors;
-  for (const auto& p : module.named_parameters(false)) {
-    top_tensors.insert(p.name);
-    top_params.insert(p.name);
+void TorchScriptModel::Impl::AssignLooseTensors() {
+  // Loose tensors: owned by the layer whose part of the graph first reads them; those never
+  // read belong to layer 0.
+  auto under_a_layer = [&](const std::string& name) {
+    for (const ModelLayer& l : layers) {
+      if (absl::StartsWith(name, l.name + ".")) return true;
+    }
+    return false;
+  };
+  std::vector<std::string> loose;
+  for (const auto& [name, t] : NamedTensorsOf(module, "", TensorKind::kParameters)) {
+    if (!under_a_layer(name)) loose_params.insert(name);
   }
-  for (const auto& b : module.named_buffers(false)) top_tensors.insert(b.name);
+  for (const auto& [name, t] : NamedTensorsOf(module, "", TensorKind::kBoth)) {
+    if (!under_a_layer(name)) loose.push_back(name);
+  }
+  layer_loose_tensors.assign(layers.size(), {});
   std::set<std::string> placed;
   for (Node* n : top) {
     auto it = tensor_reads.find(n);
-    if (it == tensor_reads.end() || !top_tensors.count(it->second)) continue;
+    if (it == tensor_reads.end() ||
+        std::find(loose.begin(), loose.end(), it->second) == loose.end()) {
+      continue;
+    }
     int owner = 0;
     for (size_t l = 0; l < layers.size(); ++l) {
       if (layer_calls[l][0] <= top_index.at(n)) owner = static_cast<int>(l);
     }
-    layer_top_tensors[owner].push_back(it->second);
+    layer_loose_tensors[owner].push_back(it->second);
     placed.insert(it->second);
   }
-  for (const std::string& name : top_tensors) {
-    if (!placed.count(name)) layer_top_tensors[0].push_back(name);
+  for (const std::string& name : loose) {
+    if (!placed.count(name)) layer_loose_tensors[0].push_back(name);
   }
-
   for (size_t l = 0; l < layers.size(); ++l) {
     int64_t count = 0;
-    for (const auto& p : NamedTensorsOf(module, layers[l].name, TensorKind::kParameters)) count += p.second.numel();
-    for (const std::string& name : layer_top_tensors[l]) {
-      if (top_params.count(name)) count += module.attr(name).toTensor().numel();
+    for (const auto& p : NamedTensorsOf(module, layers[l].name, TensorKind::kParameters)) {
+      count += p.second.numel();
+    }
+    for (const std::string& name : layer_loose_tensors[l]) {
+      if (!loose_params.count(name)) continue;
+      auto [owner, attr] = SplitLast(name);
+      count += SubmoduleAt(module, owner).attr(attr).toTensor().numel();
     }
     layers[l].parameters = count;
   }
+}
 
+bool TorchScriptModel::Impl::IsPlainChain(const std::vector<Node*>& first_call) const {
   // Sequential: top-level nodes are only replicable ones and one call per layer, each taking the
   // previous call's output (the first: the input), the last one's output returned.
-  sequential = true;
   Value* previous = graph->inputs()[1];
   size_t calls = 0;
   for (Node* n : top) {
@@ -384,23 +407,20 @@ absl::Status TorchScriptModel::Impl::Analyse() {
     if (n->kind() != c10::prim::CallMethod || calls >= layers.size() || n != first_call[calls] ||
         n->s(c10::attr::name) != "forward" || n->inputs().size() != 2 || n->input(1) != previous ||
         n->outputs().size() != 1 || !IsTensor(n->output()) || layer_calls[calls].size() != 1) {
-      sequential = false;
-      break;
+      return false;
     }
     previous = n->output();
     ++calls;
   }
-  if (sequential && (calls != layers.size() || graph->outputs()[0] != previous)) {
-    sequential = false;
-  }
-  return absl::OkStatus();
+  return calls == layers.size() && graph->outputs()[0] == previous;
 }
 
 TorchScriptModel::TorchScriptModel() : impl_(std::make_unique<Impl>()) {}
 TorchScriptModel::~TorchScriptModel() = default;
 
-absl::StatusOr<std::unique_ptr<TorchScriptModel>> TorchScriptModel::Load(const std::string& path,
-                                                                         const std::string& field) {
+absl::StatusOr<std::unique_ptr<TorchScriptModel>> TorchScriptModel::Load(
+    const std::string& path, const std::string& field,
+    const std::vector<std::string>& open_toward) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) {
     return absl::InvalidArgumentError(
@@ -420,7 +440,7 @@ absl::StatusOr<std::unique_ptr<TorchScriptModel>> TorchScriptModel::Load(const s
     return absl::InvalidArgumentError(absl::StrCat(impl.Prefix(), ": the module has no forward"));
   }
   try {
-    RETURN_IF_ERROR(impl.Analyse());
+    RETURN_IF_ERROR(impl.Analyse(open_toward));
   } catch (const std::exception& e) {
     return TorchError(absl::StrCat(impl.Prefix(), ": cannot analyse forward"), e);
   }
@@ -430,6 +450,8 @@ absl::StatusOr<std::unique_ptr<TorchScriptModel>> TorchScriptModel::Load(const s
 const std::vector<ModelLayer>& TorchScriptModel::layers() const { return impl_->layers; }
 
 bool TorchScriptModel::sequential() const { return impl_->sequential; }
+
+std::vector<SplitCandidate> TorchScriptModel::SplitCandidates() { return impl_->Candidates(); }
 
 absl::StatusOr<PipelineWiring> TorchScriptModel::Split(const std::vector<int>& first_layers) {
   Impl& impl = *impl_;
@@ -476,20 +498,28 @@ absl::StatusOr<std::unique_ptr<StageModel>> TorchScriptModel::Stage(int stage) {
         absl::StrCat(impl.Prefix(), ": stage ", stage, "'s parameters were released"));
   }
   std::vector<std::string> names;
-  std::vector<std::string> top_tensors;
+  std::vector<std::string> loose;
+  std::vector<std::string> opened = {""};
   for (int l = impl.first_layers[stage]; l < impl.LayerEnd(stage); ++l) {
     names.push_back(impl.layers[l].name);
-    for (const std::string& t : impl.layer_top_tensors[l]) top_tensors.push_back(t);
+    for (const std::string& t : impl.layer_loose_tensors[l]) loose.push_back(t);
+    for (const std::string& m : impl.opened) {
+      if (absl::StartsWith(impl.layers[l].name, m + ".") &&
+          std::find(opened.begin(), opened.end(), m) == opened.end()) {
+        opened.push_back(m);
+      }
+    }
   }
   if (impl.sequential) {
-    return std::unique_ptr<StageModel>(
-        new SequentialStage(impl.module, std::move(names), std::move(top_tensors)));
+    return std::unique_ptr<StageModel>(new SequentialStage(impl.module, std::move(names),
+                                                           std::move(loose), std::move(opened)));
   }
   auto function = std::make_shared<torch::jit::GraphFunction>(
       c10::QualifiedName(absl::StrCat("stagecoach_stage_", stage)), impl.stage_graphs[stage],
       nullptr);
-  return std::unique_ptr<StageModel>(
-      new GraphStage(impl.module, std::move(function), std::move(names), std::move(top_tensors)));
+  return std::unique_ptr<StageModel>(new GraphStage(impl.module, std::move(function),
+                                                    std::move(names), std::move(loose),
+                                                    std::move(opened)));
 }
 
 absl::Status TorchScriptModel::KeepOnlyStages(const std::vector<int>& keep_stages) {
@@ -520,7 +550,7 @@ absl::Status TorchScriptModel::KeepOnlyStages(const std::vector<int>& keep_stage
       for (const auto& t : NamedTensorsOf(impl.module, impl.layers[l].name, TensorKind::kBoth)) {
         kept.insert(t.first);
       }
-      for (const std::string& t : impl.layer_top_tensors[l]) kept.insert(t);
+      for (const std::string& t : impl.layer_loose_tensors[l]) kept.insert(t);
     }
   }
   std::vector<std::pair<std::string, torch::Tensor>> tensors =

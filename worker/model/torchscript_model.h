@@ -7,6 +7,22 @@
 // owns its submodule's parameters; parameters the top-level module holds directly belong to the
 // first layer that uses them. A submodule called twice (weight sharing) cannot be cut.
 //
+// Nested layers. A call of a submodule may be opened: replaced by the body of the submodule's
+// forward, inlined into the top-level graph, so that the submodules it calls become layers in
+// its place ("encoder.layers.encoder_layer_2" instead of "encoder"). A call is opened when
+//  - a name given to Load (a split point, or a layer the job was planned with) lies inside the
+//    submodule, or
+//  - the submodule wraps most of the model around a stack of blocks: it holds more than half of
+//    the model's parameters, and it, or a submodule it calls that is opened by this rule, calls
+//    two or more distinct submodules of one class that call submodules themselves (a ViT's
+//    encoder around its nn.Sequential of encoder blocks), so that a split policy can cut
+//    between the blocks;
+// but never when its forward assigns module attributes. Opening repeats until no call qualifies.
+// An opened module's own tensors, and those of modules no layer calls that the forward reads by
+// attribute (`x + self.encoder.pos_embedding`), are loose tensors: each belongs to the first
+// layer whose part of the graph reads it (layer 0 when nothing reads it), so it moves, trains
+// and is checkpointed with that layer's stage.
+//
 // Sequential models. When the forward is a plain chain (each layer takes the previous layer's
 // output, or the model's input for the first, and the last layer's output is returned, with no
 // other computation), a stage is simply its layers' submodules called in turn.
@@ -44,18 +60,36 @@ struct ModelLayer {
   int64_t parameters = 0;
 };
 
+// A module a split point may name.
+struct SplitCandidate {
+  // Qualified submodule name.
+  std::string name;
+  // Parameter elements under it (a layer: those it owns, loose ones included).
+  int64_t parameters = 0;
+  // Opened modules above it.
+  int depth = 0;
+  // Whether it is a layer (a point at a module holding layers stands for the first or the last
+  // of them; a point inside a layer opens the layer when the job is planned).
+  bool layer = false;
+};
+
 class TorchScriptModel {
  public:
-  // Loads a TorchScript file (torch.jit.save) onto the CPU. INVALID_ARGUMENT naming `field` and
-  // the path when it cannot be read, is not a TorchScript archive, has no forward taking one
-  // tensor, or its forward has no layer.
+  // Loads a TorchScript file (torch.jit.save) onto the CPU, opening the calls that hold any of
+  // `open_toward` (see "Nested layers"). INVALID_ARGUMENT naming `field` and the path when it
+  // cannot be read, is not a TorchScript archive, has no forward taking one tensor, or its
+  // forward has no layer.
   static absl::StatusOr<std::unique_ptr<TorchScriptModel>> Load(
-      const std::string& path, const std::string& field = "model.torchscript");
+      const std::string& path, const std::string& field = "model.torchscript",
+      const std::vector<std::string>& open_toward = {});
 
   ~TorchScriptModel();
 
   // The model's layers, in forward order.
   const std::vector<ModelLayer>& layers() const;
+  // Every module a split point may name, in forward order, each opened module before the
+  // layers it holds and each layer before the modules its forward calls (at any depth).
+  std::vector<SplitCandidate> SplitCandidates();
   // Whether the forward is a plain chain of the layers (see the file comment).
   bool sequential() const;
 

@@ -86,7 +86,7 @@ absl::Status TorchScriptModel::Impl::SplitGraph(const std::vector<int>& cuts) {
     for (int i = bound[s]; i < bound[s + 1]; ++i) stage_of[top[i]] = s;
   }
   for (size_t l = 0; l < layers.size(); ++l) {
-    for (const std::string& name : layer_top_tensors[l]) {
+    for (const std::string& name : layer_loose_tensors[l]) {
       for (auto& [n, attr] : tensor_reads) {
         if (attr == name) stage_of[n] = layer_stage(static_cast<int>(l));
       }

@@ -328,7 +328,10 @@ absl::StatusOr<v1::InspectModelResponse> Inspect(const spec::JobSpec& spec, bool
   v1::InspectModelResponse out;
   std::unique_ptr<TorchScriptModel> torchscript;
   if (spec.model.torchscript.has_value()) {
-    ASSIGN_OR_RETURN(torchscript, TorchScriptModel::Load(model_path, "model.torchscript"));
+    // Split points inside a layer open it (torchscript_model.h, "Nested layers").
+    std::vector<std::string> points;
+    for (const auto& [name, where] : spec.split.points) points.push_back(name);
+    ASSIGN_OR_RETURN(torchscript, TorchScriptModel::Load(model_path, "model.torchscript", points));
     for (const ModelLayer& layer : torchscript->layers()) {
       v1::LayerInfo* info = out.add_layers();
       info->set_name(layer.name);

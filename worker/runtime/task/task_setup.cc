@@ -50,10 +50,12 @@ absl::Status BuildTorchScriptStages(const v1::TaskAssignment& task, const spec::
   const int num_stages = task.num_stages();
   ASSIGN_OR_RETURN(const std::string path,
                    Resolve(deps, "model.torchscript", *spec.model.torchscript));
-  ASSIGN_OR_RETURN(out.script, model::TorchScriptModel::Load(path));
+  // The planned layers name the nested modules whose calls the plan opened.
+  const std::vector<std::string> planned(task.layer_names().begin(), task.layer_names().end());
+  ASSIGN_OR_RETURN(out.script,
+                   model::TorchScriptModel::Load(path, "model.torchscript", planned));
   std::vector<std::string> names;
   for (const model::ModelLayer& layer : out.script->layers()) names.push_back(layer.name);
-  const std::vector<std::string> planned(task.layer_names().begin(), task.layer_names().end());
   if (!planned.empty() && planned != names) {
     return absl::FailedPreconditionError(
         absl::StrCat("model.torchscript: '", *spec.model.torchscript, "' has the layers [",

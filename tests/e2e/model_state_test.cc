@@ -1,7 +1,9 @@
-// A model's state beyond its parameters, across real processes: a ResNet-style TorchScript model
-// with BatchNorm (written here by Debian's python3-torch) trained by a coordinator and workers on
-// loopback, held to plain PyTorch (an eager nn.Module in /usr/bin/python3 trained on the same
-// batches by the numerical contract, sharing no code with the worker):
+// Models as users write them (tests/models/nested_models.py, scripted here by Debian's
+// python3-torch) trained by a coordinator and workers on loopback, held to plain PyTorch (the
+// eager nn.Module in /usr/bin/python3 trained on the same batches by the numerical contract,
+// sharing no code with the worker).
+//
+// A ResNet-style model with BatchNorm, for the state beyond parameters:
 //   - per-step training losses, and the eval losses after every step (eval mode: the running
 //     statistics), on 1F1B (2 stages) and ZBVZeroBubble (4 stages on 2 workers), so the shape
 //     probes before the first step leave the running statistics alone;
@@ -15,6 +17,12 @@
 //   - with 2 replicas, every replica's buffers are replica 0's after each step
 //     (worker/runtime/training/replica_buffers.h): the eval losses (each replica evaluates its
 //     share with its own buffers) and the checkpoint match a reference that keeps replica 0's.
+// Nested layers (worker/model/torchscript_model.h "Nested layers"), by the same measures:
+//   - a ViT-style model whose blocks live in an nn.Sequential inside `encoder`, cut between
+//     blocks at nested names on 1F1B and ZBVZeroBubble, cut by split.policy between blocks,
+//     and resumed mid-run;
+//   - a model whose top-level forward adds a parameter of a module it never calls, on 1F1B and
+//     ZBVZeroBubble, with the parameter in a later stage than the first.
 // Skipped when /usr/bin/python3 cannot import torch.
 #include <cmath>
 #include <cstdlib>
@@ -30,6 +38,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/support/local_cluster.h"
 #include "tests/support/python.h"
+#include "tests/support/test_paths.h"
 
 namespace stagecoach::testing::model_state_test {
 namespace {
@@ -41,42 +50,24 @@ constexpr int kEvalBatches = 2;
 constexpr double kLr = 0.05;
 constexpr double kMomentum = 0.9;
 
-// make DIR: resnet.pt (scripted), train.pt and eval.pt ({inputs, targets}, torch.save).
-// reference DIR STEPS OUT.json STATE.pt [RECOMPUTE]: trains the eager module from resnet.pt's
-//   initial state by the contract (DESIGN.md "Numerical contract"); writes the per-step losses
-//   and eval losses, and the final state_dict.
+// Arguments: MODELS_DIR (tests/models) MODEL (a nested_models.BUILDERS name), then
+// make DIR: every nested_models model scripted (MODEL.pt), train.pt and eval.pt ({inputs,
+//   targets}, torch.save).
+// reference DIR STEPS OUT.json STATE.pt: trains the eager MODEL from MODEL.pt's initial state by
+//   the contract (DESIGN.md "Numerical contract"); writes the per-step losses and eval losses,
+//   and the final state_dict.
 // compare CKPT_STEP_DIR STAGES STATE.pt: merges the stage export files, loads them into a fresh
 //   eager module with strict=True, and compares every tensor with STATE.pt.
 constexpr char kScript[] = R"PY(
 import json, sys, torch
-import torch.nn as nn
 import torch.nn.functional as F
+sys.path.insert(0, sys.argv[1])
+import nested_models
 
-class Block(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(c)
-        self.conv2 = nn.Conv2d(c, c, 3, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(c)
-    def forward(self, x):
-        h = torch.relu(self.bn1(self.conv1(x)))
-        return torch.relu(x + self.bn2(self.conv2(h)))
-
-class ResNet(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False),
-                                  nn.BatchNorm2d(8), nn.ReLU())
-        self.layer1 = Block(8)
-        self.layer2 = Block(8)
-        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 5))
-    def forward(self, x):
-        return self.head(self.layer2(self.layer1(self.stem(x))))
-
+MODEL = sys.argv[2]
 B, M, D, EVAL_BATCHES, LR, MOMENTUM = (int(sys.argv[-6]), int(sys.argv[-5]), int(sys.argv[-4]),
                                         int(sys.argv[-3]), float(sys.argv[-2]), float(sys.argv[-1]))
-args = sys.argv[1:-6]
+args = sys.argv[3:-6]
 
 def batch(data, k):
     n = data["inputs"].shape[0]
@@ -107,16 +98,15 @@ def train_step(model, x, y):
 
 if args[0] == "make":
     d = args[1]
-    torch.manual_seed(3)
-    torch.jit.save(torch.jit.script(ResNet()), d + "/resnet.pt")
+    nested_models.main(d)
     g = torch.Generator().manual_seed(7)
     for name, n in (("train", 24), ("eval", 16)):
         torch.save({"inputs": torch.randn(n, 3, 8, 8, generator=g, dtype=torch.float64),
                     "targets": torch.randint(0, 5, (n,), generator=g)}, d + "/" + name + ".pt")
 elif args[0] == "reference":
     d, steps, out, state = args[1], int(args[2]), args[3], args[4]
-    model = ResNet()
-    model.load_state_dict(torch.jit.load(d + "/resnet.pt").state_dict(), strict=True)
+    model = nested_models.BUILDERS[MODEL]()
+    model.load_state_dict(torch.jit.load(d + "/" + MODEL + ".pt").state_dict(), strict=True)
     train, held_out = torch.load(d + "/train.pt"), torch.load(d + "/eval.pt")
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     losses, evals = [], []
@@ -140,7 +130,7 @@ elif args[0] == "compare":
         for name in part:
             assert name not in merged, name + " is in two stages"
         merged.update(part)
-    ResNet().load_state_dict(merged, strict=True)
+    nested_models.BUILDERS[MODEL]().load_state_dict(merged, strict=True)
     want = torch.load(state)
     bad = []
     for name, w in want.items():
@@ -176,7 +166,8 @@ class ModelState : public ::testing::Test {
 
   // Runs the script with `args` (and the contract's constants); its exit code.
   int Python(const std::vector<std::string>& args) {
-    std::string command = absl::StrCat(kPython, " '", script_, "'");
+    std::string command = absl::StrCat(kPython, " '", script_, "' '", TestDataDir(),
+                                       "/../models' ", model_);
     for (const std::string& a : args) absl::StrAppend(&command, " '", a, "'");
     absl::StrAppend(&command, " ", batch_, " ", kMicrobatches, " ", replicas_, " ", kEvalBatches,
                     " ", kLr, " ", kMomentum, " > '", cluster_->dir(), "/python.out' 2>&1");
@@ -204,13 +195,13 @@ class ModelState : public ::testing::Test {
     return ref;
   }
 
-  // The job's spec: the ResNet split by `split`, `steps` steps on `schedule`, a checkpoint after
+  // The job's spec: model_ split by `split`, `steps` steps on `schedule`, a checkpoint after
   // every step, an eval pass after every step.
   std::string Spec(const std::string& name, const std::string& schedule, const std::string& split,
                    int steps, const std::string& extra_training = "") {
     const std::string& d = cluster_->dir();
     return absl::StrCat(
-        "name: ", name, "\nmodel: {torchscript: ", d, "/resnet.pt}\nsplit: ", split,
+        "name: ", name, "\nmodel: {torchscript: ", d, "/", model_, ".pt}\nsplit: ", split,
         "\nschedule: {kind: ", schedule, ", microbatches: ", kMicrobatches,
         "}\nplacement: {workers: 2, replicas: ", replicas_, "}\ntraining:\n  batch_size: ", batch_,
         "\n  steps: ", steps,
@@ -253,6 +244,7 @@ class ModelState : public ::testing::Test {
 
   std::unique_ptr<LocalCluster> cluster_;
   std::string script_;
+  std::string model_ = "resnet";
   int batch_ = 8;
   int replicas_ = 1;
 };
@@ -292,6 +284,55 @@ TEST_F(ModelState, ReplicasKeepReplicaZerosBuffers) {
   const Reference ref = RunReference(3, "ref-replicas");
   const v1::Job job = Run(Spec("bn-replicas", "1F1B", "{points: {layer2: beginning}}", 3));
   Check(job, ref, 0, "bn-replicas", 2);
+}
+
+// The ViT's blocks live in encoder.layers (an nn.Sequential inside `encoder`): cut between them
+// at nested names, the stages train and evaluate as the whole eager module does.
+TEST_F(ModelState, AViTCutBetweenNestedBlocksTrainsAsPlainPyTorch) {
+  model_ = "vit";
+  const Reference ref = RunReference(3, "vit-ref3");
+  const v1::Job one_f_one_b = Run(
+      Spec("vit-1f1b", "1F1B", "{points: {encoder.layers.encoder_layer_2: beginning}}", 3));
+  Check(one_f_one_b, ref, 0, "vit-1f1b", 2);
+  ASSERT_EQ(one_f_one_b.stages_size(), 2);
+  EXPECT_EQ(one_f_one_b.layers(one_f_one_b.stages(1).first_layer()).name(),
+            "encoder.layers.encoder_layer_2");
+  const v1::Job zbv = Run(Spec("vit-zbv", "ZBVZeroBubble",
+                               "{points: {encoder.layers.encoder_layer_1: beginning, "
+                               "encoder.layers.encoder_layer_3: beginning, encoder.ln: beginning}}",
+                               3));
+  Check(zbv, ref, 0, "vit-zbv", 4);
+}
+
+// Without points, a split policy cuts between the blocks (the encoder's call is opened because it
+// wraps most of the model around them); a job resumed from its checkpoint after step 2 gives the
+// uninterrupted run's losses, evals and state.
+TEST_F(ModelState, APolicyCutsTheViTBetweenBlocksAndResumes) {
+  model_ = "vit";
+  const Reference ref = RunReference(4, "vit-ref4");
+  const std::string split = "{stages: 2, policy: equal-params}";
+  const v1::Job first = Run(Spec("vit-policy", "1F1B", split, 2));
+  ASSERT_EQ(first.state(), v1::JOB_STATE_SUCCEEDED);
+  ASSERT_EQ(first.stages_size(), 2);
+  EXPECT_EQ(first.layers(first.stages(1).first_layer()).name(), "encoder.layers.encoder_layer_2");
+  Check(first, RunReference(2, "vit-ref2"), 0, "vit-policy", 2);
+  const v1::Job resumed =
+      Run(Spec("vit-resumed", "1F1B", split, 2,
+               absl::StrCat("  resume_from: ", cluster_->dir(), "/ckpt-vit-policy/step-000002\n")));
+  Check(resumed, ref, 2, "vit-resumed", 2);
+}
+
+// `h + self.extras.pos_embedding` in the top-level forward, where `extras` is never called: the
+// parameter trains in the stage that reads it (block1's), here not the first.
+TEST_F(ModelState, AParameterReadByAttributeTrainsInTheStageThatReadsIt) {
+  model_ = "attrread";
+  const Reference ref = RunReference(3, "attr-ref3");
+  const v1::Job one_f_one_b = Run(Spec("attr-1f1b", "1F1B", "{points: {block1: beginning}}", 3));
+  Check(one_f_one_b, ref, 0, "attr-1f1b", 2);
+  const v1::Job zbv =
+      Run(Spec("attr-zbv", "ZBVZeroBubble",
+               "{points: {block1: beginning, block2: beginning, head: beginning}}", 3));
+  Check(zbv, ref, 0, "attr-zbv", 4);
 }
 
 }  // namespace

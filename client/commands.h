@@ -123,6 +123,12 @@ class Commands {
   // a usage error naming --memory-limit. `uploads` as for Submit.
   int Plan(const std::string& spec_path, const std::string& memory_limit, int top,
            const SubmitUploads& uploads = {});
+  // `stagectl inspect MODEL`: a worker loads the TorchScript model (a path on the workers, an
+  // artifact uri, or with `upload` a local file uploaded first) and the model's layers and the
+  // split points it offers, nested ones included, are printed with their parameter counts
+  // (ModelTable; ModelJson with -o json|yaml). `device` ("cpu", "cuda"; empty: any) picks the
+  // worker. Exit 1 when the coordinator or the worker refuses the model (its message).
+  int Inspect(const std::string& model, bool upload, const std::string& device);
   // `stagectl plan --job JOB`: the job's schedule and split, and per rank the plan's predicted
   // compute and bubble beside those its latest traced step measured and the bubble the schedule
   // gives that step's measured costs (BalanceTable; BalanceJson with -o json|yaml).

@@ -1,7 +1,9 @@
-// `stagectl plan` (commands.h): the coordinator's plan search for a spec, ranked.
+// `stagectl plan` (commands.h): the coordinator's plan search for a spec, ranked; and
+// `stagectl inspect`: the layers and split points a model offers.
 #include "absl/strings/str_cat.h"
 #include "client/commands.h"
 #include "client/render/render_balance.h"
+#include "client/render/render_model.h"
 #include "client/render/render_plan.h"
 #include "common/util/byte_size.h"
 
@@ -51,6 +53,28 @@ int Commands::Plan(const std::string& spec_path, const std::string& memory_limit
     return 1;
   }
   return 0;
+}
+
+int Commands::Inspect(const std::string& model, bool upload, const std::string& device) {
+  std::string ref = model;
+  if (upload) {
+    if (int rc = UploadFile(model, "MODEL", &ref); rc != 0) return rc;
+  }
+  v1::DescribeModelRequest req;
+  req.set_torchscript(ref);
+  req.set_device(device);
+  v1::DescribeModelResponse resp;
+  grpc::Status status = Call(&v1::CoordinatorService::Stub::DescribeModel, req, &resp,
+                             options_.timeout + kSubmitInspectionAllowance);
+  if (!status.ok()) {
+    if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
+        status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      err_ << "stagectl: inspect: " << status.error_message() << "\n";
+      return 1;
+    }
+    return RpcError(status, "inspect");
+  }
+  return Print(ModelJson(model, resp), ModelTable(model, resp));
 }
 
 int Commands::PlanOfJob(const std::string& job_id) {

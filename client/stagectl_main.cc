@@ -21,6 +21,7 @@ namespace {
 constexpr char kExamples[] =
     "Examples (the coordinator from --coordinator or $STAGECOACH_COORDINATOR):\n"
     "  stagectl workers                              the workers and what they run\n"
+    "  stagectl inspect --upload model.pt            a model's layers and split points\n"
     "  stagectl plan configs/mlp-4stage-1f1b.yaml    rank the plans the spec leaves open\n"
     "  stagectl plan --job JOB                       a job's ranks: predicted vs measured\n"
     "  stagectl submit configs/mlp-4stage-1f1b.yaml  submit; prints the job id\n"
@@ -167,6 +168,21 @@ int main(int argc, char** argv) {
   plan->add_option("--top", plan_top, "table rows to print (default 15; -o json prints all)");
   plan->add_option("--model", uploads.model, "as for submit");
   plan->add_option("--data", uploads.data, "as for submit");
+  std::string inspect_model;
+  std::string inspect_device;
+  bool inspect_upload = false;
+  auto* inspect = app.add_subcommand(
+      "inspect",
+      "list a TorchScript model's layers and the split points it offers, nested modules "
+      "included, with their parameter counts: a worker loads the model; nothing is submitted");
+  inspect
+      ->add_option("MODEL", inspect_model,
+                   "the model as model.torchscript names it: a path on the workers, or "
+                   "artifact:<sha256>; with --upload, a local file")
+      ->required();
+  inspect->add_flag("--upload", inspect_upload, "upload the local file MODEL first");
+  inspect->add_option("--device", inspect_device,
+                      "load it on a worker of this device: cpu or cuda (default: any)");
   auto* list = app.add_subcommand("list", "list jobs");
   auto* status = app.add_subcommand("status", "show a job");
   status->add_option("JOB", job_id, "job id")->required();
@@ -383,6 +399,7 @@ int main(int argc, char** argv) {
     }
     return commands.Plan(spec_path, memory_limit, plan_top, uploads);
   }
+  if (inspect->parsed()) return commands.Inspect(inspect_model, inspect_upload, inspect_device);
   if (list->parsed()) return commands.List();
   if (status->parsed()) {
     return commands.Status(job_id, {status_history, history_from, history_steps});

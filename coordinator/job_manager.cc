@@ -167,6 +167,11 @@ absl::StatusOr<SearchedPlans> JobManager::SearchPlans(const std::string& spec_ya
   return admission_.SearchPlans(spec_yaml, origin, memory_limit_bytes, caller_gone);
 }
 
+absl::StatusOr<v1::DescribeModelResponse> JobManager::DescribeModel(
+    const std::string& torchscript, const std::string& device) {
+  return admission_.DescribeModel(torchscript, device);
+}
+
 absl::StatusOr<InferenceResult> JobManager::Infer(const std::string& spec_yaml,
                                                   const std::string& origin, v1::TensorData inputs,
                                                   absl::Duration timeout,

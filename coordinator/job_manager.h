@@ -161,6 +161,10 @@ class JobManager : private LifecycleHooks {
   absl::StatusOr<SearchedPlans> SearchPlans(const std::string& spec_yaml, const std::string& origin,
                                             int64_t memory_limit_bytes,
                                             const std::function<bool()>& caller_gone = nullptr);
+  // A TorchScript model's layers and split candidates (Admission::DescribeModel: its errors),
+  // for `stagectl inspect`; queues nothing.
+  absl::StatusOr<v1::DescribeModelResponse> DescribeModel(const std::string& torchscript,
+                                                          const std::string& device);
   // The job with the part of its history `window` selects (the whole by default).
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id,
                                  const HistoryWindow& window = HistoryWindow::All());

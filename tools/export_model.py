@@ -15,8 +15,11 @@ file is loaded back and must give the module's output on a random input (both in
 It prints the model's ordered top-level layers, the names split.points uses: for an
 nn.Sequential its children, otherwise the submodule calls (prim::CallMethod) of the scripted
 forward graph in order, with their parameter counts (a parameter of the top-level module itself
-counts towards the layer whose part of the forward reads it first, as the workers count it). --spec-out writes a starter spec for
-`stagectl submit job.yaml --model model.pt`.
+counts towards the layer whose part of the forward reads it first, as the workers count it). The
+workers also open a call that wraps most of the model around a stack of blocks (a ViT's encoder)
+into the blocks, and any call holding a nested split point; `stagectl inspect --upload model.pt`
+lists the layers and every split point as the service sees them. --spec-out writes a starter
+spec for `stagectl submit job.yaml --model model.pt`.
 
 Runs with Debian's python3-torch (1.13). Exit codes: 0 success, 1 failure (import, scripting,
 checking), 2 usage errors.
@@ -312,6 +315,8 @@ def main(argv):
     width = max(len(name) for name, _ in layers)
     for i, (name, count) in enumerate(layers):
         print(f"  {i:3d}  {name:<{width}}  {count:>12d}")
+    print("  (top-level calls: `stagectl inspect --upload " + args.out + "` lists the layers as the "
+          "workers cut them, nested blocks and every split point included)")
     own = total - sum(count for _, count in layers)
     if own:
         print(f"  ({own} parameters of submodules that forward does not call, or of the "

@@ -19,6 +19,11 @@
 namespace stagecoach::coordinator {
 namespace {
 
+// What DescribeModel sends a worker, model.torchscript and placement.device set.
+constexpr char kDescribeSpec[] =
+    "name: describe-model\nmodel: {torchscript: unset}\nschedule: {kind: GPipe, microbatches: 1}\n"
+    "training: {batch_size: 1, steps: 1}\n";
+
 // Timed repeats of each layer in a plan search's profiles (the worker's default is 3).
 constexpr int kSearchProfileIterations = 15;
 
@@ -102,11 +107,6 @@ absl::StatusOr<std::vector<v1::LayerInfo>> Admission::ModelLayers(const spec::Jo
   RETURN_IF_ERROR(CheckPlannable(spec, plan_options));
   const std::string what = spec.model.torchscript.has_value() ? "inspect model.torchscript"
                                                               : "profile the model's layers";
-  const std::vector<WorkerRecord> candidates = InspectingWorkers(*registry_, spec.placement.device);
-  if (candidates.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("no live worker to ", what, "; start a worker first"));
-  }
   v1::InspectModelRequest request;
   request.set_spec_yaml(inspect_yaml);
   request.set_profile(profile);
@@ -115,6 +115,23 @@ absl::StatusOr<std::vector<v1::LayerInfo>> Admission::ModelLayers(const spec::Jo
   request.set_profile_iterations(options_.profile_iterations > 0 || !force_profile
                                      ? options_.profile_iterations
                                      : kSearchProfileIterations);
+  std::string worker;
+  ASSIGN_OR_RETURN(v1::InspectModelResponse inspected,
+                   InspectOnWorker(spec.placement.device, request, what, &worker));
+  spdlog::info("worker {} inspected the model: {} layers{}", worker, inspected.layers_size(),
+               profile ? ", profiled" : "");
+  if (profiled_by != nullptr) *profiled_by = worker;
+  return std::vector<v1::LayerInfo>(inspected.layers().begin(), inspected.layers().end());
+}
+
+absl::StatusOr<v1::InspectModelResponse> Admission::InspectOnWorker(
+    const std::string& device, const v1::InspectModelRequest& request, const std::string& what,
+    std::string* worker_id) {
+  const std::vector<WorkerRecord> candidates = InspectingWorkers(*registry_, device);
+  if (candidates.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no live worker to ", what, "; start a worker first"));
+  }
   // A worker that cannot be reached (it died and its heartbeats have not yet run out) is passed
   // over for the next one; any other error is the answer.
   std::string unreachable;
@@ -145,10 +162,34 @@ absl::StatusOr<std::vector<v1::LayerInfo>> Admission::ModelLayers(const spec::Jo
     return absl::Status(error.code(), absl::StrCat("could not ", what, " on worker ", worker->id,
                                                    " at ", worker->address, ": ", error.message()));
   }
-  spdlog::info("worker {} inspected the model: {} layers{}", worker->id, inspected->layers_size(),
-               profile ? ", profiled" : "");
-  if (profiled_by != nullptr) *profiled_by = worker->id;
-  return std::vector<v1::LayerInfo>(inspected->layers().begin(), inspected->layers().end());
+  *worker_id = worker->id;
+  return inspected;
+}
+
+absl::StatusOr<v1::DescribeModelResponse> Admission::DescribeModel(
+    const std::string& torchscript, const std::string& device) {
+  // The smallest spec that names the model; the worker reads only its model section.
+  spec::SpecOverrides overrides;
+  overrides.set = {{"model.torchscript", torchscript}};
+  if (!device.empty()) overrides.set.emplace_back("placement.device", device);
+  ASSIGN_OR_RETURN(const std::string spec_yaml,
+                   spec::ApplySpecOverrides(kDescribeSpec, "the model to describe", overrides));
+  ASSIGN_OR_RETURN(const spec::JobSpec spec,
+                   spec::ReadJobSpec(spec_yaml, "the model to describe"));
+  RETURN_IF_ERROR(spec::CheckSpecLimits(spec, options_.limits));
+  v1::InspectModelRequest request;
+  request.set_spec_yaml(spec_yaml);
+  v1::DescribeModelResponse out;
+  std::string worker;
+  ASSIGN_OR_RETURN(v1::InspectModelResponse inspected,
+                   InspectOnWorker(spec.placement.device, request, "inspect model.torchscript",
+                                   &worker));
+  *out.mutable_layers() = std::move(*inspected.mutable_layers());
+  *out.mutable_split_candidates() = std::move(*inspected.mutable_split_candidates());
+  out.set_sequential(inspected.sequential());
+  out.set_model_sha256(inspected.model_sha256());
+  out.set_inspected_by(worker);
+  return out;
 }
 
 absl::StatusOr<std::vector<v1::LayerInfo>> Admission::DefaultSplit(spec::JobSpec* spec,

@@ -19,6 +19,7 @@
 #include "common/spec/job_spec.h"
 #include "common/spec/spec_limits.h"
 #include "coordinator/checkpoints/checkpoint_manifest.h"
+#include "stagecoach/v1/coordinator.pb.h"
 #include "coordinator/planning/plan_search.h"
 #include "coordinator/planning/planner.h"
 #include "coordinator/workers/worker_client.h"
@@ -93,6 +94,13 @@ class Admission {
                                             int64_t memory_limit_bytes,
                                             const std::function<bool()>& caller_gone = nullptr);
 
+  // A TorchScript model's layers and split candidates as a worker of `device` (any when empty)
+  // inspects them (`stagectl inspect`); `torchscript` is model.torchscript as a spec writes it.
+  // Errors as AdmitTraining's inspection, plus INVALID_ARGUMENT naming model.torchscript for a
+  // value a spec cannot hold.
+  absl::StatusOr<v1::DescribeModelResponse> DescribeModel(const std::string& torchscript,
+                                                          const std::string& device);
+
   // An Infer job: `spec_yaml` planned as a ForwardOnly job of one step whose batch is `inputs`
   // (the spec's schedule files, checkpoints and data section do not apply; profiled layer times
   // are measured on the spec's own data). Errors as AdmitTraining, plus INVALID_ARGUMENT naming
@@ -112,6 +120,15 @@ class Admission {
                                                          const PlanOptions& plan_options,
                                                          std::string* profiled_by = nullptr,
                                                          bool force_profile = false);
+
+  // Sends `request` to a live worker of `device` (idle before busy), passing over those that
+  // cannot be reached; `what` names the errand in errors; *worker_id receives the one that
+  // answered. FAILED_PRECONDITION when none is alive or reachable, INVALID_ARGUMENT with the
+  // worker's message (it names the field), other errors naming the worker.
+  absl::StatusOr<v1::InspectModelResponse> InspectOnWorker(const std::string& device,
+                                                           const v1::InspectModelRequest& request,
+                                                           const std::string& what,
+                                                           std::string* worker_id);
 
   // For a spec that leaves the split to its default (docs/spec.md): sets spec->split.policy to
   // the policy to plan with and *why to the reason, and returns the layers to plan by. A

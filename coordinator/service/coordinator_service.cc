@@ -92,6 +92,18 @@ grpc::Status CoordinatorServiceImpl::PlanSpec(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
+grpc::Status CoordinatorServiceImpl::DescribeModel(grpc::ServerContext*,
+                                                   const v1::DescribeModelRequest* req,
+                                                   v1::DescribeModelResponse* resp) {
+  if (auto s = Required(req->torchscript(), "torchscript"); !s.ok()) return s;
+  if (auto s = Bounded(req->torchscript(), "torchscript", kMaxPathBytes); !s.ok()) return s;
+  if (auto s = Bounded(req->device(), "device", kMaxNameBytes); !s.ok()) return s;
+  auto described = jobs_->DescribeModel(req->torchscript(), req->device());
+  if (!described.ok()) return ToGrpcStatus(described.status());
+  *resp = std::move(*described);
+  return grpc::Status::OK;
+}
+
 grpc::Status CoordinatorServiceImpl::GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
                                             v1::GetJobResponse* resp) {
   if (auto s = RequiredId(req->job_id(), "job_id"); !s.ok()) return s;

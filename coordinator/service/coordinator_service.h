@@ -37,6 +37,7 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
   static constexpr size_t kMaxNameBytes = 256;       // worker names, spec origins
   static constexpr size_t kMaxAddressBytes = 512;    // worker addresses (host:port)
   static constexpr size_t kMaxKeyBytes = 1024;       // rendezvous store keys
+  static constexpr size_t kMaxPathBytes = 4096;      // file paths (PATH_MAX)
   static constexpr size_t kMaxSpecBytes = 8 << 20;   // spec_yaml
   static constexpr size_t kMaxTextBytes = 64 << 10;  // reasons, free text
 
@@ -50,6 +51,8 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
                       v1::GetJobResponse* resp) override;
   grpc::Status PlanSpec(grpc::ServerContext* ctx, const v1::PlanSpecRequest* req,
                         v1::PlanSpecResponse* resp) override;
+  grpc::Status DescribeModel(grpc::ServerContext* ctx, const v1::DescribeModelRequest* req,
+                             v1::DescribeModelResponse* resp) override;
   grpc::Status ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
                         v1::ListJobsResponse* resp) override;
   grpc::Status WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,

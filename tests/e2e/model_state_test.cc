@@ -27,6 +27,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <iostream>
+#include <map>
 #include <iterator>
 #include <memory>
 #include <string>
@@ -34,6 +36,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/support/local_cluster.h"
@@ -323,7 +326,9 @@ TEST_F(ModelState, APolicyCutsTheViTBetweenBlocksAndResumes) {
 }
 
 // `h + self.extras.pos_embedding` in the top-level forward, where `extras` is never called: the
-// parameter trains in the stage that reads it (block1's), here not the first.
+// parameter trains in the stage that reads it (block1's), here not the first. On ZBV a point
+// inside block2 (at its conv2) opens block2's call: its BatchNorm layers and the residual that
+// crosses the cut train and evaluate as in the whole module.
 TEST_F(ModelState, AParameterReadByAttributeTrainsInTheStageThatReadsIt) {
   model_ = "attrread";
   const Reference ref = RunReference(3, "attr-ref3");
@@ -331,8 +336,46 @@ TEST_F(ModelState, AParameterReadByAttributeTrainsInTheStageThatReadsIt) {
   Check(one_f_one_b, ref, 0, "attr-1f1b", 2);
   const v1::Job zbv =
       Run(Spec("attr-zbv", "ZBVZeroBubble",
-               "{points: {block1: beginning, block2: beginning, head: beginning}}", 3));
+               "{points: {block1: beginning, block2.conv2: beginning, head: beginning}}", 3));
   Check(zbv, ref, 0, "attr-zbv", 4);
+  std::vector<std::string> layers;
+  for (const v1::LayerInfo& layer : zbv.layers()) layers.push_back(layer.name());
+  EXPECT_EQ(layers, (std::vector<std::string>{"stem", "block1", "block2.conv1", "block2.bn1",
+                                              "block2.conv2", "block2.bn2", "head"}));
+}
+
+// `stagectl inspect` lists the split points a model offers, nested ones included, with their
+// parameter counts: from a path on the workers and from an uploaded file; a file that is not a
+// model is refused with the worker's message.
+TEST_F(ModelState, StagectlInspectListsNestedSplitPoints) {
+  const std::string vit = cluster_->dir() + "/vit.pt";
+  CommandResult json = cluster_->Stagectl({"inspect", vit, "-o", "json"}, absl::Seconds(60));
+  ASSERT_EQ(json.exit_code, 0) << json.out << json.err << cluster_->Logs();
+  const nlohmann::json j = nlohmann::json::parse(json.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << json.out;
+  EXPECT_EQ(j["layers"].size(), 7u);
+  EXPECT_FALSE(j["sequential"].get<bool>());
+  EXPECT_EQ(j["model_sha256"].get<std::string>().size(), 64u);
+  std::map<std::string, nlohmann::json> by_name;
+  for (const nlohmann::json& c : j["split_candidates"]) by_name[c["name"]] = c;
+  EXPECT_EQ(by_name["encoder"]["parameters"].get<int64_t>(), 9008);
+  EXPECT_FALSE(by_name["encoder"]["layer"].get<bool>());
+  EXPECT_TRUE(by_name["encoder.layers.encoder_layer_2"]["layer"].get<bool>());
+  EXPECT_EQ(by_name["encoder.layers.encoder_layer_2"]["depth"].get<int>(), 2);
+  EXPECT_EQ(by_name["encoder.layers.encoder_layer_2.mlp.0"]["parameters"].get<int64_t>(),
+            16 * 32 + 32);
+
+  CommandResult table = cluster_->Stagectl({"inspect", "--upload", vit}, absl::Seconds(60));
+  ASSERT_EQ(table.exit_code, 0) << table.out << table.err;
+  EXPECT_THAT(table.out, ::testing::HasSubstr("7 layers, cut from its forward graph"));
+  EXPECT_THAT(table.out, ::testing::ContainsRegex("\n    encoder.layers.encoder_layer_2 +2,224  layer\n"));
+  EXPECT_THAT(table.out, ::testing::ContainsRegex("\n  encoder.layers +8,896\n"));
+  std::cout << table.out;
+
+  const std::string text = cluster_->WriteFile("not-a-model.pt", "not a model\n");
+  CommandResult bad = cluster_->Stagectl({"inspect", text}, absl::Seconds(60));
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_THAT(bad.err, ::testing::HasSubstr("is not a TorchScript file"));
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/spec/hf_model_spec.h"
 #include "coordinator/job_manager.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -319,6 +320,35 @@ TEST_F(JobManagerInspectTest, InferPlansATorchScriptModelWithoutItsDataSection) 
   EXPECT_THAT(requests[0].spec_yaml(), HasSubstr("ForwardOnly"));
   ASSERT_EQ(manager_->ListJobs().size(), 1u);
   EXPECT_EQ(manager_->ListJobs()[0].num_stages(), 2);
+}
+
+// `stagectl inspect`: the model is loaded by a live worker, without profiling, from a spec that
+// names it (a path with YAML's special characters survives); the worker's candidates come back
+// with its id; nothing is queued. Without a worker: FAILED_PRECONDITION.
+TEST_F(JobManagerInspectTest, DescribeModelAsksAWorkerAndQueuesNothing) {
+  EXPECT_TRUE(absl::IsFailedPrecondition(manager_->DescribeModel("/m/net.pt", "").status()));
+  Register(1);
+  v1::InspectModelResponse inspection = Inspection({"stem", "encoder.layers.0", "head"});
+  v1::SplitCandidate* c = inspection.add_split_candidates();
+  c->set_name("encoder");
+  c->set_parameters(200);
+  workers_.SetInspection(inspection);
+  const std::string path = "/models/a: b, {c}.pt";
+  auto described = manager_->DescribeModel(path, "cpu");
+  ASSERT_TRUE(described.ok()) << described.status();
+  EXPECT_EQ(described->layers_size(), 3);
+  ASSERT_EQ(described->split_candidates_size(), 1);
+  EXPECT_EQ(described->split_candidates(0).name(), "encoder");
+  EXPECT_EQ(described->inspected_by(), manager_->ListWorkers()[0].id());
+  EXPECT_EQ(described->model_sha256(), std::string(64, 'a'));
+  const auto requests = workers_.Inspected(Address(1));
+  ASSERT_EQ(requests.size(), 1u);
+  EXPECT_FALSE(requests[0].profile());
+  auto spec = spec::ReadJobSpec(requests[0].spec_yaml(), "sent");
+  ASSERT_TRUE(spec.ok()) << spec.status() << "\n" << requests[0].spec_yaml();
+  EXPECT_EQ(spec->model.torchscript.value_or(""), path);
+  EXPECT_EQ(spec->placement.device, "cpu");
+  EXPECT_TRUE(manager_->ListJobs().empty());
 }
 
 }  // namespace

@@ -338,6 +338,13 @@ absl::StatusOr<v1::InspectModelResponse> Inspect(const spec::JobSpec& spec, bool
       info->set_parameters(layer.parameters);
     }
     out.set_sequential(torchscript->sequential());
+    for (const SplitCandidate& c : torchscript->SplitCandidates()) {
+      v1::SplitCandidate* info = out.add_split_candidates();
+      info->set_name(c.name);
+      info->set_parameters(c.parameters);
+      info->set_depth(c.depth);
+      info->set_layer(c.layer);
+    }
     auto digest = Sha256OfFile(model_path);
     if (!digest.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("model.torchscript: cannot read '", model_path,
@@ -349,6 +356,14 @@ absl::StatusOr<v1::InspectModelResponse> Inspect(const spec::JobSpec& spec, bool
   } else {
     return absl::InvalidArgumentError(
         "model: exactly one of 'torchscript' or 'builtin' is required");
+  }
+  if (out.split_candidates().empty()) {
+    for (const v1::LayerInfo& layer : out.layers()) {
+      v1::SplitCandidate* c = out.add_split_candidates();
+      c->set_name(layer.name());
+      c->set_parameters(layer.parameters());
+      c->set_layer(true);
+    }
   }
   if (!profile) return out;
 

@@ -1,7 +1,10 @@
 // InspectModel: what the coordinator's planner needs to know of a job's model, measured by a
 // worker (the coordinator never loads LibTorch): the model's ordered layers with their parameter
-// counts, whether its forward is a plain chain, the model file's SHA-256 and, when asked, each
-// layer's forward and backward time on one microbatch of the spec's data.
+// counts (a TorchScript model opened toward the spec's split.points: torchscript_model.h "Nested
+// layers"), the split points it offers (the layers, and for a TorchScript model the modules
+// holding them and those they call, at any depth), whether its forward is a plain chain, the
+// model file's SHA-256 and, when asked, each layer's forward and backward time on one
+// microbatch of the spec's data.
 //
 // Profiling. The model is cut at every layer (one stage per layer, wired as the pipeline wires
 // stages). The first microbatch of step 0's batch (training.batch_size rows split into

@@ -13,6 +13,8 @@ Writes, with torch.jit.script and torch.jit.save, each model built from a fixed 
   branchy.pt     BranchyNet: a, then b or c inside an `if`, then d; no cut may separate b from c.
   shared.pt      SharedNet: a, b, then a again (weight sharing): no cut may separate the calls.
   nolayer.pt     NoLayerNet: a forward that calls no submodule (refused: no layer).
+  gated.pt       GatedNet: embed, body (three Blocks, most of the parameters, called inside an
+                 `if`), head: the body is not opened into its blocks (control flow).
   helper.pt      HelperNet: forward calls a, then a helper method that calls b and c; a top-level
                  parameter `bias` is read after a and again after b (stage 0 passes it on).
   state_dict.pt  torch.save of sequential.pt's state_dict: not TorchScript (refused).
@@ -179,6 +181,33 @@ class HelperNet(nn.Module):
         return self.tail(h)
 
 
+class GatedBody(nn.Module):
+    """A stack of blocks that runs only for inputs of positive sum."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([Block(16, 16) for _ in range(3)])
+
+    def forward(self, x):
+        if bool(x.sum() > 0):
+            for block in self.blocks:
+                x = block(x)
+        return x
+
+
+class GatedNet(nn.Module):
+    """embed, body, head: body holds most of the parameters but calls its blocks in an if."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(8, 16)
+        self.body = GatedBody()
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.head(self.body(self.embed(x)))
+
+
 BUILDERS = {
     "sequential.pt": sequential_net,
     "skip.pt": SkipNet,
@@ -188,6 +217,7 @@ BUILDERS = {
     "shared.pt": SharedNet,
     "nolayer.pt": NoLayerNet,
     "helper.pt": HelperNet,
+    "gated.pt": GatedNet,
 }
 
 

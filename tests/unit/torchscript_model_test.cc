@@ -262,6 +262,9 @@ TEST_F(TorchScriptModelTest, LayersAndParameterCounts) {
       {"shared.pt", false, {{"a", 72}, {"b", 72}}},
       // a owns the top-level `bias` (8), first read after a's call.
       {"helper.pt", false, {{"a", 72 + 8}, {"b", 72}, {"c", 36}}},
+      // body holds 816 of 1,028 parameters in a stack of blocks, but calls them inside an if:
+      // not opened.
+      {"gated.pt", true, {{"embed", 8 * 16 + 16}, {"body", 3 * (16 * 16 + 16)}, {"head", 68}}},
   };
   for (const LayerCase& c : cases) {
     SCOPED_TRACE(c.file);

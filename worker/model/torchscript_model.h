@@ -15,8 +15,8 @@
 //  - the submodule wraps most of the model around a stack of blocks: it holds more than half of
 //    the model's parameters, and it, or a submodule it calls that is opened by this rule, calls
 //    two or more distinct submodules of one class that call submodules themselves (a ViT's
-//    encoder around its nn.Sequential of encoder blocks), so that a split policy can cut
-//    between the blocks;
+//    encoder around its nn.Sequential of encoder blocks) and calls none of them inside an if
+//    or a loop, so that a split policy can cut between the blocks;
 // but never when its forward assigns module attributes. Opening repeats until no call qualifies.
 // An opened module's own tensors, and those of modules no layer calls that the forward reads by
 // attribute (`x + self.encoder.pos_embedding`), are loose tensors: each belongs to the first

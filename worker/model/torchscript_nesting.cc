@@ -45,6 +45,18 @@ std::string ClassName(const torch::jit::Module& m) {
   return out;
 }
 
+// Whether the module's forward calls a submodule inside an if or a loop: opened, such a call
+// could not be cut from its neighbours, so a split policy gains nothing by opening it.
+bool CallsInsideControlFlow(const torch::jit::Module& m) {
+  std::shared_ptr<torch::jit::Graph> g = OwnGraphFunction(m, "forward").graph();
+  std::vector<torch::jit::Node*> nodes;
+  CollectNodes(g->block(), &nodes);
+  for (torch::jit::Node* n : nodes) {
+    if (n->kind() == c10::prim::CallMethod && n->owningBlock() != g->block()) return true;
+  }
+  return false;
+}
+
 int64_t ParameterCount(const torch::jit::Module& m) {
   int64_t n = 0;
   for (const auto& p : m.named_parameters(/*recurse=*/true)) n += p.value.numel();
@@ -86,7 +98,8 @@ bool TorchScriptModel::Impl::WrapsDominantStack(const std::string& path) {
   if (cached != dominant.end()) return cached->second;
   bool result = false;
   const std::vector<std::string> calls = CalledSubmodules(path);
-  if (!calls.empty() && 2 * ParameterCount(SubmoduleAt(module, path)) > total_parameters) {
+  if (!calls.empty() && 2 * ParameterCount(SubmoduleAt(module, path)) > total_parameters &&
+      !CallsInsideControlFlow(SubmoduleAt(module, path))) {
     // A stack: two distinct called submodules of one class that call submodules themselves.
     std::map<std::string, int> blocks;
     for (const std::string& c : calls) {

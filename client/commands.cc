@@ -1,4 +1,5 @@
 #include "client/commands.h"
+#include "client/message_size.h"
 
 #include <sys/ioctl.h>
 #include <unistd.h>
@@ -60,6 +61,8 @@ int ReportRpcError(std::ostream& err, const std::string& coordinator, const grpc
     err << "stagectl: cannot reach the coordinator at " << coordinator << " ("
         << status.error_message() << ")\n"
         << "Point stagectl at it with --coordinator HOST:PORT or STAGECOACH_COORDINATOR.\n";
+  } else if (std::optional<std::string> hint = MessageLimitHint(status.error_message())) {
+    err << "stagectl: " << what << ": " << *hint << "\n";
   } else if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
     err << "stagectl: " << what << ": the coordinator at " << coordinator
         << " does not implement this call"
@@ -361,6 +364,10 @@ int Commands::Infer(const std::string& spec_path, const std::string& input_path,
   req.set_spec_origin(spec_path);
   *req.mutable_inputs() = *std::move(inputs);
   *req.mutable_timeout() = rpc::ToProtoDuration(timeout);
+  if (auto oversize = OversizeBatchError(req.ByteSizeLong(), req.inputs(), "INPUT", input_path)) {
+    err_ << "stagectl: infer: " << *oversize << "\n";
+    return 1;
+  }
   v1::InferResponse resp;
   const absl::Time start = absl::Now();
   // The coordinator gives up (and cancels the job) at `timeout`; the margin lets its answer

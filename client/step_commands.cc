@@ -2,6 +2,7 @@
 // one client step with a batch from .npy files, a checkpoint on demand (docs/control.md). Split
 // from commands.cc; the Commands class is declared in commands.h.
 #include "client/commands.h"
+#include "client/message_size.h"
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -133,6 +134,12 @@ int Commands::Step(const std::string& job_id, const StepOptions& options) {
       return 2;
     }
     *req.mutable_targets() = *std::move(targets);
+  }
+  if (auto oversize = OversizeBatchError(req.ByteSizeLong(), req.inputs(), "--inputs",
+                                         options.inputs,
+                                         options.forward_only ? nullptr : &req.targets())) {
+    err_ << "stagectl: step: " << *oversize << "\n";
+    return 1;
   }
   v1::StepJobResponse resp;
   // The coordinator answers DEADLINE_EXCEEDED at `timeout`; the margin lets that answer arrive.

@@ -1,4 +1,5 @@
 #include "coordinator/job_manager.h"
+#include "coordinator/jobs/plan_memory.h"
 
 #include <random>
 
@@ -151,6 +152,8 @@ absl::StatusOr<std::string> JobManager::SubmitJob(const std::string& spec_yaml,
                                                   const std::function<bool()>& caller_gone) {
   ASSIGN_OR_RETURN(AdmittedJob admitted, admission_.AdmitTraining(spec_yaml, origin, caller_gone));
   absl::MutexLock lock(&table_.mu());
+  RETURN_IF_ERROR(MakeRoomForPlan(PlanMemoryBytes(admitted.plan), table_.AllLocked(),
+                                  options_.max_plan_memory_bytes));
   Job& job = AddJobLocked(std::move(admitted));
   job.finish_step = job.base_step + job.spec.training.steps;
   if (start_paused) job.hold_step = job.base_step;
@@ -182,6 +185,8 @@ absl::StatusOr<InferenceResult> JobManager::Infer(const std::string& spec_yaml,
   absl::Time deadline;
   {
     absl::MutexLock lock(&table_.mu());
+    RETURN_IF_ERROR(MakeRoomForPlan(PlanMemoryBytes(admitted.plan), table_.AllLocked(),
+                                    options_.max_plan_memory_bytes));
     deadline = deps_.clock->Now() + timeout;  // from when the job is queued
     Job& job = AddJobLocked(std::move(admitted));
     job.finish_step = job.base_step + 1;
@@ -297,6 +302,13 @@ absl::StatusOr<JobEvents> JobManager::WaitForEvents(const std::string& job_id,
 absl::StatusOr<v1::GetJobScheduleResponse> JobManager::GetJobSchedule(const std::string& job_id) {
   absl::MutexLock lock(&table_.mu());
   ASSIGN_OR_RETURN(Job * job, table_.FindOrErrorLocked(job_id));
+  if (job->actions_released) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        job_id, " is ", JobStateName(job->state),
+        ": a job's action lists are released when it ends; `stagectl schedule --kind ",
+        job->plan.schedule_name, " --ranks ", job->plan.num_ranks, " --microbatches ",
+        job->plan.num_microbatches, "` generates its schedule again"));
+  }
   return ScheduleView(job->plan);
 }
 

@@ -84,6 +84,9 @@ struct JobManagerOptions {
   // Events a job's log keeps (WatchJob); older ones are dropped, and a watcher that asks for
   // them is told so (--max-job-events).
   int max_job_events = 10000;
+  // Bound on the bytes all live jobs' plans hold (jobs/plan_memory.h); a job that would take
+  // them over it is refused (--max-plan-memory). <= 0: no bound.
+  int64_t max_plan_memory_bytes = 0;
 };
 
 struct JobManagerDeps {

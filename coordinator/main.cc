@@ -4,10 +4,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/daemon/daemon.h"
+#include "common/process/machine_memory.h"
+#include "common/process/malloc_tuning.h"
 #include "common/rpc/authorized_service.h"
 #include "common/util/byte_size.h"
 #include "common/util/logging.h"
-#include "common/process/malloc_tuning.h"
 #include "common/util/work_queue.h"
 #include "coordinator/generation/generation.h"
 #include "coordinator/job_manager.h"
@@ -61,6 +62,8 @@ struct Config {
   absl::Duration message_latency = absl::Microseconds(100);
   absl::Duration message_cpu = absl::Microseconds(500);
   std::string link_bandwidth = "2GB";
+  // --max-plan-memory as given ("" : a quarter of the machine's memory).
+  std::string max_plan_memory;
 };
 
 void DeclareFlags(sc::daemon::FlagSet& flags, Config* c) {
@@ -88,6 +91,10 @@ void DeclareFlags(sc::daemon::FlagSet& flags, Config* c) {
                "table: the most recently finished");
   flags.AddDuration("retain-finished-for", &c->jobs.retain_finished_for,
                     "forget a finished job (and its record on disk) this long after it ended");
+  flags.AddString("max-plan-memory", &c->max_plan_memory,
+                  "bound on the memory all live jobs' plans (their action lists) may hold, e.g. "
+                  "4GiB: a job that would take them over it is refused (default: a quarter of "
+                  "the machine's memory, or of the container's limit when lower)");
   flags.AddInt("max-job-events", &c->jobs.max_job_events, 1, "events",
                "events a job's log keeps for watchers; older ones are dropped");
   flags.AddDuration("plan-timeout", &c->jobs.plan_timeout,
@@ -121,6 +128,17 @@ absl::Status Validate(Config* c) {
         ") must be at most half of --lease (", absl::FormatDuration(c->jobs.lease), ")"));
   }
   if (!c->data_dir.empty()) c->artifacts.dir = c->data_dir + "/artifacts";
+  if (c->max_plan_memory.empty()) {
+    c->jobs.max_plan_memory_bytes = sc::MachineMemoryBytes() / 4;
+  } else {
+    absl::StatusOr<int64_t> bytes = sc::util::ParseBytes(c->max_plan_memory);
+    if (!bytes.ok() || *bytes <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--max-plan-memory: ",
+          bytes.ok() ? "must be more than 0 bytes" : std::string(bytes.status().message())));
+    }
+    c->jobs.max_plan_memory_bytes = *bytes;
+  }
   absl::StatusOr<int64_t> bandwidth = sc::util::ParseBytes(c->link_bandwidth);
   if (!bandwidth.ok() || *bandwidth <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -7,6 +7,7 @@
 #include "common/rpc/time_conversion.h"
 #include "common/schedule/generators.h"
 #include "common/util/logging.h"
+#include "coordinator/jobs/plan_memory.h"
 
 namespace stagecoach::coordinator {
 
@@ -76,7 +77,19 @@ absl::Status Job::TransitionTo(v1::JobState to, const std::string& why, absl::Ti
   v1::JobEvent event;
   *event.mutable_state_change() = transition;
   AddEvent(std::move(event), now);
+  // An ended job keeps small action lists (plan_memory.h), until room is needed.
+  if (IsFinal(to) && PlanMemoryBytes(plan) > kKeptPlanBytes) ReleaseActionLists();
   return absl::OkStatus();
+}
+
+void Job::ReleaseActionLists() {
+  schedule::PipelineOrder().swap(plan.lowered);
+  for (RankSlot& rank : ranks) {
+    std::vector<std::string>().swap(rank.actions);
+    std::vector<std::string>().swap(rank.executed_actions);
+  }
+  partial_steps.clear();
+  actions_released = true;
 }
 
 void Job::AddEvent(v1::JobEvent event, absl::Time now) { events.Add(std::move(event), id, now); }

@@ -263,7 +263,15 @@ struct Job {
   std::shared_ptr<absl::Mutex> control_mu = std::make_shared<absl::Mutex>();
 
   // Moves to `to` if the state machine allows it, recording history and a state-change event.
+  // Reaching a final state releases action lists over kKeptPlanBytes (plan_memory.h).
   absl::Status TransitionTo(v1::JobState to, const std::string& why, absl::Time now);
+
+  // Frees what only a live job needs and the bulk of its plan (plan_memory.h): the lowered
+  // action lists, each rank's assigned and executed actions, steps still being reported. Its
+  // status, history, stages and predictions stay; GetJobSchedule says the lists are gone.
+  void ReleaseActionLists();
+  // Set by ReleaseActionLists.
+  bool actions_released = false;
 
   // Appends an event (sequence numbers from 0).
   void AddEvent(v1::JobEvent event, absl::Time now);

@@ -106,9 +106,15 @@ int main(int argc, char** argv) {
 
   cluster.reset();
   auto bounded = Coordinator({"--max-plan-memory", limit}, &metrics);
+  double previous = HeapMiB(metrics);
   for (int n = 1;; ++n) {
     auto id = bounded->Submit(spec);
-    if (!id.ok()) {
+    if (id.ok()) {
+      const double now = HeapMiB(metrics);
+      std::cout << absl::StrFormat("live job %d admitted: heap in use %.1f MiB (+%.1f MiB)\n", n,
+                                   now, now - previous);
+      previous = now;
+    } else {
       std::cout << "--max-plan-memory " << limit << ": " << n - 1
                 << " live jobs admitted, the next refused:\n  " << id.status() << "\n";
       break;

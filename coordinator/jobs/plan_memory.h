@@ -25,7 +25,8 @@ inline constexpr int64_t kKeptPlanBytes = int64_t{4} << 20;
 
 // Bytes a plan's action lists hold, estimated from its action count: each action as a
 // schedule::Action in the lowered lists and as a string in its rank's assigned actions (short
-// action names fit std::string's own buffer). 0 once released.
+// action names fit std::string's own buffer), a third more for the vectors' slack and the
+// allocator's headers (about 107 bytes an action). 0 once released.
 int64_t PlanMemoryBytes(const Plan& plan);
 
 // Makes room for a new plan of `plan_bytes` among `jobs` within `limit` bytes (<= 0: no bound):

@@ -91,7 +91,7 @@ TEST_F(OversizeCommandTest, InferRefusesABatchOverTheMessageLimit) {
               HasSubstr(absl::StrCat("stagectl: infer: INPUT: '", big_,
                                      "' (float32[600000, 32]) makes a request of 73.2 MiB, over "
                                      "the 64.0 MiB one call to the coordinator may carry")));
-  EXPECT_THAT(err_.str(), HasSubstr("split it into batches of at most 524287 of its 600000 rows"));
+  EXPECT_THAT(err_.str(), HasSubstr("split it into batches of at most 524286 of its 600000 rows"));
   EXPECT_THAT(err_.str(), ::testing::Not(HasSubstr("cannot reach")));
 }
 

@@ -78,11 +78,12 @@ int Commands::RpcError(const grpc::Status& status, const std::string& what) {
   return ReportRpcError(err_, options_.coordinator, status, what);
 }
 
-int Commands::UploadFile(const std::string& path, const std::string& flag, std::string* uri) {
+int Commands::UploadFile(const std::string& command, const std::string& path,
+                         const std::string& flag, std::string* uri) {
   absl::string_view id = path;
   if (absl::ConsumePrefix(&id, "artifact:")) {  // uploaded before: use as it is
     if (!IsSha256Hex(id)) {
-      err_ << "stagectl: submit: " << flag << ": '" << path
+      err_ << "stagectl: " << command << ": " << flag << ": '" << path
            << "' is not an artifact uri (artifact: followed by 64 lowercase hex digits)\n";
       return 2;
     }
@@ -91,7 +92,7 @@ int Commands::UploadFile(const std::string& path, const std::string& flag, std::
   }
   std::error_code error;
   if (!std::filesystem::is_regular_file(path, error)) {
-    err_ << "stagectl: submit: " << flag << ": cannot read '" << path
+    err_ << "stagectl: " << command << ": " << flag << ": cannot read '" << path
          << "': " << (std::filesystem::exists(path, error) ? "not a regular file" : "no such file")
          << "\n";
     return 2;
@@ -100,7 +101,7 @@ int Commands::UploadFile(const std::string& path, const std::string& flag, std::
   absl::StatusOr<std::string> sha256 = Sha256OfFile(path);
   std::ifstream in(path, std::ios::binary);
   if (error || !sha256.ok() || !in) {
-    err_ << "stagectl: submit: " << flag << ": cannot read '" << path << "'"
+    err_ << "stagectl: " << command << ": " << flag << ": cannot read '" << path << "'"
          << (sha256.ok() ? "" : absl::StrCat(": ", sha256.status().message())) << "\n";
     return 2;
   }
@@ -130,11 +131,11 @@ int Commands::UploadFile(const std::string& path, const std::string& flag, std::
   if (!status.ok()) {
     if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
         status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
-      err_ << "stagectl: submit: the coordinator refused " << flag << " " << path << ": "
+      err_ << "stagectl: " << command << ": the coordinator refused " << flag << " " << path << ": "
            << status.error_message() << "\n";
       return 1;
     }
-    return RpcError(status, absl::StrCat("submit: uploading ", path));
+    return RpcError(status, absl::StrCat(command, ": uploading ", path));
   }
   err_ << "uploaded " << name << " (" << util::FormatBytes(resp.size_bytes()) << ", "
        << resp.chunks() << (resp.chunks() == 1 ? " chunk" : " chunks") << ") as " << resp.uri()
@@ -178,11 +179,11 @@ int Commands::ReadSpec(const std::string& command, const std::string& spec_path,
     overrides.set.clear();
     std::string uri;
     if (!uploads.model.empty()) {
-      if (int rc = UploadFile(uploads.model, "--model", &uri); rc != 0) return rc;
+      if (int rc = UploadFile(command, uploads.model, "--model", &uri); rc != 0) return rc;
       overrides.set.emplace_back("model.torchscript", uri);
     }
     if (!uploads.data.empty()) {
-      if (int rc = UploadFile(uploads.data, "--data", &uri); rc != 0) return rc;
+      if (int rc = UploadFile(command, uploads.data, "--data", &uri); rc != 0) return rc;
       overrides.set.emplace_back("data.path", uri);
     }
     absl::StatusOr<std::string> edited = spec::ApplySpecOverrides(spec_text, spec_path, overrides);

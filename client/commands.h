@@ -164,9 +164,11 @@ class Commands {
   int Follow(const std::string& job_id, std::ostream& progress, OutputFormat format);
   // Prints `table` or `json` in the chosen output format; returns 0.
   int Print(const nlohmann::json& json, const std::string& table);
-  // Uploads the file at `path` (named by option `flag` in messages) and sets `*uri` to the
-  // artifact's uri. Returns 0, 2 when the file cannot be read, or 1 when the upload fails.
-  int UploadFile(const std::string& path, const std::string& flag, std::string* uri);
+  // Uploads the file at `path` (named by option `flag` in messages, which start with
+  // "stagectl: `command`:") and sets `*uri` to the artifact's uri. Returns 0, 2 when the file
+  // cannot be read, or 1 when the upload fails.
+  int UploadFile(const std::string& command, const std::string& path, const std::string& flag,
+                 std::string* uri);
 
   ClientOptions options_;
   std::ostream& out_;

@@ -58,7 +58,7 @@ int Commands::Plan(const std::string& spec_path, const std::string& memory_limit
 int Commands::Inspect(const std::string& model, bool upload, const std::string& device) {
   std::string ref = model;
   if (upload) {
-    if (int rc = UploadFile(model, "MODEL", &ref); rc != 0) return rc;
+    if (int rc = UploadFile("inspect", model, "MODEL", &ref); rc != 0) return rc;
   }
   v1::DescribeModelRequest req;
   req.set_torchscript(ref);
@@ -66,14 +66,7 @@ int Commands::Inspect(const std::string& model, bool upload, const std::string& 
   v1::DescribeModelResponse resp;
   grpc::Status status = Call(&v1::CoordinatorService::Stub::DescribeModel, req, &resp,
                              options_.timeout + kSubmitInspectionAllowance);
-  if (!status.ok()) {
-    if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
-        status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
-      err_ << "stagectl: inspect: " << status.error_message() << "\n";
-      return 1;
-    }
-    return RpcError(status, "inspect");
-  }
+  if (!status.ok()) return RpcError(status, "inspect");
   return Print(ModelJson(model, resp), ModelTable(model, resp));
 }
 

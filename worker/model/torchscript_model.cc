@@ -358,21 +358,19 @@ void TorchScriptModel::Impl::AssignLooseTensors() {
     }
     return false;
   };
-  std::vector<std::string> loose;
+  std::set<std::string> loose;
   for (const auto& [name, t] : NamedTensorsOf(module, "", TensorKind::kParameters)) {
     if (!under_a_layer(name)) loose_params.insert(name);
   }
-  for (const auto& [name, t] : NamedTensorsOf(module, "", TensorKind::kBoth)) {
-    if (!under_a_layer(name)) loose.push_back(name);
+  for (const auto& [name, t] : NamedTensorsOf(module, "", TensorKind::kBuffers)) {
+    if (!under_a_layer(name)) loose.insert(name);
   }
+  loose.insert(loose_params.begin(), loose_params.end());
   layer_loose_tensors.assign(layers.size(), {});
   std::set<std::string> placed;
   for (Node* n : top) {
     auto it = tensor_reads.find(n);
-    if (it == tensor_reads.end() ||
-        std::find(loose.begin(), loose.end(), it->second) == loose.end()) {
-      continue;
-    }
+    if (it == tensor_reads.end() || !loose.count(it->second)) continue;
     int owner = 0;
     for (size_t l = 0; l < layers.size(); ++l) {
       if (layer_calls[l][0] <= top_index.at(n)) owner = static_cast<int>(l);

@@ -170,15 +170,18 @@ function(_stagecoach_fail_on_violations)
   endif()
 endfunction()
 
-# Fills in the dependencies of the target layers from their LINK_LIBRARIES (those that are
-# layers themselves), fails the configuration on any violation, and has the build check again
+# Fills in the dependencies of the target layers from their LINK_LIBRARIES, or the LINKS they were
+# declared with in a compile group (cmake/compile_groups.cmake), those that are layers themselves, fails the configuration on any violation, and has the build check again
 # (target stagecoach_layering, which every layer's library waits for) whenever a file under the
 # roots changes.
 function(stagecoach_check_layering)
   get_property(targets GLOBAL PROPERTY STAGECOACH_LAYER_TARGETS)
   get_property(layers GLOBAL PROPERTY STAGECOACH_LAYERS)
   foreach(t ${targets})
-    get_target_property(links ${t} LINK_LIBRARIES)
+    get_target_property(links ${t} STAGECOACH_LAYER_LINKS)
+    if(NOT links)
+      get_target_property(links ${t} LINK_LIBRARIES)
+    endif()
     set(deps "")
     foreach(l ${links})
       if(l IN_LIST layers)

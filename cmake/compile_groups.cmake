@@ -7,7 +7,8 @@
 # includes gRPC and protobuf about 6 s. The worker's eight LibTorch libraries were eight units:
 # three of them compiled as one took 53 s against 94 s apart (docs/building.md).
 #
-#   stagecoach_group_library(name GROUP group BATCH batch SOURCES ... [LINKS ...] [PRIVATE_LINKS ...])
+#   stagecoach_group_library(name GROUP group BATCH batch SOURCES ... [LINKS ...]
+#                            [PRIVATE_LINKS ...])
 #     STAGECOACH_UNITY=OFF: `name` is a STATIC library of SOURCES linking LINKS PUBLIC and
 #     PRIVATE_LINKS (header-only libraries, say) PRIVATE.
 #     ON: `name` is an INTERFACE library that links the group's STATIC library `group`, and its

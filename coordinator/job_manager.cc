@@ -305,7 +305,8 @@ absl::StatusOr<v1::GetJobScheduleResponse> JobManager::GetJobSchedule(const std:
   if (job->actions_released) {
     return absl::FailedPreconditionError(absl::StrCat(
         job_id, " is ", JobStateName(job->state),
-        ": a job's action lists are released when it ends; `stagectl schedule --kind ",
+        ": a job's action lists are released when it ends (and not kept on disk); "
+        "`stagectl schedule --kind ",
         job->plan.schedule_name, " --ranks ", job->plan.num_ranks, " --microbatches ",
         job->plan.num_microbatches, "` generates its schedule again"));
   }

@@ -185,6 +185,9 @@ absl::StatusOr<RebuiltJob> RebuildJob(const v1::Job& record) {
   }
   if (IsFinal(record.state())) {
     RestoreFinishedRanks(record, job);
+    // The record keeps no action lists (nor does an ended job in memory, past a few MiB):
+    // GetJobSchedule says so instead of answering an empty schedule.
+    job.actions_released = true;
   } else {
     out.recovering = job.recovering = true;
   }

@@ -279,6 +279,11 @@ TEST_F(JobManagerControlTest, ARestartedCoordinatorContinuesItsJobsFromTheJobTab
   ASSERT_TRUE(finished.ok());
   EXPECT_EQ(finished->state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_EQ(finished->losses_size(), 1);
+  // The record keeps no action lists: the ended job's schedule is refused, saying why, rather
+  // than answered empty.
+  auto schedule = again.GetJobSchedule(*done);
+  EXPECT_TRUE(absl::IsFailedPrecondition(schedule.status())) << schedule.status();
+  EXPECT_THAT(schedule.status().message(), HasSubstr("not kept on disk"));
   auto resumed = again.GetJob(*running);
   ASSERT_TRUE(resumed.ok());
   EXPECT_EQ(resumed->state(), v1::JOB_STATE_RESTARTING);

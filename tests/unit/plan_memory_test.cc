@@ -61,7 +61,8 @@ TEST_F(PlanMemoryTest, AnEndedJobReleasesLargeActionListsAndKeepsSmallOnes) {
   auto schedule = manager_->GetJobSchedule(*id);
   ASSERT_TRUE(absl::IsFailedPrecondition(schedule.status())) << schedule.status();
   EXPECT_THAT(std::string(schedule.status().message()),
-              HasSubstr("is CANCELLED: a job's action lists are released when it ends; "
+              HasSubstr("is CANCELLED: a job's action lists are released when it ends (and "
+                        "not kept on disk); "
                         "`stagectl schedule --kind 1F1B --ranks 2 --microbatches 8192`"));
   auto job = manager_->GetJob(*id);
   ASSERT_TRUE(job.ok());

@@ -16,9 +16,10 @@
 #     unit: their file-local names must not collide, STAGECOACH_UNITY=OFF checks that each
 #     file includes what it uses). Either way `name` records LINKS as STAGECOACH_LAYER_LINKS,
 #     which the layering check (cmake/layering.cmake) reads as the library's dependencies.
-#   stagecoach_finish_group(group)
+#   stagecoach_finish_group(group [COLD])
 #     after the last library of the group: makes `group` (ON), linking the LINKS of its
-#     libraries that are not themselves in it. Either way a library or group whose files include
+#     libraries that are not themselves in it. COLD: every library of the group is
+#     stagecoach_cold_code (-O1 in optimised builds). Either way a library or group whose files include
 #     LibTorch reuses its precompiled headers (stagecoach_reuse_torch_pch).
 #
 # Each library's callers link `name` as before; with ON they get the whole group, which a static
@@ -35,6 +36,7 @@ function(stagecoach_group_library name)
     target_link_libraries(${name} PUBLIC ${G_LINKS} PRIVATE ${G_PRIVATE_LINKS})
     set_target_properties(${name} PROPERTIES STAGECOACH_LAYER_LINKS "${G_LINKS}")
     stagecoach_reuse_torch_pch(${name})
+    set_property(GLOBAL APPEND PROPERTY STAGECOACH_GROUP_${G_GROUP}_MEMBERS ${name})
     return()
   endif()
   add_library(${name} INTERFACE)
@@ -51,12 +53,18 @@ function(stagecoach_group_library name)
 endfunction()
 
 function(stagecoach_finish_group group)
-  if(NOT STAGECOACH_UNITY)
-    return()
-  endif()
+  cmake_parse_arguments(F "COLD" "" "" ${ARGN})
   foreach(p SOURCES BATCHES MEMBERS LINKS PRIVATE_LINKS)
     get_property(${p} GLOBAL PROPERTY STAGECOACH_GROUP_${group}_${p})
   endforeach()
+  if(NOT STAGECOACH_UNITY)
+    if(F_COLD)
+      foreach(member ${MEMBERS})
+        stagecoach_cold_code(${member})
+      endforeach()
+    endif()
+    return()
+  endif()
   if(NOT SOURCES)
     message(FATAL_ERROR "stagecoach_finish_group(${group}): no library joined the group")
   endif()
@@ -71,6 +79,9 @@ function(stagecoach_finish_group group)
                                 PROPERTIES UNITY_GROUP ${group}_${batch})
   endforeach()
   stagecoach_reuse_torch_pch(${group})
+  if(F_COLD)
+    stagecoach_cold_code(${group})
+  endif()
   # The layering check runs before any of the group's files compiles, as before any layer's.
   add_dependencies(${group} stagecoach_layering)
 endfunction()

@@ -4,8 +4,9 @@
 # Why: every translation unit pays a fixed cost for its headers. One that includes LibTorch spends
 # about 20 s on it even with the headers precompiled (loading them, then instantiating the
 # templates their inline functions use, then compiling those instantiations again); one that
-# includes gRPC and protobuf about 6 s. The worker's eight LibTorch libraries were eight units:
-# three of them compiled as one took 53 s against 94 s apart (docs/building.md).
+# includes gRPC and protobuf about 6 s. The worker's eight LibTorch libraries were eight units;
+# three of them compiled as one took 53 s against 94 s apart (docs/building.md). They are one
+# unit now, the coordinator's libraries two.
 #
 #   stagecoach_group_library(name GROUP group BATCH batch SOURCES ... [LINKS ...]
 #                            [PRIVATE_LINKS ...])

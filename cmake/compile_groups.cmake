@@ -8,28 +8,27 @@
 # three of them compiled as one took 53 s against 94 s apart (docs/building.md). They are one
 # unit now, the coordinator's libraries two.
 #
-#   stagecoach_group_library(name GROUP group BATCH batch SOURCES ... [LINKS ...]
-#                            [PRIVATE_LINKS ...])
+#   stagecoach_group_library(name GROUP group SOURCES ... [LINKS ...] [PRIVATE_LINKS ...])
 #     STAGECOACH_UNITY=OFF: `name` is a STATIC library of SOURCES linking LINKS PUBLIC and
 #     PRIVATE_LINKS (header-only libraries, say) PRIVATE.
 #     ON: `name` is an INTERFACE library that links the group's STATIC library `group`, and its
-#     SOURCES compile in the group's unity batch `batch` (files of several libraries in one
-#     unit: their file-local names must not collide, STAGECOACH_UNITY=OFF checks that each
-#     file includes what it uses). Either way `name` records LINKS as STAGECOACH_LAYER_LINKS,
+#     SOURCES compile in the group's one unity unit (files of several libraries in one unit:
+#     their file-local names must not collide, STAGECOACH_UNITY=OFF checks that each file
+#     includes what it uses). Either way `name` records LINKS as STAGECOACH_LAYER_LINKS,
 #     which the layering check (cmake/layering.cmake) reads as the library's dependencies.
 #   stagecoach_finish_group(group [COLD])
 #     after the last library of the group: makes `group` (ON), linking the LINKS of its
 #     libraries that are not themselves in it. COLD: every library of the group is
-#     stagecoach_cold_code (-O1 in optimised builds). Either way a library or group whose files include
-#     LibTorch reuses its precompiled headers (stagecoach_reuse_torch_pch).
+#     stagecoach_cold_code (-O1 in optimised builds). Either way a library or group whose files
+#     include LibTorch reuses its precompiled headers (stagecoach_reuse_torch_pch).
 #
 # Each library's callers link `name` as before; with ON they get the whole group, which a static
 # link trims to the objects used.
 
 function(stagecoach_group_library name)
-  cmake_parse_arguments(G "" "GROUP;BATCH" "SOURCES;LINKS;PRIVATE_LINKS" ${ARGN})
-  if(NOT G_GROUP OR NOT G_BATCH OR NOT G_SOURCES)
-    message(FATAL_ERROR "stagecoach_group_library(${name}): GROUP, BATCH and SOURCES are needed")
+  cmake_parse_arguments(G "" "GROUP" "SOURCES;LINKS;PRIVATE_LINKS" ${ARGN})
+  if(NOT G_GROUP OR NOT G_SOURCES)
+    message(FATAL_ERROR "stagecoach_group_library(${name}): GROUP and SOURCES are needed")
   endif()
   if(NOT STAGECOACH_UNITY)
     add_library(${name} STATIC ${G_SOURCES})
@@ -46,7 +45,6 @@ function(stagecoach_group_library name)
   foreach(src ${G_SOURCES})
     get_filename_component(path ${src} ABSOLUTE BASE_DIR ${CMAKE_CURRENT_SOURCE_DIR})
     set_property(GLOBAL APPEND PROPERTY STAGECOACH_GROUP_${G_GROUP}_SOURCES ${path})
-    set_property(GLOBAL APPEND PROPERTY STAGECOACH_GROUP_${G_GROUP}_BATCHES ${G_BATCH})
   endforeach()
   set_property(GLOBAL APPEND PROPERTY STAGECOACH_GROUP_${G_GROUP}_MEMBERS ${name})
   set_property(GLOBAL APPEND PROPERTY STAGECOACH_GROUP_${G_GROUP}_LINKS ${G_LINKS})
@@ -55,7 +53,7 @@ endfunction()
 
 function(stagecoach_finish_group group)
   cmake_parse_arguments(F "COLD" "" "" ${ARGN})
-  foreach(p SOURCES BATCHES MEMBERS LINKS PRIVATE_LINKS)
+  foreach(p SOURCES MEMBERS LINKS PRIVATE_LINKS)
     get_property(${p} GLOBAL PROPERTY STAGECOACH_GROUP_${group}_${p})
   endforeach()
   if(NOT STAGECOACH_UNITY)
@@ -74,11 +72,7 @@ function(stagecoach_finish_group group)
   add_library(${group} STATIC ${SOURCES})
   target_include_directories(${group} PUBLIC ${PROJECT_SOURCE_DIR})
   target_link_libraries(${group} PUBLIC ${LINKS} PRIVATE ${PRIVATE_LINKS})
-  set_target_properties(${group} PROPERTIES UNITY_BUILD_MODE GROUP)
-  foreach(src batch IN ZIP_LISTS SOURCES BATCHES)
-    set_source_files_properties(${src} TARGET_DIRECTORY ${group}
-                                PROPERTIES UNITY_GROUP ${group}_${batch})
-  endforeach()
+  set_target_properties(${group} PROPERTIES UNITY_BUILD_BATCH_SIZE 0)  # one unit
   stagecoach_reuse_torch_pch(${group})
   if(F_COLD)
     stagecoach_cold_code(${group})

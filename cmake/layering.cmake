@@ -170,8 +170,9 @@ function(_stagecoach_fail_on_violations)
   endif()
 endfunction()
 
-# Fills in the dependencies of the target layers from their LINK_LIBRARIES, or the LINKS they were
-# declared with in a compile group (cmake/compile_groups.cmake), those that are layers themselves, fails the configuration on any violation, and has the build check again
+# Fills in the dependencies of the target layers from their LINK_LIBRARIES, or the LINKS they
+# were declared with in a compile group (cmake/compile_groups.cmake), those that are layers
+# themselves, fails the configuration on any violation, and has the build check again
 # (target stagecoach_layering, which every layer's library waits for) whenever a file under the
 # roots changes.
 function(stagecoach_check_layering)

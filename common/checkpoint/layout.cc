@@ -1,6 +1,7 @@
 // The checkpoint layout (see layout.h).
 #include "common/checkpoint/layout.h"
 
+#include <cstdio>
 #include <filesystem>
 
 #include "absl/strings/ascii.h"
@@ -42,6 +43,23 @@ std::string StageStateFileName(int stage) { return absl::StrCat("stage-", stage,
 
 std::string StageExportFileName(int stage) {
   return absl::StrCat("stage-", stage, ".state_dict.pt");
+}
+
+std::string OptimizerShardFileName(int stage, int replica, int replicas) {
+  return absl::StrCat("stage-", stage, ".optimizer-", replica, "-of-", replicas, ".pt");
+}
+
+std::optional<OptimizerShardName> ParseOptimizerShardFileName(absl::string_view name) {
+  OptimizerShardName out;
+  char tail = 0;
+  const std::string text(name);
+  if (std::sscanf(text.c_str(), "stage-%d.optimizer-%d-of-%d.p%c", &out.stage, &out.replica,
+                  &out.replicas, &tail) != 4 ||
+      text != OptimizerShardFileName(out.stage, out.replica, out.replicas) || out.stage < 0 ||
+      out.replicas < 1 || out.replica < 0 || out.replica >= out.replicas) {
+    return std::nullopt;
+  }
+  return out;
 }
 
 std::string HfShardFileName(int stage, int part) {

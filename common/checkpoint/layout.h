@@ -50,6 +50,19 @@ std::string StageStateFileName(int stage);
 // "stage-<s>.state_dict.pt": the export file of stage `stage`.
 std::string StageExportFileName(int stage);
 
+// "stage-<s>.optimizer-<k>-of-<D>.pt": replica k's ZeRO-1 optimizer shard of stage `stage`
+// among D (worker/runtime/training/zero_shards.h).
+std::string OptimizerShardFileName(int stage, int replica, int replicas);
+
+// A shard file's stage, replica and replica count; nullopt for any other name (canonical
+// spellings only: what OptimizerShardFileName gives).
+struct OptimizerShardName {
+  int stage = 0;
+  int replica = 0;
+  int replicas = 0;
+};
+std::optional<OptimizerShardName> ParseOptimizerShardFileName(absl::string_view name);
+
 // The Hugging Face export's directory in a step directory, and the largest part a stage's
 // tensors are cut into (save_pretrained's default max_shard_size is 5 GB).
 inline constexpr char kHfDirName[] = "hf";

@@ -134,8 +134,16 @@ void RecordCheckpointLocked(Job& job, const PendingManifest& pending) {
   spdlog::info("{}: checkpoint at step {} complete: {}", job.id, step, done.manifest());
 }
 
-absl::StatusOr<std::optional<CheckpointManifest>> VerifyResumeFrom(const spec::JobSpec& spec,
-                                                                   const Plan& plan) {
+// The job's layers and partition as MatchResumeLayout wants them.
+static JobLayout LayoutOf(const Plan& plan) {
+  JobLayout layout;
+  for (const v1::LayerInfo& layer : plan.layers) layout.layer_names.push_back(layer.name());
+  for (const StagePlan& stage : plan.stages) layout.stage_first_layers.push_back(stage.first_layer);
+  return layout;
+}
+
+absl::StatusOr<std::optional<VerifiedResume>> VerifyResumeFrom(const spec::JobSpec& spec,
+                                                               const Plan& plan) {
   const std::string& dir = spec.training.resume_from;
   if (dir.empty()) return std::nullopt;
   auto refused = [&](absl::string_view why) {
@@ -143,44 +151,25 @@ absl::StatusOr<std::optional<CheckpointManifest>> VerifyResumeFrom(const spec::J
   };
   absl::StatusOr<CheckpointManifest> m = VerifyCheckpoint(dir);
   if (!m.ok()) return refused(m.status().message());
-  if (m->num_stages != plan.num_stages) {
-    return refused(absl::StrCat("checkpoint ", dir, " has ", m->num_stages,
-                                " stages, this job's plan has ", plan.num_stages,
-                                " (set split.stages or split.points to match it)"));
-  }
-  for (int s = 0; s < plan.num_stages; ++s) {
-    const ManifestStage& saved = m->stages[s];
-    const StagePlan& planned = plan.stages[s];
-    if (saved.first_layer != planned.first_layer || saved.end_layer != planned.end_layer) {
-      return refused(absl::StrCat("stage ", s, " holds layers [", saved.first_layer, ", ",
-                                  saved.end_layer, ") in checkpoint ", dir, ", layers [",
-                                  planned.first_layer, ", ", planned.end_layer,
-                                  ") in this job's plan"));
-    }
-    for (int l = planned.first_layer; l < planned.end_layer; ++l) {
-      const size_t i = static_cast<size_t>(l - planned.first_layer);
-      if (l < static_cast<int>(plan.layers.size()) && i < saved.layers.size() &&
-          plan.layers[l].name() != saved.layers[i]) {
-        return refused(absl::StrCat("stage ", s, " layer ", l, " is '", saved.layers[i],
-                                    "' in checkpoint ", dir, ", '", plan.layers[l].name(),
-                                    "' in this job's model"));
-      }
-    }
-  }
-  return std::optional<CheckpointManifest>(*std::move(m));
+  absl::StatusOr<ResumeLayout> layout =
+      MatchResumeLayout(*m, dir, LayoutOf(plan), TiedAcrossStages(spec, plan.num_stages));
+  if (!layout.ok()) return refused(layout.status().message());
+  return std::optional<VerifiedResume>(VerifiedResume{*std::move(m), *std::move(layout)});
 }
 
-void ApplyResume(const std::optional<CheckpointManifest>& checkpoint, Job& job) {
+void ApplyResume(const std::optional<VerifiedResume>& checkpoint, Job& job) {
   if (!checkpoint.has_value()) return;
+  const std::string& dir = job.spec.training.resume_from;
   v1::JobCheckpoint from;
-  from.set_step(checkpoint->step);
-  from.set_directory(job.spec.training.resume_from);
-  from.set_manifest(ManifestPath(job.spec.training.resume_from));
+  from.set_step(checkpoint->manifest.step);
+  from.set_directory(dir);
+  from.set_manifest(ManifestPath(dir));
   job.resumed_from = from;
-  job.base_step = checkpoint->step;
-  job.resume_files.clear();
-  for (const ManifestStage& st : checkpoint->stages) job.resume_files.push_back(st.files);
-  spdlog::info("{} resumes from {} (step {})", job.id, from.directory(), from.step());
+  job.base_step = checkpoint->manifest.step;
+  job.resume_files = checkpoint->layout.stage_files;
+  job.resume_by_name = checkpoint->layout.by_name;
+  spdlog::info("{} resumes from {} (step {}{})", job.id, from.directory(), from.step(),
+               job.resume_by_name ? "; another layout: restored by parameter name" : "");
 }
 
 absl::Status CheckCheckpointTargetsFree(const spec::JobSpec& spec, int64_t base_step) {

@@ -21,6 +21,7 @@
 #include "common/hf/decoder_config.h"
 #include "common/spec/job_spec.h"
 #include "coordinator/checkpoints/checkpoint_manifest.h"
+#include "coordinator/checkpoints/resume_layout.h"
 #include "coordinator/jobs/job.h"
 #include "coordinator/planning/planner.h"
 #include "stagecoach/v1/coordinator.pb.h"
@@ -55,15 +56,23 @@ absl::Status WritePendingManifest(const PendingManifest& pending);
 // files for restarts). Caller holds the job table's lock.
 void RecordCheckpointLocked(Job& job, const PendingManifest& pending);
 
-// training.resume_from of a planned job: the verified checkpoint (manifest present, every file
-// with its size and SHA-256, the plan's stage count and each stage's layers), or nullopt when
-// the spec has none. INVALID_ARGUMENT "training.resume_from: ..." otherwise. Disk I/O.
-absl::StatusOr<std::optional<CheckpointManifest>> VerifyResumeFrom(const spec::JobSpec& spec,
-                                                                   const Plan& plan);
+// training.resume_from of a planned job, verified: the checkpoint (manifest present, every file
+// with its size and SHA-256) and the files each of the plan's stages reads from it
+// (resume_layout.h: the checkpoint may have another stage count, split or layer depth).
+struct VerifiedResume {
+  CheckpointManifest manifest;
+  ResumeLayout layout;
+};
 
-// Makes `job` start from `checkpoint` (VerifyResumeFrom's answer): resumed_from, base_step and
-// each stage's files. No-op for nullopt.
-void ApplyResume(const std::optional<CheckpointManifest>& checkpoint, Job& job);
+// The verified training.resume_from of a planned job, or nullopt when the spec has none.
+// INVALID_ARGUMENT "training.resume_from: ..." otherwise (MatchResumeLayout's errors name the
+// layer that does not fit). Disk I/O.
+absl::StatusOr<std::optional<VerifiedResume>> VerifyResumeFrom(const spec::JobSpec& spec,
+                                                               const Plan& plan);
+
+// Makes `job` start from `checkpoint` (VerifyResumeFrom's answer for job.plan): resumed_from,
+// base_step, each stage's files and whether they are read by name. No-op for nullopt.
+void ApplyResume(const std::optional<VerifiedResume>& checkpoint, Job& job);
 
 // A job never overwrites a checkpoint: INVALID_ARGUMENT naming the directory when
 // training.checkpoint.dir already holds a step directory the job would write (every_steps apart

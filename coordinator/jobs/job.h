@@ -229,10 +229,12 @@ struct Job {
   std::map<int, v1::TensorData> inference_replica_outputs;
 
   // Checkpoints (training.checkpoint, training.resume_from; docs/checkpoints.md).
-  // The checkpoint the job resumed from, and each of its stages' files (indexed by stage);
-  // unset / empty without training.resume_from.
+  // The checkpoint the job resumed from, and the files of it each of the plan's stages reads
+  // (indexed by the plan's stage; coordinator/checkpoints/resume_layout.h); unset / empty
+  // without training.resume_from. resume_by_name: the checkpoint was written on another layout.
   std::optional<v1::JobCheckpoint> resumed_from;
   std::vector<std::vector<v1::StageCheckpointFile>> resume_files;
+  bool resume_by_name = false;
   // Steps of the job's timeline before its first step: resumed_from's step, else 0. Global
   // step numbers (ReportStepRequest.global_step, checkpoint steps) count from it.
   int64_t base_step = 0;

@@ -293,7 +293,7 @@ absl::StatusOr<AdmittedJob> Admission::AdmitTraining(const std::string& spec_yam
   }
   ASSIGN_OR_RETURN(out.resume, VerifyResumeFrom(out.spec, out.plan));
   RETURN_IF_ERROR(
-      CheckCheckpointTargetsFree(out.spec, out.resume.has_value() ? out.resume->step : 0));
+      CheckCheckpointTargetsFree(out.spec, out.resume.has_value() ? out.resume->manifest.step : 0));
   return out;
 }
 

@@ -18,12 +18,12 @@
 #include "absl/time/time.h"
 #include "common/spec/job_spec.h"
 #include "common/spec/spec_limits.h"
-#include "coordinator/checkpoints/checkpoint_manifest.h"
-#include "stagecoach/v1/coordinator.pb.h"
+#include "coordinator/checkpoints/checkpoint_collection.h"
 #include "coordinator/planning/plan_search.h"
 #include "coordinator/planning/planner.h"
 #include "coordinator/workers/worker_client.h"
 #include "coordinator/workers/worker_registry.h"
+#include "stagecoach/v1/coordinator.pb.h"
 #include "stagecoach/v1/types.pb.h"
 
 namespace stagecoach::coordinator {
@@ -50,7 +50,7 @@ struct AdmittedJob {
   std::string spec_yaml;  // as the job's tasks get it (for Infer: rewritten, see AdmitInference)
   Plan plan;
   // training.resume_from, verified; nullopt without one.
-  std::optional<CheckpointManifest> resume;
+  std::optional<VerifiedResume> resume;
   // For a `schedule.kind: auto` spec: the plan the search chose and its runner-up (spec and
   // spec_yaml are then the chosen plan's: its schedule, microbatches, stages and policy).
   std::optional<v1::PlanChoice> plan_choice;

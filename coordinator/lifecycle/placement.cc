@@ -76,7 +76,7 @@ std::vector<StartOrder> Placement::PlaceLocked(JobTable& table, absl::Time now) 
 AttemptStart Placement::PrepareAttemptLocked(Job& job, bool restarting) {
   // A restart continues from the latest complete checkpoint; a first attempt from the
   // checkpoint the job resumes from, if any.
-  AttemptStart start{job.resumed_from, job.resume_files};
+  AttemptStart start{job.resumed_from, job.resume_files, job.resume_by_name};
   job.restored.reset();
   if (restarting) {
     // A checkpoint past the losses on record (the coordinator stopped after writing its

@@ -8,6 +8,7 @@
 #include "common/spec/spec_parser.h"
 #include "common/util/status_macros.h"
 #include "coordinator/checkpoints/checkpoint_manifest.h"
+#include "coordinator/checkpoints/resume_layout.h"
 #include "coordinator/planning/planner.h"
 
 namespace stagecoach::coordinator {
@@ -51,10 +52,20 @@ Plan DescribedPlan(const v1::Job& record) {
 void CheckCheckpoints(const RecoveryInput& input, bool forward_only, RecoveredState& out) {
   const std::string& id = input.job_id;
   if (input.resumed_from.has_value()) {
-    auto m = VerifyCheckpoint(input.resumed_from->directory());
-    if (m.ok()) {
-      for (const ManifestStage& st : m->stages) out.resume_files.push_back(st.files);
+    const std::string& dir = input.resumed_from->directory();
+    auto m = VerifyCheckpoint(dir);
+    JobLayout layout;
+    for (const v1::LayerInfo& layer : input.layers) layout.layer_names.push_back(layer.name());
+    layout.stage_first_layers = input.stage_first_layers;
+    absl::StatusOr<ResumeLayout> files =
+        m.ok() ? MatchResumeLayout(*m, dir, layout,
+                                   TiedAcrossStages(input.spec, input.stage_first_layers.size()))
+               : absl::StatusOr<ResumeLayout>(m.status());
+    if (files.ok()) {
+      out.resume_files = std::move(files->stage_files);
+      out.resume_by_name = files->by_name;
     } else {
+      m = files.status();
       out.problems.push_back(
           absl::StrCat(id, ": the checkpoint it resumed from: ", m.status().message()));
     }
@@ -131,6 +142,7 @@ void ApplyRecovery(Job& job, RecoveredState state) {
   job.checkpoints = std::move(state.checkpoints);
   job.checkpoint_stage_files = std::move(state.checkpoint_stage_files);
   job.resume_files = std::move(state.resume_files);
+  job.resume_by_name = state.resume_by_name;
   job.recovering = false;
 }
 

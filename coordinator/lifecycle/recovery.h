@@ -60,8 +60,9 @@ struct RecoveredState {
   // Checkpoints still usable, oldest first, and the stage files of those whose manifest was read.
   std::vector<v1::JobCheckpoint> checkpoints;
   std::map<int64_t, std::vector<std::vector<v1::StageCheckpointFile>>> checkpoint_stage_files;
-  // training.resume_from's stage files (by stage).
+  // training.resume_from's files each stage reads (by the plan's stage; resume_layout.h).
   std::vector<std::vector<v1::StageCheckpointFile>> resume_files;
+  bool resume_by_name = false;
   // Checkpoints that do not verify, naming the job.
   std::vector<std::string> problems;
 };

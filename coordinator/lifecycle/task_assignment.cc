@@ -1,9 +1,11 @@
 #include "coordinator/lifecycle/task_assignment.h"
 
 #include <algorithm>
+#include <set>
 
 #include "common/rpc/time_conversion.h"
 #include "common/spec/builtin_model.h"
+#include "coordinator/checkpoints/resume_layout.h"
 
 namespace stagecoach::coordinator {
 
@@ -49,20 +51,25 @@ v1::TaskAssignment BuildTaskAssignment(const Job& job, const RankSlot& slot,
     v1::ResumeTask* resume = task.mutable_resume();
     resume->set_directory(start.checkpoint->directory());
     resume->set_step(start.checkpoint->step());
+    resume->set_by_name(start.by_name);
+    std::set<std::string> listed;
     for (int s : slot.stages) {
-      for (const v1::StageCheckpointFile& f : start.stage_files[s]) *resume->add_files() = f;
+      for (const v1::StageCheckpointFile& f : start.stage_files[s]) {
+        if (listed.insert(f.file()).second) *resume->add_files() = f;
+      }
     }
     // Tied embeddings on different stages: the last stage's copy is restored from stage 0's
-    // training-state file (the checkpoint holds the weight once).
-    const auto& builtin = job.spec.model.builtin;
-    const bool tied = builtin.has_value() && spec::IsDecoder(*builtin) &&
-                      builtin->tie_embeddings && plan.num_stages > 1;
+    // training-state file (the checkpoint holds the weight once). By name, the last stage's
+    // files already include it (resume_layout.h).
+    const bool tied = !start.by_name && TiedAcrossStages(job.spec, plan.num_stages);
     const bool holds_first =
         std::find(slot.stages.begin(), slot.stages.end(), 0) != slot.stages.end();
     const bool holds_last = std::find(slot.stages.begin(), slot.stages.end(),
                                       plan.num_stages - 1) != slot.stages.end();
     if (tied && holds_last && !holds_first) {
-      for (const v1::StageCheckpointFile& f : start.stage_files[0]) *resume->add_files() = f;
+      for (const v1::StageCheckpointFile& f : start.stage_files[0]) {
+        if (listed.insert(f.file()).second) *resume->add_files() = f;
+      }
     }
   }
   if (job.inference && plan.stage_to_rank[0] == r) {

@@ -22,10 +22,13 @@ struct TaskSettings {
   absl::Duration hold_timeout = absl::Hours(24);
 };
 
-// The checkpoint an attempt starts from, with every stage's files (indexed by stage).
+// The checkpoint an attempt starts from, with the files each of the plan's stages reads
+// (indexed by stage), and whether they are read by parameter name (written on another layout,
+// coordinator/checkpoints/resume_layout.h).
 struct AttemptStart {
   std::optional<v1::JobCheckpoint> checkpoint;
   std::vector<std::vector<v1::StageCheckpointFile>> stage_files;
+  bool by_name = false;
 };
 
 // The assignment of `slot` (a rank of `job`'s current attempt: job.attempt, job.ranks filled in

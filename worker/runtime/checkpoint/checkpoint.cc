@@ -21,6 +21,7 @@
 #include "common/util/sha256.h"
 #include "common/util/status_macros.h"
 #include "worker/runtime/checkpoint/optimizer_state.h"
+#include "worker/runtime/checkpoint/state_file.h"
 #include "worker/runtime/checkpoint/torch_save.h"
 
 namespace stagecoach::runtime {
@@ -61,96 +62,11 @@ std::string PathIn(const std::string& dir, const std::string& name) {
   return (fs::path(dir) / name).string();
 }
 
-absl::StatusOr<std::vector<char>> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("checkpoint file ", path, " is missing"));
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad())
-    return absl::DataLossError(absl::StrCat("reading checkpoint file ", path, " failed"));
-  return bytes;
-}
-
 c10::Dict<std::string, torch::Tensor> TensorDict(
     const std::vector<std::pair<std::string, torch::Tensor>>& entries) {
   c10::Dict<std::string, torch::Tensor> dict;
   for (const auto& [name, t] : entries) dict.insert(name, t);
   return dict;
-}
-
-// Reads a {string -> tensor} dict out of `value`, or says what is wrong.
-absl::StatusOr<std::map<std::string, torch::Tensor>> ReadTensorDict(const c10::IValue& value,
-                                                                    const std::string& what) {
-  if (!value.isGenericDict()) return absl::DataLossError(absl::StrCat(what, " is not a dict"));
-  std::map<std::string, torch::Tensor> out;
-  for (const auto& entry : value.toGenericDict()) {
-    if (!entry.key().isString() || !entry.value().isTensor()) {
-      return absl::DataLossError(absl::StrCat(what, " has an entry that is not name -> tensor"));
-    }
-    out.emplace(entry.key().toStringRef(), entry.value().toTensor());
-  }
-  return out;
-}
-
-std::string Describe(const torch::Tensor& t) {
-  return absl::StrCat(std::string(c10::toString(t.scalar_type())), "[",
-                      absl::StrJoin(t.sizes(), ", "), "]");
-}
-
-// A training-state file, unpickled and checked for its layout.
-struct StageState {
-  std::map<std::string, torch::Tensor> params;
-  std::map<std::string, torch::Tensor> optimizer;
-  // Absent in files written before buffers were kept.
-  std::optional<std::map<std::string, torch::Tensor>> buffers;
-  int64_t stage = -1;
-  int64_t step = -1;
-  int64_t data_position = -1;
-};
-
-absl::StatusOr<StageState> ParseStageState(const std::vector<char>& bytes,
-                                           const std::string& path) {
-  c10::IValue root;
-  try {
-    root = torch::pickle_load(bytes);
-  } catch (const c10::Error& e) {
-    return absl::DataLossError(absl::StrCat("checkpoint file ", path,
-                                            " cannot be unpickled: ", e.what_without_backtrace()));
-  }
-  if (!root.isGenericDict()) {
-    return absl::DataLossError(absl::StrCat("checkpoint file ", path, " does not hold a dict"));
-  }
-  const c10::impl::GenericDict dict = root.toGenericDict();
-  auto get = [&](const std::string& key) -> absl::StatusOr<c10::IValue> {
-    auto it = dict.find(key);
-    if (it == dict.end()) {
-      return absl::DataLossError(absl::StrCat("checkpoint file ", path, " has no '", key, "'"));
-    }
-    return it->value();
-  };
-  auto get_int = [&](const std::string& key) -> absl::StatusOr<int64_t> {
-    ASSIGN_OR_RETURN(c10::IValue v, get(key));
-    if (!v.isInt()) {
-      return absl::DataLossError(
-          absl::StrCat("checkpoint file ", path, ": '", key, "' is not an integer"));
-    }
-    return v.toInt();
-  };
-  StageState state;
-  ASSIGN_OR_RETURN(c10::IValue params, get("state_dict"));
-  ASSIGN_OR_RETURN(state.params,
-                   ReadTensorDict(params, absl::StrCat("checkpoint file ", path, ": state_dict")));
-  ASSIGN_OR_RETURN(c10::IValue optimizer, get("optimizer"));
-  ASSIGN_OR_RETURN(state.optimizer, ReadTensorDict(optimizer, absl::StrCat("checkpoint file ", path,
-                                                                           ": optimizer")));
-  if (dict.contains("buffers")) {
-    ASSIGN_OR_RETURN(state.buffers, ReadTensorDict(dict.at("buffers"),
-                                                   absl::StrCat("checkpoint file ", path,
-                                                                ": buffers")));
-  }
-  ASSIGN_OR_RETURN(state.stage, get_int("stage"));
-  ASSIGN_OR_RETURN(state.step, get_int("step"));
-  ASSIGN_OR_RETURN(state.data_position, get_int("data_position"));
-  return state;
 }
 
 // One parameter's optimizer state, as written to / read from the "optimizer" dict.
@@ -162,8 +78,8 @@ absl::Status CheckFieldShape(const std::string& key, const torch::Tensor& value,
                              const torch::Tensor& param, const std::string& where) {
   if (value.sizes() != param.sizes() || value.scalar_type() != param.scalar_type()) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": optimizer state '", key, "' is ",
-                                                   Describe(value), ", the parameter is ",
-                                                   Describe(param)));
+                                                   DescribeTensor(value), ", the parameter is ",
+                                                   DescribeTensor(param)));
   }
   return absl::OkStatus();
 }
@@ -196,8 +112,9 @@ absl::StatusOr<std::unique_ptr<torch::optim::OptimizerParamState>> MakeParamStat
   RETURN_IF_ERROR(CheckFieldShape(name + ".exp_avg", exp_avg, param, where));
   RETURN_IF_ERROR(CheckFieldShape(name + ".exp_avg_sq", exp_avg_sq, param, where));
   if (step.numel() != 1 || step.is_floating_point()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": optimizer state '", name, ".step' must be one integer, got ", Describe(step)));
+    return absl::InvalidArgumentError(absl::StrCat(where, ": optimizer state '", name,
+                                                   ".step' must be one integer, got ",
+                                                   DescribeTensor(step)));
   }
   auto state = std::make_unique<torch::optim::AdamWParamState>();
   state->step(step.item<int64_t>());
@@ -229,7 +146,8 @@ static absl::StatusOr<std::vector<char>> StateBytes(
     const std::vector<std::pair<std::string, torch::Tensor>>& params,
     const std::vector<std::pair<std::string, torch::Tensor>>& buffers,
     const torch::optim::Optimizer& optimizer, int64_t data_position,
-    std::vector<char>* export_bytes, const std::string& omitted = "") {
+    std::vector<char>* export_bytes, const std::string& omitted = "",
+    const ShardLayout& shard_layout = {}) {
   ASSIGN_OR_RETURN(OptimizerKind kind, KindOf(optimizer));
   try {
     std::vector<std::pair<std::string, torch::Tensor>> values, optim;
@@ -262,6 +180,13 @@ static absl::StatusOr<std::vector<char>> StateBytes(
     root.insert("stage", static_cast<int64_t>(stage));
     root.insert("step", global_step);
     root.insert("data_position", data_position);
+    if (!shard_layout.empty()) {
+      c10::Dict<std::string, torch::Tensor> shapes;
+      for (const auto& [name, sizes] : shard_layout) {
+        shapes.insert(name, torch::tensor(sizes, torch::kInt64));
+      }
+      root.insert(kShardLayoutKey, shapes);
+    }
     // TorchSaveBytes, not torch::pickle_save: files that PyTorch >= 2.6 loads with its default
     // weights_only=True.
     // The export is a state_dict as PyTorch's modules make it: parameters and buffers.
@@ -327,9 +252,11 @@ absl::StatusOr<std::vector<v1::StageCheckpointFile>> WriteStageCheckpoint(
 absl::StatusOr<v1::StageCheckpointFile> WriteStateFile(
     const std::string& dir, int64_t global_step, int stage, const std::string& file_name,
     const std::vector<std::pair<std::string, torch::Tensor>>& params,
-    const torch::optim::Optimizer& optimizer, int64_t data_position) {
+    const torch::optim::Optimizer& optimizer, int64_t data_position,
+    const ShardLayout& shard_layout) {
   ASSIGN_OR_RETURN(std::vector<char> state_bytes,
-                   StateBytes(stage, global_step, params, {}, optimizer, data_position, nullptr));
+                   StateBytes(stage, global_step, params, {}, optimizer, data_position, nullptr, "",
+                              shard_layout));
   ASSIGN_OR_RETURN(const std::string step_dir, MakeStepDir(dir, global_step));
   return WriteEntry(step_dir, stage, file_name, state_bytes);
 }
@@ -342,38 +269,6 @@ absl::StatusOr<v1::StageCheckpointFile> FindStageStateFile(const v1::ResumeTask&
   }
   return absl::InvalidArgumentError(absl::StrCat("resume.files: no ", want, " for stage ", stage,
                                                  " of checkpoint ", resume.directory()));
-}
-
-// 1. Integrity: the stage's file, its size and SHA-256 as listed, holding stage `stage`.
-static absl::StatusOr<StageState> ReadVerifiedStageState(const std::string& step_dir,
-                                                         const v1::StageCheckpointFile& file,
-                                                         int stage) {
-  if (file.file().empty() || file.file().find('/') != std::string::npos || file.file() == "." ||
-      file.file() == "..") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint file name '", file.file(), "' must be a plain file name"));
-  }
-  if (file.stage() != stage) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint file ", file.file(), " is stage ",
-                                                   file.stage(), "'s, not stage ", stage, "'s"));
-  }
-  const std::string path = PathIn(step_dir, file.file());
-  ASSIGN_OR_RETURN(std::vector<char> bytes, ReadFile(path));
-  if (static_cast<int64_t>(bytes.size()) != file.size_bytes()) {
-    return absl::DataLossError(absl::StrCat("checkpoint file ", path, " is corrupt: expected ",
-                                            file.size_bytes(), " bytes, found ", bytes.size()));
-  }
-  const std::string sha = Sha256Hex(absl::string_view(bytes.data(), bytes.size()));
-  if (sha != file.sha256()) {
-    return absl::DataLossError(absl::StrCat(
-        "checkpoint file ", path, " is corrupt: expected sha256 ", file.sha256(), ", found ", sha));
-  }
-  ASSIGN_OR_RETURN(StageState saved, ParseStageState(bytes, path));
-  if (saved.stage != stage) {
-    return absl::DataLossError(absl::StrCat("checkpoint file ", path, " holds stage ", saved.stage,
-                                            ", expected stage ", stage));
-  }
-  return saved;
 }
 
 // The saved tensors of one kind ("parameter", "buffer") are exactly `live`'s names, shapes and
@@ -391,9 +286,9 @@ static absl::StatusOr<std::set<std::string>> CheckTensorsFit(
           absl::StrCat(where, ": ", kind, " '", name, "' of the stage is not in the checkpoint"));
     }
     if (it->second.sizes() != t.sizes() || it->second.scalar_type() != t.scalar_type()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": ", kind, " '", name, "' is ",
-                                                     Describe(it->second), " in the checkpoint, ",
-                                                     Describe(t), " in the stage"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": ", kind, " '", name, "' is ", DescribeTensor(it->second),
+                       " in the checkpoint, ", DescribeTensor(t), " in the stage"));
     }
   }
   for (const auto& [name, t] : saved) {
@@ -408,7 +303,7 @@ static absl::StatusOr<std::set<std::string>> CheckTensorsFit(
 // 2a. The saved parameters are exactly the stage's, with their shapes and dtypes, and (with an
 // optimizer) ones it updates. Returns the stage's parameter names.
 static absl::StatusOr<std::set<std::string>> CheckParametersFit(
-    const StageState& saved, const std::vector<std::pair<std::string, torch::Tensor>>& params,
+    const SavedState& saved, const std::vector<std::pair<std::string, torch::Tensor>>& params,
     torch::optim::Optimizer* optimizer, const std::string& where) {
   ASSIGN_OR_RETURN(std::set<std::string> names,
                    CheckTensorsFit(saved.params, params, "parameter", where));
@@ -424,7 +319,7 @@ static absl::StatusOr<std::set<std::string>> CheckParametersFit(
 // 2b. The saved optimizer state, by parameter: every entry is `kind`'s state of a parameter of
 // the stage.
 static absl::StatusOr<std::map<std::string, ParamOptimState>> MatchOptimizerState(
-    const StageState& saved, const std::set<std::string>& names, OptimizerKind kind,
+    const SavedState& saved, const std::set<std::string>& names, OptimizerKind kind,
     const std::string& where) {
   std::map<std::string, ParamOptimState> optim;
   for (const auto& [key, value] : saved.optimizer) {
@@ -449,7 +344,7 @@ static absl::StatusOr<std::map<std::string, ParamOptimState>> MatchOptimizerStat
 
 // 3. Install: the parameters' values, and (with an optimizer) each parameter's state.
 static absl::Status InstallStageState(
-    const StageState& saved, const std::vector<std::pair<std::string, torch::Tensor>>& params,
+    const SavedState& saved, const std::vector<std::pair<std::string, torch::Tensor>>& params,
     torch::optim::Optimizer* optimizer,
     std::vector<std::unique_ptr<torch::optim::OptimizerParamState>> states,
     const std::string& where) {
@@ -481,7 +376,7 @@ static absl::Status InstallStageState(
 // 2c. The saved buffers are exactly `buffers`' names, shapes and dtypes (nothing to check when the
 // caller restores no buffers).
 static absl::Status CheckBuffersFit(
-    const StageState& saved, const std::vector<std::pair<std::string, torch::Tensor>>& buffers,
+    const SavedState& saved, const std::vector<std::pair<std::string, torch::Tensor>>& buffers,
     const std::string& where) {
   if (buffers.empty()) return absl::OkStatus();
   if (!saved.buffers.has_value()) {
@@ -492,11 +387,10 @@ static absl::Status CheckBuffersFit(
   return CheckTensorsFit(*saved.buffers, buffers, "buffer", where).status();
 }
 
-// RestoreStage's steps 2 and 3 on a file's verified contents.
-static absl::Status RestoreState(StageState saved, const std::string& where,
-                                 const std::vector<std::pair<std::string, torch::Tensor>>& params,
-                                 torch::optim::Optimizer* optimizer,
-                                 const std::vector<std::pair<std::string, torch::Tensor>>& buffers) {
+absl::Status RestoreSavedState(SavedState saved, const std::string& where,
+                               const std::vector<std::pair<std::string, torch::Tensor>>& params,
+                               torch::optim::Optimizer* optimizer,
+                               const std::vector<std::pair<std::string, torch::Tensor>>& buffers) {
   OptimizerKind kind = OptimizerKind::kSgd;
   if (optimizer != nullptr) {
     ASSIGN_OR_RETURN(kind, KindOf(*optimizer));
@@ -537,10 +431,11 @@ static absl::Status RestoreStage(const std::string& step_dir, const v1::StageChe
                                  const std::vector<std::pair<std::string, torch::Tensor>>& params,
                                  torch::optim::Optimizer* optimizer,
                                  const std::vector<std::pair<std::string, torch::Tensor>>& buffers) {
-  ASSIGN_OR_RETURN(StageState saved, ReadVerifiedStageState(step_dir, file, stage));
-  return RestoreState(std::move(saved),
-                      absl::StrCat("stage ", stage, " checkpoint ", PathIn(step_dir, file.file())),
-                      params, optimizer, buffers);
+  ASSIGN_OR_RETURN(SavedState saved, ReadStateFile(step_dir, file, stage));
+  return RestoreSavedState(
+      std::move(saved),
+      absl::StrCat("stage ", stage, " checkpoint ", PathIn(step_dir, file.file())), params,
+      optimizer, buffers);
 }
 
 absl::Status RestoreParameterCopy(const std::string& step_dir,
@@ -548,7 +443,7 @@ absl::Status RestoreParameterCopy(const std::string& step_dir,
                                   const std::string& source,
                                   const std::pair<std::string, torch::Tensor>& copy,
                                   torch::optim::Optimizer* optimizer) {
-  ASSIGN_OR_RETURN(StageState saved, ReadVerifiedStageState(step_dir, file, stage));
+  ASSIGN_OR_RETURN(SavedState saved, ReadStateFile(step_dir, file, stage));
   const std::string where = absl::StrCat("stage ", stage, " checkpoint ",
                                          PathIn(step_dir, file.file()), " (for ", copy.first, ")");
   auto it = saved.params.find(source);
@@ -556,14 +451,14 @@ absl::Status RestoreParameterCopy(const std::string& step_dir,
     return absl::InvalidArgumentError(absl::StrCat(where, ": it has no parameter '", source, "'"));
   }
   // The source parameter and its optimizer state, under the copy's name.
-  StageState one;
+  SavedState one;
   one.stage = saved.stage;
   one.params[copy.first] = it->second;
   const std::string prefix = source + ".";
   for (const auto& [key, value] : saved.optimizer) {
     if (absl::StartsWith(key, prefix)) one.optimizer[copy.first + key.substr(source.size())] = value;
   }
-  return RestoreState(std::move(one), where, {copy}, optimizer, {});
+  return RestoreSavedState(std::move(one), where, {copy}, optimizer, {});
 }
 
 absl::Status RestoreStageCheckpoint(

@@ -38,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "common/checkpoint/layout.h"
 #include "stagecoach/v1/types.pb.h"
+#include "worker/runtime/checkpoint/state_file.h"
 
 namespace stagecoach::runtime {
 
@@ -70,13 +71,20 @@ absl::StatusOr<std::vector<v1::StageCheckpointFile>> WriteStageCheckpoint(
     const torch::optim::Optimizer& optimizer, int64_t data_position,
     const std::string& omitted = "");
 
+// A ZeRO-1 shard's layout: the stage's parameters flattened into it, in order, with their
+// shapes (state_file.h, kShardLayoutKey).
+using ShardLayout = std::vector<std::pair<std::string, std::vector<int64_t>>>;
+
 // One training-state file named `file_name` (the layout above; no export) in the checkpoint
 // after `global_step` steps: `params` and their state in `optimizer` (a ZeRO-1 shard,
-// zero_shards.h), and no buffers. Its entry; errors as WriteStageCheckpoint's.
+// zero_shards.h), no buffers, and `shard_layout` under "shard_layout" when not empty (so that a
+// resume on another layout finds each parameter's state in the flat shard). Its entry; errors as
+// WriteStageCheckpoint's.
 absl::StatusOr<v1::StageCheckpointFile> WriteStateFile(
     const std::string& dir, int64_t global_step, int stage, const std::string& file_name,
     const std::vector<std::pair<std::string, torch::Tensor>>& params,
-    const torch::optim::Optimizer& optimizer, int64_t data_position);
+    const torch::optim::Optimizer& optimizer, int64_t data_position,
+    const ShardLayout& shard_layout = {});
 
 // The training-state file's entry for `stage` among a ResumeTask's files. INVALID_ARGUMENT
 // ("resume.files: ...") when it is not there.
@@ -101,6 +109,16 @@ absl::Status RestoreStageCheckpoint(
     const std::vector<std::pair<std::string, torch::Tensor>>& params,
     torch::optim::Optimizer& optimizer,
     const std::vector<std::pair<std::string, torch::Tensor>>& buffers = {});
+
+// Steps 2 and 3 of RestoreStageCheckpoint on state already read (ReadStateFile, or gathered by
+// name from another layout's files, checkpoint_by_name.h): `saved` must hold exactly `params`
+// (and, when not empty, `buffers`) by name, shape and dtype, and with `optimizer` its optimizer
+// state must be that kind's state of those parameters; then the values and the state are
+// installed. `where` starts every error. With a null `optimizer` the state is ignored.
+absl::Status RestoreSavedState(SavedState saved, const std::string& where,
+                               const std::vector<std::pair<std::string, torch::Tensor>>& params,
+                               torch::optim::Optimizer* optimizer,
+                               const std::vector<std::pair<std::string, torch::Tensor>>& buffers);
 
 // RestoreStageCheckpoint without an optimizer, for forward-only tasks (inference on a
 // checkpoint's weights): the same checks of the file, the parameters and the buffers, then

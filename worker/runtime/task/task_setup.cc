@@ -16,6 +16,7 @@
 #include "worker/runtime/checkpoint/checkpoint.h"
 #include "worker/runtime/device/device.h"
 #include "worker/runtime/task/client_steps.h"
+#include "worker/runtime/training/resume_by_name.h"
 #include "worker/runtime/training/tied_parameters.h"
 #include "worker/runtime/training/zero_shards.h"
 
@@ -145,6 +146,14 @@ absl::StatusOr<int64_t> Resume(const v1::TaskAssignment& task, TaskSetup& setup)
   if (!task.has_resume()) return 0;
   const v1::ResumeTask& resume = task.resume();
   const std::optional<TiedPair> tied = TiedPairOf(setup.spec, task.num_stages());
+  if (resume.by_name()) {
+    RETURN_IF_ERROR(RestoreStagesByName(resume, setup.stages->by_index, tied,
+                                        setup.forward_only ? nullptr : setup.optimizer.get(),
+                                        setup.shards.get()));
+    spdlog::info("{} rank {}: resumed from {} (step {}), written on another layout", task.job_id(),
+                 task.rank(), resume.directory(), resume.step());
+    return resume.step();
+  }
   for (auto& [s, stage] : setup.stages->by_index) {
     ASSIGN_OR_RETURN(const v1::StageCheckpointFile file, FindStageStateFile(resume, s));
     const bool sharded_files = std::any_of(

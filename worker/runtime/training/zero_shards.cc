@@ -2,7 +2,7 @@
 
 #include <torch/torch.h>
 
-#include <cstdio>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -67,14 +67,10 @@ struct ShardFile {
 absl::StatusOr<std::vector<ShardFile>> ShardFilesOf(const v1::ResumeTask& resume, int stage) {
   std::vector<ShardFile> found;
   for (const v1::StageCheckpointFile& f : resume.files()) {
-    int s = -1, k = -1, d = -1;
-    char tail = 0;
-    if (f.stage() != stage ||
-        std::sscanf(f.file().c_str(), "stage-%d.optimizer-%d-of-%d.p%c", &s, &k, &d, &tail) != 4 ||
-        f.file() != OptimizerShardFileName(s, k, d)) {
-      continue;
-    }
-    found.push_back(ShardFile{k, d, f});
+    const std::optional<checkpoint::OptimizerShardName> name =
+        checkpoint::ParseOptimizerShardFileName(f.file());
+    if (f.stage() != stage || !name.has_value() || name->stage != stage) continue;
+    found.push_back(ShardFile{name->replica, name->replicas, f});
   }
   if (found.empty()) return found;
   const int d = found.front().replicas;
@@ -133,8 +129,12 @@ absl::StatusOr<StateFields> FlatFromShards(const v1::ResumeTask& resume, int sta
 
 }  // namespace
 
-std::string OptimizerShardFileName(int stage, int replica, int replicas) {
-  return absl::StrCat("stage-", stage, ".optimizer-", replica, "-of-", replicas, ".pt");
+ShardLayout ZeroShards::LayoutOf(const Layout& layout) {
+  ShardLayout out;
+  for (size_t i = 0; i < layout.params.size(); ++i) {
+    out.emplace_back(layout.names[i], layout.params[i].sizes().vec());
+  }
+  return out;
 }
 
 absl::StatusOr<std::unique_ptr<ZeroShards>> ZeroShards::Create(
@@ -150,6 +150,7 @@ absl::StatusOr<std::unique_ptr<ZeroShards>> ZeroShards::Create(
                          "' is not of the stage's one floating dtype"));
       }
       layout.params.push_back(p);
+      layout.names.push_back(name);
       layout.numel += p.numel();
     }
     if (layout.params.empty()) continue;
@@ -233,7 +234,7 @@ absl::StatusOr<std::vector<v1::StageCheckpointFile>> ZeroShards::WriteShardFiles
     ASSIGN_OR_RETURN(
         v1::StageCheckpointFile f,
         WriteStateFile(dir, global_step, s, OptimizerShardFileName(s, replica_, replicas_),
-                       {{"shard", layout.shard}}, optimizer, global_step));
+                       {{"shard", layout.shard}}, optimizer, global_step, LayoutOf(layout)));
     files.push_back(std::move(f));
   }
   return files;
@@ -303,6 +304,51 @@ absl::Status RestoreOptimizerState(const v1::ResumeTask& resume, int stage,
         absl::StrCat(where, ": restoring optimizer state failed: ", e.what_without_backtrace()));
   }
   return absl::OkStatus();
+}
+
+absl::Status InstallShardState(const SavedState& saved, int stage,
+                               const std::vector<std::pair<std::string, torch::Tensor>>& params,
+                               torch::optim::Optimizer& optimizer, const ZeroShards& shards,
+                               const std::string& where) {
+  const torch::Tensor& shard = shards.shard(stage);
+  if (!shard.defined() || params.empty()) return absl::OkStatus();
+  try {
+    // Each field flattened over the stage's parameters in order (zeros where one has no state),
+    // padded to the replicas' shards, and this replica's shard cut out.
+    std::set<std::string> fields;
+    for (const auto& [key, value] : saved.optimizer) fields.insert(key.substr(key.rfind('.') + 1));
+    const int64_t c = shard.numel();
+    StateFields mine;
+    for (const std::string& field : fields) {
+      std::vector<torch::Tensor> parts;
+      for (const auto& [name, p] : params) {
+        auto it = saved.optimizer.find(absl::StrCat(name, ".", field));
+        if (field == "step") {
+          if (it != saved.optimizer.end() && mine.count(field) == 0) mine[field] = it->second;
+          continue;
+        }
+        parts.push_back(it != saved.optimizer.end()
+                            ? it->second.to(torch::kCPU, shard.scalar_type()).reshape(-1)
+                            : torch::zeros({p.numel()}, shard.options().device(torch::kCPU)));
+      }
+      if (field == "step") continue;
+      torch::Tensor padded =
+          torch::zeros({c * shards.replicas()}, shard.options().device(torch::kCPU));
+      torch::Tensor flat = torch::cat(parts);
+      if (flat.numel() > padded.numel()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": optimizer state '", field, "' has ", flat.numel(),
+                         " elements, the stage's shards ", padded.numel()));
+      }
+      padded.narrow(0, 0, flat.numel()).copy_(flat);
+      mine[field] = padded.narrow(0, shards.replica() * c, c);
+    }
+    if (mine.empty()) return absl::OkStatus();
+    return SetParamStateFields(optimizer, shard, mine, where);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat(where, ": restoring optimizer state failed: ", e.what_without_backtrace()));
+  }
 }
 
 }  // namespace stagecoach::runtime

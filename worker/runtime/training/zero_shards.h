@@ -15,7 +15,8 @@
 //
 // Checkpoints: every replica writes its shard of each stage as a training-state file
 // "stage-<s>.optimizer-<k>-of-<D>.pt" holding the shard's values and optimizer state under the
-// name "shard" (checkpoint.h's layout), beside replica 0's stage-<s>.pt (parameters, no optimizer
+// name "shard" and the stage's parameter names and shapes in order under "shard_layout"
+// (checkpoint.h's layout), beside replica 0's stage-<s>.pt (parameters, no optimizer
 // state). RestoreOptimizerState reassembles the stage's flat state from whatever the checkpoint
 // holds — D' shard files, or a plain stage-<s>.pt's per-parameter state — and installs it for
 // this task: into its shard for any replica count, or per parameter without sharding.
@@ -40,11 +41,11 @@
 #include "stagecoach/v1/types.pb.h"
 #include "worker/collectives/collectives.h"
 #include "worker/model/stage_model.h"
+#include "worker/runtime/checkpoint/checkpoint.h"
 
 namespace stagecoach::runtime {
 
-// "stage-<s>.optimizer-<k>-of-<D>.pt".
-std::string OptimizerShardFileName(int stage, int replica, int replicas);
+using checkpoint::OptimizerShardFileName;
 
 class ZeroShards {
  public:
@@ -82,10 +83,12 @@ class ZeroShards {
  private:
   struct Layout {
     std::vector<torch::Tensor> params;
+    std::vector<std::string> names;  // the parameters' names, in order
     int64_t numel = 0;
     torch::Tensor shard;  // leaf, c elements, the parameters' dtype and device
   };
   ZeroShards(int replica, int replicas) : replica_(replica), replicas_(replicas) {}
+  static ShardLayout LayoutOf(const Layout& layout);
 
   const int replica_;
   const int replicas_;
@@ -102,5 +105,15 @@ absl::Status RestoreOptimizerState(const v1::ResumeTask& resume, int stage,
                                    const std::vector<std::pair<std::string, torch::Tensor>>& params,
                                    const spec::OptimizerSpec& spec,
                                    torch::optim::Optimizer& optimizer, const ZeroShards* shards);
+
+// Installs the optimizer state of stage `stage`'s `params` held in `saved` (per parameter,
+// "<name>.<field>", as CheckpointByName::StateFor gives it for a checkpoint of another layout)
+// into `shards`' shard of the stage: each field flattened over the parameters in order, zeros
+// for a parameter without state, this replica's part of it. INVALID_ARGUMENT naming `where` when
+// the state does not fit the shards; SetParamStateFields' errors.
+absl::Status InstallShardState(const SavedState& saved, int stage,
+                               const std::vector<std::pair<std::string, torch::Tensor>>& params,
+                               torch::optim::Optimizer& optimizer, const ZeroShards& shards,
+                               const std::string& where);
 
 }  // namespace stagecoach::runtime

@@ -1,0 +1,51 @@
+// A training-state file (checkpoint.h's layout: stage-<s>.pt, or a ZeRO-1 shard file
+// stage-<s>.optimizer-<k>-of-<D>.pt), read back, verified and unpickled, changing nothing: what
+// RestoreStageCheckpoint installs, and what CheckpointByName (checkpoint_by_name.h) gathers by
+// parameter name from the files of a checkpoint written on another layout.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "stagecoach/v1/types.pb.h"
+
+namespace stagecoach::runtime {
+
+struct SavedState {
+  // {parameter name -> tensor}, and the names in the file's order (the stage's parameter order).
+  std::map<std::string, torch::Tensor> params;
+  std::vector<std::string> param_order;
+  // {"<param>.<field>" -> tensor}.
+  std::map<std::string, torch::Tensor> optimizer;
+  // Absent in files written before buffers were kept.
+  std::optional<std::map<std::string, torch::Tensor>> buffers;
+  // A shard file's layout: the stage's parameters flattened into it, in order, with their
+  // shapes (zero_shards.h); empty in other files and in shard files written before it was kept.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shard_layout;
+  int64_t stage = -1;
+  int64_t step = -1;
+  int64_t data_position = -1;
+};
+
+// Reads training-state file `file` (an entry of the checkpoint's, e.g. from a ResumeTask) in
+// `step_dir` and checks it: a plain file name (INVALID_ARGUMENT), the entry is stage `stage`'s
+// (INVALID_ARGUMENT), the file is there (NOT_FOUND naming the path) with the entry's size and
+// SHA-256 (DATA_LOSS naming the path, the expected and the actual value), it unpickles into the
+// layout and holds stage `stage` (DATA_LOSS naming the path and the key).
+absl::StatusOr<SavedState> ReadStateFile(const std::string& step_dir,
+                                         const v1::StageCheckpointFile& file, int stage);
+
+// "Float[3, 4]": a tensor's dtype and shape, for errors.
+std::string DescribeTensor(const torch::Tensor& t);
+
+// The key under which a shard file keeps its layout.
+inline constexpr char kShardLayoutKey[] = "shard_layout";
+
+}  // namespace stagecoach::runtime

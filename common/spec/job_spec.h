@@ -148,6 +148,9 @@ struct CheckpointSpec {
   std::string dir;
   // Write one every this many steps; 0 means only at the end of the job.
   int64_t every_steps = 0;
+  // Write the files off the step loop (task/checkpoint_steps.h): the step copies the state to
+  // host memory and trains on while a background writer pickles, hashes and syncs them.
+  bool async = true;
 };
 
 struct TrainingSpec {

@@ -381,10 +381,11 @@ class SpecParser {
   }
 
   void ParseCheckpoint(const YAML::Node& node) {
-    auto checkpoint = v_.Open(node, "training.checkpoint", {"dir", "every_steps"});
+    auto checkpoint = v_.Open(node, "training.checkpoint", {"dir", "every_steps", "async"});
     if (!checkpoint) return;
     CheckpointSpec& out = spec_.training.checkpoint;
     checkpoint->String("dir", &out.dir);
+    checkpoint->Bool("async", &out.async);
     if (checkpoint->Int("every_steps", 0, kInt64Max, &out.every_steps) == Read::kOk &&
         !checkpoint->Has("dir")) {
       v_.Error(checkpoint->Path("every_steps"), "only valid with training.checkpoint.dir");

@@ -292,10 +292,11 @@ absl::Status StepAggregator::AddForwardOnlyLocked(Job& job, const RankSlot& slot
 
 absl::Status StepAggregator::CheckCheckpointOnly(const RankSlot& slot,
                                                  const v1::ReportStepRequest& req) {
-  if (req.step() != slot.steps_done - 1 || req.checkpoint_files_size() == 0) {
+  // At the step it holds at, or (an asynchronous checkpoint, durable now) at any step it did.
+  if (req.step() < -1 || req.step() > slot.steps_done - 1 || req.checkpoint_files_size() == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("checkpoint_only: rank ", req.rank(),
-                     " must report its files at its last step (", slot.steps_done - 1,
+                     " must report its files at a step it did (-1 to ", slot.steps_done - 1,
                      "), got step ", req.step(), " with ", req.checkpoint_files_size(), " files"));
   }
   return absl::OkStatus();

@@ -5,6 +5,9 @@
 //     bit for bit;
 //   - no restart policy: a worker SIGKILLed mid-run fails the job within the lease plus a
 //     margin, naming the rank and worker; the survivor is IDLE again and runs the next job;
+//   - asynchronous checkpoints with a slowed writer: training goes on while step 2 is written,
+//     its manifest lists only whole files, and a worker SIGKILLed while step 4 is being written
+//     leaves step 2 the latest checkpoint and step 4 without a manifest;
 //   - the coordinator SIGKILLed and started again on the same port with --data-dir: a finished
 //     job is still listed with its losses; a job held after 8 steps keeps its history and
 //     checkpoints, goes RESTARTING, continues from its checkpoint after step 5 on the workers
@@ -23,10 +26,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/util/sha256.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/support/job_predicates.h"
 #include "tests/support/local_cluster.h"
 
@@ -457,6 +463,58 @@ TEST_F(FailureRecovery, RestartedCoordinatorKeepsItsJobsAndContinuesFromTheCheck
   EXPECT_TRUE(idle.ok()) << idle << "; workers:" << listed_workers;
   EXPECT_EQ(addresses.size(), 3u) << "workers:" << listed_workers;
   if (HasFailure()) std::cerr << History(*done) << "\n" << c.Logs();
+}
+
+// Asynchronous checkpoints (task/checkpoint_steps.h) with the writer made slow (4 s after each
+// stage's files): the manifest of step 2 appears only once every file it lists is whole on disk,
+// and a worker SIGKILLed while step 4's checkpoint is still being written leaves step 4 without
+// a manifest and step 2 the latest checkpoint.
+TEST_F(FailureRecovery, AnAsynchronousCheckpointKilledMidWriteLeavesThePreviousOneTheLatest) {
+  setenv("STAGECOACH_FAULT_CHECKPOINT_STALL_MS", "4000", 1);
+  ClusterOptions options;
+  options.workers = 2;
+  auto cluster = LocalCluster::Start(options);
+  unsetenv("STAGECOACH_FAULT_CHECKPOINT_STALL_MS");
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  const std::string ckpt = c.dir() + "/ckpt-async";
+  std::string spec = SpecYaml({"async", 1000, ckpt, -1});
+  spec = absl::StrReplaceAll(spec, {{"every_steps: 5}", "every_steps: 2}"}});
+  CommandResult submit = c.Stagectl({"submit", c.WriteFile("async.yaml", spec)});
+  ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err;
+  const std::string id = LastLine(submit.out);
+  auto listed = c.WaitForJob(
+      id, [](const v1::Job& j) { return IsFinal(j) || j.checkpoints_size() >= 1; },
+      absl::Seconds(60));
+  ASSERT_TRUE(listed.ok()) << listed.status() << c.Logs();
+  ASSERT_EQ(listed->state(), v1::JOB_STATE_RUNNING) << History(*listed) << c.Logs();
+  const v1::JobCheckpoint first = listed->checkpoints(0);
+  ASSERT_EQ(first.step(), 2);
+  // Training went on while step 2 was written: step 4's write (stalled) is under way now.
+  EXPECT_GE(listed->global_steps_done(), 4) << "the step loop waited for the write";
+  c.worker(c.WorkerIndex(listed->ranks(1).worker_id())).Signal(SIGKILL);
+  auto failed = c.WaitForJob(id, IsFinal, absl::Seconds(90));
+  ASSERT_TRUE(failed.ok()) << failed.status() << c.Logs();
+  EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED) << History(*failed);
+  ASSERT_GE(failed->checkpoints_size(), 1);
+  EXPECT_EQ(failed->checkpoints(failed->checkpoints_size() - 1).step(), 2)
+      << "a checkpoint whose write was cut became the latest";
+  // Step 2's manifest lists files that are all there, whole.
+  std::ifstream in(first.manifest());
+  const nlohmann::json manifest = nlohmann::json::parse(in);
+  int files = 0;
+  for (const auto& stage : manifest.at("stages")) {
+    for (const auto& f : stage.at("files")) {
+      const std::string path = first.directory() + "/" + f.at("file").get<std::string>();
+      auto sha = Sha256OfFile(path);
+      ASSERT_TRUE(sha.ok()) << sha.status();
+      EXPECT_EQ(*sha, f.at("sha256").get<std::string>()) << path;
+      ++files;
+    }
+  }
+  EXPECT_EQ(files, 4);
+  EXPECT_FALSE(fs::exists(absl::StrFormat("%s/step-%06d/manifest.json", ckpt, 4)));
+  if (HasFailure()) std::cerr << History(*failed) << "\n" << c.Logs();
 }
 
 }  // namespace

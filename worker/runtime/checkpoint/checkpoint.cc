@@ -56,7 +56,14 @@ const std::vector<std::string>& FieldsOf(OptimizerKind kind) {
   return kind == OptimizerKind::kSgd ? sgd : adamw;
 }
 
-torch::Tensor ToCpuCopy(const torch::Tensor& t) { return t.detach().to(torch::kCPU).clone(); }
+// A copy in host memory, which later steps do not change; pinned when it comes from a device,
+// so that the copy runs at the link's speed.
+torch::Tensor HostCopy(const torch::Tensor& t) {
+  if (t.device().is_cpu()) return t.detach().clone();
+  torch::Tensor host = torch::empty(t.sizes(), t.options().device(torch::kCPU).pinned_memory(true));
+  host.copy_(t.detach());
+  return host;
+}
 
 std::string PathIn(const std::string& dir, const std::string& name) {
   return (fs::path(dir) / name).string();
@@ -139,50 +146,64 @@ bool Optimizes(const torch::optim::Optimizer& optimizer, const torch::Tensor& pa
 
 }  // namespace
 
-// The pickled training-state dict of `params` and their state in `optimizer` (layout in
-// checkpoint.h), and the export of the parameters when `export_bytes` is not null.
-static absl::StatusOr<std::vector<char>> StateBytes(
-    int stage, int64_t global_step,
+absl::StatusOr<StateSnapshot> SnapshotState(
+    int stage, int64_t global_step, const std::string& file_name, bool with_export,
     const std::vector<std::pair<std::string, torch::Tensor>>& params,
     const std::vector<std::pair<std::string, torch::Tensor>>& buffers,
-    const torch::optim::Optimizer& optimizer, int64_t data_position,
-    std::vector<char>* export_bytes, const std::string& omitted = "",
-    const ShardLayout& shard_layout = {}) {
+    const torch::optim::Optimizer& optimizer, int64_t data_position, const std::string& omitted,
+    const ShardLayout& shard_layout) {
   ASSIGN_OR_RETURN(OptimizerKind kind, KindOf(optimizer));
+  StateSnapshot out;
+  out.stage = stage;
+  out.global_step = global_step;
+  out.data_position = data_position;
+  out.file_name = file_name;
+  out.with_export = with_export;
+  out.shard_layout = shard_layout;
   try {
-    std::vector<std::pair<std::string, torch::Tensor>> values, optim;
     for (const auto& [name, p] : params) {
       if (name == omitted) continue;
-      values.emplace_back(name, ToCpuCopy(p));
+      out.values.emplace_back(name, HostCopy(p));
       const torch::optim::OptimizerParamState* st = FindState(optimizer, p);
       if (st == nullptr) continue;
       if (kind == OptimizerKind::kSgd) {
         const auto& sgd = static_cast<const torch::optim::SGDParamState&>(*st);
         if (sgd.momentum_buffer().defined()) {
-          optim.emplace_back(name + ".momentum_buffer", ToCpuCopy(sgd.momentum_buffer()));
+          out.optimizer.emplace_back(name + ".momentum_buffer", HostCopy(sgd.momentum_buffer()));
         }
       } else {
         const auto& adam = static_cast<const torch::optim::AdamWParamState&>(*st);
-        optim.emplace_back(name + ".exp_avg", ToCpuCopy(adam.exp_avg()));
-        optim.emplace_back(name + ".exp_avg_sq", ToCpuCopy(adam.exp_avg_sq()));
-        optim.emplace_back(name + ".step", torch::tensor(adam.step(), torch::kInt64));
+        out.optimizer.emplace_back(name + ".exp_avg", HostCopy(adam.exp_avg()));
+        out.optimizer.emplace_back(name + ".exp_avg_sq", HostCopy(adam.exp_avg_sq()));
+        out.optimizer.emplace_back(name + ".step", torch::tensor(adam.step(), torch::kInt64));
         if (adam.max_exp_avg_sq().defined()) {
-          optim.emplace_back(name + ".max_exp_avg_sq", ToCpuCopy(adam.max_exp_avg_sq()));
+          out.optimizer.emplace_back(name + ".max_exp_avg_sq", HostCopy(adam.max_exp_avg_sq()));
         }
       }
     }
-    std::vector<std::pair<std::string, torch::Tensor>> buffer_values;
-    for (const auto& [name, b] : buffers) buffer_values.emplace_back(name, ToCpuCopy(b));
+    for (const auto& [name, b] : buffers) out.buffers.emplace_back(name, HostCopy(b));
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("checkpoint: copying stage ", stage,
+                                            "'s state failed: ", e.what_without_backtrace()));
+  }
+  return out;
+}
+
+// The pickled training-state dict of a snapshot (layout in checkpoint.h), and its export when
+// `export_bytes` is not null.
+static absl::StatusOr<std::vector<char>> SnapshotBytes(const StateSnapshot& snapshot,
+                                                       std::vector<char>* export_bytes) {
+  try {
     c10::impl::GenericDict root(c10::StringType::get(), c10::AnyType::get());
-    root.insert("state_dict", TensorDict(values));
-    root.insert("buffers", TensorDict(buffer_values));
-    root.insert("optimizer", TensorDict(optim));
-    root.insert("stage", static_cast<int64_t>(stage));
-    root.insert("step", global_step);
-    root.insert("data_position", data_position);
-    if (!shard_layout.empty()) {
+    root.insert("state_dict", TensorDict(snapshot.values));
+    root.insert("buffers", TensorDict(snapshot.buffers));
+    root.insert("optimizer", TensorDict(snapshot.optimizer));
+    root.insert("stage", static_cast<int64_t>(snapshot.stage));
+    root.insert("step", snapshot.global_step);
+    root.insert("data_position", snapshot.data_position);
+    if (!snapshot.shard_layout.empty()) {
       c10::Dict<std::string, torch::Tensor> shapes;
-      for (const auto& [name, sizes] : shard_layout) {
+      for (const auto& [name, sizes] : snapshot.shard_layout) {
         shapes.insert(name, torch::tensor(sizes, torch::kInt64));
       }
       root.insert(kShardLayoutKey, shapes);
@@ -191,14 +212,14 @@ static absl::StatusOr<std::vector<char>> StateBytes(
     // weights_only=True.
     // The export is a state_dict as PyTorch's modules make it: parameters and buffers.
     if (export_bytes != nullptr) {
-      std::vector<std::pair<std::string, torch::Tensor>> exported = values;
-      exported.insert(exported.end(), buffer_values.begin(), buffer_values.end());
+      std::vector<std::pair<std::string, torch::Tensor>> exported = snapshot.values;
+      exported.insert(exported.end(), snapshot.buffers.begin(), snapshot.buffers.end());
       *export_bytes = TorchSaveBytes(c10::IValue(TensorDict(exported)));
     }
     return TorchSaveBytes(c10::IValue(root));
   } catch (const c10::Error& e) {
-    return absl::InternalError(
-        absl::StrCat("checkpoint: saving stage ", stage, " failed: ", e.what_without_backtrace()));
+    return absl::InternalError(absl::StrCat("checkpoint: saving stage ", snapshot.stage,
+                                            " failed: ", e.what_without_backtrace()));
   }
 }
 
@@ -231,22 +252,33 @@ static absl::StatusOr<v1::StageCheckpointFile> WriteEntry(const std::string& ste
   return f;
 }
 
+absl::StatusOr<std::vector<v1::StageCheckpointFile>> WriteSnapshot(const std::string& dir,
+                                                                   const StateSnapshot& snapshot) {
+  std::vector<char> export_bytes;
+  ASSIGN_OR_RETURN(std::vector<char> state_bytes,
+                   SnapshotBytes(snapshot, snapshot.with_export ? &export_bytes : nullptr));
+  ASSIGN_OR_RETURN(const std::string step_dir, MakeStepDir(dir, snapshot.global_step));
+  std::vector<v1::StageCheckpointFile> files;
+  ASSIGN_OR_RETURN(files.emplace_back(),
+                   WriteEntry(step_dir, snapshot.stage, snapshot.file_name, state_bytes));
+  if (snapshot.with_export) {
+    ASSIGN_OR_RETURN(
+        files.emplace_back(),
+        WriteEntry(step_dir, snapshot.stage, StageExportFileName(snapshot.stage), export_bytes));
+  }
+  return files;
+}
+
 absl::StatusOr<std::vector<v1::StageCheckpointFile>> WriteStageCheckpoint(
     const std::string& dir, int64_t global_step, int stage,
     const std::vector<std::pair<std::string, torch::Tensor>>& params,
     const std::vector<std::pair<std::string, torch::Tensor>>& buffers,
     const torch::optim::Optimizer& optimizer, int64_t data_position,
     const std::string& omitted) {
-  std::vector<char> export_bytes;
-  ASSIGN_OR_RETURN(std::vector<char> state_bytes,
-                   StateBytes(stage, global_step, params, buffers, optimizer, data_position,
-                              &export_bytes, omitted));
-  ASSIGN_OR_RETURN(const std::string step_dir, MakeStepDir(dir, global_step));
-  ASSIGN_OR_RETURN(v1::StageCheckpointFile state,
-                   WriteEntry(step_dir, stage, StageStateFileName(stage), state_bytes));
-  ASSIGN_OR_RETURN(v1::StageCheckpointFile exported,
-                   WriteEntry(step_dir, stage, StageExportFileName(stage), export_bytes));
-  return std::vector<v1::StageCheckpointFile>{std::move(state), std::move(exported)};
+  ASSIGN_OR_RETURN(const StateSnapshot snapshot,
+                   SnapshotState(stage, global_step, StageStateFileName(stage), true, params,
+                                 buffers, optimizer, data_position, omitted));
+  return WriteSnapshot(dir, snapshot);
 }
 
 absl::StatusOr<v1::StageCheckpointFile> WriteStateFile(
@@ -254,11 +286,11 @@ absl::StatusOr<v1::StageCheckpointFile> WriteStateFile(
     const std::vector<std::pair<std::string, torch::Tensor>>& params,
     const torch::optim::Optimizer& optimizer, int64_t data_position,
     const ShardLayout& shard_layout) {
-  ASSIGN_OR_RETURN(std::vector<char> state_bytes,
-                   StateBytes(stage, global_step, params, {}, optimizer, data_position, nullptr, "",
-                              shard_layout));
-  ASSIGN_OR_RETURN(const std::string step_dir, MakeStepDir(dir, global_step));
-  return WriteEntry(step_dir, stage, file_name, state_bytes);
+  ASSIGN_OR_RETURN(const StateSnapshot snapshot,
+                   SnapshotState(stage, global_step, file_name, false, params, {}, optimizer,
+                                 data_position, "", shard_layout));
+  ASSIGN_OR_RETURN(std::vector<v1::StageCheckpointFile> files, WriteSnapshot(dir, snapshot));
+  return files.front();
 }
 
 absl::StatusOr<v1::StageCheckpointFile> FindStageStateFile(const v1::ResumeTask& resume,

@@ -86,6 +86,39 @@ absl::StatusOr<v1::StageCheckpointFile> WriteStateFile(
     const torch::optim::Optimizer& optimizer, int64_t data_position,
     const ShardLayout& shard_layout = {});
 
+// A training-state file's contents copied to host memory (pinned when they come from a device)
+// at a step boundary, so that pickling, hashing and the durable write can run off the step loop
+// while training goes on (asynchronous checkpoints, task/checkpoint_steps.h). Holds no reference
+// to the live parameters or optimizer.
+struct StateSnapshot {
+  int stage = 0;
+  int64_t global_step = 0;
+  int64_t data_position = 0;
+  std::string file_name;                                         // stage-<s>.pt, or a shard file
+  bool with_export = false;                                      // also stage-<s>.state_dict.pt
+  std::vector<std::pair<std::string, torch::Tensor>> values;     // parameter -> value
+  std::vector<std::pair<std::string, torch::Tensor>> optimizer;  // "<param>.<field>" -> state
+  std::vector<std::pair<std::string, torch::Tensor>> buffers;
+  ShardLayout shard_layout;
+};
+
+// Copies what the file `file_name` of stage `stage` after `global_step` steps holds (with
+// `with_export`, the export too): the values of `params` but `omitted`, their state in
+// `optimizer`, and `buffers`. Call between steps. UNIMPLEMENTED for an optimizer other than SGD
+// or AdamW; INTERNAL when LibTorch fails.
+absl::StatusOr<StateSnapshot> SnapshotState(
+    int stage, int64_t global_step, const std::string& file_name, bool with_export,
+    const std::vector<std::pair<std::string, torch::Tensor>>& params,
+    const std::vector<std::pair<std::string, torch::Tensor>>& buffers,
+    const torch::optim::Optimizer& optimizer, int64_t data_position,
+    const std::string& omitted = "", const ShardLayout& shard_layout = {});
+
+// Writes a snapshot's file (and export) into CheckpointStepDir(dir, snapshot.global_step),
+// durably; their entries, training-state file first. Touches only the snapshot: safe on another
+// thread while training goes on. Errors as WriteStageCheckpoint's.
+absl::StatusOr<std::vector<v1::StageCheckpointFile>> WriteSnapshot(const std::string& dir,
+                                                                   const StateSnapshot& snapshot);
+
 // The training-state file's entry for `stage` among a ResumeTask's files. INVALID_ARGUMENT
 // ("resume.files: ...") when it is not there.
 absl::StatusOr<v1::StageCheckpointFile> FindStageStateFile(const v1::ResumeTask& resume, int stage);

@@ -6,6 +6,18 @@
 //   - At hold (a paused job's CheckpointJob, StepGate::Action::kCheckpointAtHold): the position
 //     the task holds at, reported on its own (checkpoint_only); one already written there is not
 //     written twice.
+// Asynchronous checkpoints (training.checkpoint.async, the default): at a checkpoint step the
+// task copies what the files hold to host memory (checkpoint.h's StateSnapshot; the previous
+// asynchronous write, if still running, is waited for first, so at most one copy is held), and a
+// background writer (background_writer.h) pickles, hashes and writes the files durably while
+// the task trains on; once they are durable it sends them in a checkpoint_only report of the
+// step they hold, which is what lets the coordinator write the manifest. So a task killed
+// mid-write leaves a step directory without a manifest, and the previous checkpoint stays the
+// latest. The task drains the writer before it ends (and before a checkpoint at hold), and a
+// failed write fails the task at its next checkpoint or its end. The fault knob
+// STAGECOACH_FAULT_CHECKPOINT_STALL_MS makes the writer sleep that long after each file (tests
+// that kill a worker mid-write).
+//
 // Forward-only tasks have no checkpoint directory: they write nothing after steps and refuse a
 // checkpoint at hold. With data-parallel replicas the stages of every replica are the same, so
 // only replica 0's tasks write the stage files (`writer`); with ZeRO-1 shards every replica also
@@ -21,10 +33,14 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "stagecoach/v1/coordinator.pb.h"
 #include "worker/model/stage_model.h"
+#include "worker/runtime/checkpoint/background_writer.h"
+#include "worker/runtime/checkpoint/checkpoint.h"
 #include "worker/runtime/task/step_reports.h"
 #include "worker/runtime/training/zero_shards.h"
 
@@ -48,6 +64,10 @@ struct CheckpointStepsOptions {
   // (checkpoint/hf_export.h), in parts of at most hf_part_bytes.
   bool hf_export = false;
   uint64_t hf_part_bytes = 0;
+  // training.checkpoint.async, and how long a checkpoint step waits for the previous
+  // asynchronous write (and the task's end for the last one).
+  bool async = false;
+  absl::Duration write_timeout = absl::Minutes(30);
 };
 
 class CheckpointSteps {
@@ -67,9 +87,22 @@ class CheckpointSteps {
   // FAILED_PRECONDITION naming the rank when the job has no training.checkpoint.dir.
   absl::Status AtHold(int64_t global_steps, int64_t task_step);
 
+  // Waits for the asynchronous write in flight (its files reported); its error, if any. Call
+  // before the task ends.
+  absl::Status Drain();
+
  private:
-  // Writes every stage of the rank after `global_steps` steps; lists the files in `report`.
-  absl::Status Write(int64_t global_steps, v1::ReportStepRequest* report);
+  // Writes every stage of the rank after `global_steps` steps: now, listing the files in
+  // `report`, or (async) in the background, sending them in a checkpoint_only report of the
+  // report's step once durable.
+  absl::Status Write(int64_t global_steps, v1::ReportStepRequest* report, bool async);
+  // The rank's files after `global_steps` steps copied: its shard files, then (writer) each
+  // stage's training state and export.
+  absl::StatusOr<std::vector<StateSnapshot>> Snapshot(int64_t global_steps) const;
+  // Writes the snapshots (and the Hugging Face export of each stage); their files. Touches only
+  // the snapshots and constant options: runs on the background writer's thread too.
+  absl::StatusOr<std::vector<v1::StageCheckpointFile>> WriteAll(
+      const std::vector<StateSnapshot>& snapshots) const;
 
   // The digests of the stages' parameters, into `report`.
   void AddDigests(v1::ReportStepRequest* report) const;
@@ -89,6 +122,9 @@ class CheckpointSteps {
   const ZeroShards* shards_;
   // The global step of the latest checkpoint this task wrote.
   int64_t last_ = -1;
+  // STAGECOACH_FAULT_CHECKPOINT_STALL_MS.
+  const absl::Duration stall_;
+  BackgroundWriter background_;
 };
 
 }  // namespace stagecoach::runtime

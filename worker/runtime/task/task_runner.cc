@@ -325,6 +325,7 @@ absl::Status TaskRunner::RunOnDataPlane(TaskSetup& setup, transport::Transport& 
   const auto& builtin = setup.spec.model.builtin;
   checkpoint_options.hf_export = builtin.has_value() && builtin->decoder.has_value();
   checkpoint_options.hf_part_bytes = checkpoint::kHfShardBytes;
+  checkpoint_options.async = setup.spec.training.checkpoint.async;
   CheckpointSteps checkpoints(checkpoint_options, setup.stages->by_index, setup.optimizer.get(),
                               &reports, setup.shards.get());
   const StepEnv env{&task_,
@@ -368,7 +369,8 @@ absl::Status TaskRunner::StepLoop(DataSteps& data, ClientSteps& client_steps,
         status = checkpoints.AtHold(decision.steps_done, steps_done_.load() - 1);
         break;
       case StepGate::Action::kFinish:
-        return absl::OkStatus();
+        // The last checkpoint's files are reported before the task's end.
+        return checkpoints.Drain();
     }
     RETURN_IF_ERROR(status);
   }

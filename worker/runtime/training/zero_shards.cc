@@ -226,18 +226,17 @@ absl::Status ZeroShards::GatherParameters(collectives::Collectives& group, absl:
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<v1::StageCheckpointFile>> ZeroShards::WriteShardFiles(
-    const std::string& dir, int64_t global_step, const torch::optim::Optimizer& optimizer) const {
-  std::vector<v1::StageCheckpointFile> files;
+absl::StatusOr<std::vector<StateSnapshot>> ZeroShards::SnapshotShardFiles(
+    int64_t global_step, const torch::optim::Optimizer& optimizer) const {
+  std::vector<StateSnapshot> snapshots;
   for (const auto& [s, layout] : layouts_) {
     if (!layout.shard.defined()) continue;
     ASSIGN_OR_RETURN(
-        v1::StageCheckpointFile f,
-        WriteStateFile(dir, global_step, s, OptimizerShardFileName(s, replica_, replicas_),
-                       {{"shard", layout.shard}}, optimizer, global_step, LayoutOf(layout)));
-    files.push_back(std::move(f));
+        snapshots.emplace_back(),
+        SnapshotState(s, global_step, OptimizerShardFileName(s, replica_, replicas_), false,
+                      {{"shard", layout.shard}}, {}, optimizer, global_step, "", LayoutOf(layout)));
   }
-  return files;
+  return snapshots;
 }
 
 absl::Status RestoreOptimizerState(const v1::ResumeTask& resume, int stage,

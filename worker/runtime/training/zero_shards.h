@@ -75,10 +75,10 @@ class ZeroShards {
   // All-gathers every stage's shards into its parameters. The group's errors, naming the stage.
   absl::Status GatherParameters(collectives::Collectives& group, absl::Duration timeout);
 
-  // Writes this replica's shard file of every stage into `step_dir`'s checkpoint (through
-  // checkpoint.h's writer); the files' entries.
-  absl::StatusOr<std::vector<v1::StageCheckpointFile>> WriteShardFiles(
-      const std::string& dir, int64_t global_step, const torch::optim::Optimizer& optimizer) const;
+  // This replica's shard file of every stage after `global_step` steps, copied for writing
+  // (checkpoint.h's WriteSnapshot): the shard's values, its state in `optimizer`, the layout.
+  absl::StatusOr<std::vector<StateSnapshot>> SnapshotShardFiles(
+      int64_t global_step, const torch::optim::Optimizer& optimizer) const;
 
  private:
   struct Layout {

@@ -353,7 +353,7 @@ TEST(SpecParserTest, UnknownKeysInEveryNestedMapping) {
   EXPECT_THAT(Errors(Edit(kBase, "  batch_size: 8\n",
                           "  batch_size: 8\n  checkpoint: {dir: /c, every: 5}\n")),
               ElementsAre("training.checkpoint.every: unknown key (valid keys: dir, "
-                          "every_steps)"));
+                          "every_steps, async)"));
   EXPECT_THAT(Errors(Edit(kBase, "  stages: 2", "  stages: 2\n  polcy: profiled")),
               ElementsAre("split.polcy: unknown key (valid keys: stages, points, policy); "
                           "did you mean 'policy'?"));
@@ -829,6 +829,11 @@ TEST(SpecParserTest, Checkpoint) {
                           "training.checkpoint.dir"));
   EXPECT_THAT(Errors(Edit(with, "CK", "{dir: [a]}")),
               ElementsAre("training.checkpoint.dir: must be a string, got a list"));
+  // Asynchronous writes by default; `async: false` writes on the step loop.
+  EXPECT_TRUE(Parsed(Edit(with, "CK", "{dir: /c}")).training.checkpoint.async);
+  EXPECT_FALSE(Parsed(Edit(with, "CK", "{dir: /c, async: false}")).training.checkpoint.async);
+  EXPECT_THAT(Errors(Edit(with, "CK", "{dir: /c, async: sometimes}")),
+              ElementsAre(::testing::HasSubstr("training.checkpoint.async")));
 }
 
 // ---------------------------------------------------------------------------------------------

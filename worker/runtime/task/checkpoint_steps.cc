@@ -59,6 +59,12 @@ absl::StatusOr<std::vector<v1::StageCheckpointFile>> CheckpointSteps::WriteAll(
     const std::vector<StateSnapshot>& snapshots) const {
   std::vector<v1::StageCheckpointFile> out;
   for (const StateSnapshot& snapshot : snapshots) {
+    // A task that ended without draining (stopped, failed) wants no more files: a later attempt
+    // may write this step again once the coordinator set the partial directory aside.
+    if (background_.abandoned()) {
+      return absl::CancelledError(absl::StrCat("the task ended during checkpoint ",
+                                               CheckpointStepDir(dir_, snapshot.global_step)));
+    }
     ASSIGN_OR_RETURN(std::vector<v1::StageCheckpointFile> files, WriteSnapshot(dir_, snapshot));
     if (snapshot.with_export && options_.hf_export) {
       ASSIGN_OR_RETURN(std::vector<v1::StageCheckpointFile> hf,

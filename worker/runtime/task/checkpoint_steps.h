@@ -14,7 +14,8 @@
 // step they hold, which is what lets the coordinator write the manifest. So a task killed
 // mid-write leaves a step directory without a manifest, and the previous checkpoint stays the
 // latest. The task drains the writer before it ends (and before a checkpoint at hold), and a
-// failed write fails the task at its next checkpoint or its end. The fault knob
+// failed write fails the task at its next checkpoint or its end. A task that ends without
+// draining (stopped or failed) abandons the write after the file in progress. The fault knob
 // STAGECOACH_FAULT_CHECKPOINT_STALL_MS makes the writer sleep that long after each file (tests
 // that kill a worker mid-write).
 //

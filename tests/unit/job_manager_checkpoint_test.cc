@@ -38,37 +38,6 @@ class JobManagerTest : public JobManagerFixture {
     return *job;
   }
   v1::JobState State(const std::string& id) { return Job(id).state(); }
-
-  v1::WorkerState WorkerState(const std::string& worker_id) {
-    for (const auto& w : manager_->ListWorkers()) {
-      if (w.id() == worker_id) return w.state();
-    }
-    return v1::WORKER_STATE_UNSPECIFIED;
-  }
-
-  absl::Status Step(const std::string& job, const std::string& worker, int rank, int step,
-                    std::vector<double> losses = {}) {
-    v1::ReportStepRequest r;
-    r.set_worker_id(worker);
-    r.set_job_id(job);
-    r.set_attempt(1);
-    r.set_rank(rank);
-    r.set_step(step);
-    for (double l : losses) r.add_microbatch_losses(l);
-    r.set_bytes_sent(100);
-    return manager_->ReportStep(r);
-  }
-  absl::Status End(const std::string& job, const std::string& worker, int rank,
-                   v1::TaskOutcome outcome, const std::string& error = "") {
-    v1::ReportTaskEndRequest r;
-    r.set_worker_id(worker);
-    r.set_job_id(job);
-    r.set_attempt(1);
-    r.set_rank(rank);
-    r.set_outcome(outcome);
-    r.set_error(error);
-    return manager_->ReportTaskEnd(r);
-  }
 };
 
 // --- Checkpoints: manifests written last, resume verified at submit, checkpoint on demand. ---
@@ -129,16 +98,17 @@ class JobManagerCheckpointTest : public JobManagerTest {
   }
 
   absl::Status StepWithFiles(const std::string& job, const std::string& worker, int rank, int step,
-                             int64_t global_step,
-                             const std::vector<v1::StageCheckpointFile>& files) {
+                             int64_t global_step, const std::vector<v1::StageCheckpointFile>& files,
+                             bool checkpoint_only = false) {
     v1::ReportStepRequest r;
+    r.set_checkpoint_only(checkpoint_only);
     r.set_worker_id(worker);
     r.set_job_id(job);
     r.set_attempt(1);
     r.set_rank(rank);
     r.set_step(step);
     r.set_global_step(global_step);
-    if (rank == 1) {
+    if (rank == 1 && !checkpoint_only) {
       for (int i = 0; i < 4; ++i) r.add_microbatch_losses(1.0);
     }
     for (const auto& f : files) *r.add_checkpoint_files() = f;
@@ -202,16 +172,7 @@ TEST_F(JobManagerCheckpointTest, FilesReportedAfterLaterStepsCompleteTheirCheckp
   }
   auto only = [&](const std::string& worker, int rank, int step,
                   const std::vector<v1::StageCheckpointFile>& files) {
-    v1::ReportStepRequest r;
-    r.set_worker_id(worker);
-    r.set_job_id(*id);
-    r.set_attempt(1);
-    r.set_rank(rank);
-    r.set_step(step);
-    r.set_global_step(step + 1);
-    r.set_checkpoint_only(true);
-    for (const auto& f : files) *r.add_checkpoint_files() = f;
-    return manager_->ReportStep(r);
+    return StepWithFiles(*id, worker, rank, step, step + 1, files, /*checkpoint_only=*/true);
   };
   const auto files0 = WriteStageFiles(dir_, 2, 0);
   const auto files1 = WriteStageFiles(dir_, 2, 1);

@@ -103,6 +103,13 @@ int main(int argc, char** argv) {
   int64_t bytes = 0;
   int64_t global_step = 0;
   auto checkpoint_dir = [&](const char* kind) { return dir + "/" + kind; };
+  // A step, then the copy of the model's state for its checkpoint.
+  auto CheckpointingStep = [&]() {
+    m.Step();
+    ++global_step;
+    return bench::Value("snapshot", rt::SnapshotState(0, global_step, "stage-0.pt", true, m.params,
+                                                      {}, *m.optimizer, global_step));
+  };
   for (int round = 0; round <= rounds; ++round) {
     const bool timed = round > 0;
     std::filesystem::remove_all(dir);
@@ -114,11 +121,7 @@ int main(int argc, char** argv) {
     // Synchronous: the step waits for the whole write.
     {
       const Clock::time_point start = Clock::now();
-      m.Step();
-      ++global_step;
-      auto snapshot =
-          bench::Value("snapshot", rt::SnapshotState(0, global_step, "stage-0.pt", true, m.params,
-                                                     {}, *m.optimizer, global_step));
+      rt::StateSnapshot snapshot = CheckpointingStep();
       auto files = bench::Value("write", rt::WriteSnapshot(checkpoint_dir("sync"), snapshot));
       if (timed) sync_step.push_back(Since(start));
       bytes = Bytes(files);
@@ -127,11 +130,7 @@ int main(int argc, char** argv) {
     {
       rt::BackgroundWriter writer("bench", absl::Minutes(10));
       const Clock::time_point start = Clock::now();
-      m.Step();
-      ++global_step;
-      auto snapshot =
-          bench::Value("snapshot", rt::SnapshotState(0, global_step, "stage-0.pt", true, m.params,
-                                                     {}, *m.optimizer, global_step));
+      rt::StateSnapshot snapshot = CheckpointingStep();
       Clock::time_point write_start;
       double write_seconds = 0;
       bench::Check("start", writer.Start([&, snapshot = std::move(snapshot)]() -> absl::Status {

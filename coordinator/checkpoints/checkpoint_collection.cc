@@ -136,10 +136,9 @@ void RecordCheckpointLocked(Job& job, const PendingManifest& pending) {
 
 // The job's layers and partition as MatchResumeLayout wants them.
 static JobLayout LayoutOf(const Plan& plan) {
-  JobLayout layout;
-  for (const v1::LayerInfo& layer : plan.layers) layout.layer_names.push_back(layer.name());
-  for (const StagePlan& stage : plan.stages) layout.stage_first_layers.push_back(stage.first_layer);
-  return layout;
+  std::vector<int> firsts;
+  for (const StagePlan& stage : plan.stages) firsts.push_back(stage.first_layer);
+  return JobLayoutOf(plan.layers, std::move(firsts));
 }
 
 absl::StatusOr<std::optional<VerifiedResume>> VerifyResumeFrom(const spec::JobSpec& spec,

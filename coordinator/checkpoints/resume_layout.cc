@@ -1,6 +1,7 @@
 #include "coordinator/checkpoints/resume_layout.h"
 
 #include <set>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -58,6 +59,14 @@ absl::Status CheckJobLayout(const JobLayout& job) {
 }
 
 }  // namespace
+
+JobLayout JobLayoutOf(const std::vector<v1::LayerInfo>& layers,
+                      std::vector<int> stage_first_layers) {
+  JobLayout out;
+  for (const v1::LayerInfo& layer : layers) out.layer_names.push_back(layer.name());
+  out.stage_first_layers = std::move(stage_first_layers);
+  return out;
+}
 
 bool LayersOverlap(const std::string& a, const std::string& b) {
   if (a == b) return true;

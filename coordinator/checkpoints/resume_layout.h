@@ -23,6 +23,10 @@ struct JobLayout {
   std::vector<int> stage_first_layers;
 };
 
+// The layout of a job's `layers` cut before each of `stage_first_layers`.
+JobLayout JobLayoutOf(const std::vector<v1::LayerInfo>& layers,
+                      std::vector<int> stage_first_layers);
+
 struct ResumeLayout {
   // The checkpoint's stages are not the job's: restore by name (ResumeTask.by_name).
   bool by_name = false;

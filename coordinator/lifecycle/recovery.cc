@@ -54,11 +54,8 @@ void CheckCheckpoints(const RecoveryInput& input, bool forward_only, RecoveredSt
   if (input.resumed_from.has_value()) {
     const std::string& dir = input.resumed_from->directory();
     auto m = VerifyCheckpoint(dir);
-    JobLayout layout;
-    for (const v1::LayerInfo& layer : input.layers) layout.layer_names.push_back(layer.name());
-    layout.stage_first_layers = input.stage_first_layers;
     absl::StatusOr<ResumeLayout> files =
-        m.ok() ? MatchResumeLayout(*m, dir, layout,
+        m.ok() ? MatchResumeLayout(*m, dir, JobLayoutOf(input.layers, input.stage_first_layers),
                                    TiedAcrossStages(input.spec, input.stage_first_layers.size()))
                : absl::StatusOr<ResumeLayout>(m.status());
     if (files.ok()) {

@@ -4,7 +4,6 @@
 #include <set>
 
 #include "common/rpc/time_conversion.h"
-#include "common/spec/builtin_model.h"
 #include "coordinator/checkpoints/resume_layout.h"
 
 namespace stagecoach::coordinator {

@@ -291,6 +291,16 @@ class JobManagerFixture : public ::testing::Test {
   // what that queued in turn, on this thread.
   void Settle() { executor_.RunUntilIdle(); }
 
+  // The job once the manager's queued work (calls to workers, checkpoint manifests) has run,
+  // and its state.
+  v1::Job Job(const std::string& id) {
+    Settle();
+    auto job = manager_->GetJob(id);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return *job;
+  }
+  v1::JobState State(const std::string& id) { return Job(id).state(); }
+
   // Settles, then checks `cond`. Only a test that calls the manager on another thread of its
   // own (Infer, StepJob) waits beyond that, up to `timeout`, for that thread's progress.
   bool Eventually(const std::function<bool()>& cond, absl::Duration timeout = absl::Seconds(10)) {

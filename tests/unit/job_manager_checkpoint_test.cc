@@ -22,39 +22,21 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-std::string Spec(int stages, const std::string& schedule = "GPipe", int steps = 3) {
-  return absl::StrCat("name: t\nmodel: {builtin: {family: mlp, sizes: [4, 8, 8, 8, 2]}}\n",
-                      "split: {stages: ", stages, "}\n", "schedule: {kind: ", schedule,
-                      ", microbatches: 4}\n", "training: {batch_size: 8, steps: ", steps, "}\n");
-}
-
-class JobManagerTest : public JobManagerFixture {
- protected:
-  // The job once the manager's queued work (calls to workers, checkpoint manifests) has run.
-  v1::Job Job(const std::string& id) {
-    Settle();
-    auto job = manager_->GetJob(id);
-    EXPECT_TRUE(job.ok()) << job.status();
-    return *job;
-  }
-  v1::JobState State(const std::string& id) { return Job(id).state(); }
-};
-
 // --- Checkpoints: manifests written last, resume verified at submit, checkpoint on demand. ---
 
-// A two-stage (4 layers: [0, 2), [2, 4)) training spec writing checkpoints under `dir`, and
-// resuming from `resume_from` when given.
+// A two-stage (4 layers: [0, 2), [2, 4)) training spec writing checkpoints under `dir` (none
+// when empty), and resuming from `resume_from` when given.
 std::string CheckpointSpec(const std::string& dir, const std::string& resume_from = "",
                            int stages = 2, const std::string& schedule = "GPipe", int steps = 3) {
-  std::string training =
-      absl::StrCat("training: {batch_size: 8, steps: ", steps, ", checkpoint: {dir: ", dir, "}");
+  std::string training = absl::StrCat("training: {batch_size: 8, steps: ", steps);
+  if (!dir.empty()) absl::StrAppend(&training, ", checkpoint: {dir: ", dir, "}");
   if (!resume_from.empty()) absl::StrAppend(&training, ", resume_from: ", resume_from);
   return absl::StrCat("name: t\nmodel: {builtin: {family: mlp, sizes: [4, 8, 8, 8, 2]}}\n",
                       "split: {stages: ", stages, "}\n", "schedule: {kind: ", schedule,
                       ", microbatches: 4}\n", training, "}\n");
 }
 
-class JobManagerCheckpointTest : public JobManagerTest {
+class JobManagerCheckpointTest : public JobManagerFixture {
  protected:
   // Writes stage `stage`'s two files of the checkpoint at `step` under `dir` as a worker would,
   // and returns their entries.
@@ -381,7 +363,8 @@ TEST_F(JobManagerCheckpointTest, CheckpointOnDemandAtTheEndIsTheFinalCheckpoint)
 TEST_F(JobManagerCheckpointTest, CheckpointOnDemandNeedsACheckpointDirectory) {
   Register(1);
   Register(2);
-  auto id = manager_->SubmitJob(Spec(2), "spec.yaml");
+  auto id = manager_->SubmitJob(CheckpointSpec(""), "spec.yaml");
+  ASSERT_TRUE(id.ok()) << id.status();
   ASSERT_TRUE(Eventually([&] { return State(*id) == v1::JOB_STATE_RUNNING; }));
   auto asked = manager_->CheckpointJob(*id);
   EXPECT_TRUE(absl::IsFailedPrecondition(asked.status()));

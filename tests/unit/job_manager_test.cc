@@ -30,15 +30,6 @@ std::string Spec(int stages, const std::string& schedule = "GPipe", int steps = 
 
 class JobManagerTest : public JobManagerFixture {
  protected:
-  // The job once the manager's queued work (calls to workers, checkpoint manifests) has run.
-  v1::Job Job(const std::string& id) {
-    Settle();
-    auto job = manager_->GetJob(id);
-    EXPECT_TRUE(job.ok()) << job.status();
-    return *job;
-  }
-  v1::JobState State(const std::string& id) { return Job(id).state(); }
-
   v1::WorkerState WorkerState(const std::string& worker_id) {
     for (const auto& w : manager_->ListWorkers()) {
       if (w.id() == worker_id) return w.state();

@@ -127,6 +127,34 @@ absl::StatusOr<StateFields> FlatFromShards(const v1::ResumeTask& resume, int sta
   return out;
 }
 
+// Installs the stage's flat optimizer state (each field over the stage's parameters in order,
+// "step" an integer) into this replica's shard of `shards`: each field padded to the replicas'
+// shards and this replica's part cut out. INVALID_ARGUMENT naming `where` when a field holds more
+// elements than the shards. LibTorch errors propagate as c10::Error.
+absl::Status InstallFlatInShard(const StateFields& flat, int stage,
+                                torch::optim::Optimizer& optimizer, const ZeroShards& shards,
+                                const std::string& where) {
+  const torch::Tensor& shard = shards.shard(stage);
+  const int64_t c = shard.numel();
+  StateFields mine;
+  for (const auto& [field, value] : flat) {
+    if (field == "step") {
+      mine[field] = value;
+      continue;
+    }
+    torch::Tensor padded = torch::zeros({c * shards.replicas()}, value.options());
+    if (value.numel() > padded.numel()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": optimizer state '", field, "' has ", value.numel(),
+                       " elements, the stage's shards ", padded.numel()));
+    }
+    padded.narrow(0, 0, value.numel()).copy_(value.reshape(-1));
+    mine[field] = padded.narrow(0, shards.replica() * c, c);
+  }
+  if (mine.empty()) return absl::OkStatus();
+  return SetParamStateFields(optimizer, shard, mine, where);
+}
+
 }  // namespace
 
 ShardLayout ZeroShards::LayoutOf(const Layout& layout) {
@@ -273,21 +301,7 @@ absl::Status RestoreOptimizerState(const v1::ResumeTask& resume, int stage,
     ASSIGN_OR_RETURN(flat, FlatFields(*reader, copy_tensors, numel));
   }
   try {
-    if (shards != nullptr) {
-      const torch::Tensor& shard = shards->shard(stage);
-      const int64_t c = shard.numel();
-      StateFields mine;
-      for (const auto& [name, value] : flat) {
-        if (name == "step") {
-          mine[name] = value;
-          continue;
-        }
-        torch::Tensor padded = torch::zeros({c * shards->replicas()}, value.options());
-        padded.narrow(0, 0, numel).copy_(value);
-        mine[name] = padded.narrow(0, shards->replica() * c, c);
-      }
-      return SetParamStateFields(optimizer, shard, mine, where);
-    }
+    if (shards != nullptr) return InstallFlatInShard(flat, stage, optimizer, *shards, where);
     int64_t offset = 0;
     for (const auto& [name, p] : params) {
       StateFields fields;
@@ -309,41 +323,27 @@ absl::Status InstallShardState(const SavedState& saved, int stage,
                                const std::vector<std::pair<std::string, torch::Tensor>>& params,
                                torch::optim::Optimizer& optimizer, const ZeroShards& shards,
                                const std::string& where) {
-  const torch::Tensor& shard = shards.shard(stage);
-  if (!shard.defined() || params.empty()) return absl::OkStatus();
+  if (!shards.shard(stage).defined() || params.empty()) return absl::OkStatus();
   try {
-    // Each field flattened over the stage's parameters in order (zeros where one has no state),
-    // padded to the replicas' shards, and this replica's shard cut out.
+    // Each field flattened over the stage's parameters in order, zeros where one has no state.
+    const torch::TensorOptions options = shards.shard(stage).options().device(torch::kCPU);
     std::set<std::string> fields;
     for (const auto& [key, value] : saved.optimizer) fields.insert(key.substr(key.rfind('.') + 1));
-    const int64_t c = shard.numel();
-    StateFields mine;
+    StateFields flat;
     for (const std::string& field : fields) {
       std::vector<torch::Tensor> parts;
       for (const auto& [name, p] : params) {
         auto it = saved.optimizer.find(absl::StrCat(name, ".", field));
         if (field == "step") {
-          if (it != saved.optimizer.end() && mine.count(field) == 0) mine[field] = it->second;
-          continue;
+          if (it != saved.optimizer.end() && flat.count(field) == 0) flat[field] = it->second;
+        } else {
+          parts.push_back(it != saved.optimizer.end() ? it->second.to(options).reshape(-1)
+                                                      : torch::zeros({p.numel()}, options));
         }
-        parts.push_back(it != saved.optimizer.end()
-                            ? it->second.to(torch::kCPU, shard.scalar_type()).reshape(-1)
-                            : torch::zeros({p.numel()}, shard.options().device(torch::kCPU)));
       }
-      if (field == "step") continue;
-      torch::Tensor padded =
-          torch::zeros({c * shards.replicas()}, shard.options().device(torch::kCPU));
-      torch::Tensor flat = torch::cat(parts);
-      if (flat.numel() > padded.numel()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": optimizer state '", field, "' has ", flat.numel(),
-                         " elements, the stage's shards ", padded.numel()));
-      }
-      padded.narrow(0, 0, flat.numel()).copy_(flat);
-      mine[field] = padded.narrow(0, shards.replica() * c, c);
+      if (field != "step") flat[field] = torch::cat(parts);
     }
-    if (mine.empty()) return absl::OkStatus();
-    return SetParamStateFields(optimizer, shard, mine, where);
+    return InstallFlatInShard(flat, stage, optimizer, shards, where);
   } catch (const c10::Error& e) {
     return absl::InternalError(
         absl::StrCat(where, ": restoring optimizer state failed: ", e.what_without_backtrace()));

@@ -206,6 +206,11 @@ struct RestartSpec {
   // Times the job may be restarted from its latest checkpoint before it goes to FAILED; 0 (the
   // default) means never.
   int max_restarts = 0;
+  // With placement.replicas > 1: a lost worker's replica leaves the job and the healthy
+  // replicas run its microbatches from the step in flight on (docs/recovery.md), instead of a
+  // restart. Unset: on where it can be (not with placement.shard_optimizer, whose lost shard of
+  // the optimizer state exists nowhere else); true with shard_optimizer is refused.
+  std::optional<bool> carry_on;
 };
 
 // eval: a validation pass, forward only through the job's own pipeline, over `batches` held-out
@@ -232,6 +237,10 @@ struct JobSpec {
   // Unset: no validation.
   std::optional<EvalSpec> eval;
 };
+
+// Whether a job of `spec` carries on without a lost replica: placement.replicas > 1 and
+// restart.carry_on, unset meaning "unless placement.shard_optimizer" (RestartSpec::carry_on).
+bool CarriesOn(const JobSpec& spec);
 
 // Whether schedule.kind asks the coordinator to choose the plan ("auto", in any case).
 inline bool IsAutoSchedule(const ScheduleSpec& schedule) {

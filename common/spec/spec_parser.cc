@@ -393,9 +393,18 @@ class SpecParser {
   }
 
   void ParseRestart(const YAML::Node& node) {
-    auto restart = v_.Open(node, "restart", {"max_restarts"});
+    auto restart = v_.Open(node, "restart", {"max_restarts", "carry_on"});
     if (!restart) return;
     restart->Int("max_restarts", 0, kIntMax, &spec_.restart.max_restarts);
+    bool carry_on = false;
+    if (restart->Bool("carry_on", &carry_on) == Read::kOk) {
+      spec_.restart.carry_on = carry_on;
+      if (carry_on && spec_.placement.shard_optimizer) {
+        v_.Error(restart->Path("carry_on"),
+                 "not supported with placement.shard_optimizer: a lost replica's shard of the "
+                 "optimizer state exists nowhere else (the job restarts from its checkpoint)");
+      }
+    }
   }
 
   Validator v_;
@@ -408,6 +417,11 @@ class SpecParser {
 absl::Status Invalid(absl::string_view message) { return absl::InvalidArgumentError(message); }
 
 }  // namespace
+
+bool CarriesOn(const JobSpec& spec) {
+  if (spec.placement.replicas <= 1) return false;
+  return spec.restart.carry_on.value_or(!spec.placement.shard_optimizer);
+}
 
 absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view yaml_text, absl::string_view origin) {
   ASSIGN_OR_RETURN(std::vector<YAML::Node> documents,

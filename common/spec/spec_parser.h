@@ -68,7 +68,9 @@
 //   data        kind: synthetic (default) | tokens | tensors; path: non-empty, required for
 //               tokens and tensors and not allowed for synthetic; seed: integer in [0, 2^64);
 //               seq: integer >= 1, tokens only.
-//   restart     max_restarts: integer >= 0, default 0.
+//   restart     max_restarts: integer >= 0, default 0. carry_on: bool (default: true with
+//               placement.replicas > 1 unless placement.shard_optimizer; true with
+//               shard_optimizer is refused).
 //   eval        every_steps: integer >= 1, required; batches: integer in [1, 100000],
 //               default 1; data: a mapping with data's keys and rules, required.
 //   cross-field schedule.microbatches <= training.batch_size.

@@ -343,6 +343,29 @@ TEST(SpecParserTest, UnknownTopLevelKey) {
               ElementsAre(HasSubstr("Restart: unknown key (valid keys: ")));
 }
 
+TEST(SpecParserTest, CarryOnIsOnWithReplicasUnlessTheOptimizerIsSharded) {
+  auto spec = [](const std::string& placement, const std::string& restart) {
+    return ParseJobSpec(absl::StrCat(Edit(kBase, "  workers: 2", placement), restart), "s.yaml");
+  };
+  auto plain = spec("  workers: 2", "");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(CarriesOn(*plain)) << "one replica: nothing to carry on with";
+  auto replicated = spec("  workers: 2\n  replicas: 2", "");
+  ASSERT_TRUE(replicated.ok()) << replicated.status();
+  EXPECT_TRUE(CarriesOn(*replicated));
+  auto sharded = spec("  workers: 2\n  replicas: 2\n  shard_optimizer: true", "");
+  ASSERT_TRUE(sharded.ok()) << sharded.status();
+  EXPECT_FALSE(CarriesOn(*sharded)) << "a lost shard of the optimizer state is nowhere else";
+  auto off = spec("  workers: 2\n  replicas: 2", "restart: {carry_on: false}\n");
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(CarriesOn(*off));
+  EXPECT_THAT(Errors(absl::StrCat(Edit(kBase, "  workers: 2",
+                                       "  workers: 2\n  replicas: 2\n  shard_optimizer: true"),
+                                  "restart: {carry_on: true}\n")),
+              ElementsAre(HasSubstr("restart.carry_on: not supported with "
+                                    "placement.shard_optimizer")));
+}
+
 TEST(SpecParserTest, UnknownKeysInEveryNestedMapping) {
   EXPECT_THAT(Errors(Edit(kBase, "sizes: [8, 16, 16, 16, 4]", "sizes: [8, 4], sead: 1")),
               ElementsAre("model.builtin.sead: unknown key (valid keys: family, sizes, seed); "
@@ -365,8 +388,8 @@ TEST(SpecParserTest, UnknownKeysInEveryNestedMapping) {
               ElementsAre("data.seeed: unknown key (valid keys: kind, path, seed, seq, dtype); did you "
                           "mean 'seed'?"));
   EXPECT_THAT(Errors(absl::StrCat(kBase, "restart: {max_restart: 1}\n")),
-              ElementsAre("restart.max_restart: unknown key (valid keys: max_restarts); did you "
-                          "mean 'max_restarts'?"));
+              ElementsAre("restart.max_restart: unknown key (valid keys: max_restarts, carry_on); "
+                          "did you mean 'max_restarts'?"));
   EXPECT_THAT(Errors(Edit(kBase, "  builtin:", "  bultin:")),
               ElementsAre("model.bultin: unknown key (valid keys: torchscript, builtin, hf); did you "
                           "mean 'builtin'?",

@@ -53,7 +53,8 @@ JobManager::JobManager(JobManagerOptions options, JobManagerDeps deps)
                  LifecycleDeps{&table_, &registry_, deps.workers, deps.kv, deps.executor,
                                deps.clock, deps.metrics, this}),
       control_(StepControlOptions{options.worker_rpc_timeout},
-               StepControlDeps{&table_, deps.workers, deps.executor, deps.clock, &lifecycle_}) {}
+               StepControlDeps{&table_, deps.workers, deps.executor, deps.clock, &lifecycle_}),
+      settlement_(StepSettlementDeps{&table_, &lifecycle_, deps.clock}) {}
 
 JobManager::~JobManager() {
   {
@@ -104,6 +105,13 @@ void JobManager::ScheduleLocked() {
 }
 
 void JobManager::AttemptStartedLocked(Job& job) { control_.AfterProgressLocked(job); }
+
+void JobManager::ReplicaLostLocked(Job& job) {
+  if (aggregator_.CompleteWaitingStepsLocked(job, deps_.clock->Now()) > 0) {
+    control_.AfterProgressLocked(job);
+  }
+  ScheduleLocked();
+}
 
 void JobManager::UpdateStateMetricsLocked() {
   if (deps_.metrics == nullptr) return;
@@ -366,17 +374,20 @@ absl::StatusOr<DecodeRoute> JobManager::DecodeRouteOf(const std::string& job_id)
   DecodeRoute route;
   route.job_id = job_id;
   route.attempt = job->attempt;
+  // The first healthy replica (replica 0 unless it left a job whose replicas carry on).
+  const std::vector<int> healthy = job->replica_health.HealthyReplicas();
+  const int replica = healthy.empty() ? 0 : healthy.front();
   for (int s = 0; s < job->plan.num_stages; ++s) {
     const int rank = job->plan.stage_to_rank[s];
     for (const RankSlot& slot : job->ranks) {
-      if (slot.rank == rank && slot.replica == 0) {
+      if (slot.rank == rank && slot.replica == replica) {
         route.stage_addresses.push_back(slot.worker_address);
         break;
       }
     }
     if (static_cast<int>(route.stage_addresses.size()) != s + 1) {
       return absl::InternalError(
-          absl::StrCat("job ", job_id, ": no worker of replica 0 runs stage ", s));
+          absl::StrCat("job ", job_id, ": no worker of replica ", replica, " runs stage ", s));
     }
   }
   return route;

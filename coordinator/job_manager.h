@@ -32,6 +32,7 @@
 #include "coordinator/checkpoints/checkpoint_collection.h"
 #include "coordinator/control/step_aggregation.h"
 #include "coordinator/control/step_control.h"
+#include "coordinator/control/step_settlement.h"
 #include "coordinator/jobs/coordinator_metrics.h"
 #include "coordinator/jobs/job.h"
 #include "coordinator/jobs/job_store.h"
@@ -231,6 +232,11 @@ class JobManager : private LifecycleHooks {
   absl::Status Heartbeat(const v1::HeartbeatRequest& req);
   absl::Status ReportStep(const v1::ReportStepRequest& req);
   absl::Status ReportTaskEnd(const v1::ReportTaskEndRequest& req);
+  // A rank of a job whose replicas carry on settles its step (StepSettlement::Settle). Waits
+  // on the job table's lock's condition.
+  absl::StatusOr<v1::SettleStepResponse> SettleStep(const v1::SettleStepRequest& req) {
+    return settlement_.Settle(req);
+  }
 
   // One round of background work: expire leases (failing the jobs of lost workers), drop
   // finished jobs beyond retention, place pending jobs on free workers, update state metrics.
@@ -240,6 +246,7 @@ class JobManager : private LifecycleHooks {
   // LifecycleHooks.
   void ScheduleLocked() override;
   void AttemptStartedLocked(Job& job) override;
+  void ReplicaLostLocked(Job& job) override;
 
   // Queues an admitted job as PENDING (the caller then calls ScheduleLocked).
   Job& AddJobLocked(AdmittedJob admitted);
@@ -273,6 +280,7 @@ class JobManager : private LifecycleHooks {
   StepAggregator aggregator_;
   JobLifecycle lifecycle_;
   StepControl control_;
+  StepSettlement settlement_;
   bool stopping_ = false;  // guarded by table_.mu()
   std::thread ticker_;
   TaskScope scope_;  // declared last: closed first

@@ -121,6 +121,12 @@ absl::StatusOr<StepControl::ClientStepCall> StepControl::BeginClientStep(
   {
     absl::MutexLock lock(&deps_.table->mu());
     ASSIGN_OR_RETURN(Job * job, deps_.table->FindOrErrorLocked(job_id));
+    if (job->replica_health.degraded()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", job_id, " carries on with replicas ", job->replica_health.healthy(), "/",
+          job->replica_health.replicas(),
+          " healthy; a client batch step needs every replica (the batch is cut for each)"));
+    }
     if (job->state != v1::JOB_STATE_PAUSED) {
       return absl::FailedPreconditionError(absl::StrCat(
           "job ", job_id, " is ", JobStateName(job->state),

@@ -29,17 +29,26 @@ absl::Status StepAggregator::CheckLocked(const Job& job, const RankSlot& slot,
                                                    " reported step ", req.step(), ", expected ",
                                                    slot.steps_done));
   }
+  const int slices = std::max(req.slices_size(), 1);
+  for (int s : req.slices()) {
+    if (s < 0 || s >= job.plan.replicas) {
+      return absl::InvalidArgumentError(absl::StrCat("slices: ", s, " is not a replica slice (",
+                                                     job.plan.replicas, " replicas)"));
+    }
+  }
   if (OwnsLastStage(job, req.rank()) && !job.forward_only() &&
-      req.microbatch_losses_size() != job.plan.num_microbatches) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("microbatch_losses: the last stage's rank must report ",
-                     job.plan.num_microbatches, " losses, got ", req.microbatch_losses_size()));
+      req.microbatch_losses_size() != job.plan.num_microbatches * slices) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "microbatch_losses: the last stage's rank must report ", job.plan.num_microbatches,
+        " losses per slice (", slices, " slices), got ", req.microbatch_losses_size()));
   }
   if (req.evaluated() && OwnsLastStage(job, req.rank()) && job.spec.eval.has_value() &&
-      req.eval_microbatch_losses_size() != job.spec.eval->batches * job.plan.num_microbatches) {
+      req.eval_microbatch_losses_size() !=
+          job.spec.eval->batches * job.plan.num_microbatches * slices) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "eval_microbatch_losses: the last stage's rank must report eval.batches x microbatches (",
-        job.spec.eval->batches * job.plan.num_microbatches, ") losses, got ",
+        "eval_microbatch_losses: the last stage's rank must report eval.batches x slices x "
+        "microbatches (",
+        job.spec.eval->batches * job.plan.num_microbatches * slices, ") losses, got ",
         req.eval_microbatch_losses_size()));
   }
   if (req.action_timings_size() != 0 && req.action_timings_size() != req.executed_actions_size()) {
@@ -81,7 +90,7 @@ bool StepAggregator::AddLocked(Job& job, RankSlot& slot, const v1::ReportStepReq
     job.traces.Add(global, std::move(timing));
   }
   StepAggregate& agg = job.partial_steps[req.step()];
-  ++agg.ranks_reported;
+  agg.tasks_reported.insert(job.plan.TaskIndex(slot.replica, slot.rank));
   if (!agg.has_recipe && !job.forward_only()) {
     // Every rank took the same decisions (the job reduction); the first report carries them.
     agg.has_recipe = true;
@@ -93,14 +102,32 @@ bool StepAggregator::AddLocked(Job& job, RankSlot& slot, const v1::ReportStepReq
   if (req.evaluated()) {
     agg.evaluated = true;
     if (OwnsLastStage(job, req.rank())) {
-      agg.replica_eval_losses[slot.replica].assign(req.eval_microbatch_losses().begin(),
-                                                   req.eval_microbatch_losses().end());
+      // Batch by batch, each batch's slices one after another: by slice, batch by batch.
+      const int m = job.plan.num_microbatches;
+      const std::vector<int> slices =
+          req.slices().empty() ? std::vector<int>{slot.replica}
+                               : std::vector<int>(req.slices().begin(), req.slices().end());
+      const auto& all = req.eval_microbatch_losses();
+      for (size_t i = 0; i < slices.size(); ++i) {
+        std::vector<double>& into = agg.replica_eval_losses[slices[i]];
+        into.clear();
+        for (int j = 0; j < all.size() / (m * static_cast<int>(slices.size())); ++j) {
+          const int from = (j * static_cast<int>(slices.size()) + static_cast<int>(i)) * m;
+          into.insert(into.end(), all.begin() + from, all.begin() + from + m);
+        }
+      }
     }
   }
   agg.slowest = std::max(agg.slowest, rpc::FromProtoDuration(req.step_time()));
   if (OwnsLastStage(job, req.rank()) && !job.forward_only()) {
-    agg.replica_losses[slot.replica].assign(req.microbatch_losses().begin(),
-                                            req.microbatch_losses().end());
+    const int m = job.plan.num_microbatches;
+    const std::vector<int> slices =
+        req.slices().empty() ? std::vector<int>{slot.replica}
+                             : std::vector<int>(req.slices().begin(), req.slices().end());
+    for (size_t i = 0; i < slices.size(); ++i) {
+      agg.replica_losses[slices[i]].assign(req.microbatch_losses().begin() + i * m,
+                                           req.microbatch_losses().begin() + (i + 1) * m);
+    }
   }
   const int task = job.plan.TaskIndex(slot.replica, slot.rank);
   agg.bubble_ratios.resize(job.plan.num_tasks(), 0.0);
@@ -122,9 +149,39 @@ bool StepAggregator::AddLocked(Job& job, RankSlot& slot, const v1::ReportStepReq
     }
   }
   if (req.client_batch()) agg.client_batch = true;
-  if (agg.ranks_reported < job.plan.num_tasks()) return false;
+  if (!AllReportedLocked(job, agg)) return false;
   CompleteStepLocked(job, req.step(), now);
   return true;
+}
+
+bool StepAggregator::AllReportedLocked(const Job& job, const StepAggregate& agg) {
+  for (const RankSlot& slot : job.ranks) {
+    if (slot.replica_lost) continue;
+    if (agg.tasks_reported.count(job.plan.TaskIndex(slot.replica, slot.rank)) == 0) return false;
+  }
+  return !job.ranks.empty();
+}
+
+void StepAggregator::AddSettledLossesLocked(Job& job, int64_t step,
+                                            std::map<int, std::vector<double>> losses) {
+  StepAggregate& agg = job.partial_steps[step];
+  for (auto& [slice, list] : losses) agg.replica_losses[slice] = std::move(list);
+}
+
+int StepAggregator::CompleteWaitingStepsLocked(Job& job, absl::Time now) {
+  int completed = 0;
+  std::vector<int64_t> complete;
+  for (const auto& [step, agg] : job.partial_steps) {
+    if (step == job.steps_completed + static_cast<int64_t>(complete.size()) &&
+        !agg.tasks_reported.empty() && AllReportedLocked(job, agg)) {
+      complete.push_back(step);
+    }
+  }
+  for (int64_t step : complete) {
+    CompleteStepLocked(job, step, now);
+    ++completed;
+  }
+  return completed;
 }
 
 void StepAggregator::CompleteStepLocked(Job& job, int64_t step_index, absl::Time now) {
@@ -137,6 +194,18 @@ void StepAggregator::CompleteStepLocked(Job& job, int64_t step_index, absl::Time
   const bool forward_only = job.forward_only();
   const int64_t global = job.attempt_base + step_index;
   ++job.steps_completed;
+  if (job.recovering_since.has_value()) {
+    // The first step completed since a failure: what the recovery took and lost.
+    if (metrics_ != nullptr) {
+      metrics_->recovery().Recovered(
+          job.recovering_by_restart ? RecoveryMetrics::kRestart : RecoveryMetrics::kCarryOn,
+          now - *job.recovering_since,
+          job.recovering_by_restart
+              ? std::max<int64_t>(0, job.global_done_at_failure - job.attempt_base)
+              : 0);
+    }
+    job.recovering_since.reset();
+  }
   if (!agg.divergence.empty() && job.step_failure.empty()) job.step_failure = agg.divergence;
   // Steps after a restart's checkpoint replace those the failed attempt had recorded.
   const size_t index = static_cast<size_t>(global - job.base_step);

@@ -32,7 +32,17 @@ class StepAggregator {
                            const v1::ReportStepRequest& req) const;
 
   // Records a checked report; returns true when it completed its step (see the file comment).
+  // A step is complete once every rank of the healthy replicas (ReplicaHealth) reported it.
   bool AddLocked(Job& job, RankSlot& slot, const v1::ReportStepRequest& req, absl::Time now);
+
+  // Replicas that carry on: the losses of a settled step (SettleStep), by slice, which the
+  // reports need not bring then (a rank of a replica lost after the step may never report it).
+  static void AddSettledLossesLocked(Job& job, int64_t step,
+                                     std::map<int, std::vector<double>> losses);
+
+  // After a replica was lost: completes the steps whose reports from the healthy replicas are
+  // all in. Returns how many it completed.
+  int CompleteWaitingStepsLocked(Job& job, absl::Time now);
 
   // A forward-only client step's report (ReportStepRequest.forward_only_step): the job must
   // have such a step in flight at req.global_step, and the last stage's rank sends one output
@@ -46,6 +56,8 @@ class StepAggregator {
   static absl::Status CheckCheckpointOnly(const RankSlot& slot, const v1::ReportStepRequest& req);
 
  private:
+  // Whether every rank of the healthy replicas reported `agg`'s step.
+  static bool AllReportedLocked(const Job& job, const StepAggregate& agg);
   // The last rank of `step` reported: the step is complete.
   void CompleteStepLocked(Job& job, int64_t step, absl::Time now);
   // The training recipe's part of a completed training step: its learning rate, gradient norm,

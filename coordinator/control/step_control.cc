@@ -32,6 +32,8 @@ v1::ControlTaskRequest ControlRequest(const Job& job, int64_t step_limit) {
 std::vector<std::pair<int, std::string>> RankAddresses(const Job& job) {
   std::vector<std::pair<int, std::string>> out;
   for (size_t i = 0; i < job.ranks.size(); ++i) {
+    // A replica that left the job (its replicas carry on) is no longer steered.
+    if (job.ranks[i].replica_lost) continue;
     out.emplace_back(static_cast<int>(i), job.ranks[i].worker_address);  // by task index
   }
   return out;
@@ -54,8 +56,8 @@ absl::Status StepControl::CallControl(const std::vector<std::pair<int, std::stri
                                       const std::vector<v1::ControlTaskRequest>& requests,
                                       int* failed_rank) {
   for (size_t i = 0; i < ranks.size(); ++i) {
-    auto answered =
-        deps_.workers->ControlTask(ranks[i].second, requests[i], options_.worker_rpc_timeout);
+    auto answered = deps_.workers->ControlTask(ranks[i].second, requests.at(ranks[i].first),
+                                               options_.worker_rpc_timeout);
     if (!answered.ok()) {
       *failed_rank = ranks[i].first;
       return absl::Status(answered.status().code(),
@@ -68,6 +70,7 @@ absl::Status StepControl::CallControl(const std::vector<std::pair<int, std::stri
 void StepControl::SendControlLocked(Job& job, std::vector<v1::ControlTaskRequest> requests) {
   for (size_t r = 0; r < requests.size() && r < job.ranks.size(); ++r) {
     const RankSlot& slot = job.ranks[r];
+    if (slot.replica_lost) continue;
     deps_.executor->Run(scope_.Wrap([this, job_id = job.id, attempt = job.attempt, rank = slot.rank,
                                      worker_id = slot.worker_id, address = slot.worker_address,
                                      request = std::move(requests[r])] {

@@ -120,7 +120,8 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
                     .Name("stagecoach_job_restarts_total")
                     .Help("Jobs restarted from their latest checkpoint after a failure")
                     .Register(registry)
-                    .Add({})) {
+                    .Add({})),
+      recovery_(registry) {
   SetJobCounts({});
   SetWorkerCounts({});
 }

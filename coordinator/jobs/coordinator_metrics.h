@@ -18,6 +18,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "coordinator/jobs/recovery_metrics.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -68,6 +69,12 @@ class CoordinatorMetrics {
   // A job was restarted from its latest checkpoint (restart.max_restarts allowed it): counts it
   // in stagecoach_job_restarts_total.
   void JobRestarted();
+  // A replica of `job_id` left it and the others carry on (RecoveryMetrics::Degraded).
+  void ReplicaLost(const std::string& job_id, int healthy, int replicas) {
+    recovery_.Degraded(job_id, healthy, replicas);
+  }
+  // What failures cost (recovery_metrics.h).
+  RecoveryMetrics& recovery() { return recovery_; }
 
   // The label value of a state: its enum name without the prefix, lower case ("running").
   static std::string StateLabel(v1::JobState state);
@@ -110,6 +117,7 @@ class CoordinatorMetrics {
   absl::Mutex mu_;
   std::map<std::string, JobSeries> series_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> series_order_ ABSL_GUARDED_BY(mu_);  // least recently stepped first
+  RecoveryMetrics recovery_;
 };
 
 }  // namespace stagecoach::coordinator

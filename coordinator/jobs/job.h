@@ -46,6 +46,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,7 @@
 #include "common/spec/job_spec.h"
 #include "coordinator/jobs/event_log.h"
 #include "coordinator/jobs/rank_balance.h"
+#include "coordinator/jobs/replica_health.h"
 #include "coordinator/jobs/step_trace.h"
 #include "coordinator/jobs/training_record.h"
 #include "coordinator/planning/planner.h"
@@ -93,14 +95,18 @@ struct RankSlot {
   double reduction_hidden_ratio = 0.0;           // of its latest step
   std::map<int, std::string> parameter_digests;  // latest reported, by stage
   bool task_ended = false;                       // ReportTaskEnd received, or the task was stopped
+  bool replica_lost = false;  // its replica left the job (it carries on: ReplicaHealth)
   v1::TaskOutcome outcome = v1::TASK_OUTCOME_UNSPECIFIED;
   std::string error;
 };
 
 // Reports of one step, until every rank has sent its own.
 struct StepAggregate {
-  int ranks_reported = 0;
-  // From the rank that owns the last stage, by replica (each replica's microbatches).
+  // Tasks (Plan::TaskIndex) that reported the step.
+  std::set<int> tasks_reported;
+  // The global batch's microbatch losses by replica slice (ReportStepRequest.slices; slice s is
+  // replica s's share when every replica is healthy), from the ranks that own the last stage,
+  // or from the settled step (SettleStep) when they carry on.
   std::map<int, std::vector<double>> replica_losses;
   // Every microbatch's loss in global microbatch order (replica by replica), once complete.
   std::vector<double> microbatch_losses;
@@ -197,6 +203,15 @@ struct Job {
   // succeeds, and a restart is placed, only once they are listed.
   int manifests_in_flight = 0;
   std::vector<RankSlot> ranks;  // empty until placed
+  // The current attempt's replicas when they carry on (restart.carry_on): lost ones, the
+  // membership and the settling of each step. Reset with each attempt.
+  ReplicaHealth replica_health;
+  // When the failure being recovered from was first reported (its recovery time runs from here
+  // to the job's next completed step: RecoveryMetrics); unset when none is. By a restart: the
+  // global steps done when it failed (those past the restart's checkpoint are lost).
+  std::optional<absl::Time> recovering_since;
+  bool recovering_by_restart = false;
+  int64_t global_done_at_failure = 0;
   std::map<int64_t, StepAggregate> partial_steps;
   int64_t steps_completed = 0;  // steps of this attempt every rank has finished
   // One per completed step since base_step (index = global step - base_step), unless

@@ -141,6 +141,9 @@ void JobLifecycle::EndLocked(Job& job, v1::JobState state, const std::string& re
   spdlog::info("{} {}: {}", job.id, JobStateName(state), reason);
   deps_.table->PersistLocked(job);
   deps_.kv->DeletePrefix(job.RendezvousPrefix());
+  if (deps_.metrics != nullptr && job.replica_health.degraded()) {
+    deps_.metrics->recovery().Whole(job.id);
+  }
   // A finished Infer job needs only its outputs.
   job.inference_inputs.Clear();
   ReleaseEndedLocked(job);
@@ -167,7 +170,13 @@ void JobLifecycle::FailOrRestartLocked(Job& job, v1::JobFailure failure,
     return;
   }
   ++job.restarts;
-  if (deps_.metrics != nullptr) deps_.metrics->JobRestarted();
+  if (deps_.metrics != nullptr) {
+    deps_.metrics->JobRestarted();
+    deps_.metrics->recovery().Whole(job.id);
+  }
+  job.recovering_since = deps_.clock->Now();
+  job.recovering_by_restart = true;
+  job.global_done_at_failure = job.global_done();
   RestartLocked(job, decision.reason);
 }
 
@@ -235,8 +244,8 @@ void JobLifecycle::WorkersLostLocked(const std::vector<std::string>& worker_ids)
       if (IsFinal(job->state) || job->state == v1::JOB_STATE_RESTARTING) continue;
       for (const RankSlot& slot : job->ranks) {
         if (slot.worker_id == id && !slot.task_ended) {
-          FailOrRestartLocked(
-              *job, LostFailure(slot, why),
+          LoseReplicasOrFailLocked(
+              *job, {slot.replica}, LostFailure(slot, why),
               absl::StrCat(WorkerLabel(slot.worker_id, slot.rank, slot.replica), " lost: ", why));
           break;
         }
@@ -292,13 +301,7 @@ absl::Status JobLifecycle::TaskEndedLocked(Job& job, RankSlot& slot,
                                      req.replica()};
       spdlog::warn("{} rank {} on {} failed: {}", job.id, req.rank(), req.worker_id(),
                    reported.error);
-      deps_.executor->Run(scope_.Wrap([this, job_id = job.id, attempt = job.attempt, reported] {
-        std::vector<Peer> peers;
-        if (!PeersToProbe(job_id, attempt, reported.rank, reported.replica, &peers)) return;
-        const RootCause cause = investigation_.Investigate(reported, peers);
-        absl::MutexLock lock(&deps_.table->mu());
-        ApplyRootCauseLocked(job_id, attempt, cause);
-      }));
+      InvestigateLocked(job, reported, -1);
       break;
     }
     default:
@@ -314,7 +317,8 @@ void JobLifecycle::MaybeSucceedLocked(Job& job) {
     return;
   }
   const bool all = std::all_of(job.ranks.begin(), job.ranks.end(), [](const RankSlot& s) {
-    return s.task_ended && s.outcome == v1::TASK_OUTCOME_SUCCEEDED;
+    // A replica that left the job (its replicas carry on) owes no end.
+    return s.replica_lost || (s.task_ended && s.outcome == v1::TASK_OUTCOME_SUCCEEDED);
   });
   if (all) {
     EndLocked(job, v1::JOB_STATE_SUCCEEDED, absl::StrCat("all ", job.steps_done(), " steps done"));
@@ -337,7 +341,17 @@ bool JobLifecycle::PeersToProbe(const std::string& job_id, int attempt, int rank
   return true;
 }
 
-void JobLifecycle::ApplyRootCauseLocked(const std::string& job_id, int attempt,
+void JobLifecycle::InvestigateLocked(const Job& job, const ReportedFailure& reported, int epoch) {
+  deps_.executor->Run(scope_.Wrap([this, job_id = job.id, attempt = job.attempt, reported, epoch] {
+    std::vector<Peer> peers;
+    if (!PeersToProbe(job_id, attempt, reported.rank, reported.replica, &peers)) return;
+    const RootCause cause = investigation_.Investigate(reported, peers);
+    absl::MutexLock lock(&deps_.table->mu());
+    ApplyRootCauseLocked(job_id, attempt, epoch, cause);
+  }));
+}
+
+void JobLifecycle::ApplyRootCauseLocked(const std::string& job_id, int attempt, int epoch,
                                         const RootCause& cause) {
   for (const auto& [worker_id, why] : cause.lost) deps_.registry->MarkLost(worker_id, why);
   Job* job = deps_.table->FindLocked(job_id);
@@ -345,7 +359,20 @@ void JobLifecycle::ApplyRootCauseLocked(const std::string& job_id, int attempt,
       job->state == v1::JOB_STATE_RESTARTING) {
     return;
   }
-  FailOrRestartLocked(*job, cause.failure, cause.reason);
+  if (epoch >= 0 && job->replica_health.epoch() != epoch) return;  // explained by a loss since
+  std::set<int> lost_replicas;
+  for (const auto& [worker_id, why] : cause.lost) {
+    for (const RankSlot& slot : job->ranks) {
+      if (slot.worker_id == worker_id) lost_replicas.insert(slot.replica);
+    }
+  }
+  if (lost_replicas.empty()) {
+    // The reporting rank's own failure: ignored when its replica has already left the job.
+    if (job->replica_health.IsLost(cause.failure.replica())) return;
+    FailOrRestartLocked(*job, cause.failure, cause.reason);
+  } else {
+    LoseReplicasOrFailLocked(*job, lost_replicas, cause.failure, cause.reason);
+  }
   deps_.hooks->ScheduleLocked();
 }
 

@@ -12,6 +12,7 @@
 // Thread-safe. Closures it queued that run after it is destroyed do nothing.
 #pragma once
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,9 @@ class LifecycleHooks {
   virtual void ScheduleLocked() = 0;
   // Every rank of the job's current attempt accepted its task; the job is RUNNING or PAUSED.
   virtual void AttemptStartedLocked(Job& job) = 0;
+  // A replica of the job left it and the others carry on (ReplicaHealth): steps waiting only
+  // for its reports are complete now.
+  virtual void ReplicaLostLocked(Job& job) = 0;
 };
 
 struct LifecycleOptions {
@@ -93,6 +97,20 @@ class JobLifecycle {
   // free), else FAILED. No-op for a final or restarting job.
   void FailOrRestartLocked(Job& job, v1::JobFailure failure, const std::string& reason);
 
+  // Workers of `job` were lost (`lost_replicas`: their replicas). When the job's replicas carry
+  // on (ReplicaHealth::CanLose for each, one healthy replica left), each such replica leaves
+  // the job: its other tasks are stopped, its workers released, a ReplicaLost event logged and
+  // the step in flight is retried by the healthy replicas (SettleStep answers RETRY). Otherwise
+  // FailOrRestartLocked. Lost replicas already out are ignored.
+  void LoseReplicasOrFailLocked(Job& job, const std::set<int>& lost_replicas,
+                                v1::JobFailure failure, const std::string& reason);
+
+  // A rank of a job whose replicas carry on failed its step in the data-parallel group
+  // (SettleStep with `failed`) at membership `epoch`: its peers are probed (on the executor) and
+  // a lost worker's replica leaves the job, or, with none lost, the job fails or restarts. Only
+  // while the membership is still `epoch` (a loss decided meanwhile explains the failure).
+  void SettleFailedLocked(Job& job, const ReportedFailure& reported, int epoch);
+
   // A control call to `rank` failed with `error` while `doing` (e.g. "pausing job-3"): the
   // job fails or restarts, naming the rank and its worker.
   // `task`: the failed task's index in Job::ranks (Plan::TaskIndex).
@@ -126,8 +144,15 @@ class JobLifecycle {
   // run, to probe. Takes the job table's lock.
   bool PeersToProbe(const std::string& job_id, int attempt, int rank, int replica,
                     std::vector<Peer>* peers);
-  // After a failed rank's peers were probed (see FailureInvestigation).
-  void ApplyRootCauseLocked(const std::string& job_id, int attempt, const RootCause& cause);
+  // Probes the peers of a failed rank and applies the root cause (on the executor); `epoch`
+  // as in SettleFailedLocked, or -1.
+  void InvestigateLocked(const Job& job, const ReportedFailure& reported, int epoch);
+  // After a failed rank's peers were probed (see FailureInvestigation); `epoch` >= 0: only
+  // while the job's membership is still that epoch.
+  void ApplyRootCauseLocked(const std::string& job_id, int attempt, int epoch,
+                            const RootCause& cause);
+  // One replica leaves a job that carries on (LoseReplicasOrFailLocked).
+  void LeaveReplicaLocked(Job& job, int replica, const std::string& reason);
   // The StartTask calls of an attempt returned: `failure` of `failed_rank`, or OK.
   void AttemptStartedOrFailedLocked(const std::string& job_id, int attempt,
                                     const absl::Status& failure, int failed_rank);

@@ -149,6 +149,8 @@ StartOrder Placement::AssignRanksLocked(Job& job, const std::vector<WorkerRecord
   ++job.attempt;
   job.starting = true;
   job.ranks.clear();
+  job.replica_health.Reset(job.plan.replicas, job.plan.num_ranks,
+                           !job.forward_only() && !job.inference && spec::CarriesOn(job.spec));
   StartOrder order;
   order.job_id = job.id;
   order.attempt = job.attempt;

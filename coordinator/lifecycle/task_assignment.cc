@@ -20,6 +20,7 @@ v1::TaskAssignment BuildTaskAssignment(const Job& job, const RankSlot& slot,
   task.set_world_size(plan.num_ranks);
   task.set_replica(slot.replica);
   task.set_replicas(plan.replicas);
+  task.set_settle_steps(job.replica_health.carry_on());
   task.set_num_stages(plan.num_stages);
   for (int owner : plan.stage_to_rank) task.add_stage_to_rank(owner);
   for (int s : slot.stages) {

@@ -329,6 +329,16 @@ grpc::Status CoordinatorServiceImpl::ReportTaskEnd(grpc::ServerContext* ctx,
   return ToGrpcStatus(jobs_->ReportTaskEnd(*req));
 }
 
+grpc::Status CoordinatorServiceImpl::SettleStep(grpc::ServerContext* ctx,
+                                                const v1::SettleStepRequest* req,
+                                                v1::SettleStepResponse* resp) {
+  if (auto s = RequiredId(req->job_id(), "job_id"); !s.ok()) return s;
+  absl::StatusOr<v1::SettleStepResponse> settled = jobs_->SettleStep(*req);
+  if (!settled.ok()) return ToGrpcStatus(settled.status());
+  *resp = *std::move(settled);
+  return grpc::Status::OK;
+}
+
 grpc::Status CoordinatorServiceImpl::SetKey(grpc::ServerContext* ctx, const v1::SetKeyRequest* req,
                                             v1::SetKeyResponse*) {
   if (auto s = RequiredId(req->key(), "key", kMaxKeyBytes); !s.ok()) return s;

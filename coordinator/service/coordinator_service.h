@@ -85,6 +85,8 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
                           v1::ReportStepResponse* resp) override;
   grpc::Status ReportTaskEnd(grpc::ServerContext* ctx, const v1::ReportTaskEndRequest* req,
                              v1::ReportTaskEndResponse* resp) override;
+  grpc::Status SettleStep(grpc::ServerContext* ctx, const v1::SettleStepRequest* req,
+                          v1::SettleStepResponse* resp) override;
   grpc::Status SetKey(grpc::ServerContext* ctx, const v1::SetKeyRequest* req,
                       v1::SetKeyResponse* resp) override;
   grpc::Status GetKey(grpc::ServerContext* ctx, const v1::GetKeyRequest* req,

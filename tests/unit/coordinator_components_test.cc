@@ -342,7 +342,7 @@ TEST(StepAggregation, TheRecipesSkipsEvalLossesAndARunOfSkippedStepsAreRecorded)
   job.ranks[1].steps_done = 3;
   EXPECT_THAT(aggregator.CheckLocked(job, job.ranks[1], short_eval).message(),
               HasSubstr("eval_microbatch_losses: the last stage's rank must report "
-                        "eval.batches x microbatches (8) losses, got 1"));
+                        "eval.batches x slices x microbatches (8) losses, got 1"));
 }
 
 TEST_F(StepAggregationTest, ReportsThatDoNotFitAreRefusedNamingTheField) {
@@ -411,8 +411,10 @@ class Hooks : public LifecycleHooks {
  public:
   void ScheduleLocked() override { ++schedules; }
   void AttemptStartedLocked(Job& job) override { started.push_back(job.id); }
+  void ReplicaLostLocked(Job& job) override { replicas_lost.push_back(job.id); }
   int schedules = 0;
   std::vector<std::string> started;
+  std::vector<std::string> replicas_lost;
 };
 
 class JobLifecycleTest : public ::testing::Test {

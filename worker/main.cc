@@ -130,6 +130,9 @@ int main(int argc, char** argv) {
   task_deps.resolve_file = (*artifact_cache)->Resolver();
   // One task per worker process, so the process's tensor bytes are the task's.
   task_deps.memory_counter = &sc::runtime::CountingCpuAllocator::Install();
+  task_deps.settle_step = [&client](const stagecoach::v1::SettleStepRequest& request) {
+    return client.SettleStep(request);
+  };
   task_deps.compute_threads = config.threads;
   task_deps.pin_threads = !config.no_pin_threads;
   sc::worker::TaskManager tasks(task_deps);

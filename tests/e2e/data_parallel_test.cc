@@ -322,8 +322,8 @@ TEST_F(DataParallelCheckpoints, AKilledWorkerOfAReplicaRestartsTheJobOnTheSpare)
   const ReferenceResult want = TrainReference(ref);
 
   const std::string ckpt = c.dir() + "/ckpt";
-  std::string spec =
-      ChainSpec("killed", ref, 2, false, 8, ckpt, "", "restart: {max_restarts: 1}\n");
+  std::string spec = ChainSpec("killed", ref, 2, false, 8, ckpt, "",
+                               "restart: {max_restarts: 1, carry_on: false}\n");
   spec = absl::StrReplaceAll(spec, {{"checkpoint: {dir: " + ckpt + "}",
                                      "checkpoint: {dir: " + ckpt + ", every_steps: 2}"}});
   auto id = c.Submit(spec, /*paused=*/true);

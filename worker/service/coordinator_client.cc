@@ -6,6 +6,7 @@
 #include "common/rpc/channel.h"
 #include "common/rpc/status_conversion.h"
 #include "common/rpc/time_conversion.h"
+#include "common/util/status_macros.h"
 
 namespace stagecoach::worker {
 CoordinatorClient::CoordinatorClient(const std::string& address,
@@ -48,6 +49,15 @@ absl::Status CoordinatorClient::ReportTaskEnd(const v1::ReportTaskEndRequest& re
   rpc::SetDeadline(&ctx, kCallTimeout);
   v1::ReportTaskEndResponse resp;
   return rpc::CallError(stub_->ReportTaskEnd(&ctx, report, &resp), "ReportTaskEnd", peer_);
+}
+
+absl::StatusOr<v1::SettleStepResponse> CoordinatorClient::SettleStep(
+    const v1::SettleStepRequest& request) {
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(&ctx, rpc::FromProtoDuration(request.wait()) + kCallTimeout);
+  v1::SettleStepResponse resp;
+  RETURN_IF_ERROR(rpc::CallError(stub_->SettleStep(&ctx, request, &resp), "SettleStep", peer_));
+  return resp;
 }
 
 absl::Status CoordinatorClient::Set(const std::string& key, const std::string& value) {

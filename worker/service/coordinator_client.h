@@ -39,6 +39,8 @@ class CoordinatorClient : public runtime::TaskReporter,
   // runtime::TaskReporter
   absl::Status ReportStep(const v1::ReportStepRequest& report) override;
   absl::Status ReportTaskEnd(const v1::ReportTaskEndRequest& report) override;
+  // CoordinatorService.SettleStep, bounded by the request's wait plus kCallTimeout.
+  absl::StatusOr<v1::SettleStepResponse> SettleStep(const v1::SettleStepRequest& request);
 
   // transport::RendezvousStore, backed by the coordinator's key-value store.
   absl::Status Set(const std::string& key, const std::string& value) override;

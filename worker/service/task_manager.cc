@@ -131,6 +131,7 @@ absl::Status TaskManager::Launch(const v1::TaskAssignment& task, std::thread& fi
   deps.device = deps_.device;
   deps.resolve_file = deps_.resolve_file;
   deps.memory_counter = deps_.memory_counter;
+  deps.settle_step = deps_.settle_step;
   runner_ = std::make_unique<runtime::TaskRunner>(task, std::move(deps));
   running_ = true;
   runtime::TaskRunner* runner = runner_.get();

@@ -33,6 +33,8 @@ struct TaskManagerDeps {
   runtime::FileResolver resolve_file;
   // TaskRunnerDeps::memory_counter.
   runtime::CountingCpuAllocator* memory_counter = nullptr;
+  // TaskRunnerDeps::settle_step: CoordinatorService.SettleStep.
+  runtime::StepSettler settle_step;
   // The worker's --threads (0: by the policy of worker/runtime/device/compute_threads.h, with the
   // task's ranks_on_host), set on the task's thread before it runs.
   int compute_threads = 0;

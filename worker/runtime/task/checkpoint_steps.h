@@ -92,6 +92,11 @@ class CheckpointSteps {
   // before the task ends.
   absl::Status Drain();
 
+  // Whether this rank writes the stage files from now on (CheckpointStepsOptions::writer): the
+  // data-parallel group's rank 0 does, which changes when replicas carry on without replica 0
+  // (replica_membership.h). Between steps, on the task's thread.
+  void SetWriter(bool writer) { writer_ = writer; }
+
  private:
   // Writes every stage of the rank after `global_steps` steps: now, listing the files in
   // `report`, or (async) in the background, sending them in a checkpoint_only report of the
@@ -116,7 +121,7 @@ class CheckpointSteps {
 
   const CheckpointStepsOptions options_;
   const std::string& dir_ = options_.dir;
-  const bool writer_ = options_.writer;
+  bool writer_ = options_.writer;  // the task's thread's (SetWriter)
   const std::map<int, model::StageModel*>& stages_;
   const torch::optim::Optimizer* optimizer_;
   const StepReports* reports_;

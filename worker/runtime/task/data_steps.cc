@@ -80,39 +80,133 @@ absl::StatusOr<std::unique_ptr<DataSteps>> DataSteps::Create(const StepEnv& env)
   return steps;
 }
 
+std::vector<DataSteps::Pass> DataSteps::PassesOf(const Batch& batch) const {
+  const int m = options_.num_microbatches;
+  std::vector<int> slices = {env_.task->replica()};
+  if (env_.membership != nullptr) slices = env_.membership->slices();
+  std::vector<Pass> passes;
+  for (int slice : slices) {
+    const ReplicaShare share{slice, std::max(env_.task->replicas(), 1)};
+    Pass& pass = passes.emplace_back();
+    if (owns_first_) pass.inputs = ReplicaMicrobatches(batch.inputs, m, share);
+    if (want_targets_) pass.targets = ReplicaMicrobatches(batch.targets, m, share);
+  }
+  return passes;
+}
+
 absl::Status DataSteps::RunDataStep(int64_t global_step) {
-  std::vector<torch::Tensor> inputs, targets;
   if (env_.setup->inference) {
-    inputs = env_.setup->inference_inputs;
-  } else {
-    ASSIGN_OR_RETURN(Batch batch, data_->Make(global_step));
-    const int m = options_.num_microbatches;
-    const ReplicaShare share = ShareOf(*env_.task);
-    if (owns_first_) inputs = ReplicaMicrobatches(batch.inputs, m, share);
-    if (want_targets_) targets = ReplicaMicrobatches(batch.targets, m, share);
+    if (!data_shapes_) {
+      RETURN_IF_ERROR(executor_->AgreeShapes(MetasOf(env_.setup->inference_inputs)));
+      data_shapes_ = true;
+    }
+    return RunPasses({Pass{env_.setup->inference_inputs, {}}}, false, global_step).status();
   }
-  if (!data_shapes_) {
-    RETURN_IF_ERROR(executor_->AgreeShapes(MetasOf(inputs)));
-    data_shapes_ = true;
+  ASSIGN_OR_RETURN(Batch batch, data_->Make(global_step));
+  for (;;) {
+    const std::vector<Pass> passes = PassesOf(batch);
+    if (!data_shapes_ && passes.size() == 1) {
+      RETURN_IF_ERROR(executor_->AgreeShapes(MetasOf(passes.front().inputs)));
+      data_shapes_ = true;
+    }
+    ASSIGN_OR_RETURN(const bool counted, RunPasses(passes, /*client_batch=*/false, global_step));
+    if (counted) return absl::OkStatus();
   }
-  return RunCounted(inputs, targets, /*client_batch=*/false, global_step);
 }
 
 absl::Status DataSteps::RunCounted(const std::vector<torch::Tensor>& inputs,
                                    const std::vector<torch::Tensor>& targets, bool client_batch,
                                    int64_t global_step) {
+  if (env_.membership != nullptr &&
+      env_.membership->slices() != std::vector<int>{env_.task->replica()}) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", env_.task->rank(), " replica ", env_.task->replica(),
+        ": a client batch step needs every replica, and the job carries on without a lost one"));
+  }
+  ASSIGN_OR_RETURN(const bool counted,
+                   RunPasses({Pass{inputs, targets}}, client_batch, global_step));
+  if (!counted) {
+    return absl::AbortedError(absl::StrCat("rank ", env_.task->rank(), " replica ",
+                                           env_.task->replica(),
+                                           ": the client batch step at global step ", global_step,
+                                           " was abandoned (a replica was lost)"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Adds a later pass's losses, bytes and peak to the first pass's result.
+void MergePass(StepResult& into, StepResult pass) {
+  into.microbatch_losses.insert(into.microbatch_losses.end(), pass.microbatch_losses.begin(),
+                                pass.microbatch_losses.end());
+  for (const auto& [peer, bytes] : pass.bytes_sent_to) into.bytes_sent_to[peer] += bytes;
+  for (const auto& [peer, bytes] : pass.bytes_received_from)
+    into.bytes_received_from[peer] += bytes;
+  into.peak_activation_bytes = std::max(into.peak_activation_bytes, pass.peak_activation_bytes);
+}
+
+}  // namespace
+
+absl::StatusOr<bool> DataSteps::ReduceAndSettle(const StepResult& result, int64_t step,
+                                                int64_t global_step,
+                                                std::optional<ReductionReport>* reduction) {
+  absl::Status group = absl::OkStatus();
+  if (env_.reducer != nullptr) {
+    absl::StatusOr<ReductionReport> reduced = env_.reducer->Finish();
+    // The forwards updated each replica's buffers from its own rows: the first replica's hold
+    // from here (before the settling, so that nothing of the group runs after the commit).
+    if (reduced.ok()) group = env_.reducer->BroadcastBuffers();
+    if (!reduced.ok()) group = reduced.status();
+    if (reduced.ok()) *reduction = *std::move(reduced);
+  }
+  if (!group.ok() && env_.membership == nullptr) return group;
+  // On every rank of the pipeline, whatever the group did: it is a transfer between two of them.
+  if (env_.tied != nullptr) RETURN_IF_ERROR(env_.tied->SumGradients());
+  if (env_.membership == nullptr) return true;
+  ASSIGN_OR_RETURN(
+      const ReplicaMembership::Outcome outcome,
+      env_.membership->Settle(step, global_step, group,
+                              owns_last_ ? result.microbatch_losses : std::vector<double>{}));
+  if (outcome == ReplicaMembership::Outcome::kCommit) return true;
+  env_.rollback->Restore();
+  return false;
+}
+
+absl::StatusOr<bool> DataSteps::RunPasses(const std::vector<Pass>& passes, bool client_batch,
+                                          int64_t global_step) {
   const TaskSetup& setup = *env_.setup;
   const int64_t step = env_.steps_done->load();  // the task's count
   const StepMark mark = env_.reports->Mark();
+  const bool several = passes.size() > 1;
   if (!setup.forward_only) ClearGradients(*setup.optimizer);
   if (setup.shards != nullptr) setup.shards->ClearStageGradients();
-  if (env_.reducer != nullptr) env_.reducer->BeginStep(mark.start);
-  ASSIGN_OR_RETURN(StepResult result, executor_->RunStep(setup.actions, inputs, targets));
-  std::optional<ReductionReport> reduction;
-  if (env_.reducer != nullptr) {
-    ASSIGN_OR_RETURN(reduction, env_.reducer->Finish());
+  if (env_.rollback != nullptr) env_.rollback->Take();
+  if (env_.reducer != nullptr) env_.reducer->BeginStep(mark.start, several);
+  StepResult result;
+  for (size_t i = 0; i < passes.size(); ++i) {
+    // Each slice from the step's start, with its own shapes (the last slices may hold a row
+    // fewer per microbatch).
+    if (i > 0) env_.rollback->Restore();
+    if (several) RETURN_IF_ERROR(executor_->AgreeShapes(MetasOf(passes[i].inputs)));
+    ASSIGN_OR_RETURN(StepResult pass,
+                     executor_->RunStep(setup.actions, passes[i].inputs, passes[i].targets));
+    if (i == 0) {
+      result = std::move(pass);
+      if (several) env_.rollback->KeepBuffers();
+    } else {
+      MergePass(result, std::move(pass));
+    }
   }
-  if (env_.tied != nullptr) RETURN_IF_ERROR(env_.tied->SumGradients());
+  if (several) {
+    env_.rollback->PutBackKept();
+    data_shapes_ = false;
+  }
+  std::optional<ReductionReport> reduction;
+  if (!setup.forward_only) {
+    ASSIGN_OR_RETURN(const bool settled, ReduceAndSettle(result, step, global_step, &reduction));
+    if (!settled) return false;
+  }
   // The step's bytes: the pipeline's and the tied copies' (not the job reduction's few).
   const transport::TransferStats pipeline_end = env_.transport->stats();
   std::optional<RecipeDecision> decision;
@@ -124,8 +218,6 @@ absl::Status DataSteps::RunCounted(const std::vector<torch::Tensor>& inputs,
   if (reduction.has_value() && stepped) {
     RETURN_IF_ERROR(env_.reducer->GatherParameters(*reduction));
   }
-  // The forwards updated each replica's buffers from its own rows: replica 0's hold from here.
-  if (reduction.has_value()) RETURN_IF_ERROR(env_.reducer->BroadcastBuffers());
   if (setup.inference && owns_last_) {
     ASSIGN_OR_RETURN(*env_.inference_outputs,
                      MergedOutputs(result, options_.num_microbatches, options_.rank));
@@ -135,16 +227,20 @@ absl::Status DataSteps::RunCounted(const std::vector<torch::Tensor>& inputs,
   if (reduction.has_value()) StepReports::AddReduction(*reduction, mark, &report);
   if (decision.has_value()) StepReports::AddRecipe(*decision, &report);
   if (evaluator_ != nullptr && evaluator_->DueAfter(global_step)) {
+    if (env_.membership != nullptr) evaluator_->SetSlices(env_.membership->slices());
     ASSIGN_OR_RETURN(const std::vector<double> eval_losses, evaluator_->Run());
     report.set_evaluated(true);
     for (double loss : eval_losses) report.add_eval_microbatch_losses(loss);
   }
   report.set_client_batch(client_batch);
+  if (env_.membership != nullptr) {
+    for (int slice : env_.membership->slices()) report.add_slices(slice);
+  }
   const StepGate::StepEnd end = env_.gate->EndCountedStep();
   RETURN_IF_ERROR(env_.checkpoints->AfterStep(end.steps_done, end.checkpoint_requested, &report));
   env_.reports->Send(report);
   env_.steps_done->store(step + 1);
-  return absl::OkStatus();
+  return true;
 }
 
 absl::Status DataSteps::AgreeOtherShapes(const std::vector<torch::Tensor>& inputs) {

@@ -27,7 +27,9 @@
 #include "worker/runtime/task/step_reports.h"
 #include "worker/runtime/task/task_setup.h"
 #include "worker/runtime/training/gradient_reduction.h"
+#include "worker/runtime/training/replica_membership.h"
 #include "worker/runtime/training/step_recipe.h"
+#include "worker/runtime/training/step_rollback.h"
 #include "worker/runtime/training/tied_parameters.h"
 #include "worker/runtime/training/training_data.h"
 
@@ -55,6 +57,11 @@ struct StepEnv {
   // CPU tasks of a worker daemon: measures each step's activation peak (ExecutorOptions::
   // memory_counter); else null.
   CountingCpuAllocator* memory_counter = nullptr;
+  // Replicas that carry on (TaskAssignment.settle_steps): every step is settled with the
+  // coordinator before its optimizer step, and what it changed is undone when it is abandoned
+  // or run again over several slices; else both null.
+  ReplicaMembership* membership = nullptr;
+  StepRollback* rollback = nullptr;
 };
 
 // The shapes and dtypes of stage 0's microbatches, for PipelineExecutor::AgreeShapes (empty on
@@ -69,11 +76,15 @@ class DataSteps {
   // errors.
   static absl::StatusOr<std::unique_ptr<DataSteps>> Create(const StepEnv& env);
 
-  // The data step at `global_step` (the steps the gate had done when it decided on it).
+  // The data step at `global_step` (the steps the gate had done when it decided on it). With
+  // replicas that carry on, the slices of the global batch the membership gives this replica,
+  // run again from the step's start whenever the step is abandoned (replica_membership.h).
   absl::Status RunDataStep(int64_t global_step);
 
   // A counted step at `global_step` on `inputs` (stage 0's microbatches, on its rank) and
   // `targets` (the last stage's, on its rank); `client_batch` marks its report.
+  // FAILED_PRECONDITION while the replicas carry on without a lost one (a client's batch is cut
+  // for every replica). A step abandoned by the settling is ABORTED.
   absl::Status RunCounted(const std::vector<torch::Tensor>& inputs,
                           const std::vector<torch::Tensor>& targets, bool client_batch,
                           int64_t global_step);
@@ -87,6 +98,23 @@ class DataSteps {
 
  private:
   explicit DataSteps(const StepEnv& env);
+
+  // One slice of the global batch: stage 0's and the last stage's microbatches, on their ranks.
+  struct Pass {
+    std::vector<torch::Tensor> inputs;
+    std::vector<torch::Tensor> targets;
+  };
+  // The passes of this replica's slices of `batch`.
+  std::vector<Pass> PassesOf(const Batch& batch) const;
+  // The counted step over `passes` (gradients accumulated over them; see RunCounted). false when
+  // the settling abandoned it (undone; the membership changed: run it again).
+  absl::StatusOr<bool> RunPasses(const std::vector<Pass>& passes, bool client_batch,
+                                 int64_t global_step);
+  // After the passes: reduces the gradients over the replicas (and gives every replica the
+  // first one's buffers), sums the tied copies, and settles the step when the replicas carry
+  // on. false when it was abandoned.
+  absl::StatusOr<bool> ReduceAndSettle(const StepResult& result, int64_t step, int64_t global_step,
+                                       std::optional<ReductionReport>* reduction);
 
   const StepEnv env_;
   ExecutorOptions options_;

@@ -30,7 +30,7 @@ class EvaluationMode {
 
 Evaluator::Evaluator(const TaskSetup& setup, ExecutorOptions options,
                      transport::Transport* transport, int replica, int replicas)
-    : setup_(setup), options_(std::move(options)), share_{replica, replicas} {
+    : setup_(setup), options_(std::move(options)), replicas_(replicas), slices_({replica}) {
   executor_ = std::make_unique<PipelineExecutor>(options_, transport, setup.stages->by_index);
   actions_ = ForwardActions(setup.actions);
   owns_first_ = setup.stages->Owns(0);
@@ -68,17 +68,21 @@ absl::StatusOr<std::vector<double>> Evaluator::Run() {
   torch::NoGradGuard no_grad;
   for (int64_t j = 0; j < setup_.spec.eval->batches; ++j) {
     ASSIGN_OR_RETURN(Batch batch, data_->Make(j));
-    std::vector<torch::Tensor> inputs, targets;
-    if (owns_first_) inputs = ReplicaMicrobatches(batch.inputs, m, share_);
-    if (owns_last_) targets = ReplicaMicrobatches(batch.targets, m, share_);
-    if (!shapes_agreed_) {
-      RETURN_IF_ERROR(executor_->AgreeShapes(MetasOf(inputs)));
-      shapes_agreed_ = true;
-    }
-    ASSIGN_OR_RETURN(StepResult result, executor_->RunStep(actions_, inputs, {}));
-    if (!owns_last_) continue;
-    for (int mb = 0; mb < m; ++mb) {
-      losses.push_back(ComputeLoss(setup_.loss, result.outputs.at(mb), targets.at(mb)).item<double>());
+    for (int slice : slices_) {
+      const ReplicaShare share{slice, replicas_};
+      std::vector<torch::Tensor> inputs, targets;
+      if (owns_first_) inputs = ReplicaMicrobatches(batch.inputs, m, share);
+      if (owns_last_) targets = ReplicaMicrobatches(batch.targets, m, share);
+      if (!shapes_agreed_ || slices_.size() > 1) {
+        RETURN_IF_ERROR(executor_->AgreeShapes(MetasOf(inputs)));
+        shapes_agreed_ = slices_.size() == 1;
+      }
+      ASSIGN_OR_RETURN(StepResult result, executor_->RunStep(actions_, inputs, {}));
+      if (!owns_last_) continue;
+      for (int mb = 0; mb < m; ++mb) {
+        losses.push_back(
+            ComputeLoss(setup_.loss, result.outputs.at(mb), targets.at(mb)).item<double>());
+      }
     }
   }
   return losses;

@@ -41,9 +41,14 @@ class Evaluator {
   bool DueAfter(int64_t global_step) const;
 
   // Runs one pass. On the rank owning the last stage: eval.batches x microbatches losses, batch
-  // by batch; on the others: empty. The executor's errors; a non-finite loss is reported as it
-  // is.
+  // by batch; on the others: empty. With several slices (SetSlices), each batch's slices one
+  // after another: eval.batches x slices x microbatches losses. The executor's errors; a
+  // non-finite loss is reported as it is.
   absl::StatusOr<std::vector<double>> Run();
+
+  // The replica slices of each batch the pass runs (replica_membership.h); the replica's own
+  // until set.
+  void SetSlices(std::vector<int> slices) { slices_ = std::move(slices); }
 
  private:
   Evaluator(const TaskSetup& setup, ExecutorOptions options, transport::Transport* transport,
@@ -51,7 +56,8 @@ class Evaluator {
 
   const TaskSetup& setup_;
   const ExecutorOptions options_;
-  const ReplicaShare share_;
+  const int replicas_;
+  std::vector<int> slices_;
   std::unique_ptr<PipelineExecutor> executor_;
   std::vector<schedule::Action> actions_;
   std::unique_ptr<BatchSource> data_;

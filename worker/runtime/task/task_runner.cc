@@ -274,7 +274,6 @@ absl::Status TaskRunner::RunSteps() {
   ASSIGN_OR_RETURN(std::unique_ptr<transport::Transport> transport,
                    deps_.make_transport(DataPlaneRequest(task_, setup), store_.get()));
   UseDataPlane(transport.get(), nullptr, setup.stages);
-  std::unique_ptr<collectives::Collectives> group;
   const std::optional<CollectivesRequest> dp = DataParallelRequest(task_, setup);
   if (dp.has_value()) {
     absl::StatusOr<std::unique_ptr<collectives::Collectives>> made =
@@ -288,11 +287,12 @@ absl::Status TaskRunner::RunSteps() {
                           absl::StrCat("rank ", task_.rank(), " replica ", task_.replica(),
                                        ": data-parallel group: ", made.status().message()));
     }
-    group = *std::move(made);
-    UseDataPlane(transport.get(), group.get(), setup.stages);
+    dp_group_ = *std::move(made);
+    UseDataPlane(transport.get(), dp_group_.get(), setup.stages);
   }
-  absl::Status status = RunOnDataPlane(setup, *transport, group.get());
+  absl::Status status = RunOnDataPlane(setup, *transport);
   UseDataPlane(nullptr, nullptr, nullptr);
+  dp_group_.reset();
   return status;
 }
 
@@ -309,8 +309,34 @@ absl::Status AbortDataPlane(transport::Transport& transport, collectives::Collec
 
 }  // namespace
 
-absl::Status TaskRunner::RunOnDataPlane(TaskSetup& setup, transport::Transport& transport,
-                                        collectives::Collectives* group) {
+absl::Status TaskRunner::Regroup(int epoch, int group_rank, int group_size, TaskSetup& setup,
+                                 transport::Transport& transport, GradientReducer& reducer,
+                                 CheckpointSteps& checkpoints) {
+  std::optional<CollectivesRequest> request = DataParallelRequest(task_, setup);
+  if (!request.has_value() || !deps_.make_collectives) {
+    return absl::FailedPreconditionError("this task has no data-parallel group to re-form");
+  }
+  request->rank = group_rank;
+  request->size = group_size;
+  request->prefix = absl::StrCat(task_.rendezvous_prefix(), "dp/e", epoch, "/", task_.rank(), "/");
+  absl::StatusOr<std::unique_ptr<collectives::Collectives>> made =
+      deps_.make_collectives(*request, store_.get());
+  if (!made.ok()) {
+    return absl::Status(
+        made.status().code(),
+        absl::StrCat("rank ", task_.rank(), " replica ", task_.replica(),
+                     ": data-parallel group of epoch ", epoch, ": ", made.status().message()));
+  }
+  if (dp_group_ != nullptr) dp_group_->Abort();
+  reducer.SetGroup(made->get(), std::max(task_.replicas(), 1));
+  UseDataPlane(&transport, made->get(), setup.stages);
+  dp_group_ = *std::move(made);
+  checkpoints.SetWriter(group_rank == 0);
+  return absl::OkStatus();
+}
+
+absl::Status TaskRunner::RunOnDataPlane(TaskSetup& setup, transport::Transport& transport) {
+  collectives::Collectives* group = dp_group_.get();
   StepReports reports(task_, deps_.worker_id, setup.stages->held_parameters, &transport,
                       deps_.reporter);
   absl::StatusOr<TrainingParts> parts = MakeTrainingParts(task_, setup, transport, group);
@@ -328,6 +354,31 @@ absl::Status TaskRunner::RunOnDataPlane(TaskSetup& setup, transport::Transport& 
   checkpoint_options.async = setup.spec.training.checkpoint.async;
   CheckpointSteps checkpoints(checkpoint_options, setup.stages->by_index, setup.optimizer.get(),
                               &reports, setup.shards.get());
+  std::unique_ptr<StepRollback> rollback;
+  std::unique_ptr<ReplicaMembership> membership;
+  if (task_.settle_steps() && parts->reducer != nullptr) {
+    if (!deps_.settle_step) {
+      return AbortDataPlane(
+          transport, group,
+          absl::FailedPreconditionError("this worker cannot settle steps with the coordinator"));
+    }
+    rollback = std::make_unique<StepRollback>(setup.stages->by_index, setup.device);
+    MembershipOptions options;
+    options.worker_id = deps_.worker_id;
+    options.job_id = task_.job_id();
+    options.attempt = task_.attempt();
+    options.rank = task_.rank();
+    options.replica = task_.replica();
+    options.replicas = std::max(task_.replicas(), 1);
+    options.timeout = rpc::FromProtoDuration(task_.comm_timeout());
+    if (options.timeout <= absl::ZeroDuration()) options.timeout = absl::Seconds(60);
+    membership = std::make_unique<ReplicaMembership>(
+        options, deps_.settle_step,
+        [this, &setup, &transport, reducer = parts->reducer.get(), &checkpoints](
+            int epoch, int group_rank, int group_size) {
+          return Regroup(epoch, group_rank, group_size, setup, transport, *reducer, checkpoints);
+        });
+  }
   const StepEnv env{&task_,
                     &setup,
                     &transport,
@@ -339,7 +390,9 @@ absl::Status TaskRunner::RunOnDataPlane(TaskSetup& setup, transport::Transport& 
                     parts->reducer.get(),
                     parts->recipe.get(),
                     parts->tied.get(),
-                    deps_.memory_counter};
+                    deps_.memory_counter,
+                    membership.get(),
+                    rollback.get()};
   absl::StatusOr<std::unique_ptr<DataSteps>> data = DataSteps::Create(env);
   if (!data.ok()) return AbortDataPlane(transport, group, data.status());
   ClientSteps client_steps(env, data->get());
@@ -348,7 +401,7 @@ absl::Status TaskRunner::RunOnDataPlane(TaskSetup& setup, transport::Transport& 
                setup.base_step);
   const absl::Status status = StepLoop(**data, client_steps, checkpoints);
   gate_.Finish();
-  if (!status.ok()) return AbortDataPlane(transport, group, status);
+  if (!status.ok()) return AbortDataPlane(transport, dp_group_.get(), status);
   // Every rank is done with the data plane before any tears it down.
   return transport.Barrier(rpc::FromProtoDuration(task_.comm_timeout()));
 }

@@ -46,6 +46,7 @@
 #include "worker/collectives/collectives.h"
 #include "worker/runtime/executor/message_tags.h"
 #include "worker/runtime/task/step_gate.h"
+#include "worker/runtime/training/replica_membership.h"
 #include "worker/transport/rendezvous_store.h"
 #include "worker/transport/transport.h"
 
@@ -55,6 +56,7 @@ class CheckpointSteps;
 class ClientSteps;
 class DataSteps;
 class DecodeSessions;
+class GradientReducer;
 
 struct TaskSetup;
 struct TaskStages;
@@ -136,6 +138,9 @@ struct TaskRunnerDeps {
   // The process's counting CPU allocator (a worker daemon installs it): CPU tasks report each
   // step's activation peak from it (ExecutorOptions::memory_counter). Null: not measured.
   CountingCpuAllocator* memory_counter = nullptr;
+  // Required by tasks whose steps are settled (TaskAssignment.settle_steps: replicas that
+  // carry on): CoordinatorService.SettleStep.
+  StepSettler settle_step;
 };
 
 class TaskRunner {
@@ -190,10 +195,15 @@ class TaskRunner {
  private:
   // Sets up, connects the data plane, runs the steps; the task's end.
   absl::Status RunSteps();
-  // The steps on a connected data plane, until the gate ends the task; then the final barrier
-  // (or, after an error, Abort).
-  absl::Status RunOnDataPlane(TaskSetup& setup, transport::Transport& transport,
-                              collectives::Collectives* group);
+  // The steps on a connected data plane (and dp_group_, if any), until the gate ends the task;
+  // then the final barrier (or, after an error, Abort).
+  absl::Status RunOnDataPlane(TaskSetup& setup, transport::Transport& transport);
+  // Replicas that carry on: a new data-parallel group of `group_size` healthy replicas in which
+  // this task is `group_rank`, for membership `epoch` (replica_membership.h's Regroup), handed
+  // to `reducer` and to Stop; this task writes the checkpoints when it is the group's rank 0.
+  absl::Status Regroup(int epoch, int group_rank, int group_size, TaskSetup& setup,
+                       transport::Transport& transport, GradientReducer& reducer,
+                       CheckpointSteps& checkpoints);
   // The gate's decisions, each run, until it finishes the task or one fails.
   absl::Status StepLoop(DataSteps& data, ClientSteps& client_steps, CheckpointSteps& checkpoints);
   // Makes the data plane (its data-parallel group, if any) and the stages known to Stop and
@@ -227,6 +237,8 @@ class TaskRunner {
   std::shared_ptr<TaskStages> held_stages_ ABSL_GUARDED_BY(mu_);
   // The generation sessions' caches (Decode); cleared when the task ends.
   std::unique_ptr<DecodeSessions> decode_sessions_;
+  // The task's data-parallel group (replicas > 1), replaced by Regroup; the task's thread's.
+  std::unique_ptr<collectives::Collectives> dp_group_;
   // The rendezvous store wrapper in use, so that Stop can cancel its waits.
   class CancellableStore;
   std::unique_ptr<CancellableStore> store_;

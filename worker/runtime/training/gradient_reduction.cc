@@ -34,8 +34,14 @@ GradientReducer::GradientReducer(GradientReductionOptions options, collectives::
 
 GradientReducer::~GradientReducer() { scope_.Close(); }
 
-void GradientReducer::BeginStep(absl::Time step_start) {
+void GradientReducer::SetGroup(collectives::Collectives* group, int slices) {
+  group_ = group;
+  slices_ = slices;
+}
+
+void GradientReducer::BeginStep(absl::Time step_start, bool deferred) {
   started_.clear();
+  deferred_ = deferred;
   step_start_ = step_start;
   stats_at_start_ = group_->stats();
   absl::MutexLock lock(&mu_);
@@ -52,7 +58,10 @@ void GradientReducer::Launch(int stage) {
 }
 
 void GradientReducer::StageReady(int stage) {
-  if (!options_.overlap || stages_.count(stage) == 0 || !started_.insert(stage).second) return;
+  if (!options_.overlap || deferred_ || stages_.count(stage) == 0 ||
+      !started_.insert(stage).second) {
+    return;
+  }
   Launch(stage);
 }
 
@@ -110,13 +119,16 @@ absl::Status GradientReducer::ReduceBucket(int stage, const std::vector<torch::T
     flat.narrow(0, offset, g.numel()).copy_(g.reshape(-1));
     offset += g.numel();
   }
-  absl::Status reduced = group_->AllReduce(flat.data_ptr(), numel, dtype,
-                                           collectives::ReduceOp::kMean, options_.timeout);
+  const bool mean = slices_ == 0 || slices_ == group_->size();
+  absl::Status reduced = group_->AllReduce(
+      flat.data_ptr(), numel, dtype,
+      mean ? collectives::ReduceOp::kMean : collectives::ReduceOp::kSum, options_.timeout);
   if (!reduced.ok()) {
     group_->Abort();
     return absl::Status(reduced.code(), absl::StrCat("gradient reduction of stage ", stage, ": ",
                                                      reduced.message()));
   }
+  if (!mean) flat.div_(static_cast<double>(slices_));
   offset = 0;
   for (torch::Tensor g : grads) {
     g.copy_(flat.narrow(0, offset, g.numel()).view_as(g));

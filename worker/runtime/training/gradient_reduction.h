@@ -84,11 +84,19 @@ class GradientReducer {
   ~GradientReducer();
 
   // Starts a step at `step_start` (the executor's step start: bucket timings count from it).
-  void BeginStep(absl::Time step_start);
+  // `deferred`: StageReady is ignored and Finish reduces every stage (a step of several
+  // passes whose gradients are complete only after the last: replica_membership.h).
+  void BeginStep(absl::Time step_start, bool deferred = false);
 
   // Stage `stage`'s gradients are complete for this step. Once per stage per step; later calls
   // for the same stage are ignored.
   void StageReady(int stage);
+
+  // Between steps: reduces over `group` from now on (the data-parallel group re-formed without
+  // a lost replica), whose ranks hold the gradients of `slices` slices of the global batch in
+  // all: each bucket is summed over the group and divided by `slices` (the mean over the group
+  // when they are as many). `group` must outlive the reducer or the next SetGroup.
+  void SetGroup(collectives::Collectives* group, int slices);
 
   // Reduces the stages not started yet, then waits for every bucket. The first collective error
   // (the group is then aborted), INVALID_ARGUMENT for a gradient dtype other than float32 or
@@ -116,12 +124,14 @@ class GradientReducer {
   void Launch(int stage);
 
   const GradientReductionOptions options_;
-  collectives::Collectives* const group_;
+  collectives::Collectives* group_;
+  int slices_ = 0;  // 0: as many as the group's ranks
   const std::map<int, model::StageModel*> stages_;
   Executor* const comm_;
 
   // The task's thread's.
   std::set<int> started_;
+  bool deferred_ = false;
   absl::Time step_start_;
   collectives::CollectiveStats stats_at_start_;
 

@@ -201,6 +201,9 @@ nlohmann::json JobJson(const v1::Job& job) {
   out["num_stages"] = job.num_stages();
   out["num_ranks"] = job.num_ranks();
   out["replicas"] = std::max(1, job.replicas());
+  out["healthy_replicas"] =
+      job.lost_replicas_size() > 0 ? job.healthy_replicas() : std::max(1, job.replicas());
+  out["lost_replicas"] = std::vector<int>(job.lost_replicas().begin(), job.lost_replicas().end());
   out["microbatches"] = job.microbatches();
   out["created_time"] = TimestampString(job.created_time());
   nlohmann::json history = nlohmann::json::array();
@@ -486,6 +489,11 @@ std::string JobDetails(const v1::Job& j) {
         << j.microbatches() * j.replicas() << " microbatches a step)";
   }
   out << "\n";
+  if (j.replicas() > 1 && j.lost_replicas_size() > 0) {
+    out << "Replicas:  " << j.healthy_replicas() << "/" << j.replicas()
+        << " healthy (degraded: replica(s) " << absl::StrJoin(j.lost_replicas(), ", ")
+        << " left; the healthy ones run their microbatches)\n";
+  }
   out << "Steps:     " << j.steps_done() << "/" << j.steps_total() << " (global step "
       << j.global_steps_done() << ")\n";
   if (j.pause_at_global_step() > 0 && !IsFinalState(j.state())) {

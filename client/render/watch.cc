@@ -160,6 +160,15 @@ std::string StateLine(const v1::JobTransition& transition, absl::TimeZone zone) 
   return line;
 }
 
+std::string ReplicaLostLine(const v1::JobEvent& event, absl::TimeZone zone) {
+  const v1::ReplicaLost& lost = event.replica_lost();
+  return absl::StrCat(absl::FormatTime("%H:%M:%S", rpc::FromProtoTimestamp(event.time()), zone),
+                      " DEGRADED  replicas ", lost.healthy_replicas(), "/", lost.replicas(),
+                      " healthy: replica ", lost.replica(), " left (", lost.reason(),
+                      "); global step ", lost.retried_global_step(),
+                      " runs again on the healthy ones");
+}
+
 std::string DroppedLine(const v1::EventsDropped& dropped) {
   return absl::StrFormat(
       "(events %d..%d are no longer kept by the coordinator, which keeps a job's latest events; "
@@ -202,6 +211,15 @@ nlohmann::json EventJson(const v1::JobEvent& event) {
       out["reduction_hidden_ratios"] = std::vector<double>(step.reduction_hidden_ratios().begin(),
                                                            step.reduction_hidden_ratios().end());
     }
+  } else if (event.has_replica_lost()) {
+    const v1::ReplicaLost& lost = event.replica_lost();
+    out["event"] = "replica_lost";
+    out["replica"] = lost.replica();
+    out["reason"] = lost.reason();
+    out["healthy_replicas"] = lost.healthy_replicas();
+    out["replicas"] = lost.replicas();
+    out["retried_global_step"] = lost.retried_global_step();
+    out["decided_after_seconds"] = lost.decided_after_seconds();
   } else if (event.has_events_dropped()) {
     out["event"] = "events_dropped";
     out["from_sequence"] = event.events_dropped().from_sequence();

@@ -91,6 +91,10 @@ std::string StateLine(const v1::JobTransition& transition, absl::TimeZone zone);
 // The line `watch` prints when the coordinator no longer kept events the watcher asked for.
 std::string DroppedLine(const v1::EventsDropped& dropped);
 
+// A ReplicaLost event: "12:00:03 DEGRADED  replicas 1/2 healthy: replica 1 left (worker w-3
+// (rank 1 of replica 1) lost: ...); step 23 runs again on the healthy ones".
+std::string ReplicaLostLine(const v1::JobEvent& event, absl::TimeZone zone);
+
 // One event for programs: {"job_id", "sequence", "time", "event": "state_change" |
 // "step_completed",
 // ...} with, for a state change, "state" and "reason"; for a step, "step", "global_step",

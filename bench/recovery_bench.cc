@@ -1,19 +1,25 @@
-// What a lost worker costs today (issue 39's baseline): a job with restart.max_restarts on real
-// daemons (tests/support/local_cluster.h), a coordinator and --workers workers on loopback (one
-// more than the job needs: the spare). Each round runs a 2-stage 1F1B MLP job with AdamW and a
-// checkpoint every --every steps, SIGKILLs the worker of rank 1 once the job has done --kill-at
-// steps, and measures, from the kill:
-//   - detection: until the job leaves RUNNING or starts its next attempt (the coordinator finds
-//     the rank lost: the surviving rank's report of a broken link, else the worker's lease);
-//   - recovery: until the first step of the new attempt completes (placement on the spare,
-//     rendezvous, restore from the latest complete checkpoint on disk, one step);
-//   - catch-up: until the job is one step past where the kill found it (the lost steps run
-//     again);
-//   - steps lost: steps done at the kill minus the checkpoint the new attempt starts from.
-// Prints each round and the medians. The cluster's lease is --lease (the coordinator's
-// --lease; the default deployment's is 10 s).
+// What a lost worker costs (issue 39; docs/recovery.md), on real daemons
+// (tests/support/local_cluster.h): a coordinator and workers on loopback running a 2-stage
+// 1F1B MLP job with AdamW and a checkpoint every --every steps. Each round SIGKILLs a worker of
+// rank 1 once the job has done --kill-at steps and measures, from the kill:
+//   - detection: until the coordinator has decided (the job left RUNNING or started its next
+//     attempt; with replicas that carry on, the replica left the job);
+//   - next step: until the first step after the decision completes (a restart: placement on
+//     the spare, rendezvous, restore from the latest complete checkpoint, one step; carrying
+//     on: the abandoned step run again on the healthy replica with both replicas' slices);
+//   - catch-up: until the job is one step past where the kill found it;
+//   - steps lost: steps done at the kill that had to run again (a restart continues from the
+//     latest checkpoint complete at the kill: an asynchronous write still in flight then does
+//     not count, so a kill soon after a checkpoint step may lose more than --kill-at minus the
+//     checkpoint's step).
+// Cases (--case): `restart` (1 replica, restart.max_restarts, a spare worker: 3 workers) and
+// `carry_on` (2 replicas carrying on, no spare: 4 workers). Then the price of carrying on when
+// nothing fails: the same 2-replica job's step time with its steps settled (carry_on: true)
+// and without (carry_on: false), rounds alternating, medians side by side.
+// The cluster's lease is --lease (the coordinator's --lease; the default deployment's is 10 s).
 //
-//   build/bench/recovery_bench [--rounds 3] [--every 10] [--kill-at 17] [--lease 3s]
+//   build/bench/recovery_bench [--case all|restart|carry_on|settle] [--rounds 3] [--every 10]
+//                              [--kill-at 17] [--lease 3s] [--settle-steps 60]
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
@@ -35,123 +41,194 @@ using stagecoach::testing::LocalCluster;
 
 namespace {
 
-std::string Spec(int every) {
+struct Settings {
+  int rounds = 3;
+  int every = 10;
+  int kill_at = 17;
+  int settle_steps = 60;
+  std::string lease = "3s";
+};
+
+std::string Spec(int every, int replicas, const std::string& restart) {
   return absl::StrCat(
       "name: recovery\n",
       "model:\n  builtin: {family: mlp, sizes: [256, 512, 512, 512, 512, 16], seed: 1}\n",
-      "split: {stages: 2}\nschedule: {kind: 1F1B, microbatches: 4}\n", "placement: {workers: 2}\n",
+      "split: {stages: 2}\nschedule: {kind: 1F1B, microbatches: 4}\n",
+      "placement: {workers: 2, replicas: ", replicas, "}\n",
       "training:\n  batch_size: 32\n  steps: 100000\n  loss: mse\n",
       "  optimizer: {kind: adamw, lr: 1.0e-3}\n", "  checkpoint: {dir: CKPT, every_steps: ", every,
-      "}\n", "data: {kind: synthetic, seed: 4}\n", "restart: {max_restarts: 3}\n");
+      "}\n", "data: {kind: synthetic, seed: 4}\n", "restart: ", restart, "\n");
+}
+
+std::unique_ptr<LocalCluster> Cluster(int workers, const std::string& lease) {
+  ClusterOptions options;
+  options.workers = workers;
+  options.lease = lease;
+  options.log_level = "info";
+  return bench::Value("starting the cluster", LocalCluster::Start(options));
+}
+
+std::string Submit(LocalCluster& c, std::string spec) {
+  spec.replace(spec.find("CKPT"), 4, c.dir() + "/ckpt");
+  return bench::Value("submitting", c.Submit(spec));
+}
+
+v1::Job WaitFor(LocalCluster& c, const std::string& id, const std::string& what,
+                const std::function<bool(const v1::Job&)>& done, absl::Duration timeout) {
+  const v1::Job job = bench::Value(
+      what, c.WaitForJob(
+                id, [&](const v1::Job& j) { return bench::Finished(j) || done(j); }, timeout));
+  if (bench::Finished(job)) {
+    bench::Fail(what, absl::InternalError(absl::StrCat(job.reason(), "\n", c.Logs())));
+  }
+  return job;
+}
+
+struct Round {
+  double detection = 0, next_step = 0, catch_up = 0, lost = 0;
+};
+
+struct Medians {
+  std::vector<double> detection, next_step, catch_up, lost;
+  void Add(const Round& r) {
+    detection.push_back(r.detection);
+    next_step.push_back(r.next_step);
+    catch_up.push_back(r.catch_up);
+    lost.push_back(r.lost);
+  }
+};
+
+// One round of `carry_on` (2 replicas) or a restart (1 replica and a spare).
+Round KillRound(const Settings& s, bool carry_on, int round) {
+  auto cluster = Cluster(carry_on ? 4 : 3, s.lease);
+  LocalCluster& c = *cluster;
+  const std::string id =
+      Submit(c, Spec(s.every, carry_on ? 2 : 1,
+                     carry_on ? "{max_restarts: 3, carry_on: true}" : "{max_restarts: 3}"));
+  const v1::Job running = WaitFor(
+      c, id, "running",
+      [&](const v1::Job& j) {
+        return j.state() == v1::JOB_STATE_RUNNING && j.global_steps_done() >= s.kill_at;
+      },
+      absl::Seconds(120));
+  // Rank 1 of the last replica.
+  const v1::RankStatus& victim = running.ranks(running.ranks_size() - 1);
+  const int index = c.WorkerIndex(victim.worker_id());
+  if (index < 0) {
+    bench::Fail("finding the victim",
+                absl::NotFoundError(victim.worker_id() + " is not a worker process"));
+  }
+  std::fprintf(stderr, "round %d: killing worker %d (%s, rank %d of replica %d)\n", round, index,
+               victim.worker_id().c_str(), victim.rank(), victim.replica());
+  const absl::Time killed = absl::Now();
+  c.worker(index).Signal(SIGKILL);
+  // A restart can be over between two polls: the attempt number says it happened.
+  const v1::Job decided = WaitFor(
+      c, id, "detection",
+      [](const v1::Job& j) {
+        return j.state() != v1::JOB_STATE_RUNNING || j.attempt() >= 2 || j.lost_replicas_size() > 0;
+      },
+      absl::Seconds(60));
+  Round out;
+  out.detection = absl::ToDoubleSeconds(absl::Now() - killed);
+  const int64_t done_at_kill = std::max(running.global_steps_done(), decided.global_steps_done());
+  int64_t resumed_from = done_at_kill;
+  WaitFor(
+      c, id, "the next step",
+      [&](const v1::Job& j) {
+        if (carry_on) return j.global_steps_done() > decided.global_steps_done();
+        if (j.attempt() < 2 || j.state() != v1::JOB_STATE_RUNNING) return false;
+        int64_t from = 0;
+        for (const auto& ck : j.checkpoints()) {
+          if (ck.step() <= done_at_kill) from = std::max<int64_t>(from, ck.step());
+        }
+        resumed_from = from;
+        return j.global_steps_done() > from;
+      },
+      absl::Seconds(300));
+  out.next_step = absl::ToDoubleSeconds(absl::Now() - killed);
+  const v1::Job caught_up = WaitFor(
+      c, id, "catching up", [&](const v1::Job& j) { return j.global_steps_done() > done_at_kill; },
+      absl::Seconds(300));
+  out.catch_up = absl::ToDoubleSeconds(absl::Now() - killed);
+  if (carry_on && (caught_up.restarts() != 0 || caught_up.healthy_replicas() != 1)) {
+    bench::Fail("carrying on", absl::InternalError(absl::StrCat(
+                                   "restarts ", caught_up.restarts(), ", healthy replicas ",
+                                   caught_up.healthy_replicas(), "\n", c.Logs())));
+  }
+  out.lost = static_cast<double>(done_at_kill - resumed_from);
+  std::printf(
+      "%s round %d: killed at %ld steps; decided after %.2f s; next step after %.2f s; past the "
+      "kill's step after %.2f s; %.0f steps lost\n",
+      carry_on ? "carry_on" : "restart", round, static_cast<long>(done_at_kill), out.detection,
+      out.next_step, out.catch_up, out.lost);
+  bench::Check("cancel", c.Cancel(id));
+  return out;
+}
+
+// Seconds per step of a 2-replica job between global steps 10 and 10 + steps.
+double StepSeconds(const Settings& s, bool settle) {
+  auto cluster = Cluster(4, s.lease);
+  LocalCluster& c = *cluster;
+  const std::string id =
+      Submit(c, Spec(100000, 2, settle ? "{carry_on: true}" : "{carry_on: false}"));
+  WaitFor(
+      c, id, "warming up", [](const v1::Job& j) { return j.global_steps_done() >= 10; },
+      absl::Seconds(120));
+  const absl::Time start = absl::Now();
+  const v1::Job at = WaitFor(
+      c, id, "timing",
+      [&](const v1::Job& j) { return j.global_steps_done() >= 10 + s.settle_steps; },
+      absl::Seconds(300));
+  const double seconds =
+      absl::ToDoubleSeconds(absl::Now() - start) / static_cast<double>(at.global_steps_done() - 10);
+  bench::Check("cancel", c.Cancel(id));
+  return seconds;
+}
+
+void PrintKills(const char* name, const Settings& s, const Medians& m) {
+  std::printf(
+      "%s (lease %s, checkpoint every %d steps), medians of %d rounds: decided %.2f s, SIGKILL "
+      "to the next completed step %.2f s, to the step after the kill's %.2f s, steps lost %.0f\n",
+      name, s.lease.c_str(), s.every, s.rounds, bench::Median(m.detection),
+      bench::Median(m.next_step), bench::Median(m.catch_up), bench::Median(m.lost));
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"the cost of a lost worker: full restart from a disk checkpoint"};
-  int rounds = 3, every = 10, kill_at = 17, workers = 3;
-  std::string lease = "3s";
-  app.add_option("--rounds", rounds);
-  app.add_option("--every", every, "training.checkpoint.every_steps");
-  app.add_option("--kill-at", kill_at, "steps done when rank 1's worker is killed");
-  app.add_option("--workers", workers);
-  app.add_option("--lease", lease);
+  CLI::App app{"the cost of a lost worker: full restart against replicas carrying on"};
+  Settings s;
+  std::string which = "all";
+  app.add_option("--case", which)->check(CLI::IsMember({"all", "restart", "carry_on", "settle"}));
+  app.add_option("--rounds", s.rounds);
+  app.add_option("--every", s.every, "training.checkpoint.every_steps");
+  app.add_option("--kill-at", s.kill_at, "steps done when rank 1's worker is killed");
+  app.add_option("--lease", s.lease);
+  app.add_option("--settle-steps", s.settle_steps, "steps timed for the settling's price");
   CLI11_PARSE(app, argc, argv);
 
-  std::vector<double> detection, recovery, catch_up, lost;
-  for (int round = 0; round < rounds; ++round) {
-    ClusterOptions options;
-    options.workers = workers;
-    options.lease = lease;
-    options.log_level = "info";
-    auto cluster = bench::Value("starting the cluster", LocalCluster::Start(options));
-    LocalCluster& c = *cluster;
-    std::string spec = Spec(every);
-    spec.replace(spec.find("CKPT"), 4, c.dir() + "/ckpt");
-    const std::string id = bench::Value("submitting", c.Submit(spec));
-    const v1::Job running = bench::Value(
-        "running", c.WaitForJob(
-                       id,
-                       [&](const v1::Job& j) {
-                         return bench::Finished(j) || (j.state() == v1::JOB_STATE_RUNNING &&
-                                                       j.global_steps_done() >= kill_at);
-                       },
-                       absl::Seconds(120)));
-    if (running.state() != v1::JOB_STATE_RUNNING || running.ranks_size() < 2) {
-      bench::Fail("running", absl::InternalError(running.reason()));
-    }
-    const int index = c.WorkerIndex(running.ranks(1).worker_id());
-    if (index < 0) {
-      bench::Fail("finding rank 1's worker",
-                  absl::NotFoundError(running.ranks(1).worker_id() + " is not a worker process"));
-    }
-    std::fprintf(stderr, "round %d: killing worker %d (%s, rank %d)\n", round, index,
-                 running.ranks(1).worker_id().c_str(), running.ranks(1).rank());
-    const absl::Time killed = absl::Now();
-    c.worker(index).Signal(SIGKILL);
-    auto left_or = c.WaitForJob(
-        id,
-        [](const v1::Job& j) {
-          // A restart can be over between two polls: the attempt number says it happened.
-          return j.state() != v1::JOB_STATE_RUNNING || j.attempt() >= 2;
-        },
-        absl::Seconds(60));
-    if (!left_or.ok()) {
-      bench::Fail("detection",
-                  absl::Status(left_or.status().code(),
-                               absl::StrCat(left_or.status().message(), "\n", c.Logs())));
-    }
-    const v1::Job left = *left_or;
-    const absl::Duration detected = absl::Now() - killed;
-    // Steps done when the kill landed: the job's count just before it left RUNNING.
-    const int64_t done_at_kill = std::max(running.global_steps_done(), left.global_steps_done());
-    int64_t restored = -1;
-    const v1::Job next =
-        bench::Value("recovery", c.WaitForJob(
-                                     id,
-                                     [&](const v1::Job& j) {
-                                       if (bench::Finished(j)) return true;
-                                       if (j.attempt() < 2 || j.state() != v1::JOB_STATE_RUNNING)
-                                         return false;
-                                       int64_t from = 0;
-                                       for (const auto& ck : j.checkpoints()) {
-                                         if (ck.step() <= done_at_kill)
-                                           from = std::max<int64_t>(from, ck.step());
-                                       }
-                                       restored = from;
-                                       return j.global_steps_done() > from;
-                                     },
-                                     absl::Seconds(300)));
-    if (bench::Finished(next)) bench::Fail("recovery", absl::InternalError(next.reason()));
-    const absl::Duration recovered = absl::Now() - killed;
-    // Back where it was: the steps after the checkpoint run again.
-    const v1::Job caught_up = bench::Value(
-        "catching up", c.WaitForJob(
-                           id,
-                           [&](const v1::Job& j) {
-                             return bench::Finished(j) || j.global_steps_done() > done_at_kill;
-                           },
-                           absl::Seconds(300)));
-    if (bench::Finished(caught_up)) {
-      bench::Fail("catching up", absl::InternalError(caught_up.reason()));
-    }
-    catch_up.push_back(absl::ToDoubleSeconds(absl::Now() - killed));
-    detection.push_back(absl::ToDoubleSeconds(detected));
-    recovery.push_back(absl::ToDoubleSeconds(recovered));
-    lost.push_back(static_cast<double>(done_at_kill - restored));
-    std::printf(
-        "round %d: killed at %ld steps; detected after %.2f s; next step after %.2f s; "
-        "restarted from step %ld (%ld steps lost)\n",
-        round, static_cast<long>(done_at_kill), absl::ToDoubleSeconds(detected),
-        absl::ToDoubleSeconds(recovered), static_cast<long>(restored),
-        static_cast<long>(done_at_kill - restored));
-    bench::Check("cancel", c.Cancel(id));
+  for (const bool carry_on : {false, true}) {
+    if (which != "all" && which != (carry_on ? "carry_on" : "restart")) continue;
+    Medians m;
+    for (int round = 0; round < s.rounds; ++round) m.Add(KillRound(s, carry_on, round));
+    PrintKills(carry_on ? "replicas carrying on (2 replicas)"
+                        : "full restart from a disk checkpoint (1 replica, a spare)",
+               s, m);
   }
-  std::printf(
-      "full restart from a disk checkpoint (lease %s, checkpoint every %d steps), "
-      "medians of %d rounds: detection %.2f s, SIGKILL to the new attempt's first step "
-      "%.2f s, SIGKILL to the step after the kill's %.2f s, steps lost %.0f\n",
-      lease.c_str(), every, rounds, bench::Median(detection), bench::Median(recovery),
-      bench::Median(catch_up), bench::Median(lost));
+  if (which == "all" || which == "settle") {
+    std::vector<double> plain, settled;
+    for (int round = 0; round < s.rounds; ++round) {
+      plain.push_back(StepSeconds(s, false));
+      settled.push_back(StepSeconds(s, true));
+      std::printf("settle round %d: %.2f ms a step without settling, %.2f ms settled\n", round,
+                  plain.back() * 1e3, settled.back() * 1e3);
+    }
+    std::printf(
+        "2 replicas x 2 stages, medians of %d rounds of %d steps: %.2f ms a step without "
+        "settling, %.2f ms with every step settled (x%.3f)\n",
+        s.rounds, s.settle_steps, bench::Median(plain) * 1e3, bench::Median(settled) * 1e3,
+        bench::Median(settled) / bench::Median(plain));
+  }
   return 0;
 }

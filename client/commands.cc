@@ -303,12 +303,9 @@ int Commands::Follow(const std::string& job_id, std::ostream& progress, OutputFo
         progress << "---\n" << ToYaml(EventJson(event)) << std::flush;
         continue;
       }
-      if (event.has_state_change() || event.has_events_dropped() || event.has_replica_lost()) {
+      if (!event.has_step_completed()) {
         if (line_open) progress << "\r\x1b[K";
-        progress << (event.has_state_change()   ? StateLine(event.state_change(), zone)
-                     : event.has_replica_lost() ? ReplicaLostLine(event, zone)
-                                                : DroppedLine(event.events_dropped()))
-                 << "\n";
+        progress << NoticeLine(event, zone) << "\n";
         line_open = false;
       } else if (event.has_step_completed() && !live) {
         progress << StepLine(view) << "\n";

@@ -204,6 +204,7 @@ nlohmann::json JobJson(const v1::Job& job) {
   out["healthy_replicas"] =
       job.lost_replicas_size() > 0 ? job.healthy_replicas() : std::max(1, job.replicas());
   out["lost_replicas"] = std::vector<int>(job.lost_replicas().begin(), job.lost_replicas().end());
+  out["healing_replica"] = job.lost_replicas_size() > 0 ? job.healing_replica() : -1;
   out["microbatches"] = job.microbatches();
   out["created_time"] = TimestampString(job.created_time());
   nlohmann::json history = nlohmann::json::array();
@@ -492,7 +493,11 @@ std::string JobDetails(const v1::Job& j) {
   if (j.replicas() > 1 && j.lost_replicas_size() > 0) {
     out << "Replicas:  " << j.healthy_replicas() << "/" << j.replicas()
         << " healthy (degraded: replica(s) " << absl::StrJoin(j.lost_replicas(), ", ")
-        << " left; the healthy ones run their microbatches)\n";
+        << " left; the healthy ones run their microbatches"
+        << (j.healing_replica() >= 0
+                ? absl::StrCat("; healing replica ", j.healing_replica(), " on new workers")
+                : "")
+        << ")\n";
   }
   out << "Steps:     " << j.steps_done() << "/" << j.steps_total() << " (global step "
       << j.global_steps_done() << ")\n";

@@ -169,6 +169,23 @@ std::string ReplicaLostLine(const v1::JobEvent& event, absl::TimeZone zone) {
                       " runs again on the healthy ones");
 }
 
+std::string ReplicaHealedLine(const v1::JobEvent& event, absl::TimeZone zone) {
+  const v1::ReplicaHealed& healed = event.replica_healed();
+  return absl::StrFormat(
+      "%s HEALED  replica %d rejoined at global step %d with replica %d's "
+      "state (%d/%d healthy; degraded for %.1f s)",
+      absl::FormatTime("%H:%M:%S", rpc::FromProtoTimestamp(event.time()), zone), healed.replica(),
+      healed.joined_global_step(), healed.donor_replica(), healed.healthy_replicas(),
+      healed.replicas(), healed.degraded_seconds());
+}
+
+std::string NoticeLine(const v1::JobEvent& event, absl::TimeZone zone) {
+  if (event.has_state_change()) return StateLine(event.state_change(), zone);
+  if (event.has_replica_lost()) return ReplicaLostLine(event, zone);
+  if (event.has_replica_healed()) return ReplicaHealedLine(event, zone);
+  return DroppedLine(event.events_dropped());
+}
+
 std::string DroppedLine(const v1::EventsDropped& dropped) {
   return absl::StrFormat(
       "(events %d..%d are no longer kept by the coordinator, which keeps a job's latest events; "
@@ -220,6 +237,15 @@ nlohmann::json EventJson(const v1::JobEvent& event) {
     out["replicas"] = lost.replicas();
     out["retried_global_step"] = lost.retried_global_step();
     out["decided_after_seconds"] = lost.decided_after_seconds();
+  } else if (event.has_replica_healed()) {
+    const v1::ReplicaHealed& healed = event.replica_healed();
+    out["event"] = "replica_healed";
+    out["replica"] = healed.replica();
+    out["donor_replica"] = healed.donor_replica();
+    out["joined_global_step"] = healed.joined_global_step();
+    out["healthy_replicas"] = healed.healthy_replicas();
+    out["replicas"] = healed.replicas();
+    out["degraded_seconds"] = healed.degraded_seconds();
   } else if (event.has_events_dropped()) {
     out["event"] = "events_dropped";
     out["from_sequence"] = event.events_dropped().from_sequence();

@@ -95,6 +95,14 @@ std::string DroppedLine(const v1::EventsDropped& dropped);
 // (rank 1 of replica 1) lost: ...); step 23 runs again on the healthy ones".
 std::string ReplicaLostLine(const v1::JobEvent& event, absl::TimeZone zone);
 
+// The line of an event that is not a completed step: StateLine, ReplicaLostLine,
+// ReplicaHealedLine or DroppedLine.
+std::string NoticeLine(const v1::JobEvent& event, absl::TimeZone zone);
+
+// A ReplicaHealed event: "12:00:09 HEALED  replica 1 rejoined at global step 31 with replica
+// 0's state (2/2 healthy; degraded for 5.8 s)".
+std::string ReplicaHealedLine(const v1::JobEvent& event, absl::TimeZone zone);
+
 // One event for programs: {"job_id", "sequence", "time", "event": "state_change" |
 // "step_completed",
 // ...} with, for a state change, "state" and "reason"; for a step, "step", "global_step",

@@ -149,14 +149,15 @@ bool StepAggregator::AddLocked(Job& job, RankSlot& slot, const v1::ReportStepReq
     }
   }
   if (req.client_batch()) agg.client_batch = true;
-  if (!AllReportedLocked(job, agg)) return false;
+  if (!AllReportedLocked(job, agg, req.step())) return false;
   CompleteStepLocked(job, req.step(), now);
   return true;
 }
 
-bool StepAggregator::AllReportedLocked(const Job& job, const StepAggregate& agg) {
+bool StepAggregator::AllReportedLocked(const Job& job, const StepAggregate& agg, int64_t step) {
   for (const RankSlot& slot : job.ranks) {
-    if (slot.replica_lost) continue;
+    // A lost replica's ranks report nothing; a healed one's from where it rejoined.
+    if (slot.replica_lost || slot.first_step > step) continue;
     if (agg.tasks_reported.count(job.plan.TaskIndex(slot.replica, slot.rank)) == 0) return false;
   }
   return !job.ranks.empty();
@@ -173,7 +174,7 @@ int StepAggregator::CompleteWaitingStepsLocked(Job& job, absl::Time now) {
   std::vector<int64_t> complete;
   for (const auto& [step, agg] : job.partial_steps) {
     if (step == job.steps_completed + static_cast<int64_t>(complete.size()) &&
-        !agg.tasks_reported.empty() && AllReportedLocked(job, agg)) {
+        !agg.tasks_reported.empty() && AllReportedLocked(job, agg, step)) {
       complete.push_back(step);
     }
   }
@@ -246,6 +247,11 @@ void StepAggregator::CompleteStepLocked(Job& job, int64_t step_index, absl::Time
   if (metrics_ != nullptr) {
     metrics_->StepCompleted(job.id, agg.slowest, loss, step->samples_per_second(),
                             agg.bubble_ratios, agg.hidden_ratios, job.plan.num_ranks);
+    if (job.plan.replicas > 1) {
+      metrics_->ReplicaHealth(
+          job.id, job.replica_health.carry_on() ? job.replica_health.healthy() : job.plan.replicas,
+          job.plan.replicas);
+    }
     if (!forward_only) {
       metrics_->RecipeStep(job.id, step->learning_rate(),
                            step->has_grad_norm() ? std::optional<double>(step->grad_norm())

@@ -56,8 +56,8 @@ class StepAggregator {
   static absl::Status CheckCheckpointOnly(const RankSlot& slot, const v1::ReportStepRequest& req);
 
  private:
-  // Whether every rank of the healthy replicas reported `agg`'s step.
-  static bool AllReportedLocked(const Job& job, const StepAggregate& agg);
+  // Whether every rank of the healthy replicas reported `agg`'s step, `step`.
+  static bool AllReportedLocked(const Job& job, const StepAggregate& agg, int64_t step);
   // The last rank of `step` reported: the step is complete.
   void CompleteStepLocked(Job& job, int64_t step, absl::Time now);
   // The training recipe's part of a completed training step: its learning rate, gradient norm,

@@ -1,6 +1,7 @@
 #include "coordinator/control/step_settlement.h"
 
 #include <algorithm>
+#include <climits>
 #include <map>
 #include <memory>
 #include <utility>
@@ -33,6 +34,8 @@ v1::SettleStepResponse Membership(const Job& job, int replica,
   out.set_epoch(health.epoch());
   for (int r : health.HealthyReplicas()) out.add_healthy_replicas(r);
   for (int s : health.SlicesOf(replica)) out.add_slices(s);
+  out.set_join_global_step(health.join_step());
+  out.set_donor_replica(health.donor());
   if (decision == v1::SettleStepResponse::RETRY) {
     out.set_reason(absl::StrCat("replicas ", health.healthy(), "/", health.replicas(),
                                 " healthy (epoch ", health.epoch(), ")"));
@@ -40,7 +43,54 @@ v1::SettleStepResponse Membership(const Job& job, int replica,
   return out;
 }
 
+// A healed replica is taken back in only before a step that will run: not when the job holds
+// or ends at the next step, nor while a pause or the end is being arranged.
+int64_t RejoinBefore(const Job& job) {
+  if (job.pausing || job.finishing) return INT64_MIN;
+  int64_t before = job.finish_step;
+  if (job.hold_step >= 0) before = std::min(before, job.hold_step);
+  return before;
+}
+
 }  // namespace
+
+absl::StatusOr<v1::SettleStepResponse> StepSettlement::Join(Job& job,
+                                                            const v1::SettleStepRequest& req,
+                                                            absl::Duration wait) {
+  ReplicaHealth& health = job.replica_health;
+  if (health.healing() != req.replica() || !health.IsLost(req.replica())) {
+    if (!health.IsLost(req.replica()) && health.join_step() >= 0) {
+      return Joined(job, req.replica());  // asking again after the rejoin
+    }
+    return Stop(absl::StrCat("replica ", req.replica(), " of ", job.id, " is not being healed"));
+  }
+  health.JoinerReady(req.rank());
+  const int attempt = req.attempt();
+  const int heals = health.heals();
+  auto decided = [&]() {
+    return Stopped(job, attempt) || !job.replica_health.IsLost(req.replica()) ||
+           job.replica_health.heals() != heals || job.replica_health.healing() != req.replica();
+  };
+  deps_.table->mu().AwaitWithTimeout(absl::Condition(&decided), wait);
+  if (Stopped(job, attempt)) {
+    return Stop(absl::StrCat(job.id, " ", JobStateName(job.state), ": ", job.reason));
+  }
+  if (!health.IsLost(req.replica())) return Joined(job, req.replica());
+  if (health.healing() != req.replica() || health.heals() != heals) {
+    return Stop(
+        absl::StrCat("the healing of replica ", req.replica(), " of ", job.id, " was abandoned"));
+  }
+  v1::SettleStepResponse out;
+  out.set_decision(v1::SettleStepResponse::WAIT);
+  return out;
+}
+
+v1::SettleStepResponse StepSettlement::Joined(const Job& job, int replica) {
+  v1::SettleStepResponse out = Membership(job, replica, v1::SettleStepResponse::JOIN);
+  out.set_step_limit(job.hold_step >= 0 ? job.hold_step : job.finish_step);
+  out.set_finish_at_limit(job.finishing);
+  return out;
+}
 
 absl::StatusOr<v1::SettleStepResponse> StepSettlement::Settle(const v1::SettleStepRequest& req) {
   if (req.global_step() < 0 || req.step() < 0) {
@@ -68,6 +118,7 @@ absl::StatusOr<v1::SettleStepResponse> StepSettlement::Settle(const v1::SettleSt
     return absl::FailedPreconditionError(absl::StrCat(
         job->id, " does not carry on without lost replicas: its steps are not settled"));
   }
+  if (req.joining()) return Join(*job, req, wait);
   if (health.IsLost(req.replica())) {
     return Stop(absl::StrCat("replica ", req.replica(), " has left ", job->id));
   }
@@ -80,11 +131,13 @@ absl::StatusOr<v1::SettleStepResponse> StepSettlement::Settle(const v1::SettleSt
   arrival.losses.assign(req.microbatch_losses().begin(), req.microbatch_losses().end());
   arrival.slices.assign(req.slices().begin(), req.slices().end());
   std::map<int, std::vector<double>> losses;
-  const ReplicaHealth::Answer first = health.Arrive(arrival, &losses);
+  const int healing = health.healing();
+  const ReplicaHealth::Answer first = health.Arrive(arrival, &losses, RejoinBefore(*job));
   if (first == ReplicaHealth::Answer::kCommit && !losses.empty()) {
     StepAggregator::AddSettledLossesLocked(*job, req.global_step() - job->attempt_base,
                                            std::move(losses));
   }
+  if (healing >= 0 && !health.IsLost(healing)) deps_.lifecycle->ReplicaHealedLocked(*job, healing);
   if (req.failed() && first == ReplicaHealth::Answer::kPending) {
     deps_.lifecycle->SettleFailedLocked(
         *job, ReportedFailure{req.rank(), req.worker_id(), req.error(), req.replica()},

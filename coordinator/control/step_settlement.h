@@ -10,6 +10,11 @@
 // replica lost after the commit costs no loss of the record. A rank that arrives with `failed`
 // has its peers probed (JobLifecycle::SettleFailedLocked).
 //
+// Joining: a replacement rank of a replica being healed (TaskAssignment.join) asks with
+// `joining` once it has set up; the call waits until every rank of that replica asked and the
+// healthy ones committed a step, then answers JOIN: the new membership, the step it joins at,
+// the donor replica and the job's step control.
+//
 // Thread-safe; takes the job table's lock (and waits on it).
 #pragma once
 
@@ -42,6 +47,15 @@ class StepSettlement {
   absl::StatusOr<v1::SettleStepResponse> Settle(const v1::SettleStepRequest& req);
 
  private:
+  // A replacement rank asks to join (SettleStepRequest.joining): JOIN once its replica rejoined,
+  // STOP when its healing was abandoned or the job stopped, WAIT after `wait`. With the job
+  // table's lock held (it waits on it).
+  absl::StatusOr<v1::SettleStepResponse> Join(Job& job, const v1::SettleStepRequest& req,
+                                              absl::Duration wait);
+  // The JOIN answer for `replica` of `job`: the membership, the join step and donor, and the
+  // job's step control.
+  static v1::SettleStepResponse Joined(const Job& job, int replica);
+
   const StepSettlementDeps deps_;
 };
 

@@ -110,6 +110,14 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
                             .Help("The planner's prediction of a rank's activation and buffer "
                                   "peak in a step (the schedule memory model)")
                             .Register(registry)),
+      degraded_(prometheus::BuildGauge()
+                    .Name("stagecoach_job_degraded")
+                    .Help("1 while a replica of the job has left it and the others carry on")
+                    .Register(registry)),
+      healthy_replicas_(prometheus::BuildGauge()
+                            .Name("stagecoach_job_healthy_replicas")
+                            .Help("Data-parallel replicas carrying the job")
+                            .Register(registry)),
       bytes_(prometheus::BuildCounter()
                  .Name("stagecoach_data_plane_bytes_total")
                  .Help("Data-plane bytes the workers reported, by direction")
@@ -189,8 +197,23 @@ void CoordinatorMetrics::StepCompleted(const std::string& job_id, absl::Duration
     if (old.eval_loss != nullptr) eval_loss_.Remove(old.eval_loss);
     for (prometheus::Gauge* g : old.measured_memory) measured_memory_.Remove(g);
     for (prometheus::Gauge* g : old.predicted_memory) predicted_memory_.Remove(g);
+    if (old.degraded != nullptr) degraded_.Remove(old.degraded);
+    if (old.healthy_replicas != nullptr) healthy_replicas_.Remove(old.healthy_replicas);
     series_.erase(oldest);
   }
+}
+
+void CoordinatorMetrics::ReplicaHealth(const std::string& job_id, int healthy, int replicas) {
+  absl::MutexLock lock(&mu_);
+  auto it = series_.find(job_id);
+  if (it == series_.end()) return;
+  JobSeries& s = it->second;
+  if (s.degraded == nullptr) {
+    s.degraded = &degraded_.Add({{"job", job_id}});
+    s.healthy_replicas = &healthy_replicas_.Add({{"job", job_id}});
+  }
+  s.degraded->Set(healthy < replicas ? 1.0 : 0.0);
+  s.healthy_replicas->Set(healthy);
 }
 
 void CoordinatorMetrics::RankMemory(const std::string& job_id, const std::vector<int64_t>& measured,

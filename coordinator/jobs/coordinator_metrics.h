@@ -69,10 +69,11 @@ class CoordinatorMetrics {
   // A job was restarted from its latest checkpoint (restart.max_restarts allowed it): counts it
   // in stagecoach_job_restarts_total.
   void JobRestarted();
-  // A replica of `job_id` left it and the others carry on (RecoveryMetrics::Degraded).
-  void ReplicaLost(const std::string& job_id, int healthy, int replicas) {
-    recovery_.Degraded(job_id, healthy, replicas);
-  }
+  // The replicas of `job_id` (placement.replicas > 1): stagecoach_job_healthy_replicas{job}
+  // and stagecoach_job_degraded{job} (1 while a replica has left the job and the others carry
+  // on, docs/recovery.md). Kept with the job's other series (after its StepCompleted: nothing
+  // for a job that has none).
+  void ReplicaHealth(const std::string& job_id, int healthy, int replicas);
   // What failures cost (recovery_metrics.h).
   RecoveryMetrics& recovery() { return recovery_; }
 
@@ -93,6 +94,8 @@ class CoordinatorMetrics {
     prometheus::Gauge* eval_loss = nullptr;
     std::vector<prometheus::Gauge*> measured_memory;   // index = task
     std::vector<prometheus::Gauge*> predicted_memory;  // index = rank
+    prometheus::Gauge* degraded = nullptr;             // with replicas; null until first set
+    prometheus::Gauge* healthy_replicas = nullptr;
   };
 
   prometheus::Family<prometheus::Gauge>& jobs_;
@@ -109,6 +112,8 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& eval_loss_;
   prometheus::Family<prometheus::Gauge>& measured_memory_;
   prometheus::Family<prometheus::Gauge>& predicted_memory_;
+  prometheus::Family<prometheus::Gauge>& degraded_;
+  prometheus::Family<prometheus::Gauge>& healthy_replicas_;
   prometheus::Family<prometheus::Counter>& bytes_;
   prometheus::Counter& bytes_sent_;
   prometheus::Counter& bytes_received_;

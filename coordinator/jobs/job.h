@@ -96,6 +96,8 @@ struct RankSlot {
   std::map<int, std::string> parameter_digests;  // latest reported, by stage
   bool task_ended = false;                       // ReportTaskEnd received, or the task was stopped
   bool replica_lost = false;  // its replica left the job (it carries on: ReplicaHealth)
+  // The first step (of the attempt's count) it reports: 0, or where its healed replica rejoined.
+  int64_t first_step = 0;
   v1::TaskOutcome outcome = v1::TASK_OUTCOME_UNSPECIFIED;
   std::string error;
 };
@@ -211,6 +213,8 @@ struct Job {
   // global steps done when it failed (those past the restart's checkpoint are lost).
   std::optional<absl::Time> recovering_since;
   bool recovering_by_restart = false;
+  // Since when a replica has been lost (until none is).
+  std::optional<absl::Time> degraded_since;
   int64_t global_done_at_failure = 0;
   std::map<int64_t, StepAggregate> partial_steps;
   int64_t steps_completed = 0;  // steps of this attempt every rank has finished

@@ -32,6 +32,32 @@ void ReplicaHealth::Reset(int replicas, int ranks, bool carry_on) {
   lost_.clear();
   last_committed_ = -1;
   rounds_.clear();
+  healing_ = -1;
+  heals_ = 0;
+  joiners_ready_.clear();
+  join_step_ = -1;
+  donor_ = -1;
+}
+
+int ReplicaHealth::ReplicaToHeal() const {
+  if (!carry_on_ || healing_ >= 0 || lost_.empty()) return -1;
+  return *lost_.begin();
+}
+
+void ReplicaHealth::BeginHeal(int replica) {
+  healing_ = replica;
+  ++heals_;
+  joiners_ready_.clear();
+}
+
+bool ReplicaHealth::JoinerReady(int rank) {
+  joiners_ready_.insert(rank);
+  return static_cast<int>(joiners_ready_.size()) == ranks_;
+}
+
+void ReplicaHealth::AbandonHeal() {
+  healing_ = -1;
+  joiners_ready_.clear();
 }
 
 std::vector<int> ReplicaHealth::HealthyReplicas() const {
@@ -56,6 +82,9 @@ void ReplicaHealth::Lose(int replica) {
   lost_.insert(replica);
   ++epoch_;
   rounds_.clear();
+  join_step_ = -1;
+  donor_ = -1;
+  if (healing_ == replica) AbandonHeal();
 }
 
 ReplicaHealth::Answer ReplicaHealth::AnswerFor(int epoch, int64_t global_step) const {
@@ -65,7 +94,8 @@ ReplicaHealth::Answer ReplicaHealth::AnswerFor(int epoch, int64_t global_step) c
 }
 
 ReplicaHealth::Answer ReplicaHealth::Arrive(const Arrival& arrival,
-                                            std::map<int, std::vector<double>>* committed) {
+                                            std::map<int, std::vector<double>>* committed,
+                                            int64_t rejoin_before) {
   const Answer answer = AnswerFor(arrival.epoch, arrival.global_step);
   if (answer != Answer::kPending || arrival.failed || IsLost(arrival.replica) ||
       arrival.epoch != epoch_) {
@@ -82,6 +112,18 @@ ReplicaHealth::Answer ReplicaHealth::Arrive(const Arrival& arrival,
   last_committed_ = arrival.global_step;
   if (committed != nullptr) *committed = std::move(round.losses);
   rounds_.erase(rounds_.begin(), rounds_.upper_bound(arrival.global_step));
+  if (healing_ >= 0 && static_cast<int>(joiners_ready_.size()) == ranks_ &&
+      arrival.global_step + 1 < rejoin_before) {
+    // The healed replica runs with the others from the next step; the lowest other healthy
+    // replica sends it the state.
+    donor_ = HealthyReplicas().front();
+    lost_.erase(healing_);
+    join_step_ = arrival.global_step + 1;
+    ++epoch_;
+    rounds_.clear();
+    healing_ = -1;
+    joiners_ready_.clear();
+  }
   return Answer::kCommit;
 }
 

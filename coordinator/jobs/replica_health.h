@@ -18,10 +18,18 @@
 // committed is answered RETRY, with the new membership, and the healthy ranks run it again.
 // A rank that arrives with a failure waits for the new epoch (or for the job to stop).
 //
+// Healing. A lost replica is healed on replacement workers (BeginHeal): once each of its ranks
+// has set up and asked to join (JoinerReady), the next commit of a step g takes it back in: a
+// new epoch whose membership has it healthy again from global step g + 1 (join_step), the
+// lowest other healthy replica its donor. Every member of the new epoch's group takes part in
+// the donor's state transfer before that step; the commit answer carries the new membership so
+// that the healthy ranks regroup after applying step g.
+//
 // Pure: no clock, no lock (the job table's lock guards it, as the rest of Job). Not
 // thread-safe.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -63,6 +71,23 @@ class ReplicaHealth {
   // when CanLose.
   void Lose(int replica);
 
+  // Healing: the replica being healed (-1: none), and how many heals were begun (the new
+  // pipeline's rendezvous names it).
+  int healing() const { return healing_; }
+  int heals() const { return heals_; }
+  // The lowest lost replica when the job carries on and heals none; -1 otherwise.
+  int ReplicaToHeal() const;
+  // Starts healing lost replica `replica`. Call only with ReplicaToHeal's.
+  void BeginHeal(int replica);
+  // Rank `rank` of the healing replica set up and asks to join; true once every rank has.
+  bool JoinerReady(int rank);
+  // The healing failed (a replacement could not start or was lost): the replica stays lost.
+  void AbandonHeal();
+  // With the current epoch's membership: the global step from which a healed replica runs with
+  // the others, and the replica that sends it its state; -1 when the epoch took in none.
+  int64_t join_step() const { return join_step_; }
+  int donor() const { return donor_; }
+
   // One rank's SettleStep.
   struct Arrival {
     int replica = 0;
@@ -77,8 +102,11 @@ class ReplicaHealth {
   };
   enum class Answer { kPending, kCommit, kRetry };
   // Records `arrival` and answers it (Answer below). When it completes its step's round, the
-  // step is committed and `committed` (if given) gets the step's losses by slice.
-  Answer Arrive(const Arrival& arrival, std::map<int, std::vector<double>>* committed = nullptr);
+  // step is committed and `committed` (if given) gets the step's losses by slice; a healing
+  // replica whose ranks are all ready is taken back in then, unless the next step is not before
+  // `rejoin_before` (the job holds or ends there, so no step would run with it).
+  Answer Arrive(const Arrival& arrival, std::map<int, std::vector<double>>* committed = nullptr,
+                int64_t rejoin_before = INT64_MAX);
   // The answer to an arrival already recorded: kCommit once its step is committed (at any
   // epoch), kRetry once the epoch moved past the arrival's, kPending otherwise.
   Answer AnswerFor(int epoch, int64_t global_step) const;
@@ -90,6 +118,11 @@ class ReplicaHealth {
   int epoch_ = 0;
   std::set<int> lost_;
   int64_t last_committed_ = -1;
+  int healing_ = -1;
+  int heals_ = 0;
+  std::set<int> joiners_ready_;
+  int64_t join_step_ = -1;
+  int donor_ = -1;
   // The current epoch's arrivals without a failure, by step: the tasks (replica * ranks + rank)
   // that arrived, and the last stage's losses by slice.
   struct Round {

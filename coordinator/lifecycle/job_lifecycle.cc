@@ -142,7 +142,7 @@ void JobLifecycle::EndLocked(Job& job, v1::JobState state, const std::string& re
   deps_.table->PersistLocked(job);
   deps_.kv->DeletePrefix(job.RendezvousPrefix());
   if (deps_.metrics != nullptr && job.replica_health.degraded()) {
-    deps_.metrics->recovery().Whole(job.id);
+    deps_.metrics->ReplicaHealth(job.id, job.plan.replicas, job.plan.replicas);  // over
   }
   // A finished Infer job needs only its outputs.
   job.inference_inputs.Clear();
@@ -172,7 +172,9 @@ void JobLifecycle::FailOrRestartLocked(Job& job, v1::JobFailure failure,
   ++job.restarts;
   if (deps_.metrics != nullptr) {
     deps_.metrics->JobRestarted();
-    deps_.metrics->recovery().Whole(job.id);
+    // The next attempt starts whole.
+    if (job.plan.replicas > 1)
+      deps_.metrics->ReplicaHealth(job.id, job.plan.replicas, job.plan.replicas);
   }
   job.recovering_since = deps_.clock->Now();
   job.recovering_by_restart = true;
@@ -257,6 +259,13 @@ void JobLifecycle::WorkersLostLocked(const std::vector<std::string>& worker_ids)
 absl::Status JobLifecycle::TaskEndedLocked(Job& job, RankSlot& slot,
                                            const v1::ReportTaskEndRequest& req) {
   if (slot.task_ended) return absl::OkStatus();
+  if (slot.replica_lost && job.replica_health.healing() == slot.replica &&
+      req.outcome() != v1::TASK_OUTCOME_SUCCEEDED) {
+    // A replacement that failed before its replica rejoined: the job goes on degraded.
+    AbandonHealLocked(job, absl::StrCat(RankLabel(slot.rank, slot.replica), "'s replacement on ",
+                                        slot.worker_id, " ended: ", req.error()));
+    return absl::OkStatus();
+  }
   slot.task_ended = true;
   slot.outcome = req.outcome();
   slot.error = req.error();

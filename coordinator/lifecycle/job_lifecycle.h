@@ -24,6 +24,7 @@
 #include "coordinator/jobs/job_table.h"
 #include "coordinator/lifecycle/failure_investigation.h"
 #include "coordinator/lifecycle/placement.h"
+#include "coordinator/lifecycle/replica_healing.h"
 #include "coordinator/workers/kv_store.h"
 #include "coordinator/workers/worker_client.h"
 #include "coordinator/workers/worker_registry.h"
@@ -104,6 +105,18 @@ class JobLifecycle {
   // FailOrRestartLocked. Lost replicas already out are ignored.
   void LoseReplicasOrFailLocked(Job& job, const std::set<int>& lost_replicas,
                                 v1::JobFailure failure, const std::string& reason);
+
+  // Calls StartTask for every replacement rank of `order` (on the executor); a replacement
+  // that cannot start abandons the healing (AbandonHealLocked).
+  void StartHealing(HealOrder order);
+
+  // The healing of `job`'s healing replica failed: its replacements are stopped and released,
+  // and the replica stays lost (a later healing may try again on other workers).
+  void AbandonHealLocked(Job& job, const std::string& why);
+
+  // `replica` of `job` rejoined at ReplicaHealth::join_step: its slots report from that step
+  // on, a ReplicaHealed event is logged and the job is whole again once none is lost.
+  void ReplicaHealedLocked(Job& job, int replica);
 
   // A rank of a job whose replicas carry on failed its step in the data-parallel group
   // (SettleStep with `failed`) at membership `epoch`: its peers are probed (on the executor) and

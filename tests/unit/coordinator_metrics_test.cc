@@ -224,6 +224,27 @@ TEST(CoordinatorMetricsRestarts, CountRestartsFromZero) {
   EXPECT_EQ(Sample(registry, "stagecoach_job_restarts_total"), 2);
 }
 
+TEST(CoordinatorMetricsRecovery, DegradedJobsAndWhatRecoveriesCostAreSeries) {
+  prometheus::Registry registry;
+  CoordinatorMetrics metrics(registry);
+  // Both kinds pre-initialised.
+  EXPECT_EQ(Sample(registry, "stagecoach_job_recovery_seconds", {{"kind", "carry_on"}}), 0);
+  EXPECT_EQ(Sample(registry, "stagecoach_job_steps_lost_total", {{"kind", "restart"}}), 0);
+  metrics.recovery().Recovered(RecoveryMetrics::kCarryOn, absl::Milliseconds(70), 0);
+  metrics.recovery().Recovered(RecoveryMetrics::kRestart, absl::Seconds(2), 7);
+  EXPECT_EQ(Sample(registry, "stagecoach_job_recovery_seconds", {{"kind", "carry_on"}}), 1);
+  EXPECT_EQ(Sample(registry, "stagecoach_job_steps_lost_total", {{"kind", "restart"}}), 7);
+  // A job's replicas are series of its own once it completed a step.
+  metrics.ReplicaHealth("job-1", 1, 2);
+  EXPECT_TRUE(std::isnan(Sample(registry, "stagecoach_job_degraded", {{"job", "job-1"}})));
+  metrics.StepCompleted("job-1", absl::Milliseconds(10), 1.0, 100.0, {0.1, 0.1});
+  metrics.ReplicaHealth("job-1", 1, 2);
+  EXPECT_EQ(Sample(registry, "stagecoach_job_degraded", {{"job", "job-1"}}), 1);
+  EXPECT_EQ(Sample(registry, "stagecoach_job_healthy_replicas", {{"job", "job-1"}}), 1);
+  metrics.ReplicaHealth("job-1", 2, 2);
+  EXPECT_EQ(Sample(registry, "stagecoach_job_degraded", {{"job", "job-1"}}), 0);
+}
+
 TEST(MetricsBuildInfo, CarriesTheProjectVersion) {
   prometheus::Registry registry;
   metrics::AddBuildInfo(registry);

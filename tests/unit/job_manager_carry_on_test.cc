@@ -189,6 +189,79 @@ TEST_F(CarryOnTest, ALostWorkerOfAReplicaLeavesItOutAndTheOthersRetryTheStepWith
               HasSubstr("needs every replica"));
 }
 
+TEST_F(CarryOnTest, FreeWorkersHealALostReplicaWhichRejoinsAfterTheNextCommittedStep) {
+  const std::string id = StartJob();
+  // Replica 1 is lost while step 0 is in flight (worker 4's lease runs out).
+  workers_.SetUnreachable(Address(4));
+  clock_.Advance(absl::Seconds(6));
+  for (int i : {0, 1, 2}) ASSERT_TRUE(Beat(workers_ids_[i]).ok());
+  manager_->Tick();
+  ASSERT_EQ(Job(id).lost_replicas_size(), 1);
+  // Worker 3 (replica 1's other rank) was stopped and released; one new worker makes two free:
+  // the replica is healed on them.
+  ASSERT_TRUE(Eventually([&] { return !workers_.Stopped(Address(3)).empty(); }));
+  const std::string w5 = Register(5);
+  ASSERT_TRUE(Eventually([&] { return Job(id).healing_replica() == 1; }));
+  std::map<int, v1::TaskAssignment> joiners;  // by rank
+  for (int n : {3, 5}) {
+    for (const v1::TaskAssignment& t : workers_.Started(Address(n))) {
+      if (t.has_join()) joiners[t.rank()] = t;
+    }
+  }
+  ASSERT_EQ(joiners.size(), 2u);
+  EXPECT_EQ(joiners[0].replica(), 1);
+  EXPECT_EQ(joiners[0].join().healing(), 1);
+  v1::Job healing = Job(id);
+  EXPECT_EQ(healing.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_TRUE(healing.ranks(2).replica_lost()) << "not back until it joins";
+  auto joining = [&](int rank) {
+    v1::SettleStepRequest r = Request(id, 2 + rank, 0, 0);
+    r.set_worker_id(healing.ranks(2 + rank).worker_id());
+    r.set_joining(true);
+    return r;
+  };
+  // The replacements ask to join while replica 0 settles step 0 (retried at epoch 1 with both
+  // slices): it commits, and replica 1 joins from step 1 with replica 0's state.
+  const std::vector<v1::SettleStepResponse> answers =
+      SettleAll({joining(0), joining(1), Request(id, 0, 0, 1),
+                 Request(id, 1, 0, 1, false, {1, 2, 3, 4}, {0, 1})});
+  for (int i : {0, 1}) {
+    EXPECT_EQ(answers[i].decision(), v1::SettleStepResponse::JOIN) << answers[i].DebugString();
+    EXPECT_EQ(answers[i].join_global_step(), 1);
+    EXPECT_EQ(answers[i].donor_replica(), 0);
+    EXPECT_THAT(answers[i].healthy_replicas(), ElementsAre(0, 1));
+    EXPECT_THAT(answers[i].slices(), ElementsAre(1));
+    EXPECT_EQ(answers[i].step_limit(), 4);
+  }
+  for (int i : {2, 3}) {
+    EXPECT_EQ(answers[i].decision(), v1::SettleStepResponse::COMMIT);
+    EXPECT_EQ(answers[i].epoch(), 2) << "the commit brings the new membership";
+    EXPECT_EQ(answers[i].join_global_step(), 1);
+    EXPECT_THAT(answers[i].slices(), ElementsAre(0));
+  }
+  v1::Job whole = Job(id);
+  EXPECT_EQ(whole.healthy_replicas(), 2);
+  EXPECT_EQ(whole.lost_replicas_size(), 0);
+  EXPECT_EQ(whole.healing_replica(), -1);
+  EXPECT_FALSE(whole.ranks(2).replica_lost());
+  // Step 0 completes on replica 0's reports alone; step 1 needs all four.
+  ASSERT_TRUE(Report(id, 0, 0, {}, {0, 1}).ok());
+  ASSERT_TRUE(Report(id, 1, 0, {1, 2, 3, 4}, {0, 1}).ok());
+  EXPECT_EQ(Job(id).steps_done(), 1);
+  auto events = manager_->WaitForEvents(id, 0, absl::ZeroDuration());
+  ASSERT_TRUE(events.ok());
+  bool healed = false;
+  for (const v1::JobEvent& e : events->events) {
+    if (!e.has_replica_healed()) continue;
+    healed = true;
+    EXPECT_EQ(e.replica_healed().replica(), 1);
+    EXPECT_EQ(e.replica_healed().joined_global_step(), 1);
+    EXPECT_EQ(e.replica_healed().healthy_replicas(), 2);
+  }
+  EXPECT_TRUE(healed);
+  (void)w5;
+}
+
 TEST_F(CarryOnTest, WithoutCarryOnOrWithTheLastReplicaLostTheJobRestartsAsBefore) {
   const std::string id = StartJob(Spec("restart: {max_restarts: 1, carry_on: false}\n"));
   EXPECT_FALSE(workers_.Started(Address(1)).at(0).settle_steps());

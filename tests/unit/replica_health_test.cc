@@ -93,5 +93,58 @@ TEST(ReplicaHealth, AFailedArrivalWaitsForTheNewEpochAndAStaleOneIsToldToRetry) 
   EXPECT_EQ(health.Arrive(At(1, 0, 1, 0)), Answer::kCommit);
 }
 
+TEST(ReplicaHealth, AHealedReplicaRejoinsAtTheStepAfterTheNextCommitWithADonor) {
+  ReplicaHealth health;
+  health.Reset(2, 2, true);
+  EXPECT_EQ(health.ReplicaToHeal(), -1) << "nothing lost";
+  health.Lose(1);
+  ASSERT_EQ(health.ReplicaToHeal(), 1);
+  health.BeginHeal(1);
+  EXPECT_EQ(health.healing(), 1);
+  EXPECT_EQ(health.heals(), 1);
+  EXPECT_EQ(health.ReplicaToHeal(), -1) << "one healing at a time";
+  // Not every replacement is ready: step 3 commits without the rejoin.
+  EXPECT_FALSE(health.JoinerReady(0));
+  ASSERT_EQ(health.Arrive(At(0, 0, 1, 3)), Answer::kPending);
+  ASSERT_EQ(health.Arrive(At(0, 1, 1, 3)), Answer::kCommit);
+  EXPECT_TRUE(health.IsLost(1));
+  EXPECT_TRUE(health.JoinerReady(1));
+  // The job holds after step 5: no step would run with the healed replica, so it waits.
+  ASSERT_EQ(health.Arrive(At(0, 0, 1, 4)), Answer::kPending);
+  ASSERT_EQ(health.Arrive(At(0, 1, 1, 4), nullptr, /*rejoin_before=*/5), Answer::kCommit);
+  EXPECT_TRUE(health.IsLost(1));
+  // Step 5 commits: replica 1 is back from step 6, replica 0 its donor, a new epoch.
+  ASSERT_EQ(health.Arrive(At(0, 0, 1, 5)), Answer::kPending);
+  ASSERT_EQ(health.Arrive(At(0, 1, 1, 5)), Answer::kCommit);
+  EXPECT_FALSE(health.IsLost(1));
+  EXPECT_FALSE(health.degraded());
+  EXPECT_EQ(health.epoch(), 2);
+  EXPECT_EQ(health.join_step(), 6);
+  EXPECT_EQ(health.donor(), 0);
+  EXPECT_EQ(health.healing(), -1);
+  EXPECT_THAT(health.SlicesOf(0), ElementsAre(0)) << "each replica its own slice again";
+  EXPECT_THAT(health.SlicesOf(1), ElementsAre(1));
+  EXPECT_EQ(health.AnswerFor(1, 5), Answer::kCommit) << "the late asker of step 5 commits too";
+  // Step 6 needs all four ranks.
+  ASSERT_EQ(health.Arrive(At(0, 0, 2, 6)), Answer::kPending);
+  ASSERT_EQ(health.Arrive(At(0, 1, 2, 6)), Answer::kPending);
+  ASSERT_EQ(health.Arrive(At(1, 0, 2, 6)), Answer::kPending);
+  EXPECT_EQ(health.Arrive(At(1, 1, 2, 6)), Answer::kCommit);
+}
+
+TEST(ReplicaHealth, LosingTheHealingReplicaAgainAbandonsTheHealing) {
+  ReplicaHealth health;
+  health.Reset(3, 1, true);
+  health.Lose(2);
+  health.BeginHeal(2);
+  health.Lose(0);  // another replica: the healing goes on
+  EXPECT_EQ(health.healing(), 2);
+  health.AbandonHeal();
+  EXPECT_EQ(health.healing(), -1);
+  EXPECT_EQ(health.ReplicaToHeal(), 0) << "the lowest lost replica next";
+  health.BeginHeal(0);
+  EXPECT_EQ(health.heals(), 2) << "each healing its own rendezvous";
+}
+
 }  // namespace
 }  // namespace stagecoach::coordinator

@@ -223,6 +223,10 @@ static absl::StatusOr<std::vector<char>> SnapshotBytes(const StateSnapshot& snap
   }
 }
 
+absl::StatusOr<std::vector<char>> PickleSnapshot(const StateSnapshot& snapshot) {
+  return SnapshotBytes(snapshot, nullptr);
+}
+
 // Creates the step directory of `global_step` in `dir`.
 static absl::StatusOr<std::string> MakeStepDir(const std::string& dir, int64_t global_step) {
   const std::string step_dir = CheckpointStepDir(dir, global_step);

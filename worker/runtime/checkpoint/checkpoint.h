@@ -113,6 +113,10 @@ absl::StatusOr<StateSnapshot> SnapshotState(
     const torch::optim::Optimizer& optimizer, int64_t data_position,
     const std::string& omitted = "", const ShardLayout& shard_layout = {});
 
+// The training-state file's bytes of a snapshot (the layout above, no export): what a live
+// replica sends a replacement (replica_sync.h). INTERNAL when LibTorch fails.
+absl::StatusOr<std::vector<char>> PickleSnapshot(const StateSnapshot& snapshot);
+
 // Writes a snapshot's file (and export) into CheckpointStepDir(dir, snapshot.global_step),
 // durably; their entries, training-state file first. Touches only the snapshot: safe on another
 // thread while training goes on. Errors as WriteStageCheckpoint's.

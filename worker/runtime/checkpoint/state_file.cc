@@ -39,7 +39,10 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> ReadTensorDict(
   return out;
 }
 
-absl::StatusOr<SavedState> ParseState(const std::vector<char>& bytes, const std::string& path) {
+}  // namespace
+
+absl::StatusOr<SavedState> ParseStateBytes(const std::vector<char>& bytes,
+                                           const std::string& path) {
   c10::IValue root;
   try {
     root = torch::pickle_load(bytes);
@@ -96,8 +99,6 @@ absl::StatusOr<SavedState> ParseState(const std::vector<char>& bytes, const std:
   return state;
 }
 
-}  // namespace
-
 std::string DescribeTensor(const torch::Tensor& t) {
   return absl::StrCat(std::string(c10::toString(t.scalar_type())), "[",
                       absl::StrJoin(t.sizes(), ", "), "]");
@@ -125,7 +126,7 @@ absl::StatusOr<SavedState> ReadStateFile(const std::string& step_dir,
     return absl::DataLossError(absl::StrCat(
         "checkpoint file ", path, " is corrupt: expected sha256 ", file.sha256(), ", found ", sha));
   }
-  ASSIGN_OR_RETURN(SavedState saved, ParseState(bytes, path));
+  ASSIGN_OR_RETURN(SavedState saved, ParseStateBytes(bytes, path));
   if (saved.stage != stage) {
     return absl::DataLossError(absl::StrCat("checkpoint file ", path, " holds stage ", saved.stage,
                                             ", expected stage ", stage));

@@ -42,6 +42,12 @@ struct SavedState {
 absl::StatusOr<SavedState> ReadStateFile(const std::string& step_dir,
                                          const v1::StageCheckpointFile& file, int stage);
 
+// A training-state file's bytes unpickled and checked against the layout (DATA_LOSS naming
+// `where` and the key): what ReadStateFile does once it has read the file and checked its
+// entry, for bytes that came another way (a live replica's, replica_sync.h).
+absl::StatusOr<SavedState> ParseStateBytes(const std::vector<char>& bytes,
+                                           const std::string& where);
+
 // "Float[3, 4]": a tensor's dtype and shape, for errors.
 std::string DescribeTensor(const torch::Tensor& t);
 

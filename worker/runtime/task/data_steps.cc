@@ -104,6 +104,8 @@ absl::Status DataSteps::RunDataStep(int64_t global_step) {
   }
   ASSIGN_OR_RETURN(Batch batch, data_->Make(global_step));
   for (;;) {
+    // A healed replica joins before this step: the group re-formed, the state synced.
+    if (env_.membership != nullptr) RETURN_IF_ERROR(env_.membership->ApplyPending());
     const std::vector<Pass> passes = PassesOf(batch);
     if (!data_shapes_ && passes.size() == 1) {
       RETURN_IF_ERROR(executor_->AgreeShapes(MetasOf(passes.front().inputs)));
@@ -117,6 +119,7 @@ absl::Status DataSteps::RunDataStep(int64_t global_step) {
 absl::Status DataSteps::RunCounted(const std::vector<torch::Tensor>& inputs,
                                    const std::vector<torch::Tensor>& targets, bool client_batch,
                                    int64_t global_step) {
+  if (env_.membership != nullptr) RETURN_IF_ERROR(env_.membership->ApplyPending());
   if (env_.membership != nullptr &&
       env_.membership->slices() != std::vector<int>{env_.task->replica()}) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -240,6 +243,9 @@ absl::StatusOr<bool> DataSteps::RunPasses(const std::vector<Pass>& passes, bool 
   RETURN_IF_ERROR(env_.checkpoints->AfterStep(end.steps_done, end.checkpoint_requested, &report));
   env_.reports->Send(report);
   env_.steps_done->store(step + 1);
+  // A healed replica joins after this step, at once (not at the next step, which a pause may
+  // put off while its replacements wait in the group's rendezvous).
+  if (env_.membership != nullptr) RETURN_IF_ERROR(env_.membership->ApplyPending());
   return true;
 }
 

@@ -1,5 +1,6 @@
 #include "worker/runtime/task/step_gate.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -119,6 +120,13 @@ std::optional<std::string> StepGate::stop_reason() const {
 int64_t StepGate::steps_done() const {
   absl::MutexLock lock(&mu_);
   return steps_done_;
+}
+
+void StepGate::StartAt(int64_t steps_done, int64_t step_limit, bool finish_at_limit) {
+  absl::MutexLock lock(&mu_);
+  steps_done_ = steps_done;
+  step_limit_ = std::max(step_limit, steps_done);
+  finish_at_limit_ = finish_at_limit;
 }
 
 absl::Status StepGate::RequestCheckpoint(int64_t global_step) {

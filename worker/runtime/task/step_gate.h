@@ -173,6 +173,11 @@ class StepGate {
   // Global steps of the timeline done so far.
   int64_t steps_done() const;
 
+  // Before the task's first step: its timeline starts at `steps_done` and it holds at
+  // `step_limit` (finishing there with `finish_at_limit`), a replacement rank joining a running
+  // job at that step with the job's step control (TaskAssignment.join).
+  void StartAt(int64_t steps_done, int64_t step_limit, bool finish_at_limit);
+
  private:
   // "<job> attempt <a> rank <r>".
   std::string Who() const;

@@ -17,6 +17,7 @@
 #include "worker/runtime/task/task_setup.h"
 #include "worker/runtime/task/tensor_data.h"
 #include "worker/runtime/task/training_parts.h"
+#include "worker/runtime/training/replica_sync.h"
 
 namespace stagecoach::runtime {
 namespace {
@@ -275,7 +276,9 @@ absl::Status TaskRunner::RunSteps() {
                    deps_.make_transport(DataPlaneRequest(task_, setup), store_.get()));
   UseDataPlane(transport.get(), nullptr, setup.stages);
   const std::optional<CollectivesRequest> dp = DataParallelRequest(task_, setup);
-  if (dp.has_value()) {
+  // A replacement makes its group when it joins (Regroup): the attempt's first group has moved
+  // on.
+  if (dp.has_value() && !task_.has_join()) {
     absl::StatusOr<std::unique_ptr<collectives::Collectives>> made =
         deps_.make_collectives
             ? deps_.make_collectives(*dp, store_.get())
@@ -309,15 +312,16 @@ absl::Status AbortDataPlane(transport::Transport& transport, collectives::Collec
 
 }  // namespace
 
-absl::Status TaskRunner::Regroup(int epoch, int group_rank, int group_size, TaskSetup& setup,
+absl::Status TaskRunner::Regroup(const MembershipChange& change, TaskSetup& setup,
                                  transport::Transport& transport, GradientReducer& reducer,
                                  CheckpointSteps& checkpoints) {
   std::optional<CollectivesRequest> request = DataParallelRequest(task_, setup);
   if (!request.has_value() || !deps_.make_collectives) {
     return absl::FailedPreconditionError("this task has no data-parallel group to re-form");
   }
-  request->rank = group_rank;
-  request->size = group_size;
+  const int epoch = change.epoch;
+  request->rank = change.group_rank;
+  request->size = change.group_size;
   request->prefix = absl::StrCat(task_.rendezvous_prefix(), "dp/e", epoch, "/", task_.rank(), "/");
   absl::StatusOr<std::unique_ptr<collectives::Collectives>> made =
       deps_.make_collectives(*request, store_.get());
@@ -331,7 +335,31 @@ absl::Status TaskRunner::Regroup(int epoch, int group_rank, int group_size, Task
   reducer.SetGroup(made->get(), std::max(task_.replicas(), 1));
   UseDataPlane(&transport, made->get(), setup.stages);
   dp_group_ = *std::move(made);
-  checkpoints.SetWriter(group_rank == 0);
+  checkpoints.SetWriter(change.group_rank == 0);
+  if (change.donor < 0) return absl::OkStatus();
+  // A healed replica joins: every member takes the donor's state before the join step.
+  absl::StatusOr<SyncStats> synced = SyncReplicaState(
+      *dp_group_, change.donor, setup.stages->by_index, *setup.optimizer, setup.device,
+      change.join_step, rpc::FromProtoDuration(task_.comm_timeout()));
+  if (!synced.ok()) {
+    dp_group_->Abort();
+    return absl::Status(synced.status().code(),
+                        absl::StrCat("rank ", task_.rank(), " replica ", task_.replica(),
+                                     ": a healed replica's state: ", synced.status().message()));
+  }
+  spdlog::info("{} rank {} replica {}: {} the state of global step {} ({} bytes, {})",
+               task_.job_id(), task_.rank(), task_.replica(),
+               change.group_rank == change.donor ? "sent" : "received", change.join_step,
+               synced->bytes, absl::FormatDuration(synced->took));
+  return absl::OkStatus();
+}
+
+absl::Status TaskRunner::JoinRunningJob(ReplicaMembership& membership) {
+  ASSIGN_OR_RETURN(const JoinPoint at, membership.Join());
+  gate_.StartAt(at.global_step, at.step_limit, at.finish_at_limit);
+  steps_done_.store(at.global_step - task_.join().attempt_base());
+  spdlog::info("{} rank {} replica {}: joined at global step {}", task_.job_id(), task_.rank(),
+               task_.replica(), at.global_step);
   return absl::OkStatus();
 }
 
@@ -346,7 +374,7 @@ absl::Status TaskRunner::RunOnDataPlane(TaskSetup& setup, transport::Transport& 
   checkpoint_options.every_steps = setup.spec.training.checkpoint.every_steps;
   checkpoint_options.rank = task_.rank();
   checkpoint_options.writer = task_.replica() == 0;
-  checkpoint_options.digests = group != nullptr;
+  checkpoint_options.digests = group != nullptr || task_.has_join();
   if (parts->tied != nullptr) checkpoint_options.omitted = parts->tied->Omitted();
   const auto& builtin = setup.spec.model.builtin;
   checkpoint_options.hf_export = builtin.has_value() && builtin->decoder.has_value();
@@ -372,11 +400,13 @@ absl::Status TaskRunner::RunOnDataPlane(TaskSetup& setup, transport::Transport& 
     options.replicas = std::max(task_.replicas(), 1);
     options.timeout = rpc::FromProtoDuration(task_.comm_timeout());
     if (options.timeout <= absl::ZeroDuration()) options.timeout = absl::Seconds(60);
+    options.join_timeout = rpc::FromProtoDuration(task_.hold_timeout());
+    if (options.join_timeout <= absl::ZeroDuration()) options.join_timeout = absl::Hours(24);
     membership = std::make_unique<ReplicaMembership>(
         options, deps_.settle_step,
-        [this, &setup, &transport, reducer = parts->reducer.get(), &checkpoints](
-            int epoch, int group_rank, int group_size) {
-          return Regroup(epoch, group_rank, group_size, setup, transport, *reducer, checkpoints);
+        [this, &setup, &transport, reducer = parts->reducer.get(),
+         &checkpoints](const MembershipChange& change) {
+          return Regroup(change, setup, transport, *reducer, checkpoints);
         });
   }
   const StepEnv env{&task_,
@@ -395,6 +425,10 @@ absl::Status TaskRunner::RunOnDataPlane(TaskSetup& setup, transport::Transport& 
                     rollback.get()};
   absl::StatusOr<std::unique_ptr<DataSteps>> data = DataSteps::Create(env);
   if (!data.ok()) return AbortDataPlane(transport, group, data.status());
+  if (task_.has_join() && membership != nullptr) {
+    const absl::Status joined = JoinRunningJob(*membership);
+    if (!joined.ok()) return AbortDataPlane(transport, dp_group_.get(), joined);
+  }
   ClientSteps client_steps(env, data->get());
   spdlog::info("{} rank {}: stages ready, {}{} actions, timeline at step {}", task_.job_id(),
                task_.rank(), setup.forward_only ? "forward-only, " : "", setup.actions.size(),

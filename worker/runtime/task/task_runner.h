@@ -201,9 +201,12 @@ class TaskRunner {
   // Replicas that carry on: a new data-parallel group of `group_size` healthy replicas in which
   // this task is `group_rank`, for membership `epoch` (replica_membership.h's Regroup), handed
   // to `reducer` and to Stop; this task writes the checkpoints when it is the group's rank 0.
-  absl::Status Regroup(int epoch, int group_rank, int group_size, TaskSetup& setup,
+  absl::Status Regroup(const MembershipChange& change, TaskSetup& setup,
                        transport::Transport& transport, GradientReducer& reducer,
                        CheckpointSteps& checkpoints);
+  // A replacement rank (TaskAssignment.join): waits to join, takes the state from the donor
+  // and starts its timeline where it joins.
+  absl::Status JoinRunningJob(ReplicaMembership& membership);
   // The gate's decisions, each run, until it finishes the task or one fails.
   absl::Status StepLoop(DataSteps& data, ClientSteps& client_steps, CheckpointSteps& checkpoints);
   // Makes the data plane (its data-parallel group, if any) and the stages known to Stop and

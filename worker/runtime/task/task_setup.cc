@@ -280,6 +280,8 @@ TransportRequest DataPlaneRequest(const v1::TaskAssignment& task, const TaskSetu
   request.world_size = task.world_size();
   request.prefix = task.rendezvous_prefix();
   if (ShareOf(task).replicas > 1) absl::StrAppend(&request.prefix, "replica/", task.replica(), "/");
+  // A replacement replica's pipeline meets apart from the lost one's keys.
+  if (task.has_join()) absl::StrAppend(&request.prefix, "heal-", task.join().healing(), "/");
   request.timeout = rpc::FromProtoDuration(task.comm_timeout());
   request.stage_to_rank.assign(task.stage_to_rank().begin(), task.stage_to_rank().end());
   request.forward_only = setup.forward_only;

@@ -13,7 +13,8 @@ absl::StatusOr<TrainingParts> MakeTrainingParts(const v1::TaskAssignment& task,
                                                 collectives::Collectives* group) {
   TrainingParts parts;
   const absl::Duration timeout = rpc::FromProtoDuration(task.comm_timeout());
-  if (group != nullptr) {
+  // A replacement rank (task.join) gets its group when it joins (GradientReducer::SetGroup).
+  if (group != nullptr || (task.has_join() && !setup.forward_only)) {
     GradientReductionOptions options;
     options.overlap = setup.spec.placement.overlap_reduction;
     options.timeout = timeout;

@@ -33,7 +33,8 @@ struct TrainingParts {
   std::unique_ptr<StepRecipe> recipe;
 };
 
-// `transport` and `group` (the data-parallel group, or null) must outlive the parts.
+// `transport` and `group` (the data-parallel group, or null) must outlive the parts. A
+// replacement rank (TaskAssignment.join) gets a reducer without a group yet.
 // TiedGradients::Create's errors.
 absl::StatusOr<TrainingParts> MakeTrainingParts(const v1::TaskAssignment& task,
                                                 const TaskSetup& setup,

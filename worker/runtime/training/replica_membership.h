@@ -14,6 +14,12 @@
 // accumulates their gradients, and its reduction sums over the group and divides by the
 // replica count D, so the step's gradient is the mean over the whole global batch as before.
 //
+// Healing: a COMMIT whose membership is a later epoch takes a healed replica back in from the
+// next step (join_global_step): the task applies the committed step, then, before the next,
+// ApplyPending re-forms the group with every member and the donor's state transfer
+// (replica_sync.h). A replacement rank (TaskAssignment.join) calls Join after its set-up: it
+// waits for the JOIN answer, re-forms the group the same way and receives the state.
+//
 // Every call is bounded: each SettleStep by `poll`, the whole settling of a step by `timeout`
 // (DEADLINE_EXCEEDED naming the step); an unreachable coordinator is asked again until then.
 // Not thread-safe: the task's thread.
@@ -21,6 +27,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,9 +42,21 @@ namespace stagecoach::runtime {
 using StepSettler =
     std::function<absl::StatusOr<v1::SettleStepResponse>(const v1::SettleStepRequest& request)>;
 
-// Re-forms the task's data-parallel group for a new membership: `epoch`, this replica's
-// `group_rank` among the `group_size` healthy ones. The group's errors.
-using Regroup = std::function<absl::Status(int epoch, int group_rank, int group_size)>;
+// A new membership for the task's data-parallel group.
+struct MembershipChange {
+  int epoch = 0;
+  // This replica's rank among the group_size healthy ones.
+  int group_rank = 0;
+  int group_size = 1;
+  // When the membership takes a healed replica in: the group rank that sends every member its
+  // state (replica_sync.h) before global step `join_step`; -1 otherwise.
+  int donor = -1;
+  int64_t join_step = -1;
+};
+
+// Re-forms the task's data-parallel group for `change` (and syncs the state from its donor).
+// The group's errors.
+using Regroup = std::function<absl::Status(const MembershipChange& change)>;
 
 struct MembershipOptions {
   std::string worker_id;
@@ -50,6 +69,15 @@ struct MembershipOptions {
   // coordinator's decision), and on each SettleStep call.
   absl::Duration timeout = absl::Seconds(60);
   absl::Duration poll = absl::Seconds(10);
+  // Bound on a replacement's wait to join (its replica's other ranks, a committed step).
+  absl::Duration join_timeout = absl::Hours(24);
+};
+
+// Where a replacement joins (Join): the global step, and the job's step control then.
+struct JoinPoint {
+  int64_t global_step = 0;
+  int64_t step_limit = 0;
+  bool finish_at_limit = false;
 };
 
 class ReplicaMembership {
@@ -72,8 +100,23 @@ class ReplicaMembership {
   absl::StatusOr<Outcome> Settle(int64_t step, int64_t global_step, const absl::Status& failure,
                                  const std::vector<double>& losses);
 
+  // A committed step brought a membership that takes a healed replica in before the next step.
+  bool HasPending() const { return pending_.has_value(); }
+  // Adopts it: the group re-formed with every member and the state synced (Regroup's errors).
+  absl::Status ApplyPending();
+
+  // A replacement rank, set up: waits for its replica to rejoin (SettleStepRequest.joining),
+  // adopts the membership (the group re-formed, the state received from the donor) and
+  // returns where it joins. STOP: ABORTED with the coordinator's reason; DEADLINE_EXCEEDED
+  // after join_timeout; Regroup's errors.
+  absl::StatusOr<JoinPoint> Join();
+
  private:
+  // Takes `response`'s membership and calls Regroup (with the donor when it names one).
   absl::Status Adopt(const v1::SettleStepResponse& response);
+  // One SettleStep with the task's identity and `request`'s fields, retried on RPC errors until
+  // `deadline`; the last error after it.
+  absl::StatusOr<v1::SettleStepResponse> Ask(v1::SettleStepRequest request, absl::Time deadline);
 
   const MembershipOptions options_;
   const StepSettler settle_;
@@ -81,6 +124,7 @@ class ReplicaMembership {
   int epoch_ = 0;
   int group_rank_ = 0;
   std::vector<int> slices_;
+  std::optional<v1::SettleStepResponse> pending_;
 };
 
 }  // namespace stagecoach::runtime

@@ -34,7 +34,58 @@ class ReplicaCarryOn : public ::testing::Test {
     setenv("OMP_NUM_THREADS", "1", 1);
     setenv("MKL_NUM_THREADS", "1", 1);
   }
+
+  // A job of 2 replicas x 2 ranks (1F1B) training the MLP of `ref` with a checkpoint every
+  // `every` steps, SIGKILLed at its worker of `replica`'s `rank` once it has done 4 steps (steps
+  // of some tens of milliseconds, so that the kill lands inside one). Sets id_ and victim_.
+  void StartAndKill(LocalCluster& c, const ReferenceConfig& ref, int every, int replica, int rank) {
+    const std::string ckpt = c.dir() + "/ckpt";
+    std::string spec = MlpSpecYaml(ref, {"carry-on", "1F1B", 2, 2, 2}, ckpt);
+    spec = absl::StrReplaceAll(
+        spec, {{"placement: {workers: 2}", "placement: {workers: 2, replicas: 2}"},
+               {"checkpoint: {dir: " + ckpt + "}",
+                absl::StrCat("checkpoint: {dir: ", ckpt, ", every_steps: ", every, "}")}});
+    auto id = c.Submit(spec);
+    ASSERT_TRUE(id.ok()) << id.status();
+    id_ = *id;
+    auto running = c.WaitForJob(
+        id_, [](const v1::Job& j) { return IsFinal(j) || j.global_steps_done() >= 4; },
+        absl::Seconds(120));
+    ASSERT_TRUE(running.ok()) << running.status() << c.Logs();
+    ASSERT_EQ(running->state(), v1::JOB_STATE_RUNNING) << running->reason();
+    for (const v1::RankStatus& r : running->ranks()) {
+      if (r.replica() == replica && r.rank() == rank) victim_ = r.worker_id();
+    }
+    const int index = c.WorkerIndex(victim_);
+    ASSERT_GE(index, 0);
+    c.worker(index).Signal(SIGKILL);
+  }
+
+  // The job ended SUCCEEDED without a restart, never RESTARTING, every step once with the
+  // reference's loss.
+  static void ExpectTheStraightRun(const v1::Job& done, const ReferenceResult& want,
+                                   int64_t steps) {
+    EXPECT_EQ(done.restarts(), 0);
+    for (const v1::JobTransition& t : done.history()) {
+      EXPECT_NE(t.state(), v1::JOB_STATE_RESTARTING) << t.reason();
+    }
+    ASSERT_EQ(done.steps_done(), steps);
+    ASSERT_EQ(done.losses_size(), steps);
+    EXPECT_EQ(done.missing_loss_steps_size(), 0);
+    for (int64_t step = 0; step < steps; ++step) {
+      EXPECT_NEAR(done.losses(step), want.losses[step], kAtol + kRtol * std::abs(want.losses[step]))
+          << "step " << step;
+    }
+  }
+
+  std::string id_;
+  std::string victim_;
 };
+
+ReferenceConfig Mlp(int64_t steps) {
+  return MlpReference({64, 256, 256, 256, 8}, 7, 99, 48, 4, steps, "mse", "adamw", 0.001, 0.0,
+                      0.01);
+}
 
 TEST_F(ReplicaCarryOn, AWorkerKilledMidRunLeavesItsReplicaOutAndTheJobGoesOnWithTheSameLosses) {
   ClusterOptions options;
@@ -42,35 +93,13 @@ TEST_F(ReplicaCarryOn, AWorkerKilledMidRunLeavesItsReplicaOutAndTheJobGoesOnWith
   auto cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   LocalCluster& c = **cluster;
-  // Steps of some tens of milliseconds, so that the kill lands inside one.
   const int64_t steps = 30;
-  const ReferenceConfig ref =
-      MlpReference({64, 256, 256, 256, 8}, 7, 99, 48, 4, steps, "mse", "adamw", 0.001, 0.0, 0.01);
-  const ReferenceResult want = TrainReference(ref);
-  const std::string ckpt = c.dir() + "/ckpt";
-  std::string spec = MlpSpecYaml(ref, {"carry-on", "1F1B", 2, 2, 2}, ckpt);
-  spec = absl::StrReplaceAll(
-      spec,
-      {{"placement: {workers: 2}", "placement: {workers: 2, replicas: 2}"},
-       {"checkpoint: {dir: " + ckpt + "}", "checkpoint: {dir: " + ckpt + ", every_steps: 10}"}});
-  auto id = c.Submit(spec);
-  ASSERT_TRUE(id.ok()) << id.status();
-  auto running = c.WaitForJob(
-      *id, [](const v1::Job& j) { return IsFinal(j) || j.global_steps_done() >= 4; },
-      absl::Seconds(120));
-  ASSERT_TRUE(running.ok()) << running.status() << c.Logs();
-  ASSERT_EQ(running->state(), v1::JOB_STATE_RUNNING) << running->reason();
-  std::string victim;
-  for (const v1::RankStatus& r : running->ranks()) {
-    if (r.replica() == 0 && r.rank() == 1) victim = r.worker_id();
-  }
-  const int index = c.WorkerIndex(victim);
-  ASSERT_GE(index, 0);
-  c.worker(index).Signal(SIGKILL);
+  const ReferenceResult want = TrainReference(Mlp(steps));
+  ASSERT_NO_FATAL_FAILURE(StartAndKill(c, Mlp(steps), 10, /*replica=*/0, /*rank=*/1));
   const absl::Time killed = absl::Now();
 
   auto degraded = c.WaitForJob(
-      *id, [](const v1::Job& j) { return IsFinal(j) || j.lost_replicas_size() > 0; },
+      id_, [](const v1::Job& j) { return IsFinal(j) || j.lost_replicas_size() > 0; },
       absl::Seconds(60));
   ASSERT_TRUE(degraded.ok()) << degraded.status() << c.Logs();
   std::cout << "replica left " << absl::ToDoubleSeconds(absl::Now() - killed)
@@ -78,24 +107,13 @@ TEST_F(ReplicaCarryOn, AWorkerKilledMidRunLeavesItsReplicaOutAndTheJobGoesOnWith
   EXPECT_EQ(degraded->state(), v1::JOB_STATE_RUNNING) << degraded->reason() << c.Logs();
   EXPECT_EQ(degraded->healthy_replicas(), 1);
   EXPECT_THAT(degraded->lost_replicas(), ::testing::ElementsAre(0));
-  CommandResult status = c.Stagectl({"status", *id});
+  CommandResult status = c.Stagectl({"status", id_});
   EXPECT_THAT(status.out, ::testing::HasSubstr("1/2 healthy")) << status.out;
 
-  auto done = c.WaitForJob(*id, IsFinal, absl::Seconds(180));
+  auto done = c.WaitForJob(id_, IsFinal, absl::Seconds(180));
   ASSERT_TRUE(done.ok()) << done.status() << c.Logs();
   ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->reason() << c.Logs();
-  EXPECT_EQ(done->restarts(), 0);
-  for (const v1::JobTransition& t : done->history()) {
-    EXPECT_NE(t.state(), v1::JOB_STATE_RESTARTING) << t.reason();
-  }
-  // Every step once, each with the whole batch's loss.
-  ASSERT_EQ(done->steps_done(), steps);
-  ASSERT_EQ(done->losses_size(), steps);
-  EXPECT_EQ(done->missing_loss_steps_size(), 0);
-  for (int64_t step = 0; step < steps; ++step) {
-    EXPECT_NEAR(done->losses(step), want.losses[step], kAtol + kRtol * std::abs(want.losses[step]))
-        << "step " << step;
-  }
+  ExpectTheStraightRun(*done, want, steps);
   // Replica 1 writes the checkpoints after the loss (one replica 0 was writing when it was
   // killed stays incomplete): the last one is complete.
   ASSERT_GE(done->checkpoints_size(), 2) << c.Logs();
@@ -109,53 +127,27 @@ TEST_F(ReplicaCarryOn, ASpareHealsTheLostReplicaFromALiveOneAndItsParametersAreB
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   LocalCluster& c = **cluster;
   const int64_t steps = 40;
-  const ReferenceConfig ref =
-      MlpReference({64, 256, 256, 256, 8}, 7, 99, 48, 4, steps, "mse", "adamw", 0.001, 0.0, 0.01);
-  const ReferenceResult want = TrainReference(ref);
-  const std::string ckpt = c.dir() + "/ckpt";
-  std::string spec = MlpSpecYaml(ref, {"heal", "1F1B", 2, 2, 2}, ckpt);
+  const ReferenceResult want = TrainReference(Mlp(steps));
   // A checkpoint every 5 steps: every replica reports its parameters' digests, and the
   // coordinator fails the job should two replicas of a stage differ.
-  spec = absl::StrReplaceAll(
-      spec,
-      {{"placement: {workers: 2}", "placement: {workers: 2, replicas: 2}"},
-       {"checkpoint: {dir: " + ckpt + "}", "checkpoint: {dir: " + ckpt + ", every_steps: 5}"}});
-  auto id = c.Submit(spec);
-  ASSERT_TRUE(id.ok()) << id.status();
-  auto running = c.WaitForJob(
-      *id, [](const v1::Job& j) { return IsFinal(j) || j.global_steps_done() >= 4; },
-      absl::Seconds(120));
-  ASSERT_TRUE(running.ok()) << running.status() << c.Logs();
-  ASSERT_EQ(running->state(), v1::JOB_STATE_RUNNING) << running->reason();
-  std::string victim;
-  for (const v1::RankStatus& r : running->ranks()) {
-    if (r.replica() == 1 && r.rank() == 1) victim = r.worker_id();
-  }
-  const int index = c.WorkerIndex(victim);
-  ASSERT_GE(index, 0);
-  c.worker(index).Signal(SIGKILL);
+  ASSERT_NO_FATAL_FAILURE(StartAndKill(c, Mlp(steps), 5, /*replica=*/1, /*rank=*/1));
 
   auto healed = c.WaitForJob(
-      *id,
-      [&victim](const v1::Job& j) {
+      id_,
+      [this](const v1::Job& j) {
         return IsFinal(j) || (j.lost_replicas_size() == 0 && j.healthy_replicas() == 2 &&
-                              j.ranks(3).worker_id() != victim && j.failure().replica() == 1);
+                              j.ranks(3).worker_id() != victim_ && j.failure().replica() == 1);
       },
       absl::Seconds(120));
   ASSERT_TRUE(healed.ok()) << healed.status() << c.Logs();
   EXPECT_EQ(healed->state(), v1::JOB_STATE_RUNNING) << healed->reason() << c.Logs();
-  EXPECT_NE(healed->ranks(3).worker_id(), victim) << "a replacement holds the lost rank";
+  EXPECT_NE(healed->ranks(3).worker_id(), victim_) << "a replacement holds the lost rank";
 
-  auto done = c.WaitForJob(*id, IsFinal, absl::Seconds(180));
+  auto done = c.WaitForJob(id_, IsFinal, absl::Seconds(180));
   ASSERT_TRUE(done.ok()) << done.status() << c.Logs();
   ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->reason() << c.Logs();
-  EXPECT_EQ(done->restarts(), 0);
   EXPECT_EQ(done->healthy_replicas(), 2);
-  ASSERT_EQ(done->losses_size(), steps);
-  for (int64_t step = 0; step < steps; ++step) {
-    EXPECT_NEAR(done->losses(step), want.losses[step], kAtol + kRtol * std::abs(want.losses[step]))
-        << "step " << step;
-  }
+  ExpectTheStraightRun(*done, want, steps);
   // The last checkpoint's digests: the replacement's parameters are replica 0's bits.
   for (int rank = 0; rank < 2; ++rank) {
     const auto& mine = done->ranks(rank).parameter_digests();

@@ -37,9 +37,9 @@ using ::testing::HasSubstr;
 
 // Worker RPCs of CoordinatorService (the rest are client RPCs); FetchArtifact takes either token.
 const std::set<std::string>& WorkerMethods() {
-  static const auto* methods =
-      new std::set<std::string>{"RegisterWorker", "Heartbeat", "ReportStep", "ReportTaskEnd",
-                                "SetKey",         "GetKey",    "WaitKeys",   "FetchArtifact"};
+  static const auto* methods = new std::set<std::string>{
+      "RegisterWorker", "Heartbeat", "ReportStep", "ReportTaskEnd", "SettleStep",
+      "SetKey",         "GetKey",    "WaitKeys",   "FetchArtifact"};
   return *methods;
 }
 

@@ -86,6 +86,18 @@ class CarryOnTest : public JobManagerFixture {
     return manager_->ReportStep(r);
   }
 
+  // The job's events of one kind (e.g. &v1::JobEvent::has_replica_lost).
+  std::vector<v1::JobEvent> EventsOf(const std::string& job, bool (v1::JobEvent::*has)() const) {
+    auto events = manager_->WaitForEvents(job, 0, absl::ZeroDuration());
+    EXPECT_TRUE(events.ok()) << events.status();
+    std::vector<v1::JobEvent> out;
+    if (!events.ok()) return out;
+    for (const v1::JobEvent& e : events->events) {
+      if ((e.*has)()) out.push_back(e);
+    }
+    return out;
+  }
+
   std::vector<std::string> workers_ids_;
 };
 
@@ -158,17 +170,11 @@ TEST_F(CarryOnTest, ALostWorkerOfAReplicaLeavesItOutAndTheOthersRetryTheStepWith
   EXPECT_THAT(job.losses(), ElementsAre(2.5));  // mean of 1, 2, 3, 4
   // Replica 1's live worker was stopped and released.
   EXPECT_FALSE(workers_.Stopped(Address(3)).empty());
-  auto events = manager_->WaitForEvents(id, 0, absl::ZeroDuration());
-  ASSERT_TRUE(events.ok());
-  bool logged = false;
-  for (const v1::JobEvent& e : events->events) {
-    if (!e.has_replica_lost()) continue;
-    logged = true;
-    EXPECT_EQ(e.replica_lost().replica(), 1);
-    EXPECT_EQ(e.replica_lost().healthy_replicas(), 1);
-    EXPECT_EQ(e.replica_lost().retried_global_step(), 1);
-  }
-  EXPECT_TRUE(logged);
+  const std::vector<v1::JobEvent> lost = EventsOf(id, &v1::JobEvent::has_replica_lost);
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0].replica_lost().replica(), 1);
+  EXPECT_EQ(lost[0].replica_lost().healthy_replicas(), 1);
+  EXPECT_EQ(lost[0].replica_lost().retried_global_step(), 1);
 
   // The retried step commits on replica 0 alone; its report brings both slices' losses.
   for (const v1::SettleStepResponse& r :
@@ -200,7 +206,7 @@ TEST_F(CarryOnTest, FreeWorkersHealALostReplicaWhichRejoinsAfterTheNextCommitted
   // Worker 3 (replica 1's other rank) was stopped and released; one new worker makes two free:
   // the replica is healed on them.
   ASSERT_TRUE(Eventually([&] { return !workers_.Stopped(Address(3)).empty(); }));
-  const std::string w5 = Register(5);
+  Register(5);
   ASSERT_TRUE(Eventually([&] { return Job(id).healing_replica() == 1; }));
   std::map<int, v1::TaskAssignment> joiners;  // by rank
   for (int n : {3, 5}) {
@@ -248,18 +254,11 @@ TEST_F(CarryOnTest, FreeWorkersHealALostReplicaWhichRejoinsAfterTheNextCommitted
   ASSERT_TRUE(Report(id, 0, 0, {}, {0, 1}).ok());
   ASSERT_TRUE(Report(id, 1, 0, {1, 2, 3, 4}, {0, 1}).ok());
   EXPECT_EQ(Job(id).steps_done(), 1);
-  auto events = manager_->WaitForEvents(id, 0, absl::ZeroDuration());
-  ASSERT_TRUE(events.ok());
-  bool healed = false;
-  for (const v1::JobEvent& e : events->events) {
-    if (!e.has_replica_healed()) continue;
-    healed = true;
-    EXPECT_EQ(e.replica_healed().replica(), 1);
-    EXPECT_EQ(e.replica_healed().joined_global_step(), 1);
-    EXPECT_EQ(e.replica_healed().healthy_replicas(), 2);
-  }
-  EXPECT_TRUE(healed);
-  (void)w5;
+  const std::vector<v1::JobEvent> healed = EventsOf(id, &v1::JobEvent::has_replica_healed);
+  ASSERT_EQ(healed.size(), 1u);
+  EXPECT_EQ(healed[0].replica_healed().replica(), 1);
+  EXPECT_EQ(healed[0].replica_healed().joined_global_step(), 1);
+  EXPECT_EQ(healed[0].replica_healed().healthy_replicas(), 2);
 }
 
 TEST_F(CarryOnTest, WithoutCarryOnOrWithTheLastReplicaLostTheJobRestartsAsBefore) {

@@ -35,6 +35,13 @@ GradientReducer::GradientReducer(GradientReductionOptions options, collectives::
 GradientReducer::~GradientReducer() { scope_.Close(); }
 
 void GradientReducer::SetGroup(collectives::Collectives* group, int slices) {
+  {
+    // A reduction cut short by the old group's abort may still be returning on the
+    // communication thread: it must be done with the old group before the group changes.
+    absl::MutexLock lock(&mu_);
+    auto done = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return outstanding_ == 0; };
+    mu_.AwaitWithTimeout(absl::Condition(&done), options_.timeout);
+  }
   group_ = group;
   slices_ = slices;
 }

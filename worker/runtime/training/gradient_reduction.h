@@ -95,7 +95,8 @@ class GradientReducer {
   // Between steps: reduces over `group` from now on (the data-parallel group re-formed without
   // a lost replica), whose ranks hold the gradients of `slices` slices of the global batch in
   // all: each bucket is summed over the group and divided by `slices` (the mean over the group
-  // when they are as many). `group` must outlive the reducer or the next SetGroup.
+  // when they are as many). `group` must outlive the reducer or the next SetGroup. Waits (up to
+  // the timeout) for reductions still returning from the old group (abort it first).
   void SetGroup(collectives::Collectives* group, int slices);
 
   // Reduces the stages not started yet, then waits for every bucket. The first collective error

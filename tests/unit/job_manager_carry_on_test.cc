@@ -226,8 +226,18 @@ TEST_F(CarryOnTest, FreeWorkersHealALostReplicaWhichRejoinsAfterTheNextCommitted
     r.set_joining(true);
     return r;
   };
-  // The replacements ask to join while replica 0 settles step 0 (retried at epoch 1 with both
-  // slices): it commits, and replica 1 joins from step 1 with replica 0's state.
+  // Both replacements have set up and asked to join (an answer within a millisecond is WAIT:
+  // the rejoin needs a committed step).
+  for (int rank : {0, 1}) {
+    v1::SettleStepRequest quick = joining(rank);
+    quick.mutable_wait()->set_seconds(0);
+    quick.mutable_wait()->set_nanos(1'000'000);
+    auto waited = manager_->SettleStep(quick);
+    ASSERT_TRUE(waited.ok()) << waited.status();
+    EXPECT_EQ(waited->decision(), v1::SettleStepResponse::WAIT);
+  }
+  // They ask again while replica 0 settles step 0 (retried at epoch 1 with both slices): it
+  // commits, and replica 1 joins from step 1 with replica 0's state.
   const std::vector<v1::SettleStepResponse> answers =
       SettleAll({joining(0), joining(1), Request(id, 0, 0, 1),
                  Request(id, 1, 0, 1, false, {1, 2, 3, 4}, {0, 1})});

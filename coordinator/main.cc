@@ -12,7 +12,7 @@
 #include "common/util/work_queue.h"
 #include "coordinator/generation/generation.h"
 #include "coordinator/job_manager.h"
-#include "coordinator/jobs/coordinator_metrics.h"
+#include "coordinator/metrics/coordinator_metrics.h"
 #include "coordinator/service/artifact_store.h"
 #include "coordinator/service/coordinator_auth.h"
 #include "coordinator/service/coordinator_service.h"

@@ -1,7 +1,7 @@
 // Prometheus metrics shared by both daemons: the build-info gauge, the bucket layout of duration
 // histograms, and the HTTP endpoint (`--metrics-listen HOST:PORT`) that serves a registry at
 // /metrics. Each daemon owns one prometheus::Registry; its sinks
-// (coordinator/jobs/coordinator_metrics.h, worker/service/worker_metrics.h) define their metrics
+// (coordinator/metrics/coordinator_metrics.h, worker/service/worker_metrics.h) define their metrics
 // on it.
 // Naming follows STYLE.md rule 13 (`stagecoach_` prefix, base units, `_total` counters).
 #pragma once

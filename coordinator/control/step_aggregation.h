@@ -14,8 +14,8 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "coordinator/jobs/coordinator_metrics.h"
 #include "coordinator/jobs/job.h"
+#include "coordinator/metrics/coordinator_metrics.h"
 #include "stagecoach/v1/coordinator.pb.h"
 
 namespace stagecoach::coordinator {

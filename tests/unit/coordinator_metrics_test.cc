@@ -1,7 +1,7 @@
 // The coordinator's metrics as JobManager feeds them, read from a real Prometheus registry
 // (no HTTP): steps, step durations and bytes advance with reported steps, the loss gauge equals
 // the job's reported loss, and jobs and workers move between states.
-#include "coordinator/jobs/coordinator_metrics.h"
+#include "coordinator/metrics/coordinator_metrics.h"
 
 #include <cmath>
 #include <memory>

@@ -1,5 +1,5 @@
 // The coordinator's Prometheus metrics (see coordinator_metrics.h).
-#include "coordinator/jobs/coordinator_metrics.h"
+#include "coordinator/metrics/coordinator_metrics.h"
 
 #include <algorithm>
 

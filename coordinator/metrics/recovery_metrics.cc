@@ -1,4 +1,4 @@
-#include "coordinator/jobs/recovery_metrics.h"
+#include "coordinator/metrics/recovery_metrics.h"
 
 #include "common/metrics/metrics.h"
 

@@ -18,7 +18,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "coordinator/jobs/recovery_metrics.h"
+#include "coordinator/metrics/recovery_metrics.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"

@@ -9,6 +9,16 @@
 #include "coordinator/lifecycle/job_lifecycle.h"
 
 namespace stagecoach::coordinator {
+namespace {
+
+// A replica failure's recovery time runs from its first report (RecoveryMetrics, kind carry_on).
+void RecoveringSince(Job& job, absl::Time now) {
+  if (job.recovering_since.has_value()) return;
+  job.recovering_since = now;
+  job.recovering_by_restart = false;
+}
+
+}  // namespace
 
 void JobLifecycle::LoseReplicasOrFailLocked(Job& job, const std::set<int>& lost_replicas,
                                             v1::JobFailure failure, const std::string& reason) {
@@ -37,20 +47,14 @@ void JobLifecycle::LoseReplicasOrFailLocked(Job& job, const std::set<int>& lost_
 }
 
 void JobLifecycle::SettleFailedLocked(Job& job, const ReportedFailure& reported, int epoch) {
-  if (!job.recovering_since.has_value()) {
-    job.recovering_since = deps_.clock->Now();
-    job.recovering_by_restart = false;
-  }
+  RecoveringSince(job, deps_.clock->Now());
   InvestigateLocked(job, reported, epoch);
 }
 
 void JobLifecycle::LeaveReplicaLocked(Job& job, int replica, const std::string& reason) {
   ReplicaHealth& health = job.replica_health;
   const absl::Time now = deps_.clock->Now();
-  if (!job.recovering_since.has_value()) {
-    job.recovering_since = now;
-    job.recovering_by_restart = false;
-  }
+  RecoveringSince(job, now);
   health.Lose(replica);
   if (!job.degraded_since.has_value()) job.degraded_since = now;
   const std::string why =

@@ -35,16 +35,22 @@ class CarryOnTest : public JobManagerFixture {
     return *id;
   }
 
+  // Task `task`'s worker, job, attempt 1, rank and replica, and the step, into `r`.
+  template <typename Message>
+  void Identify(const std::string& job, int task, int64_t step, Message* r) {
+    r->set_worker_id(workers_ids_[task]);
+    r->set_job_id(job);
+    r->set_attempt(1);
+    r->set_rank(task % 2);
+    r->set_replica(task / 2);
+    r->set_step(step);
+  }
+
   v1::SettleStepRequest Request(const std::string& job, int task, int64_t step, int epoch,
                                 bool failed = false, std::vector<double> losses = {},
                                 std::vector<int> slices = {}) {
     v1::SettleStepRequest r;
-    r.set_worker_id(workers_ids_[task]);
-    r.set_job_id(job);
-    r.set_attempt(1);
-    r.set_rank(task % 2);
-    r.set_replica(task / 2);
-    r.set_step(step);
+    Identify(job, task, step, &r);
     r.set_global_step(step);
     r.set_epoch(epoch);
     r.set_failed(failed);
@@ -75,12 +81,7 @@ class CarryOnTest : public JobManagerFixture {
   absl::Status Report(const std::string& job, int task, int64_t step,
                       std::vector<double> losses = {}, std::vector<int> slices = {}) {
     v1::ReportStepRequest r;
-    r.set_worker_id(workers_ids_[task]);
-    r.set_job_id(job);
-    r.set_attempt(1);
-    r.set_rank(task % 2);
-    r.set_replica(task / 2);
-    r.set_step(step);
+    Identify(job, task, step, &r);
     for (double l : losses) r.add_microbatch_losses(l);
     for (int s : slices) r.add_slices(s);
     return manager_->ReportStep(r);

@@ -86,7 +86,7 @@ std::vector<DataSteps::Pass> DataSteps::PassesOf(const Batch& batch) const {
   if (env_.membership != nullptr) slices = env_.membership->slices();
   std::vector<Pass> passes;
   for (int slice : slices) {
-    const ReplicaShare share{slice, std::max(env_.task->replicas(), 1)};
+    const ReplicaShare share{slice, ShareOf(*env_.task).replicas};
     Pass& pass = passes.emplace_back();
     if (owns_first_) pass.inputs = ReplicaMicrobatches(batch.inputs, m, share);
     if (want_targets_) pass.targets = ReplicaMicrobatches(batch.targets, m, share);
@@ -104,8 +104,6 @@ absl::Status DataSteps::RunDataStep(int64_t global_step) {
   }
   ASSIGN_OR_RETURN(Batch batch, data_->Make(global_step));
   for (;;) {
-    // A healed replica joins before this step: the group re-formed, the state synced.
-    if (env_.membership != nullptr) RETURN_IF_ERROR(env_.membership->ApplyPending());
     const std::vector<Pass> passes = PassesOf(batch);
     if (!data_shapes_ && passes.size() == 1) {
       RETURN_IF_ERROR(executor_->AgreeShapes(MetasOf(passes.front().inputs)));
@@ -119,7 +117,6 @@ absl::Status DataSteps::RunDataStep(int64_t global_step) {
 absl::Status DataSteps::RunCounted(const std::vector<torch::Tensor>& inputs,
                                    const std::vector<torch::Tensor>& targets, bool client_batch,
                                    int64_t global_step) {
-  if (env_.membership != nullptr) RETURN_IF_ERROR(env_.membership->ApplyPending());
   if (env_.membership != nullptr &&
       env_.membership->slices() != std::vector<int>{env_.task->replica()}) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -157,11 +154,13 @@ absl::StatusOr<bool> DataSteps::ReduceAndSettle(const StepResult& result, int64_
   absl::Status group = absl::OkStatus();
   if (env_.reducer != nullptr) {
     absl::StatusOr<ReductionReport> reduced = env_.reducer->Finish();
-    // The forwards updated each replica's buffers from its own rows: the first replica's hold
-    // from here (before the settling, so that nothing of the group runs after the commit).
-    if (reduced.ok()) group = env_.reducer->BroadcastBuffers();
-    if (!reduced.ok()) group = reduced.status();
-    if (reduced.ok()) *reduction = *std::move(reduced);
+    group = reduced.status();
+    if (reduced.ok()) {
+      *reduction = *std::move(reduced);
+      // The forwards updated each replica's buffers from its own rows: the first replica's hold
+      // from here (before the settling, so that nothing of the group runs after the commit).
+      group = env_.reducer->BroadcastBuffers();
+    }
   }
   if (!group.ok() && env_.membership == nullptr) return group;
   // On every rank of the pipeline, whatever the group did: it is a transfer between two of them.

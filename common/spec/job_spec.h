@@ -118,6 +118,10 @@ struct PlacementSpec {
   // hold, parameters, gradients, optimizer state and a step's activations together, as the
   // planner predicts them; 0 means no limit. A plan predicted over it is refused.
   int64_t memory_limit_bytes = 0;
+  // placement.spares: idle workers held for the job besides its ranks (docs/recovery.md). The
+  // job is first placed once it has them all; no other job is placed on them, and its restarts
+  // and healings take them first (a restart then holds free workers again, up to this many).
+  int spares = 0;
 };
 
 struct OptimizerSpec {
@@ -153,6 +157,15 @@ struct CheckpointSpec {
   bool async = true;
 };
 
+// training.snapshot: in-memory snapshots (docs/recovery.md). After every `every_steps`-th
+// global step each rank keeps its stages' training state in its worker's memory and sends a
+// copy to another rank's worker (worker/runtime/snapshot/), so that a restart after a lost
+// worker continues from the latest snapshot instead of the latest checkpoint on disk.
+struct SnapshotSpec {
+  // 0: no snapshots.
+  int64_t every_steps = 0;
+};
+
 struct TrainingSpec {
   // Rows per step, split into schedule.microbatches microbatches along dimension 0.
   int64_t batch_size = 0;
@@ -162,6 +175,7 @@ struct TrainingSpec {
   std::string loss = "mse";
   OptimizerSpec optimizer;
   CheckpointSpec checkpoint;
+  SnapshotSpec snapshot;
   // training.resume_from: a checkpoint step directory (<checkpoint dir>/step-<NNNNNN>; a path to
   // its manifest.json is read as the directory; on the
   // workers' filesystem, which the coordinator also sees) to start from instead of the model's

@@ -44,6 +44,8 @@ using yaml_fields::Validator;
 constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 constexpr int64_t kMaxReplicas = 1024;
+// placement.spares: more would hold a pool for one job.
+constexpr int64_t kMaxSpares = 1024;
 constexpr size_t kMaxNameLength = 63;
 
 const std::vector<std::string>& TopLevelKeys() {
@@ -242,7 +244,7 @@ class SpecParser {
   void ParsePlacement(const YAML::Node& node) {
     auto placement = v_.Open(node, "placement",
                              {"workers", "device", "style", "transport", "replicas",
-                              "shard_optimizer", "overlap_reduction", "memory_limit"});
+                              "shard_optimizer", "overlap_reduction", "memory_limit", "spares"});
     if (!placement) return;
     std::string memory_limit;
     if (placement->String("memory_limit", &memory_limit) == Read::kOk) {
@@ -257,6 +259,7 @@ class SpecParser {
     }
     placement->Int("workers", 1, kIntMax, &spec_.placement.workers);
     placement->Int("replicas", 1, kMaxReplicas, &spec_.placement.replicas);
+    placement->Int("spares", 0, kMaxSpares, &spec_.placement.spares);
     placement->Bool("shard_optimizer", &spec_.placement.shard_optimizer);
     placement->Bool("overlap_reduction", &spec_.placement.overlap_reduction);
     const Read device = placement->Enum("device", {"cpu", "cuda"}, &spec_.placement.device);
@@ -274,11 +277,10 @@ class SpecParser {
   }
 
   void ParseTraining(const YAML::Node& node) {
-    auto training = v_.Open(
-        node, "training",
-        {"batch_size", "steps", "loss", "scale_grads", "optimizer", "checkpoint", "resume_from",
-         "lr_schedule", "grad_clip", "max_skipped_steps", "activation_checkpointing",
-         "precision"});
+    auto training = v_.Open(node, "training",
+                            {"batch_size", "steps", "loss", "scale_grads", "optimizer",
+                             "checkpoint", "snapshot", "resume_from", "lr_schedule", "grad_clip",
+                             "max_skipped_steps", "activation_checkpointing", "precision"});
     if (!training) return;
     TrainingSpec& out = spec_.training;
     switch (training->Int("batch_size", 1, kInt64Max, &out.batch_size)) {
@@ -303,6 +305,7 @@ class SpecParser {
     training->Enum("activation_checkpointing", {"none", "full"}, &out.activation_checkpointing);
     training->Enum("precision", {"fp32", "bf16"}, &out.precision);
     ParseCheckpoint(training->Get("checkpoint"));
+    ParseSnapshot(training->Get("snapshot"));
     // The coordinator verifies the checkpoint itself (manifest, checksums, stage layout).
     if (training->String("resume_from", &out.resume_from) == Read::kOk && out.resume_from.empty()) {
       v_.Error(training->Path("resume_from"), "must be a non-empty path");
@@ -389,6 +392,20 @@ class SpecParser {
     if (checkpoint->Int("every_steps", 0, kInt64Max, &out.every_steps) == Read::kOk &&
         !checkpoint->Has("dir")) {
       v_.Error(checkpoint->Path("every_steps"), "only valid with training.checkpoint.dir");
+    }
+  }
+
+  // After ParsePlacement: snapshots are for jobs without replicas (replicas carry on and heal
+  // from each other instead).
+  void ParseSnapshot(const YAML::Node& node) {
+    auto snapshot = v_.Open(node, "training.snapshot", {"every_steps"});
+    if (!snapshot) return;
+    if (snapshot->Int("every_steps", 0, kInt64Max, &spec_.training.snapshot.every_steps) ==
+            Read::kOk &&
+        spec_.training.snapshot.every_steps > 0 && spec_.placement.replicas > 1) {
+      v_.Error(snapshot->Path("every_steps"),
+               "not supported with placement.replicas > 1: replicas carry on and heal from a "
+               "live replica instead (restart.carry_on)");
     }
   }
 

@@ -12,8 +12,8 @@ enum class Caller { kClient, kWorker, kEither };
 
 Caller CallerOf(absl::string_view method) {
   static const std::set<std::string, std::less<>> kWorkerMethods = {
-      "RegisterWorker", "Heartbeat", "ReportStep", "ReportTaskEnd",
-      "SettleStep",     "SetKey",    "GetKey",     "WaitKeys"};
+      "RegisterWorker", "Heartbeat", "ReportStep", "ReportTaskEnd", "SettleStep",
+      "ReportSnapshot", "SetKey",    "GetKey",     "WaitKeys"};
   if (method == "FetchArtifact") return Caller::kEither;
   return kWorkerMethods.count(method) > 0 ? Caller::kWorker : Caller::kClient;
 }

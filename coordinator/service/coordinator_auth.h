@@ -4,9 +4,9 @@
 //
 //   client methods (stagectl: SubmitJob ... UploadArtifact, and any method not listed below)
 //                                      need the client token (--client-token-file);
-//   worker methods (RegisterWorker, Heartbeat, ReportStep, ReportTaskEnd, SettleStep, SetKey,
-//   GetKey,
-//                   WaitKeys)          need the worker token (--worker-token-file);
+//   worker methods (RegisterWorker, Heartbeat, ReportStep, ReportTaskEnd, SettleStep,
+//                   ReportSnapshot, SetKey, GetKey, WaitKeys)
+//                                      need the worker token (--worker-token-file);
 //   FetchArtifact                      takes either.
 // An empty token is not required. Wrong or missing: UNAUTHENTICATED naming the token expected
 // (the tokens themselves are never echoed).

@@ -39,7 +39,7 @@ using ::testing::HasSubstr;
 const std::set<std::string>& WorkerMethods() {
   static const auto* methods = new std::set<std::string>{
       "RegisterWorker", "Heartbeat", "ReportStep", "ReportTaskEnd", "SettleStep",
-      "SetKey",         "GetKey",    "WaitKeys",   "FetchArtifact"};
+      "ReportSnapshot", "SetKey",    "GetKey",     "WaitKeys",      "FetchArtifact"};
   return *methods;
 }
 

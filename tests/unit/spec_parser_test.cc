@@ -366,6 +366,23 @@ TEST(SpecParserTest, CarryOnIsOnWithReplicasUnlessTheOptimizerIsSharded) {
                                     "placement.shard_optimizer")));
 }
 
+TEST(SpecParserTest, SnapshotsAndSpares) {
+  auto spec =
+      ParseJobSpec(Edit(Edit(kBase, "  workers: 2", "  workers: 2\n  spares: 1"),
+                        "  batch_size: 8\n", "  batch_size: 8\n  snapshot: {every_steps: 5}\n"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->placement.spares, 1);
+  EXPECT_EQ(spec->training.snapshot.every_steps, 5);
+  EXPECT_THAT(Errors(Edit(Edit(kBase, "  workers: 2", "  workers: 2\n  replicas: 2"),
+                          "  batch_size: 8\n", "  batch_size: 8\n  snapshot: {every_steps: 5}\n")),
+              ElementsAre(HasSubstr("training.snapshot.every_steps: not supported with "
+                                    "placement.replicas > 1")));
+  EXPECT_THAT(Errors(Edit(kBase, "  workers: 2", "  workers: 2\n  spares: -1")),
+              ElementsAre(HasSubstr("placement.spares")));
+  EXPECT_THAT(Errors(Edit(kBase, "  batch_size: 8\n", "  batch_size: 8\n  snapshot: {every: 5}\n")),
+              ElementsAre(HasSubstr("training.snapshot.every: unknown key")));
+}
+
 TEST(SpecParserTest, UnknownKeysInEveryNestedMapping) {
   EXPECT_THAT(Errors(Edit(kBase, "sizes: [8, 16, 16, 16, 4]", "sizes: [8, 4], sead: 1")),
               ElementsAre("model.builtin.sead: unknown key (valid keys: family, sizes, seed); "

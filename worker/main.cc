@@ -133,6 +133,12 @@ int main(int argc, char** argv) {
   task_deps.settle_step = [&client](const stagecoach::v1::SettleStepRequest& request) {
     return client.SettleStep(request);
   };
+  // In-memory snapshots outlive the tasks that take them: a restart's new attempt reads them.
+  sc::runtime::SnapshotStore snapshots;
+  task_deps.snapshot_store = &snapshots;
+  task_deps.report_snapshot = [&client](const stagecoach::v1::ReportSnapshotRequest& request) {
+    return client.ReportSnapshot(request);
+  };
   task_deps.compute_threads = config.threads;
   task_deps.pin_threads = !config.no_pin_threads;
   sc::worker::TaskManager tasks(task_deps);
@@ -158,6 +164,7 @@ int main(int argc, char** argv) {
   session_options.registration.set_address(advertised->ToString());
   session_options.registration.set_device(config.device);
   session_options.token = &session_token;
+  session_options.snapshots = &snapshots;
   for (const std::string& t : task_deps.transports) session_options.registration.add_transports(t);
   session = std::make_unique<sc::worker::CoordinatorSession>(
       session_options, &client, [&tasks] { return tasks.Status().job_id(); },

@@ -25,16 +25,13 @@ absl::StatusOr<v1::RegisterWorkerResponse> CoordinatorClient::Register(
   return resp;
 }
 
-absl::Status CoordinatorClient::Heartbeat(const std::string& worker_id, const std::string& job_id,
-                                          const std::string& session_token) {
+absl::StatusOr<v1::HeartbeatResponse> CoordinatorClient::Heartbeat(
+    const v1::HeartbeatRequest& request) {
   grpc::ClientContext ctx;
   rpc::SetDeadline(&ctx, kCallTimeout);
-  v1::HeartbeatRequest req;
-  req.set_worker_id(worker_id);
-  req.set_job_id(job_id);
-  req.set_session_token(session_token);
   v1::HeartbeatResponse resp;
-  return rpc::CallError(stub_->Heartbeat(&ctx, req, &resp), "Heartbeat", peer_);
+  RETURN_IF_ERROR(rpc::CallError(stub_->Heartbeat(&ctx, request, &resp), "Heartbeat", peer_));
+  return resp;
 }
 
 absl::Status CoordinatorClient::ReportStep(const v1::ReportStepRequest& report) {
@@ -58,6 +55,13 @@ absl::StatusOr<v1::SettleStepResponse> CoordinatorClient::SettleStep(
   v1::SettleStepResponse resp;
   RETURN_IF_ERROR(rpc::CallError(stub_->SettleStep(&ctx, request, &resp), "SettleStep", peer_));
   return resp;
+}
+
+absl::Status CoordinatorClient::ReportSnapshot(const v1::ReportSnapshotRequest& request) {
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(&ctx, kCallTimeout);
+  v1::ReportSnapshotResponse resp;
+  return rpc::CallError(stub_->ReportSnapshot(&ctx, request, &resp), "ReportSnapshot", peer_);
 }
 
 absl::Status CoordinatorClient::Set(const std::string& key, const std::string& value) {

@@ -32,15 +32,16 @@ class CoordinatorClient : public runtime::TaskReporter,
   const std::string& address() const { return address_; }
 
   absl::StatusOr<v1::RegisterWorkerResponse> Register(const v1::RegisterWorkerRequest& req);
-  // `session_token` is the registration's (RegisterWorkerResponse.session_token).
-  absl::Status Heartbeat(const std::string& worker_id, const std::string& job_id,
-                         const std::string& session_token);
+  // `request.session_token` is the registration's (RegisterWorkerResponse.session_token).
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
 
   // runtime::TaskReporter
   absl::Status ReportStep(const v1::ReportStepRequest& report) override;
   absl::Status ReportTaskEnd(const v1::ReportTaskEndRequest& report) override;
   // CoordinatorService.SettleStep, bounded by the request's wait plus kCallTimeout.
   absl::StatusOr<v1::SettleStepResponse> SettleStep(const v1::SettleStepRequest& request);
+  // CoordinatorService.ReportSnapshot, bounded by kCallTimeout.
+  absl::Status ReportSnapshot(const v1::ReportSnapshotRequest& request);
 
   // transport::RendezvousStore, backed by the coordinator's key-value store.
   absl::Status Set(const std::string& key, const std::string& value) override;

@@ -104,7 +104,20 @@ void CoordinatorSession::Loop() {
         absl::MutexLock lock(&mu_);
         token = session_token_;
       }
-      absl::Status beat = client_->Heartbeat(id, current_job_(), token);
+      v1::HeartbeatRequest request;
+      request.set_worker_id(id);
+      request.set_job_id(current_job_());
+      request.set_session_token(token);
+      if (options_.snapshots != nullptr) {
+        for (std::string& job : options_.snapshots->Jobs()) request.add_snapshot_jobs(job);
+      }
+      absl::StatusOr<v1::HeartbeatResponse> answer = client_->Heartbeat(request);
+      const absl::Status beat = answer.status();
+      if (answer.ok() && options_.snapshots != nullptr) {
+        for (const auto& [job, from_step] : answer->snapshot_keep_from()) {
+          options_.snapshots->KeepFrom(job, from_step);
+        }
+      }
       if (absl::IsNotFound(beat)) {
         spdlog::warn("coordinator forgot this worker: {}", beat.message());
         if (options_.token != nullptr) options_.token->Set("");

@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "worker/runtime/snapshot/snapshot_store.h"
 #include "worker/service/coordinator_client.h"
 
 namespace stagecoach::worker {
@@ -49,6 +50,9 @@ struct SessionOptions {
   // Receives each registration's session token (and is cleared when the coordinator forgets
   // the worker). May be null.
   SessionToken* token = nullptr;
+  // The worker's in-memory snapshots: each heartbeat says which jobs' it holds, and the answer
+  // says which steps to keep (HeartbeatResponse.snapshot_keep_from). May be null.
+  runtime::SnapshotStore* snapshots = nullptr;
 };
 
 // Thread-safe.

@@ -132,6 +132,8 @@ absl::Status TaskManager::Launch(const v1::TaskAssignment& task, std::thread& fi
   deps.resolve_file = deps_.resolve_file;
   deps.memory_counter = deps_.memory_counter;
   deps.settle_step = deps_.settle_step;
+  deps.snapshot_store = deps_.snapshot_store;
+  deps.report_snapshot = deps_.report_snapshot;
   runner_ = std::make_unique<runtime::TaskRunner>(task, std::move(deps));
   running_ = true;
   runtime::TaskRunner* runner = runner_.get();

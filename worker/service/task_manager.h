@@ -35,6 +35,10 @@ struct TaskManagerDeps {
   runtime::CountingCpuAllocator* memory_counter = nullptr;
   // TaskRunnerDeps::settle_step: CoordinatorService.SettleStep.
   runtime::StepSettler settle_step;
+  // TaskRunnerDeps::snapshot_store and report_snapshot: the worker's in-memory snapshots and
+  // CoordinatorService.ReportSnapshot.
+  runtime::SnapshotStore* snapshot_store = nullptr;
+  runtime::SnapshotReporter report_snapshot;
   // The worker's --threads (0: by the policy of worker/runtime/device/compute_threads.h, with the
   // task's ranks_on_host), set on the task's thread before it runs.
   int compute_threads = 0;

@@ -462,26 +462,24 @@ absl::Status RestoreSavedState(SavedState saved, const std::string& where,
 }
 
 // RestoreStageCheckpoint, and with `optimizer` null RestoreStageParameters.
-static absl::Status RestoreStage(const std::string& step_dir, const v1::StageCheckpointFile& file,
-                                 int stage,
-                                 const std::vector<std::pair<std::string, torch::Tensor>>& params,
-                                 torch::optim::Optimizer* optimizer,
-                                 const std::vector<std::pair<std::string, torch::Tensor>>& buffers) {
-  ASSIGN_OR_RETURN(SavedState saved, ReadStateFile(step_dir, file, stage));
-  return RestoreSavedState(
-      std::move(saved),
-      absl::StrCat("stage ", stage, " checkpoint ", PathIn(step_dir, file.file())), params,
-      optimizer, buffers);
+static absl::Status RestoreStage(
+    const StateFiles& files, const v1::StageCheckpointFile& file, int stage,
+    const std::vector<std::pair<std::string, torch::Tensor>>& params,
+    torch::optim::Optimizer* optimizer,
+    const std::vector<std::pair<std::string, torch::Tensor>>& buffers) {
+  ASSIGN_OR_RETURN(SavedState saved, ReadStateFile(files, file, stage));
+  return RestoreSavedState(std::move(saved),
+                           absl::StrCat("stage ", stage, " checkpoint ", files.Where(file.file())),
+                           params, optimizer, buffers);
 }
 
-absl::Status RestoreParameterCopy(const std::string& step_dir,
-                                  const v1::StageCheckpointFile& file, int stage,
-                                  const std::string& source,
+absl::Status RestoreParameterCopy(const StateFiles& files, const v1::StageCheckpointFile& file,
+                                  int stage, const std::string& source,
                                   const std::pair<std::string, torch::Tensor>& copy,
                                   torch::optim::Optimizer* optimizer) {
-  ASSIGN_OR_RETURN(SavedState saved, ReadStateFile(step_dir, file, stage));
-  const std::string where = absl::StrCat("stage ", stage, " checkpoint ",
-                                         PathIn(step_dir, file.file()), " (for ", copy.first, ")");
+  ASSIGN_OR_RETURN(SavedState saved, ReadStateFile(files, file, stage));
+  const std::string where = absl::StrCat("stage ", stage, " checkpoint ", files.Where(file.file()),
+                                         " (for ", copy.first, ")");
   auto it = saved.params.find(source);
   if (it == saved.params.end()) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": it has no parameter '", source, "'"));
@@ -498,18 +496,18 @@ absl::Status RestoreParameterCopy(const std::string& step_dir,
 }
 
 absl::Status RestoreStageCheckpoint(
-    const std::string& step_dir, const v1::StageCheckpointFile& file, int stage,
+    const StateFiles& files, const v1::StageCheckpointFile& file, int stage,
     const std::vector<std::pair<std::string, torch::Tensor>>& params,
     torch::optim::Optimizer& optimizer,
     const std::vector<std::pair<std::string, torch::Tensor>>& buffers) {
-  return RestoreStage(step_dir, file, stage, params, &optimizer, buffers);
+  return RestoreStage(files, file, stage, params, &optimizer, buffers);
 }
 
 absl::Status RestoreStageParameters(
-    const std::string& step_dir, const v1::StageCheckpointFile& file, int stage,
+    const StateFiles& files, const v1::StageCheckpointFile& file, int stage,
     const std::vector<std::pair<std::string, torch::Tensor>>& params,
     const std::vector<std::pair<std::string, torch::Tensor>>& buffers) {
-  return RestoreStage(step_dir, file, stage, params, nullptr, buffers);
+  return RestoreStage(files, file, stage, params, nullptr, buffers);
 }
 
 }  // namespace stagecoach::runtime

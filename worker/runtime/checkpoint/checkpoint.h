@@ -128,7 +128,8 @@ absl::StatusOr<std::vector<v1::StageCheckpointFile>> WriteSnapshot(const std::st
 absl::StatusOr<v1::StageCheckpointFile> FindStageStateFile(const v1::ResumeTask& resume, int stage);
 
 // Restores stage `stage` from its training-state file `file` (an entry WriteStageCheckpoint
-// returned, e.g. from FindStageStateFile) in `step_dir`. In this order, and changing nothing
+// returned, e.g. from FindStageStateFile) in `files` (the step directory, or a snapshot's files
+// in memory). In this order, and changing nothing
 // until every check passed:
 //   1. the file's size and SHA-256 equal the entry's (NOT_FOUND when the file is missing,
 //      DATA_LOSS naming the file with the expected and actual values otherwise), and it
@@ -142,7 +143,7 @@ absl::StatusOr<v1::StageCheckpointFile> FindStageStateFile(const v1::ResumeTask&
 // installs their optimizer state in `optimizer` (SGD or AdamW; other parameters' state is left
 // alone). Not thread-safe with respect to the parameters and the optimizer.
 absl::Status RestoreStageCheckpoint(
-    const std::string& step_dir, const v1::StageCheckpointFile& file, int stage,
+    const StateFiles& files, const v1::StageCheckpointFile& file, int stage,
     const std::vector<std::pair<std::string, torch::Tensor>>& params,
     torch::optim::Optimizer& optimizer,
     const std::vector<std::pair<std::string, torch::Tensor>>& buffers = {});
@@ -161,7 +162,7 @@ absl::Status RestoreSavedState(SavedState saved, const std::string& where,
 // checkpoint's weights): the same checks of the file, the parameters and the buffers, then
 // their values only; the file's optimizer state (whatever its kind) is ignored.
 absl::Status RestoreStageParameters(
-    const std::string& step_dir, const v1::StageCheckpointFile& file, int stage,
+    const StateFiles& files, const v1::StageCheckpointFile& file, int stage,
     const std::vector<std::pair<std::string, torch::Tensor>>& params,
     const std::vector<std::pair<std::string, torch::Tensor>>& buffers = {});
 
@@ -169,9 +170,8 @@ absl::Status RestoreStageParameters(
 // training-state file `file` (a tied copy from the stage that holds it): its value, and with an
 // optimizer its optimizer state. The file's checks are RestoreStageCheckpoint's; INVALID_ARGUMENT
 // when the file has no `source` or it does not fit the copy.
-absl::Status RestoreParameterCopy(const std::string& step_dir,
-                                  const v1::StageCheckpointFile& file, int stage,
-                                  const std::string& source,
+absl::Status RestoreParameterCopy(const StateFiles& files, const v1::StageCheckpointFile& file,
+                                  int stage, const std::string& source,
                                   const std::pair<std::string, torch::Tensor>& copy,
                                   torch::optim::Optimizer* optimizer);
 

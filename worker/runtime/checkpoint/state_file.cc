@@ -14,10 +14,11 @@
 namespace stagecoach::runtime {
 namespace {
 
-absl::StatusOr<std::vector<char>> ReadFile(const std::string& path) {
+absl::StatusOr<StateFiles::Bytes> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("checkpoint file ", path, " is missing"));
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto bytes = std::make_shared<std::vector<char>>((std::istreambuf_iterator<char>(in)),
+                                                   std::istreambuf_iterator<char>());
   if (in.bad())
     return absl::DataLossError(absl::StrCat("reading checkpoint file ", path, " failed"));
   return bytes;
@@ -40,6 +41,25 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> ReadTensorDict(
 }
 
 }  // namespace
+
+StateFiles::StateFiles(std::string step_dir) : name_(std::move(step_dir)) {}
+
+StateFiles::StateFiles(std::string name, std::map<std::string, Bytes> files)
+    : name_(std::move(name)), memory_(std::move(files)) {}
+
+std::string StateFiles::Where(const std::string& file) const {
+  if (memory_.has_value()) return absl::StrCat(name_, ": ", file);
+  return (std::filesystem::path(name_) / file).string();
+}
+
+absl::StatusOr<StateFiles::Bytes> StateFiles::Read(const std::string& file) const {
+  if (!memory_.has_value()) return ReadFile(Where(file));
+  auto it = memory_->find(file);
+  if (it == memory_->end() || it->second == nullptr) {
+    return absl::NotFoundError(absl::StrCat("checkpoint file ", Where(file), " is missing"));
+  }
+  return it->second;
+}
 
 absl::StatusOr<SavedState> ParseStateBytes(const std::vector<char>& bytes,
                                            const std::string& path) {
@@ -104,7 +124,7 @@ std::string DescribeTensor(const torch::Tensor& t) {
                       absl::StrJoin(t.sizes(), ", "), "]");
 }
 
-absl::StatusOr<SavedState> ReadStateFile(const std::string& step_dir,
+absl::StatusOr<SavedState> ReadStateFile(const StateFiles& files,
                                          const v1::StageCheckpointFile& file, int stage) {
   if (file.file().empty() || file.file().find('/') != std::string::npos || file.file() == "." ||
       file.file() == "..") {
@@ -115,8 +135,9 @@ absl::StatusOr<SavedState> ReadStateFile(const std::string& step_dir,
     return absl::InvalidArgumentError(absl::StrCat("checkpoint file ", file.file(), " is stage ",
                                                    file.stage(), "'s, not stage ", stage, "'s"));
   }
-  const std::string path = (std::filesystem::path(step_dir) / file.file()).string();
-  ASSIGN_OR_RETURN(std::vector<char> bytes, ReadFile(path));
+  const std::string path = files.Where(file.file());
+  ASSIGN_OR_RETURN(const StateFiles::Bytes read, files.Read(file.file()));
+  const std::vector<char>& bytes = *read;
   if (static_cast<int64_t>(bytes.size()) != file.size_bytes()) {
     return absl::DataLossError(absl::StrCat("checkpoint file ", path, " is corrupt: expected ",
                                             file.size_bytes(), " bytes, found ", bytes.size()));

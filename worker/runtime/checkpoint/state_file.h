@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -34,12 +35,38 @@ struct SavedState {
   int64_t data_position = -1;
 };
 
+// Where a checkpoint's files are read from: its step directory on disk, or files already in
+// memory (an in-memory snapshot's, exchanged at an attempt's start: snapshot/snapshot_restore.h).
+// Immutable; copies share the bytes.
+class StateFiles {
+ public:
+  using Bytes = std::shared_ptr<const std::vector<char>>;
+
+  // A step directory (implicit: most callers name one).
+  StateFiles(std::string step_dir);                                        // NOLINT
+  StateFiles(const char* step_dir) : StateFiles(std::string(step_dir)) {}  // NOLINT
+  // Files in memory by name; `name` describes them in errors ("the snapshot after step 20").
+  StateFiles(std::string name, std::map<std::string, Bytes> files);
+
+  // The directory, or the in-memory files' name.
+  const std::string& name() const { return name_; }
+  // Where `file` is, for errors: its path, or "<name>: <file>".
+  std::string Where(const std::string& file) const;
+  // The bytes of `file`: NOT_FOUND naming Where(file) when it is not there, DATA_LOSS when the
+  // disk fails.
+  absl::StatusOr<Bytes> Read(const std::string& file) const;
+
+ private:
+  std::string name_;
+  std::optional<std::map<std::string, Bytes>> memory_;
+};
+
 // Reads training-state file `file` (an entry of the checkpoint's, e.g. from a ResumeTask) in
-// `step_dir` and checks it: a plain file name (INVALID_ARGUMENT), the entry is stage `stage`'s
+// `files` and checks it: a plain file name (INVALID_ARGUMENT), the entry is stage `stage`'s
 // (INVALID_ARGUMENT), the file is there (NOT_FOUND naming the path) with the entry's size and
 // SHA-256 (DATA_LOSS naming the path, the expected and the actual value), it unpickles into the
 // layout and holds stage `stage` (DATA_LOSS naming the path and the key).
-absl::StatusOr<SavedState> ReadStateFile(const std::string& step_dir,
+absl::StatusOr<SavedState> ReadStateFile(const StateFiles& files,
                                          const v1::StageCheckpointFile& file, int stage);
 
 // A training-state file's bytes unpickled and checked against the layout (DATA_LOSS naming

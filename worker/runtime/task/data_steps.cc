@@ -241,6 +241,7 @@ absl::StatusOr<bool> DataSteps::RunPasses(const std::vector<Pass>& passes, bool 
   const StepGate::StepEnd end = env_.gate->EndCountedStep();
   RETURN_IF_ERROR(env_.checkpoints->AfterStep(end.steps_done, end.checkpoint_requested, &report));
   env_.reports->Send(report);
+  if (env_.snapshots != nullptr) RETURN_IF_ERROR(env_.snapshots->AfterStep(end.steps_done));
   env_.steps_done->store(step + 1);
   // A healed replica joins after this step, at once (not at the next step, which a pause may
   // put off while its replacements wait in the group's rendezvous).

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "stagecoach/v1/types.pb.h"
 #include "worker/runtime/executor/pipeline_executor.h"
+#include "worker/runtime/snapshot/snapshot_steps.h"
 #include "worker/runtime/task/checkpoint_steps.h"
 #include "worker/runtime/task/evaluation.h"
 #include "worker/runtime/task/step_gate.h"
@@ -43,6 +44,8 @@ struct StepEnv {
   StepGate* gate = nullptr;
   StepReports* reports = nullptr;
   CheckpointSteps* checkpoints = nullptr;
+  // Training tasks of jobs with training.snapshot: takes the in-memory snapshots; else null.
+  SnapshotSteps* snapshots = nullptr;
   // The task's count of counted steps (TaskRunner::steps_done).
   std::atomic<int64_t>* steps_done = nullptr;
   // An Infer job on the rank owning the last stage: where its merged outputs go.

@@ -10,6 +10,8 @@
 #include "common/util/status_macros.h"
 #include "common/util/work_queue.h"
 #include "worker/runtime/generation/decode_sessions.h"
+#include "worker/runtime/snapshot/snapshot_restore.h"
+#include "worker/runtime/snapshot/snapshot_steps.h"
 #include "worker/runtime/task/checkpoint_steps.h"
 #include "worker/runtime/task/client_steps.h"
 #include "worker/runtime/task/data_steps.h"
@@ -112,6 +114,7 @@ void TaskRunner::Stop(const std::string& reason) {
   store_->Cancel();
   if (transport_ != nullptr) transport_->Abort();
   if (group_ != nullptr) group_->Abort();
+  if (snapshot_abort_ != nullptr) snapshot_abort_->Abort();
 }
 
 absl::Status TaskRunner::RequestCheckpoint(int64_t global_step) {
@@ -293,10 +296,75 @@ absl::Status TaskRunner::RunSteps() {
     dp_group_ = *std::move(made);
     UseDataPlane(transport.get(), dp_group_.get(), setup.stages);
   }
-  absl::Status status = RunOnDataPlane(setup, *transport);
+  absl::Status status = ConnectSnapshots(setup);
+  if (status.ok()) status = RunOnDataPlane(setup, *transport);
+  if (!status.ok()) {
+    transport->Abort();
+    if (dp_group_ != nullptr) dp_group_->Abort();
+    // A snapshot still exchanging is abandoned, not waited for.
+    if (snapshot_transport_ != nullptr) snapshot_transport_->Abort();
+  }
+  snapshots_.reset();
   UseDataPlane(nullptr, nullptr, nullptr);
+  {
+    absl::MutexLock lock(&mu_);
+    snapshot_abort_ = nullptr;
+  }
+  snapshot_transport_.reset();
   dp_group_.reset();
   return status;
+}
+
+absl::Status TaskRunner::ConnectSnapshots(TaskSetup& setup) {
+  const int64_t every_steps = setup.forward_only ? 0 : setup.spec.training.snapshot.every_steps;
+  const bool restoring = task_.resume().has_snapshot();
+  if (every_steps <= 0 && !restoring) return absl::OkStatus();
+  if (deps_.snapshot_store == nullptr) {
+    return absl::FailedPreconditionError("this worker keeps no in-memory snapshots");
+  }
+  const absl::Duration timeout = rpc::FromProtoDuration(task_.comm_timeout());
+  if (task_.world_size() > 1) {
+    TransportRequest request;
+    request.backend = "gloo";  // host memory: the snapshots are
+    request.rank = task_.rank();
+    request.world_size = task_.world_size();
+    request.prefix = absl::StrCat(task_.rendezvous_prefix(), "snapshot/");
+    request.timeout = timeout;
+    absl::StatusOr<std::unique_ptr<transport::Transport>> made =
+        deps_.make_transport(request, store_.get());
+    if (!made.ok()) {
+      return absl::Status(
+          made.status().code(),
+          absl::StrCat("rank ", task_.rank(), ": snapshot transport: ", made.status().message()));
+    }
+    snapshot_transport_ = *std::move(made);
+    absl::MutexLock lock(&mu_);
+    snapshot_abort_ = snapshot_transport_.get();
+    if (gate_.stop_reason().has_value()) snapshot_abort_->Abort();
+  }
+  if (restoring) {
+    const absl::Time start = absl::Now();
+    ASSIGN_OR_RETURN(
+        const StateFiles files,
+        ExchangeSnapshotForRestore(task_, *deps_.snapshot_store, snapshot_transport_.get(),
+                                   std::max(timeout, absl::Minutes(5))));
+    ASSIGN_OR_RETURN(setup.base_step, Resume(task_, setup, files));
+    spdlog::info("{} rank {}: restored from the in-memory snapshot after step {} in {}",
+                 task_.job_id(), task_.rank(), setup.base_step,
+                 absl::FormatDuration(absl::Now() - start));
+  }
+  if (every_steps > 0) {
+    SnapshotStepsOptions options = SnapshotOptionsOf(task_, deps_.worker_id, every_steps);
+    // The last stage's copy of tied embeddings is in stage 0's file, as in a checkpoint.
+    const std::optional<TiedPair> tied = TiedPairOf(setup.spec, task_.num_stages());
+    if (tied.has_value() && setup.stages->Owns(tied->second_stage)) {
+      options.omitted[tied->second_stage] = tied->second_name;
+    }
+    snapshots_ = std::make_unique<SnapshotSteps>(std::move(options), setup.stages->by_index,
+                                                 setup.optimizer.get(), deps_.snapshot_store,
+                                                 snapshot_transport_.get(), deps_.report_snapshot);
+  }
+  return absl::OkStatus();
 }
 
 namespace {
@@ -415,6 +483,7 @@ absl::Status TaskRunner::RunOnDataPlane(TaskSetup& setup, transport::Transport& 
                     &gate_,
                     &reports,
                     &checkpoints,
+                    snapshots_.get(),
                     &steps_done_,
                     &inference_outputs_,
                     parts->reducer.get(),
@@ -456,7 +525,8 @@ absl::Status TaskRunner::StepLoop(DataSteps& data, ClientSteps& client_steps,
         status = checkpoints.AtHold(decision.steps_done, steps_done_.load() - 1);
         break;
       case StepGate::Action::kFinish:
-        // The last checkpoint's files are reported before the task's end.
+        // The last checkpoint's files (and snapshot) are reported before the task's end.
+        if (snapshots_ != nullptr) RETURN_IF_ERROR(snapshots_->Drain());
         return checkpoints.Drain();
     }
     RETURN_IF_ERROR(status);

@@ -45,6 +45,7 @@
 #include "stagecoach/v1/worker.pb.h"
 #include "worker/collectives/collectives.h"
 #include "worker/runtime/executor/message_tags.h"
+#include "worker/runtime/snapshot/snapshot_store.h"
 #include "worker/runtime/task/step_gate.h"
 #include "worker/runtime/training/replica_membership.h"
 #include "worker/transport/rendezvous_store.h"
@@ -57,6 +58,7 @@ class ClientSteps;
 class DataSteps;
 class DecodeSessions;
 class GradientReducer;
+class SnapshotSteps;
 
 struct TaskSetup;
 struct TaskStages;
@@ -141,6 +143,11 @@ struct TaskRunnerDeps {
   // Required by tasks whose steps are settled (TaskAssignment.settle_steps: replicas that
   // carry on): CoordinatorService.SettleStep.
   StepSettler settle_step;
+  // Required by tasks of jobs with training.snapshot, and of attempts starting from an
+  // in-memory snapshot (ResumeTask.snapshot): the worker's snapshot store (it outlives the
+  // task) and CoordinatorService.ReportSnapshot.
+  SnapshotStore* snapshot_store = nullptr;
+  SnapshotReporter report_snapshot;
 };
 
 class TaskRunner {
@@ -207,6 +214,10 @@ class TaskRunner {
   // A replacement rank (TaskAssignment.join): waits to join, takes the state from the donor
   // and starts its timeline where it joins.
   absl::Status JoinRunningJob(ReplicaMembership& membership);
+  // In-memory snapshots (training.snapshot): connects the snapshot transport (the attempt's
+  // ranks, when there are several) and, when the attempt starts from a snapshot, exchanges its
+  // files and restores the stages from them (snapshot/snapshot_restore.h).
+  absl::Status ConnectSnapshots(TaskSetup& setup);
   // The gate's decisions, each run, until it finishes the task or one fails.
   absl::Status StepLoop(DataSteps& data, ClientSteps& client_steps, CheckpointSteps& checkpoints);
   // Makes the data plane (its data-parallel group, if any) and the stages known to Stop and
@@ -233,6 +244,8 @@ class TaskRunner {
   transport::Transport* transport_ ABSL_GUARDED_BY(mu_) = nullptr;
   // The data-parallel group in use, so that Stop can abort it; owned by RunSteps.
   collectives::Collectives* group_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // The snapshot transport, so that Stop can abort it; owned by snapshot_transport_.
+  transport::Transport* snapshot_abort_ ABSL_GUARDED_BY(mu_) = nullptr;
   // The rank's stages while RunSteps has them: a client step's check runs a batch through
   // stage 0, and a generation session's decoding step through a stage (the gate lets them only
   // while the task holds); they share the stages, so that they outlive work that a task ending
@@ -242,6 +255,10 @@ class TaskRunner {
   std::unique_ptr<DecodeSessions> decode_sessions_;
   // The task's data-parallel group (replicas > 1), replaced by Regroup; the task's thread's.
   std::unique_ptr<collectives::Collectives> dp_group_;
+  // In-memory snapshots: their transport and the steps that take them (training tasks of jobs
+  // with training.snapshot); the task's thread's.
+  std::unique_ptr<transport::Transport> snapshot_transport_;
+  std::unique_ptr<SnapshotSteps> snapshots_;
   // The rendezvous store wrapper in use, so that Stop can cancel its waits.
   class CancellableStore;
   std::unique_ptr<CancellableStore> store_;

@@ -139,10 +139,10 @@ std::vector<SkipPair> SkipPairs(const model::PipelineWiring& wiring) {
   return skips;
 }
 
-// A resumed job starts from its checkpoint: parameters, optimizer state (forward-only tasks,
-// inference on a checkpoint, take the weights only), and the timeline's position (which is also
-// the data stream's). Returns that position.
-absl::StatusOr<int64_t> Resume(const v1::TaskAssignment& task, TaskSetup& setup) {
+}  // namespace
+
+absl::StatusOr<int64_t> Resume(const v1::TaskAssignment& task, TaskSetup& setup,
+                               const StateFiles& files) {
   if (!task.has_resume()) return 0;
   const v1::ResumeTask& resume = task.resume();
   const std::optional<TiedPair> tied = TiedPairOf(setup.spec, task.num_stages());
@@ -174,26 +174,27 @@ absl::StatusOr<int64_t> Resume(const v1::TaskAssignment& task, TaskSetup& setup)
     }
     const std::vector<std::pair<std::string, torch::Tensor>> buffers = stage->NamedBuffers();
     if (setup.forward_only) {
-      RETURN_IF_ERROR(RestoreStageParameters(resume.directory(), file, s, params, buffers));
+      RETURN_IF_ERROR(RestoreStageParameters(files, file, s, params, buffers));
     } else if (setup.shards != nullptr || sharded_files) {
       // Optimizer state of another layout (ZeRO-1 shards, or sharding now): re-laid out.
       RETURN_IF_ERROR(RestoreStageParameters(resume.directory(), file, s, params, buffers));
       RETURN_IF_ERROR(RestoreOptimizerState(resume, s, params, setup.spec.training.optimizer,
                                             *setup.optimizer, setup.shards.get()));
     } else {
-      RETURN_IF_ERROR(RestoreStageCheckpoint(resume.directory(), file, s, params,
-                                             *setup.optimizer, buffers));
+      RETURN_IF_ERROR(RestoreStageCheckpoint(files, file, s, params, *setup.optimizer, buffers));
     }
     if (copy.has_value()) {
-      RETURN_IF_ERROR(RestoreTiedCopy(*tied, resume, s, *copy,
+      RETURN_IF_ERROR(RestoreTiedCopy(*tied, resume, files, s, *copy,
                                       setup.forward_only ? nullptr : setup.optimizer.get()));
     }
   }
   if (setup.shards != nullptr) setup.shards->LoadShards();
-  spdlog::info("{} rank {}: resumed from {} (step {})", task.job_id(), task.rank(),
-               resume.directory(), resume.step());
+  spdlog::info("{} rank {}: resumed from {} (step {})", task.job_id(), task.rank(), files.name(),
+               resume.step());
   return resume.step();
 }
+
+namespace {
 
 absl::StatusOr<std::vector<schedule::Action>> ParseActions(const v1::TaskAssignment& task) {
   std::vector<schedule::Action> actions;
@@ -242,7 +243,11 @@ absl::StatusOr<TaskSetup> SetUpTask(const v1::TaskAssignment& task, const TaskRu
     }
   }
   ASSIGN_OR_RETURN(setup.optimizer, MakeOptimizer(setup.spec.training.optimizer, parameters));
-  ASSIGN_OR_RETURN(setup.base_step, Resume(task, setup));
+  // An in-memory snapshot's files come over the data plane: the runner resumes once it has them
+  // (snapshot/snapshot_restore.h).
+  if (!task.resume().has_snapshot()) {
+    ASSIGN_OR_RETURN(setup.base_step, Resume(task, setup, task.resume().directory()));
+  }
   ASSIGN_OR_RETURN(setup.actions, ParseActions(task));
   if (setup.inference && setup.stages->Owns(0)) {
     if (!task.inference().has_inputs()) {

@@ -26,6 +26,7 @@
 #include "worker/model/precision.h"
 #include "worker/model/stage_model.h"
 #include "worker/model/torchscript_model.h"
+#include "worker/runtime/checkpoint/state_file.h"
 #include "worker/runtime/executor/message_tags.h"
 #include "worker/runtime/executor/training_setup.h"
 #include "worker/runtime/task/task_runner.h"
@@ -81,6 +82,13 @@ struct TaskSetup {
 
 // Builds the task's setup. `deps` gives the worker's device and the file resolver.
 absl::StatusOr<TaskSetup> SetUpTask(const v1::TaskAssignment& task, const TaskRunnerDeps& deps);
+
+// A resumed task starts from its checkpoint (TaskAssignment.resume), read from `files` (its
+// directory, or an in-memory snapshot's files): parameters, buffers, optimizer state
+// (forward-only tasks, inference on a checkpoint, take the weights only). Returns the
+// timeline's position (which is also the data stream's): resume.step, or 0 without a resume.
+absl::StatusOr<int64_t> Resume(const v1::TaskAssignment& task, TaskSetup& setup,
+                               const StateFiles& files);
 
 // What the task asks of its data plane: the pipeline transport of its replica.
 TransportRequest DataPlaneRequest(const v1::TaskAssignment& task, const TaskSetup& setup);

@@ -35,14 +35,14 @@ std::optional<TiedPair> TiedPairOf(const spec::JobSpec& spec, int num_stages) {
   return TiedPair{0, spec::TiedEmbeddingName(*builtin), num_stages - 1, "head.weight"};
 }
 
-absl::Status RestoreTiedCopy(const TiedPair& pair, const v1::ResumeTask& resume, int stage,
+absl::Status RestoreTiedCopy(const TiedPair& pair, const v1::ResumeTask& resume,
+                             const StateFiles& files, int stage,
                              const std::pair<std::string, torch::Tensor>& copy,
                              torch::optim::Optimizer* optimizer) {
   if (stage != pair.second_stage) return absl::OkStatus();
   ASSIGN_OR_RETURN(const v1::StageCheckpointFile file,
                    FindStageStateFile(resume, pair.first_stage));
-  return RestoreParameterCopy(resume.directory(), file, pair.first_stage, pair.first_name, copy,
-                              optimizer);
+  return RestoreParameterCopy(files, file, pair.first_stage, pair.first_name, copy, optimizer);
 }
 
 absl::StatusOr<std::unique_ptr<TiedGradients>> TiedGradients::Create(

@@ -35,6 +35,7 @@
 #include "common/spec/job_spec.h"
 #include "stagecoach/v1/types.pb.h"
 #include "worker/model/stage_model.h"
+#include "worker/runtime/checkpoint/state_file.h"
 #include "worker/transport/transport.h"
 
 namespace stagecoach::runtime {
@@ -52,9 +53,10 @@ struct TiedPair {
 std::optional<TiedPair> TiedPairOf(const spec::JobSpec& spec, int num_stages);
 
 // After a stage `stage` of this rank was restored from a checkpoint without its tied copy: the
-// copy's value (and with `optimizer` its state) from the first stage's training-state file in
-// `resume`. Nothing for other stages.
-absl::Status RestoreTiedCopy(const TiedPair& pair, const v1::ResumeTask& resume, int stage,
+// copy's value (and with `optimizer` its state) from the first stage's training-state file of
+// `resume`, read from `files`. Nothing for other stages.
+absl::Status RestoreTiedCopy(const TiedPair& pair, const v1::ResumeTask& resume,
+                             const StateFiles& files, int stage,
                              const std::pair<std::string, torch::Tensor>& copy,
                              torch::optim::Optimizer* optimizer);
 

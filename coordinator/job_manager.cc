@@ -435,8 +435,10 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
   return out;
 }
 
-absl::Status JobManager::Heartbeat(const v1::HeartbeatRequest& req) {
-  return registry_.Heartbeat(req.worker_id(), deps_.clock->Now(), req.session_token());
+absl::StatusOr<v1::HeartbeatResponse> JobManager::Heartbeat(const v1::HeartbeatRequest& req) {
+  RETURN_IF_ERROR(registry_.Heartbeat(req.worker_id(), deps_.clock->Now(), req.session_token()));
+  if (req.snapshot_jobs().empty()) return v1::HeartbeatResponse();
+  return SnapshotKeepFrom(req.snapshot_jobs());
 }
 
 absl::StatusOr<RankSlot*> JobManager::ReportingSlotLocked(Job& job, const std::string& worker_id,

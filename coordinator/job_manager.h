@@ -228,8 +228,14 @@ class JobManager : private LifecycleHooks {
   // --- Workers ---
 
   absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(const v1::RegisterWorkerRequest& req);
-  // Takes only the registry's lock.
-  absl::Status Heartbeat(const v1::HeartbeatRequest& req);
+  // Renews the lease under the registry's lock alone; then, for the jobs whose in-memory
+  // snapshots the worker holds, says which steps to keep (SnapshotKeepFrom).
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req);
+  // A worker holds in-memory snapshot files of a job (CoordinatorService.ReportSnapshot):
+  // recorded in the job's SnapshotCopies; a report of an ended job or an earlier attempt is
+  // ignored. FAILED_PRECONDITION when the worker runs none of the attempt's ranks;
+  // SnapshotCopies::Record's errors.
+  absl::Status ReportSnapshot(const v1::ReportSnapshotRequest& req);
   absl::Status ReportStep(const v1::ReportStepRequest& req);
   absl::Status ReportTaskEnd(const v1::ReportTaskEndRequest& req);
   // A rank of a job whose replicas carry on settles its step (StepSettlement::Settle). Waits
@@ -267,6 +273,10 @@ class JobManager : private LifecycleHooks {
   // FinishRecoveryLocked (what the job does next) under it.
   void QueueRecoveryLocked(Job& job);
   void FinishRecoveryLocked(Job& job, const std::string& plan_error);
+  // HeartbeatResponse.snapshot_keep_from for `jobs`: a live job's latest complete snapshot
+  // step (0 before it has one: keep everything), -1 for an ended or unknown job.
+  v1::HeartbeatResponse SnapshotKeepFrom(
+      const google::protobuf::RepeatedPtrField<std::string>& jobs);
   // Sets the metrics' job and worker counts from the current table (when deps_.metrics).
   void UpdateStateMetricsLocked();
 

@@ -15,6 +15,7 @@
 #include "client/render/render_balance.h"
 #include "client/render/render_memory.h"
 #include "client/render/render_plan.h"
+#include "client/render/render_recovery.h"
 #include "common/rpc/tensor_data.h"
 #include "common/rpc/time_conversion.h"
 
@@ -490,15 +491,7 @@ std::string JobDetails(const v1::Job& j) {
         << j.microbatches() * j.replicas() << " microbatches a step)";
   }
   out << "\n";
-  if (j.replicas() > 1 && j.lost_replicas_size() > 0) {
-    out << "Replicas:  " << j.healthy_replicas() << "/" << j.replicas()
-        << " healthy (degraded: replica(s) " << absl::StrJoin(j.lost_replicas(), ", ")
-        << " left; the healthy ones run their microbatches"
-        << (j.healing_replica() >= 0
-                ? absl::StrCat("; healing replica ", j.healing_replica(), " on new workers")
-                : "")
-        << ")\n";
-  }
+  out << RecoveryLines(j);
   out << "Steps:     " << j.steps_done() << "/" << j.steps_total() << " (global step "
       << j.global_steps_done() << ")\n";
   if (j.pause_at_global_step() > 0 && !IsFinalState(j.state())) {

@@ -196,6 +196,8 @@ void Job::ToProto(v1::Job* out, const HistoryWindow& window) const {
   out->set_healthy_replicas(replica_health.carry_on() ? replica_health.healthy() : plan.replicas);
   for (int lost : replica_health.lost()) out->add_lost_replicas(lost);
   out->set_healing_replica(replica_health.healing());
+  if (snapshots.latest().has_value()) *out->mutable_snapshot() = *snapshots.latest();
+  for (const std::string& id : spare_workers) out->add_spare_workers(id);
   out->set_spec_yaml(spec_yaml);
   *out->mutable_created_time() = rpc::ToProtoTimestamp(created);
   for (const v1::JobCheckpoint& c : checkpoints) *out->add_checkpoints() = c;

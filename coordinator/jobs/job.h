@@ -60,6 +60,7 @@
 #include "coordinator/jobs/step_trace.h"
 #include "coordinator/jobs/training_record.h"
 #include "coordinator/planning/planner.h"
+#include "coordinator/snapshots/snapshot_copies.h"
 #include "stagecoach/v1/coordinator.pb.h"
 #include "stagecoach/v1/types.pb.h"
 
@@ -183,6 +184,12 @@ struct Job {
   // The checkpoint the current attempt restored (the latest one when it was placed); unset when
   // it started from the model's initial parameters.
   std::optional<v1::JobCheckpoint> restored;
+  // The in-memory snapshots its workers hold (training.snapshot), and the step of the one the
+  // current attempt started from (-1: it did not start from one).
+  SnapshotCopies snapshots;
+  int64_t restored_snapshot = -1;
+  // Idle workers held for the job (placement.spares), by id.
+  std::vector<std::string> spare_workers;
   // A StepJob in flight: its global step, and what the ranks reported for it.
   struct ClientStepState {
     int64_t global_step = 0;

@@ -23,6 +23,15 @@ v1::JobFailure LostFailure(const RankSlot& slot, const std::string& why) {
 
 // Where a restart continues from, for its reason.
 std::string RestartPoint(const Job& job) {
+  // Placement takes the snapshot when its holders are free then; the checkpoint otherwise.
+  const std::optional<v1::JobSnapshot>& snapshot = job.snapshots.latest();
+  if (snapshot.has_value() &&
+      (job.checkpoints.empty() || snapshot->step() > job.checkpoints.back().step())) {
+    return absl::StrCat("the in-memory snapshot after step ", snapshot->step(),
+                        job.checkpoints.empty() ? ""
+                                                : absl::StrCat(" (else the checkpoint after step ",
+                                                               job.checkpoints.back().step(), ")"));
+  }
   if (!job.checkpoints.empty()) {
     return absl::StrCat("the checkpoint after step ", job.checkpoints.back().step());
   }
@@ -144,8 +153,10 @@ void JobLifecycle::EndLocked(Job& job, v1::JobState state, const std::string& re
   if (deps_.metrics != nullptr && job.replica_health.degraded()) {
     deps_.metrics->ReplicaHealth(job.id, job.plan.replicas, job.plan.replicas);  // over
   }
-  // A finished Infer job needs only its outputs.
+  // A finished Infer job needs only its outputs, and no spares.
   job.inference_inputs.Clear();
+  deps_.registry->Unreserve(job.id);
+  job.spare_workers.clear();
   ReleaseEndedLocked(job);
   if (job.starting) return;  // StartAttempt stops the ranks once its calls return
   for (const RankSlot& slot : job.ranks) {

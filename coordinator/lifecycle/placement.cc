@@ -6,6 +6,8 @@
 #include "absl/strings/str_join.h"
 #include "common/rpc/address.h"
 #include "common/util/logging.h"
+#include "coordinator/checkpoints/resume_layout.h"
+#include "coordinator/snapshots/snapshot_placement.h"
 
 namespace stagecoach::coordinator {
 
@@ -28,6 +30,10 @@ std::vector<StartOrder> Placement::PlaceLocked(JobTable& table, absl::Time now) 
       continue;
     }
     const int needed = job->plan.num_tasks();
+    // A first placement waits for its spares too; a restart takes the workers it needs and
+    // holds spares again as it can.
+    const int spares = job->spec.placement.spares;
+    const int wanted = restarting ? needed : needed + spares;
     const std::string& device = job->spec.placement.device;
     // A restarting job keeps its cause in view while it waits.
     const std::string waiting =
@@ -37,10 +43,12 @@ std::vector<StartOrder> Placement::PlaceLocked(JobTable& table, absl::Time now) 
                                  device, " workers");
       continue;
     }
-    std::vector<WorkerRecord> idle = registry_->Idle(device, job->plan.transport);
-    if (static_cast<int>(idle.size()) < needed) {
+    std::vector<WorkerRecord> idle = registry_->Idle(device, job->plan.transport, job->id);
+    if (static_cast<int>(idle.size()) < wanted) {
       job->reason =
-          absl::StrCat(waiting, "waiting for ", needed, " workers, ", idle.size(), " free");
+          absl::StrCat(waiting, "waiting for ", wanted, " workers",
+                       wanted > needed ? absl::StrCat(" (", spares, " of them spares)") : "", ", ",
+                       idle.size(), " free");
       if (device != "cpu") {
         absl::StrAppend(&job->reason, " (device ", device, ", transport ", job->plan.transport,
                         ")");
@@ -49,21 +57,28 @@ std::vector<StartOrder> Placement::PlaceLocked(JobTable& table, absl::Time now) 
       blocker = job->id;
       continue;
     }
-    idle.resize(needed);  // ranks in registration order of the free workers
-    const AttemptStart start = PrepareAttemptLocked(*job, restarting);
-    StartOrder order = AssignRanksLocked(*job, idle, start);
+    std::vector<WorkerRecord> workers;
+    const AttemptStart start = PrepareAttemptLocked(*job, restarting, idle, workers);
+    StartOrder order = AssignRanksLocked(*job, workers, start);
+    HoldSparesLocked(*job, idle);
     if (restarting && !job->spec.training.checkpoint.dir.empty()) {
       order.set_aside_dir = job->spec.training.checkpoint.dir;
       order.set_aside_after = job->attempt_base;
       order.set_aside_tag = absl::StrCat("attempt-", job->attempt - 1);
     }
     std::vector<std::string> names;
-    for (const WorkerRecord& w : idle) names.push_back(w.id);
-    const std::string placed = absl::StrCat(
-        "starting attempt ", job->attempt, " on ", absl::StrJoin(names, ", "),
-        start.checkpoint.has_value()
-            ? absl::StrCat(" from the checkpoint after step ", start.checkpoint->step())
-            : "");
+    for (const WorkerRecord& w : workers) names.push_back(w.id);
+    std::string from;
+    if (start.snapshot.has_value()) {
+      from = absl::StrCat(" from the in-memory snapshot after step ", start.checkpoint->step());
+    } else if (start.checkpoint.has_value()) {
+      from = absl::StrCat(" from the checkpoint after step ", start.checkpoint->step());
+    }
+    const std::string placed =
+        absl::StrCat("starting attempt ", job->attempt, " on ", absl::StrJoin(names, ", "), from,
+                     job->spare_workers.empty()
+                         ? ""
+                         : absl::StrCat(" (spares ", absl::StrJoin(job->spare_workers, ", "), ")"));
     absl::Status moved = job->TransitionTo(v1::JOB_STATE_STARTING, placed, now);
     if (!moved.ok()) spdlog::error("{}: {}", job->id, moved.message());
     spdlog::info("{} {}", job->id, placed);
@@ -73,11 +88,16 @@ std::vector<StartOrder> Placement::PlaceLocked(JobTable& table, absl::Time now) 
   return orders;
 }
 
-AttemptStart Placement::PrepareAttemptLocked(Job& job, bool restarting) {
+AttemptStart Placement::PrepareAttemptLocked(Job& job, bool restarting,
+                                             const std::vector<WorkerRecord>& idle,
+                                             std::vector<WorkerRecord>& workers) {
   // A restart continues from the latest complete checkpoint; a first attempt from the
   // checkpoint the job resumes from, if any.
-  AttemptStart start{job.resumed_from, job.resume_files, job.resume_by_name};
+  AttemptStart start{job.resumed_from, job.resume_files, job.resume_by_name, std::nullopt};
   job.restored.reset();
+  const int64_t failed_snapshot = job.restored_snapshot;
+  const bool snapshot_failed = failed_snapshot >= 0 && job.steps_completed == 0;
+  job.restored_snapshot = -1;
   if (restarting) {
     // A checkpoint past the losses on record (the coordinator stopped after writing its
     // manifest but before its step's loss was saved) is not restarted from: the steps before
@@ -98,10 +118,22 @@ AttemptStart Placement::PrepareAttemptLocked(Job& job, bool restarting) {
     auto files = job.checkpoint_stage_files.find(latest.step());
     if (files != job.checkpoint_stage_files.end() &&
         static_cast<int>(files->second.size()) == job.plan.num_stages) {
-      start = AttemptStart{latest, files->second};
+      start = AttemptStart{latest, files->second, false, std::nullopt};
       job.restored = latest;
     }
   }
+  // The ranks in registration order of the free workers, unless the latest in-memory snapshot
+  // is newer: then on the workers holding it.
+  workers.assign(idle.begin(), idle.begin() + job.plan.num_tasks());
+  if (restarting && snapshot_failed && job.snapshots.latest().has_value() &&
+      job.snapshots.latest()->step() == failed_snapshot) {
+    spdlog::warn(
+        "{}: not restarting from the in-memory snapshot after step {} again: the "
+        "attempt that started from it failed before its first step",
+        job.id, failed_snapshot);
+    job.snapshots.DropLatest();
+  }
+  if (restarting) StartFromSnapshotLocked(job, idle, start, workers);
   job.attempt_base = start.checkpoint.has_value() ? start.checkpoint->step() : job.base_step;
   if (job.hold_step >= 0 && job.hold_step < job.attempt_base) job.hold_step = -1;
   // Steps after the starting point are run again.
@@ -120,6 +152,64 @@ AttemptStart Placement::PrepareAttemptLocked(Job& job, bool restarting) {
   job.partial_steps.clear();
   job.checkpoint_files.clear();
   return start;
+}
+
+void Placement::StartFromSnapshotLocked(Job& job, const std::vector<WorkerRecord>& idle,
+                                        AttemptStart& start, std::vector<WorkerRecord>& workers) {
+  const std::optional<v1::JobSnapshot>& snapshot = job.snapshots.latest();
+  if (!snapshot.has_value() || job.plan.replicas > 1 || job.forward_only()) return;
+  const int64_t step = snapshot->step();
+  const int64_t from = start.checkpoint.has_value() ? start.checkpoint->step() : job.base_step;
+  // Like a checkpoint, a snapshot past the losses on record is not restarted from.
+  const int64_t covered = job.base_step + static_cast<int64_t>(job.losses.size());
+  if (step <= from || step > covered) return;
+  const Plan& plan = job.plan;
+  std::vector<std::vector<int>> needs(plan.num_ranks);
+  for (int s = 0; s < plan.num_stages; ++s) needs[plan.stage_to_rank[s]].push_back(s);
+  // The last stage's tied copy of the embeddings comes from stage 0's file.
+  const int last = plan.stage_to_rank[plan.num_stages - 1];
+  if (TiedAcrossStages(job.spec, plan.num_stages) && plan.stage_to_rank[0] != last) {
+    needs[last].push_back(0);
+  }
+  std::vector<std::string> ids;
+  for (const WorkerRecord& w : idle) ids.push_back(w.id);
+  const std::optional<SnapshotPlacement> placed = PlaceOnSnapshot(*snapshot, needs, ids);
+  if (!placed.has_value()) {
+    spdlog::info(
+        "{}: not restarting from the in-memory snapshot after step {}: a rank's files "
+        "are held by no free worker",
+        job.id, step);
+    return;
+  }
+  workers.clear();
+  for (int w : placed->workers) workers.push_back(idle[w]);
+  AttemptStart from_snapshot;
+  v1::JobCheckpoint& point = from_snapshot.checkpoint.emplace();
+  point.set_step(step);
+  point.set_directory(absl::StrCat("in-memory snapshot after step ", step));
+  from_snapshot.stage_files.resize(plan.num_stages);
+  for (const v1::SnapshotCopy& copy : snapshot->ranks()) {
+    for (const v1::StageCheckpointFile& f : copy.files()) {
+      if (f.stage() >= 0 && f.stage() < plan.num_stages) {
+        from_snapshot.stage_files[f.stage()].push_back(f);
+      }
+    }
+  }
+  *from_snapshot.snapshot.emplace().mutable_transfers() = {placed->transfers.begin(),
+                                                           placed->transfers.end()};
+  start = std::move(from_snapshot);
+  job.restored_snapshot = step;
+}
+
+void Placement::HoldSparesLocked(Job& job, const std::vector<WorkerRecord>& idle) {
+  registry_->Unreserve(job.id);
+  job.spare_workers.clear();
+  const size_t spares = static_cast<size_t>(job.spec.placement.spares);
+  for (const WorkerRecord& w : idle) {
+    if (job.spare_workers.size() >= spares) break;
+    // The attempt's own workers are busy now: Reserve refuses them.
+    if (registry_->Reserve(w.id, job.id).ok()) job.spare_workers.push_back(w.id);
+  }
 }
 
 namespace {
@@ -149,6 +239,7 @@ StartOrder Placement::AssignRanksLocked(Job& job, const std::vector<WorkerRecord
   ++job.attempt;
   job.starting = true;
   job.ranks.clear();
+  job.snapshots.StartAttempt(job.attempt, job.plan.num_ranks);
   job.replica_health.Reset(job.plan.replicas, job.plan.num_ranks,
                            !job.forward_only() && !job.inference && spec::CarriesOn(job.spec));
   StartOrder order;

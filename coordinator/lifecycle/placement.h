@@ -5,7 +5,8 @@
 // behind it, so a large job is never starved by a stream of small ones.
 //
 // Placing a job starts a new attempt: it picks where the attempt starts (a restart continues
-// from the latest complete checkpoint), drops what the previous attempt recorded after that
+// from the latest complete checkpoint, or the latest in-memory snapshot when that is newer and
+// free workers hold it), drops what the previous attempt recorded after that
 // point, assigns the workers in the registry, builds each rank's TaskAssignment and moves the
 // job to STARTING. The StartTask calls themselves are the caller's (JobLifecycle::StartAttempt,
 // on its executor): placement does no I/O.
@@ -58,8 +59,18 @@ class Placement {
 
  private:
   // Where the new attempt of `job` starts, and the job reset to it (attempt counters, what the
-  // previous attempt recorded after the starting point).
-  AttemptStart PrepareAttemptLocked(Job& job, bool restarting);
+  // previous attempt recorded after the starting point); `workers`: the ones of `idle` its
+  // ranks take, in rank order.
+  AttemptStart PrepareAttemptLocked(Job& job, bool restarting,
+                                    const std::vector<WorkerRecord>& idle,
+                                    std::vector<WorkerRecord>& workers);
+  // A restart from the job's latest in-memory snapshot (coordinator/snapshots/) instead of
+  // `start`, when the snapshot is newer and every file it restores is held by one of `idle`:
+  // replaces `start` and `workers` (on the workers holding the files).
+  void StartFromSnapshotLocked(Job& job, const std::vector<WorkerRecord>& idle, AttemptStart& start,
+                               std::vector<WorkerRecord>& workers);
+  // Holds free workers of `idle` as the job's spares (placement.spares), as many as there are.
+  void HoldSparesLocked(Job& job, const std::vector<WorkerRecord>& idle);
   // Fills job.ranks from `workers` (rank r on workers[r]), assigns them and builds the order.
   StartOrder AssignRanksLocked(Job& job, const std::vector<WorkerRecord>& workers,
                                const AttemptStart& start);

@@ -16,7 +16,8 @@ std::vector<HealOrder> PlanHealsLocked(JobTable& table, WorkerRegistry& registry
     ReplicaHealth& health = job->replica_health;
     const int replica = health.ReplicaToHeal();
     if (replica < 0) continue;
-    std::vector<WorkerRecord> idle = registry.Idle(job->spec.placement.device, job->plan.transport);
+    std::vector<WorkerRecord> idle =
+        registry.Idle(job->spec.placement.device, job->plan.transport, job->id);
     const int needed = job->plan.num_ranks;
     if (static_cast<int>(idle.size()) < needed) continue;
     health.BeginHeal(replica);

@@ -3,10 +3,32 @@
 #include <algorithm>
 #include <set>
 
+#include "common/rpc/address.h"
 #include "common/rpc/time_conversion.h"
 #include "coordinator/checkpoints/resume_layout.h"
 
 namespace stagecoach::coordinator {
+
+std::vector<int> SnapshotHolders(const std::vector<RankSlot>& ranks, int num_ranks) {
+  if (num_ranks <= 1) return std::vector<int>(std::max(num_ranks, 0), -1);
+  auto host = [&](int r) {
+    auto parsed = rpc::ParseHostPort(ranks[r].worker_address, "worker address");
+    return parsed.ok() ? parsed->host : ranks[r].worker_address;
+  };
+  std::vector<int> holders(num_ranks);
+  for (int r = 0; r < num_ranks; ++r) {
+    holders[r] = (r + 1) % num_ranks;
+    if (static_cast<int>(ranks.size()) < num_ranks) continue;
+    for (int k = 1; k < num_ranks; ++k) {
+      const int q = (r + k) % num_ranks;
+      if (host(q) != host(r)) {
+        holders[r] = q;
+        break;
+      }
+    }
+  }
+  return holders;
+}
 
 v1::TaskAssignment BuildTaskAssignment(const Job& job, const RankSlot& slot,
                                        const AttemptStart& start, int64_t step_limit,
@@ -35,6 +57,9 @@ v1::TaskAssignment BuildTaskAssignment(const Job& job, const RankSlot& slot,
   for (const auto& a : slot.actions) task.add_actions(a);
   task.set_spec_yaml(job.spec_yaml);
   task.set_rendezvous_prefix(job.RendezvousPrefix());
+  if (job.spec.training.snapshot.every_steps > 0) {
+    for (int holder : SnapshotHolders(job.ranks, plan.num_ranks)) task.add_snapshot_holders(holder);
+  }
   task.set_transport(plan.transport);
   *task.mutable_comm_timeout() = rpc::ToProtoDuration(settings.comm_timeout);
   task.set_forward_only(job.forward_only());
@@ -52,6 +77,7 @@ v1::TaskAssignment BuildTaskAssignment(const Job& job, const RankSlot& slot,
     resume->set_directory(start.checkpoint->directory());
     resume->set_step(start.checkpoint->step());
     resume->set_by_name(start.by_name);
+    if (start.snapshot.has_value()) *resume->mutable_snapshot() = *start.snapshot;
     std::set<std::string> listed;
     for (int s : slot.stages) {
       for (const v1::StageCheckpointFile& f : start.stage_files[s]) {

@@ -25,11 +25,21 @@ struct TaskSettings {
 // The checkpoint an attempt starts from, with the files each of the plan's stages reads
 // (indexed by stage), and whether they are read by parameter name (written on another layout,
 // coordinator/checkpoints/resume_layout.h).
+//
+// An attempt that starts from an in-memory snapshot (coordinator/snapshots/) has `snapshot`: its
+// transfers; `checkpoint` then only gives the step (and names the snapshot), and `stage_files`
+// the snapshot's files by stage.
 struct AttemptStart {
   std::optional<v1::JobCheckpoint> checkpoint;
   std::vector<std::vector<v1::StageCheckpointFile>> stage_files;
   bool by_name = false;
+  std::optional<v1::SnapshotRestore> snapshot;
 };
+
+// In-memory snapshots (training.snapshot): for each rank of the pipeline (replica 0's `ranks`,
+// by rank), the rank whose worker keeps a copy of its files: the next rank after it on another
+// host, else the next rank; -1 for a single rank. Pure.
+std::vector<int> SnapshotHolders(const std::vector<RankSlot>& ranks, int num_ranks);
 
 // The assignment of `slot` (a rank of `job`'s current attempt: job.attempt, job.ranks filled in
 // by placement), starting at `start`, holding at `step_limit`. Pure.

@@ -309,10 +309,24 @@ grpc::Status CoordinatorServiceImpl::RegisterWorker(grpc::ServerContext* ctx,
 
 grpc::Status CoordinatorServiceImpl::Heartbeat(grpc::ServerContext* ctx,
                                                const v1::HeartbeatRequest* req,
-                                               v1::HeartbeatResponse*) {
+                                               v1::HeartbeatResponse* resp) {
   if (auto s = Bounded(req->job_id(), "job_id", kMaxIdBytes); !s.ok()) return s;
   if (auto s = RequiredId(req->worker_id(), "worker_id"); !s.ok()) return s;
-  return ToGrpcStatus(jobs_->Heartbeat(*req));
+  for (const std::string& job : req->snapshot_jobs()) {
+    if (auto s = RequiredId(job, "snapshot_jobs[]"); !s.ok()) return s;
+  }
+  absl::StatusOr<v1::HeartbeatResponse> answer = jobs_->Heartbeat(*req);
+  if (!answer.ok()) return ToGrpcStatus(answer.status());
+  *resp = *std::move(answer);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorServiceImpl::ReportSnapshot(grpc::ServerContext* ctx,
+                                                    const v1::ReportSnapshotRequest* req,
+                                                    v1::ReportSnapshotResponse*) {
+  if (auto s = RequiredId(req->job_id(), "job_id"); !s.ok()) return s;
+  if (auto s = RequiredId(req->worker_id(), "worker_id"); !s.ok()) return s;
+  return ToGrpcStatus(jobs_->ReportSnapshot(*req));
 }
 
 grpc::Status CoordinatorServiceImpl::ReportStep(grpc::ServerContext* ctx,

@@ -87,6 +87,8 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
                              v1::ReportTaskEndResponse* resp) override;
   grpc::Status SettleStep(grpc::ServerContext* ctx, const v1::SettleStepRequest* req,
                           v1::SettleStepResponse* resp) override;
+  grpc::Status ReportSnapshot(grpc::ServerContext* ctx, const v1::ReportSnapshotRequest* req,
+                              v1::ReportSnapshotResponse* resp) override;
   grpc::Status SetKey(grpc::ServerContext* ctx, const v1::SetKeyRequest* req,
                       v1::SetKeyResponse* resp) override;
   grpc::Status GetKey(grpc::ServerContext* ctx, const v1::GetKeyRequest* req,

@@ -20,6 +20,7 @@ void WorkerRecord::ToProto(v1::WorkerInfo* out) const {
   for (const auto& t : transports) out->add_transports(t);
   *out->mutable_last_heartbeat_time() = rpc::ToProtoTimestamp(last_heartbeat);
   out->set_reason(reason);
+  out->set_reserved_for_job(reserved_for);
 }
 
 bool DeviceMatches(const std::string& placement_device, const std::string& worker_device) {
@@ -114,7 +115,27 @@ absl::Status WorkerRegistry::Assign(const std::string& id, const std::string& jo
   w->state = v1::WORKER_STATE_BUSY;
   w->job_id = job_id;
   w->rank = rank;
+  w->reserved_for.clear();
   return absl::OkStatus();
+}
+
+absl::Status WorkerRegistry::Reserve(const std::string& id, const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  WorkerRecord* w = MutableLocked(id);
+  if (w == nullptr || w->state != v1::WORKER_STATE_IDLE ||
+      (!w->reserved_for.empty() && w->reserved_for != job_id)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", id, " is not free to be held as a spare for ", job_id));
+  }
+  w->reserved_for = job_id;
+  return absl::OkStatus();
+}
+
+void WorkerRegistry::Unreserve(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  for (auto& [n, w] : workers_) {
+    if (w.reserved_for == job_id) w.reserved_for.clear();
+  }
 }
 
 void WorkerRegistry::Release(const std::string& id, const std::string& job_id) {
@@ -127,7 +148,8 @@ void WorkerRegistry::Release(const std::string& id, const std::string& job_id) {
 }
 
 std::vector<WorkerRecord> WorkerRegistry::Idle(const std::string& placement_device,
-                                               const std::string& transport) const {
+                                               const std::string& transport,
+                                               const std::string& for_job) const {
   // A worker that registered no transports offers the backends every worker has.
   const absl::StatusOr<transport::BackendDescriptor> backend =
       transport::BackendRegistry::Global().Find(transport);
@@ -138,7 +160,9 @@ std::vector<WorkerRecord> WorkerRegistry::Idle(const std::string& placement_devi
     const bool offers = w.transports.empty() ? on_every_worker
                                              : std::find(w.transports.begin(), w.transports.end(),
                                                          transport) != w.transports.end();
-    if (w.state == v1::WORKER_STATE_IDLE && DeviceMatches(placement_device, w.device) && offers) {
+    const bool free = w.reserved_for.empty() || w.reserved_for == for_job;
+    if (w.state == v1::WORKER_STATE_IDLE && free && DeviceMatches(placement_device, w.device) &&
+        offers) {
       out.push_back(w);
     }
   }

@@ -34,6 +34,9 @@ struct WorkerRecord {
   int rank = -1;       // set while BUSY
   absl::Time last_heartbeat;
   std::string reason;  // why LOST
+  // An IDLE worker held as a spare for this job (placement.spares): Idle leaves it out for
+  // other jobs. Cleared when it is assigned, lost, or the job lets it go.
+  std::string reserved_for;
   // Secret of the registration (RegisterWorkerResponse.session_token); heartbeats must carry it.
   std::string session_token;
 
@@ -82,9 +85,16 @@ class WorkerRegistry {
   void Release(const std::string& id, const std::string& job_id);
 
   // Idle workers whose device matches and that offer `transport` ("gloo", "nccl"; a worker
-  // that registered no transports offers gloo), in registration order.
-  std::vector<WorkerRecord> Idle(const std::string& placement_device,
-                                 const std::string& transport) const;
+  // that registered no transports offers gloo), in registration order, but those held as
+  // spares for a job other than `for_job`.
+  std::vector<WorkerRecord> Idle(const std::string& placement_device, const std::string& transport,
+                                 const std::string& for_job = "") const;
+
+  // Holds the IDLE worker `id` as a spare for `job_id` (placement.spares). FAILED_PRECONDITION
+  // when it is not idle or is held for another job.
+  absl::Status Reserve(const std::string& id, const std::string& job_id);
+  // Lets every spare held for `job_id` go.
+  void Unreserve(const std::string& job_id);
 
   // Whether a worker is BUSY on `job_id` (a restarting job waits until none is).
   bool AnyBusyWith(const std::string& job_id) const;

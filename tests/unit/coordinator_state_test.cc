@@ -43,6 +43,29 @@ TEST(KvStore, DeletePrefixAndLimits) {
   EXPECT_TRUE(absl::IsInvalidArgument(kv.Set("k", std::string(KvStore::kMaxValueBytes + 1, 'x'))));
 }
 
+TEST(WorkerRegistry, SparesAreHeldForTheirJobOnly) {
+  WorkerRegistry registry(absl::Seconds(3));
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  auto a = registry.Register("a", "h:1", "cpu", {"gloo"}, t0);
+  auto b = registry.Register("b", "h:2", "cpu", {"gloo"}, t0);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(registry.Reserve(*b, "job-1").ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(registry.Reserve(*b, "job-2")));
+  EXPECT_EQ(registry.Idle("cpu", "gloo").size(), 1u) << "held for job-1";
+  EXPECT_EQ(registry.Idle("cpu", "gloo", "job-2").size(), 1u);
+  EXPECT_EQ(registry.Idle("cpu", "gloo", "job-1").size(), 2u);
+  v1::WorkerInfo info;
+  registry.Find(*b)->ToProto(&info);
+  EXPECT_EQ(info.reserved_for_job(), "job-1");
+  // Taking a rank ends the hold; so does the job letting its spares go.
+  ASSERT_TRUE(registry.Assign(*b, "job-1", 0).ok());
+  EXPECT_EQ(registry.Find(*b)->reserved_for, "");
+  ASSERT_TRUE(registry.Reserve(*a, "job-1").ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(registry.Reserve(*b, "job-1"))) << "busy";
+  registry.Unreserve("job-1");
+  EXPECT_EQ(registry.Idle("cpu", "gloo", "job-2").size(), 1u);
+}
+
 TEST(WorkerRegistry, LeasesExpireAndLostWorkersMustRegisterAgain) {
   WorkerRegistry registry(absl::Seconds(3));
   const absl::Time t0 = absl::FromUnixSeconds(1000);

@@ -329,7 +329,7 @@ class JobManagerFixture : public ::testing::Test {
     v1::HeartbeatRequest req;
     req.set_worker_id(id);
     req.set_session_token(tokens_[id]);
-    return manager_->Heartbeat(req);
+    return manager_->Heartbeat(req).status();
   }
   static std::string Address(int n) { return absl::StrCat("10.0.0.", n, ":7000"); }
 

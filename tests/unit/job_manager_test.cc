@@ -174,7 +174,7 @@ TEST_F(JobManagerTest, ALostWorkerFailsItsJobNamingItAndTheOthersAreStopped) {
   v1::HeartbeatRequest other;
   other.set_worker_id(w1);
   other.set_session_token("0123");
-  EXPECT_TRUE(absl::IsNotFound(manager_->Heartbeat(other)));
+  EXPECT_TRUE(absl::IsNotFound(manager_->Heartbeat(other).status()));
   clock_.Advance(absl::Seconds(2));  // w2 is now 6s without a heartbeat; the lease is 5s
   manager_->Tick();
   v1::Job job = Job(*id);

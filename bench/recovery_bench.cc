@@ -12,23 +12,31 @@
 //     latest checkpoint complete at the kill: an asynchronous write still in flight then does
 //     not count, so a kill soon after a checkpoint step may lose more than --kill-at minus the
 //     checkpoint's step).
-// Cases (--case): `restart` (1 replica, restart.max_restarts, a spare worker: 3 workers) and
-// `carry_on` (2 replicas carrying on, no spare: 4 workers). Then the price of carrying on when
-// nothing fails: the same 2-replica job's step time with its steps settled (carry_on: true)
-// and without (carry_on: false), rounds alternating, medians side by side.
+// Cases (--case): `restart` (1 replica, restart.max_restarts, a spare worker: 3 workers);
+// `snapshot` (the same with in-memory snapshots every --snapshot-every steps and the spare held
+// by placement.spares: the restart continues from the latest snapshot); `carry_on` (2 replicas
+// carrying on, no spare: 4 workers); `heal` (2 replicas and a spare: 5 workers; also measured:
+// until the lost replica has rejoined from a live one). Then the price of carrying on when
+// nothing fails (`settle`): the same 2-replica job's step time with its steps settled
+// (carry_on: true) and without (carry_on: false); and the price of snapshots
+// (`snapshot_cost`): the 1-replica job's step time with snapshots every --snapshot-every steps
+// and without; rounds alternating, medians side by side.
 // The cluster's lease is --lease (the coordinator's --lease; the default deployment's is 10 s).
 //
-//   build/bench/recovery_bench [--case all|restart|carry_on|settle] [--rounds 3] [--every 10]
-//                              [--kill-at 17] [--lease 3s] [--settle-steps 60]
+//   build/bench/recovery_bench [--case all|restart|snapshot|carry_on|heal|settle|snapshot_cost]
+//                              [--rounds 3] [--every 10] [--snapshot-every 5] [--kill-at 17]
+//                              [--lease 3s] [--settle-steps 60]
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "bench/bench_support.h"
 #include "bench/cluster_runs.h"
@@ -45,19 +53,37 @@ struct Settings {
   int rounds = 3;
   int every = 10;
   int kill_at = 17;
+  int snapshot_every = 5;
   int settle_steps = 60;
   std::string lease = "3s";
 };
 
-std::string Spec(int every, int replicas, const std::string& restart) {
+// `snapshot_every` > 0 adds in-memory snapshots and holds one spare (placement.spares).
+std::string Spec(int every, int replicas, const std::string& restart, int snapshot_every = 0) {
   return absl::StrCat(
       "name: recovery\n",
       "model:\n  builtin: {family: mlp, sizes: [256, 512, 512, 512, 512, 16], seed: 1}\n",
       "split: {stages: 2}\nschedule: {kind: 1F1B, microbatches: 4}\n",
-      "placement: {workers: 2, replicas: ", replicas, "}\n",
-      "training:\n  batch_size: 32\n  steps: 100000\n  loss: mse\n",
+      "placement: {workers: 2, replicas: ", replicas, snapshot_every > 0 ? ", spares: 1" : "",
+      "}\n", "training:\n  batch_size: 32\n  steps: 100000\n  loss: mse\n",
       "  optimizer: {kind: adamw, lr: 1.0e-3}\n", "  checkpoint: {dir: CKPT, every_steps: ", every,
-      "}\n", "data: {kind: synthetic, seed: 4}\n", "restart: ", restart, "\n");
+      "}\n",
+      snapshot_every > 0 ? absl::StrCat("  snapshot: {every_steps: ", snapshot_every, "}\n") : "",
+      "data: {kind: synthetic, seed: 4}\n", "restart: ", restart, "\n");
+}
+
+// The step an attempt started from, from its STARTING transition ("... after step N"); -1 when
+// the job has none since `attempt`.
+int64_t StartedFrom(const v1::Job& job, int attempt) {
+  for (int i = job.history_size() - 1; i >= 0; --i) {
+    const v1::JobTransition& t = job.history(i);
+    if (t.state() != v1::JOB_STATE_STARTING) continue;
+    const std::string marker = absl::StrCat("starting attempt ", attempt, " ");
+    if (t.reason().find(marker) == std::string::npos) continue;
+    const size_t at = t.reason().find("after step ");
+    return at == std::string::npos ? 0 : std::atoll(t.reason().c_str() + at + 11);
+  }
+  return -1;
 }
 
 std::unique_ptr<LocalCluster> Cluster(int workers, const std::string& lease) {
@@ -85,12 +111,29 @@ v1::Job WaitFor(LocalCluster& c, const std::string& id, const std::string& what,
 }
 
 struct Round {
-  double detection = 0, next_step = 0, catch_up = 0, lost = 0;
+  double detection = 0, next_step = 0, catch_up = 0, lost = 0, healed = 0;
 };
 
+enum class Mode { kRestart, kSnapshot, kCarryOn, kHeal };
+
+const char* ModeName(Mode mode) {
+  switch (mode) {
+    case Mode::kRestart:
+      return "restart";
+    case Mode::kSnapshot:
+      return "snapshot";
+    case Mode::kCarryOn:
+      return "carry_on";
+    case Mode::kHeal:
+      return "heal";
+  }
+  return "";
+}
+
 struct Medians {
-  std::vector<double> detection, next_step, catch_up, lost;
+  std::vector<double> detection, next_step, catch_up, lost, healed;
   void Add(const Round& r) {
+    healed.push_back(r.healed);
     detection.push_back(r.detection);
     next_step.push_back(r.next_step);
     catch_up.push_back(r.catch_up);
@@ -98,13 +141,16 @@ struct Medians {
   }
 };
 
-// One round of `carry_on` (2 replicas) or a restart (1 replica and a spare).
-Round KillRound(const Settings& s, bool carry_on, int round) {
-  auto cluster = Cluster(carry_on ? 4 : 3, s.lease);
+// One round of `mode`: a restart (1 replica and a spare; from a snapshot with kSnapshot), or 2
+// replicas carrying on (and with kHeal a spare that heals the lost one).
+Round KillRound(const Settings& s, Mode mode, int round) {
+  const bool carry_on = mode == Mode::kCarryOn || mode == Mode::kHeal;
+  auto cluster = Cluster(mode == Mode::kHeal ? 5 : (carry_on ? 4 : 3), s.lease);
   LocalCluster& c = *cluster;
   const std::string id =
       Submit(c, Spec(s.every, carry_on ? 2 : 1,
-                     carry_on ? "{max_restarts: 3, carry_on: true}" : "{max_restarts: 3}"));
+                     carry_on ? "{max_restarts: 3, carry_on: true}" : "{max_restarts: 3}",
+                     mode == Mode::kSnapshot ? s.snapshot_every : 0));
   const v1::Job running = WaitFor(
       c, id, "running",
       [&](const v1::Job& j) {
@@ -138,10 +184,8 @@ Round KillRound(const Settings& s, bool carry_on, int round) {
       [&](const v1::Job& j) {
         if (carry_on) return j.global_steps_done() > decided.global_steps_done();
         if (j.attempt() < 2 || j.state() != v1::JOB_STATE_RUNNING) return false;
-        int64_t from = 0;
-        for (const auto& ck : j.checkpoints()) {
-          if (ck.step() <= done_at_kill) from = std::max<int64_t>(from, ck.step());
-        }
+        const int64_t from = StartedFrom(j, 2);
+        if (from < 0) return false;
         resumed_from = from;
         return j.global_steps_done() > from;
       },
@@ -157,21 +201,29 @@ Round KillRound(const Settings& s, bool carry_on, int round) {
                                    caught_up.healthy_replicas(), "\n", c.Logs())));
   }
   out.lost = static_cast<double>(done_at_kill - resumed_from);
+  if (mode == Mode::kHeal) {
+    WaitFor(
+        c, id, "healing",
+        [&](const v1::Job& j) { return j.lost_replicas_size() == 0 && j.healthy_replicas() == 2; },
+        absl::Seconds(300));
+    out.healed = absl::ToDoubleSeconds(absl::Now() - killed);
+  }
   std::printf(
       "%s round %d: killed at %ld steps; decided after %.2f s; next step after %.2f s; past the "
-      "kill's step after %.2f s; %.0f steps lost\n",
-      carry_on ? "carry_on" : "restart", round, static_cast<long>(done_at_kill), out.detection,
-      out.next_step, out.catch_up, out.lost);
+      "kill's step after %.2f s; %.0f steps lost%s\n",
+      ModeName(mode), round, static_cast<long>(done_at_kill), out.detection, out.next_step,
+      out.catch_up, out.lost,
+      mode == Mode::kHeal ? absl::StrFormat("; whole again after %.2f s", out.healed).c_str()
+                          : "");
   bench::Check("cancel", c.Cancel(id));
   return out;
 }
 
-// Seconds per step of a 2-replica job between global steps 10 and 10 + steps.
-double StepSeconds(const Settings& s, bool settle) {
-  auto cluster = Cluster(4, s.lease);
+// Seconds per step between global steps 10 and 10 + steps of `spec` on `workers` workers.
+double StepSeconds(const Settings& s, int workers, const std::string& spec) {
+  auto cluster = Cluster(workers, s.lease);
   LocalCluster& c = *cluster;
-  const std::string id =
-      Submit(c, Spec(100000, 2, settle ? "{carry_on: true}" : "{carry_on: false}"));
+  const std::string id = Submit(c, spec);
   WaitFor(
       c, id, "warming up", [](const v1::Job& j) { return j.global_steps_done() >= 10; },
       absl::Seconds(120));
@@ -189,9 +241,26 @@ double StepSeconds(const Settings& s, bool settle) {
 void PrintKills(const char* name, const Settings& s, const Medians& m) {
   std::printf(
       "%s (lease %s, checkpoint every %d steps), medians of %d rounds: decided %.2f s, SIGKILL "
-      "to the next completed step %.2f s, to the step after the kill's %.2f s, steps lost %.0f\n",
+      "to the next completed step %.2f s, to the step after the kill's %.2f s, steps lost %.0f",
       name, s.lease.c_str(), s.every, s.rounds, bench::Median(m.detection),
       bench::Median(m.next_step), bench::Median(m.catch_up), bench::Median(m.lost));
+  if (bench::Median(m.healed) > 0) std::printf(", whole again %.2f s", bench::Median(m.healed));
+  std::printf("\n");
+}
+
+// Alternating rounds of two specs' step times; prints both medians and their ratio.
+void CompareStepTimes(const Settings& s, const char* what, int workers, const std::string& plain,
+                      const std::string& with, const char* with_name) {
+  std::vector<double> a, b;
+  for (int round = 0; round < s.rounds; ++round) {
+    a.push_back(StepSeconds(s, workers, plain));
+    b.push_back(StepSeconds(s, workers, with));
+    std::printf("%s round %d: %.2f ms a step without, %.2f ms %s\n", what, round, a.back() * 1e3,
+                b.back() * 1e3, with_name);
+  }
+  std::printf("%s, medians of %d rounds of %d steps: %.2f ms a step without, %.2f ms %s (x%.3f)\n",
+              what, s.rounds, s.settle_steps, bench::Median(a) * 1e3, bench::Median(b) * 1e3,
+              with_name, bench::Median(b) / bench::Median(a));
 }
 
 }  // namespace
@@ -200,7 +269,10 @@ int main(int argc, char** argv) {
   CLI::App app{"the cost of a lost worker: full restart against replicas carrying on"};
   Settings s;
   std::string which = "all";
-  app.add_option("--case", which)->check(CLI::IsMember({"all", "restart", "carry_on", "settle"}));
+  app.add_option("--case", which)
+      ->check(CLI::IsMember(
+          {"all", "restart", "snapshot", "carry_on", "heal", "settle", "snapshot_cost"}));
+  app.add_option("--snapshot-every", s.snapshot_every, "training.snapshot.every_steps");
   app.add_option("--rounds", s.rounds);
   app.add_option("--every", s.every, "training.checkpoint.every_steps");
   app.add_option("--kill-at", s.kill_at, "steps done when rank 1's worker is killed");
@@ -208,27 +280,26 @@ int main(int argc, char** argv) {
   app.add_option("--settle-steps", s.settle_steps, "steps timed for the settling's price");
   CLI11_PARSE(app, argc, argv);
 
-  for (const bool carry_on : {false, true}) {
-    if (which != "all" && which != (carry_on ? "carry_on" : "restart")) continue;
+  for (const Mode mode : {Mode::kRestart, Mode::kSnapshot, Mode::kCarryOn, Mode::kHeal}) {
+    if (which != "all" && which != ModeName(mode)) continue;
     Medians m;
-    for (int round = 0; round < s.rounds; ++round) m.Add(KillRound(s, carry_on, round));
-    PrintKills(carry_on ? "replicas carrying on (2 replicas)"
-                        : "full restart from a disk checkpoint (1 replica, a spare)",
-               s, m);
+    for (int round = 0; round < s.rounds; ++round) m.Add(KillRound(s, mode, round));
+    const std::string snapshot_name = absl::StrCat(
+        "restart from an in-memory snapshot (every ", s.snapshot_every, " steps; 1 replica, a spare)");
+    const char* names[] = {"full restart from a disk checkpoint (1 replica, a spare)",
+                           snapshot_name.c_str(), "replicas carrying on (2 replicas)",
+                           "replicas carrying on, healed by a spare (2 replicas)"};
+    PrintKills(names[static_cast<int>(mode)], s, m);
   }
   if (which == "all" || which == "settle") {
-    std::vector<double> plain, settled;
-    for (int round = 0; round < s.rounds; ++round) {
-      plain.push_back(StepSeconds(s, false));
-      settled.push_back(StepSeconds(s, true));
-      std::printf("settle round %d: %.2f ms a step without settling, %.2f ms settled\n", round,
-                  plain.back() * 1e3, settled.back() * 1e3);
-    }
-    std::printf(
-        "2 replicas x 2 stages, medians of %d rounds of %d steps: %.2f ms a step without "
-        "settling, %.2f ms with every step settled (x%.3f)\n",
-        s.rounds, s.settle_steps, bench::Median(plain) * 1e3, bench::Median(settled) * 1e3,
-        bench::Median(settled) / bench::Median(plain));
+    CompareStepTimes(s, "2 replicas x 2 stages, settling", 4,
+                     Spec(100000, 2, "{carry_on: false}"), Spec(100000, 2, "{carry_on: true}"),
+                     "with every step settled");
+  }
+  if (which == "all" || which == "snapshot_cost") {
+    CompareStepTimes(s, "1 replica x 2 stages, snapshots", 3, Spec(100000, 1, "{max_restarts: 1}"),
+                     Spec(100000, 1, "{max_restarts: 1}", s.snapshot_every),
+                     absl::StrCat("with a snapshot every ", s.snapshot_every, " steps").c_str());
   }
   return 0;
 }

@@ -29,6 +29,17 @@ absl::Status JobManager::ReportSnapshot(const v1::ReportSnapshotRequest& req) {
         "{}: in-memory snapshot after step {} complete ({} bytes, every rank on two "
         "workers)",
         job->id, latest.step(), latest.bytes());
+    v1::JobEvent event;
+    v1::SnapshotTaken* taken = event.mutable_snapshot_taken();
+    taken->set_global_step(latest.step());
+    taken->set_bytes(latest.bytes());
+    taken->set_ranks(latest.ranks_size());
+    int copies = INT32_MAX;
+    for (const v1::SnapshotCopy& copy : latest.ranks()) {
+      copies = std::min(copies, copy.worker_ids_size());
+    }
+    taken->set_copies(copies);
+    job->AddEvent(std::move(event), deps_.clock->Now());
     table_.PersistLocked(*job);
   }
   return absl::OkStatus();

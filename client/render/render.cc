@@ -317,6 +317,7 @@ nlohmann::json WorkerJson(const v1::WorkerInfo& w) {
       {"transports", std::vector<std::string>(w.transports().begin(), w.transports().end())},
       {"last_heartbeat_time", TimestampString(w.last_heartbeat_time())},
       {"reason", w.reason()},
+      {"reserved_for_job", w.reserved_for_job()},
   };
 }
 
@@ -395,6 +396,7 @@ std::string WorkersTable(const std::vector<v1::WorkerInfo>& workers) {
     if (w.state() == v1::WORKER_STATE_LOST && !w.reason().empty()) {
       absl::StrAppend(&state, " (", w.reason(), ")");
     }
+    if (!w.reserved_for_job().empty()) absl::StrAppend(&state, " (spare of ", w.reserved_for_job(), ")");
     rows.push_back({w.id(), w.name(), w.address(), w.device(), state,
                     w.job_id().empty() ? "-" : w.job_id(),
                     w.rank() < 0 ? "-" : absl::StrCat(w.rank()),

@@ -10,6 +10,7 @@
 #include "client/render/render.h"
 #include "client/render/render_balance.h"
 #include "common/rpc/time_conversion.h"
+#include "common/util/byte_size.h"
 
 namespace stagecoach::client {
 
@@ -179,10 +180,20 @@ std::string ReplicaHealedLine(const v1::JobEvent& event, absl::TimeZone zone) {
       healed.replicas(), healed.degraded_seconds());
 }
 
+std::string SnapshotTakenLine(const v1::JobEvent& event, absl::TimeZone zone) {
+  const v1::SnapshotTaken& taken = event.snapshot_taken();
+  return absl::StrCat(absl::FormatTime("%H:%M:%S", rpc::FromProtoTimestamp(event.time()), zone),
+                      " SNAPSHOT  in memory after global step ", taken.global_step(), " (",
+                      util::FormatBytes(static_cast<double>(taken.bytes())), ", ", taken.ranks(),
+                      taken.ranks() == 1 ? " rank" : " ranks", ", each on ", taken.copies(),
+                      taken.copies() == 1 ? " worker" : " workers", ")");
+}
+
 std::string NoticeLine(const v1::JobEvent& event, absl::TimeZone zone) {
   if (event.has_state_change()) return StateLine(event.state_change(), zone);
   if (event.has_replica_lost()) return ReplicaLostLine(event, zone);
   if (event.has_replica_healed()) return ReplicaHealedLine(event, zone);
+  if (event.has_snapshot_taken()) return SnapshotTakenLine(event, zone);
   return DroppedLine(event.events_dropped());
 }
 
@@ -246,6 +257,13 @@ nlohmann::json EventJson(const v1::JobEvent& event) {
     out["healthy_replicas"] = healed.healthy_replicas();
     out["replicas"] = healed.replicas();
     out["degraded_seconds"] = healed.degraded_seconds();
+  } else if (event.has_snapshot_taken()) {
+    const v1::SnapshotTaken& taken = event.snapshot_taken();
+    out["event"] = "snapshot_taken";
+    out["global_step"] = taken.global_step();
+    out["bytes"] = taken.bytes();
+    out["ranks"] = taken.ranks();
+    out["copies"] = taken.copies();
   } else if (event.has_events_dropped()) {
     out["event"] = "events_dropped";
     out["from_sequence"] = event.events_dropped().from_sequence();

@@ -95,8 +95,11 @@ std::string DroppedLine(const v1::EventsDropped& dropped);
 // (rank 1 of replica 1) lost: ...); step 23 runs again on the healthy ones".
 std::string ReplicaLostLine(const v1::JobEvent& event, absl::TimeZone zone);
 
+// "12:00:03 SNAPSHOT  in memory after global step 20 (1.2 MiB, 2 ranks, each on 2 workers)".
+std::string SnapshotTakenLine(const v1::JobEvent& event, absl::TimeZone zone);
+
 // The line of an event that is not a completed step: StateLine, ReplicaLostLine,
-// ReplicaHealedLine or DroppedLine.
+// ReplicaHealedLine, SnapshotTakenLine or DroppedLine.
 std::string NoticeLine(const v1::JobEvent& event, absl::TimeZone zone);
 
 // A ReplicaHealed event: "12:00:09 HEALED  replica 1 rejoined at global step 31 with replica

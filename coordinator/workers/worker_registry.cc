@@ -166,6 +166,10 @@ std::vector<WorkerRecord> WorkerRegistry::Idle(const std::string& placement_devi
       out.push_back(w);
     }
   }
+  // The job's own spares first: its restarts and healings take them before other free workers.
+  std::stable_partition(out.begin(), out.end(), [&](const WorkerRecord& w) {
+    return !for_job.empty() && w.reserved_for == for_job;
+  });
   return out;
 }
 

@@ -86,7 +86,7 @@ class WorkerRegistry {
 
   // Idle workers whose device matches and that offer `transport` ("gloo", "nccl"; a worker
   // that registered no transports offers gloo), in registration order, but those held as
-  // spares for a job other than `for_job`.
+  // spares for a job other than `for_job`; `for_job`'s own spares come first.
   std::vector<WorkerRecord> Idle(const std::string& placement_device, const std::string& transport,
                                  const std::string& for_job = "") const;
 

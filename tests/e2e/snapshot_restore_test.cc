@@ -111,6 +111,7 @@ void KilledAt23CostsThreeSteps(int victim_rank) {
   EXPECT_THAT(status.out, HasSubstr("Snapshot:  in memory after step 20")) << status.out;
   EXPECT_THAT(status.out, HasSubstr(absl::StrCat("Spares:    ", spare))) << status.out;
 
+
   const std::string victim = held->ranks(victim_rank).worker_id();
   const std::string survivor = held->ranks(1 - victim_rank).worker_id();
   const int index = c.WorkerIndex(victim);
@@ -152,6 +153,12 @@ void KilledAt23CostsThreeSteps(int victim_rank) {
   for (int i = 0; i < kSteps; ++i) {
     EXPECT_EQ(done->losses(i), straight->losses(i)) << "step " << i;
   }
+  // `stagectl watch` of the ended job shows each completed snapshot.
+  CommandResult watch = c.Stagectl({"watch", id, "-o", "json"});
+  EXPECT_THAT(watch.out, HasSubstr(R"("event":"snapshot_taken")")) << watch.out << watch.err;
+  EXPECT_THAT(watch.out, HasSubstr(R"("global_step":20)")) << watch.out;
+  CommandResult lines = c.Stagectl({"watch", id});
+  EXPECT_THAT(lines.out, HasSubstr("SNAPSHOT  in memory after global step 25")) << lines.out;
   // The steps the loss cost: those after the snapshot it restarted from.
   auto metrics = Scrape(*metrics_address);
   ASSERT_TRUE(metrics.ok()) << metrics.status();

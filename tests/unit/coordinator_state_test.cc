@@ -53,7 +53,8 @@ TEST(WorkerRegistry, SparesAreHeldForTheirJobOnly) {
   EXPECT_TRUE(absl::IsFailedPrecondition(registry.Reserve(*b, "job-2")));
   EXPECT_EQ(registry.Idle("cpu", "gloo").size(), 1u) << "held for job-1";
   EXPECT_EQ(registry.Idle("cpu", "gloo", "job-2").size(), 1u);
-  EXPECT_EQ(registry.Idle("cpu", "gloo", "job-1").size(), 2u);
+  ASSERT_EQ(registry.Idle("cpu", "gloo", "job-1").size(), 2u);
+  EXPECT_EQ(registry.Idle("cpu", "gloo", "job-1")[0].id, *b) << "its own spare first";
   v1::WorkerInfo info;
   registry.Find(*b)->ToProto(&info);
   EXPECT_EQ(info.reserved_for_job(), "job-1");

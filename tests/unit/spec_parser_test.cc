@@ -400,7 +400,7 @@ TEST(SpecParserTest, UnknownKeysInEveryNestedMapping) {
   EXPECT_THAT(Errors(Edit(kBase, "  workers: 2", "  workers: 2\n  gpus: 2")),
               ElementsAre("placement.gpus: unknown key (valid keys: workers, device, style, "
                           "transport, replicas, shard_optimizer, overlap_reduction, "
-                          "memory_limit)"));
+                          "memory_limit, spares)"));
   EXPECT_THAT(Errors(Edit(kBase, "  kind: synthetic", "  kind: synthetic\n  seeed: 1")),
               ElementsAre("data.seeed: unknown key (valid keys: kind, path, seed, seq, dtype); did you "
                           "mean 'seed'?"));

@@ -88,7 +88,10 @@ void JobManager::Tick() {
   const absl::Time now = deps_.clock->Now();
   const std::vector<std::string> lost = registry_.ExpireLeases(now);
   absl::MutexLock lock(&table_.mu());
-  for (const std::string& id : lost) spdlog::warn("worker {} lost: lease expired", id);
+  for (const std::string& id : lost) {
+    spdlog::warn("worker {} lost: lease expired", id);
+    for (Job* job : table_.AllLocked()) job->ForgetSpare(id);
+  }
   lifecycle_.WorkersLostLocked(lost);
   for (const std::string& id : table_.PruneLocked(now)) {
     spdlog::info("{} dropped from the job table (retention)", id);

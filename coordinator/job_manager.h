@@ -273,8 +273,8 @@ class JobManager : private LifecycleHooks {
   // FinishRecoveryLocked (what the job does next) under it.
   void QueueRecoveryLocked(Job& job);
   void FinishRecoveryLocked(Job& job, const std::string& plan_error);
-  // HeartbeatResponse.snapshot_keep_from for `jobs`: a live job's latest complete snapshot
-  // step (0 before it has one: keep everything), -1 for an ended or unknown job.
+  // HeartbeatResponse.snapshot_keep_from for `jobs`: a live job's SnapshotCopies::KeepFrom (0
+  // when it knows of none: keep everything), -1 for an ended or unknown job.
   v1::HeartbeatResponse SnapshotKeepFrom(
       const google::protobuf::RepeatedPtrField<std::string>& jobs);
   // Sets the metrics' job and worker counts from the current table (when deps_.metrics).

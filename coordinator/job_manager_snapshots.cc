@@ -20,9 +20,13 @@ absl::Status JobManager::ReportSnapshot(const v1::ReportSnapshotRequest& req) {
                                                       req.worker_id(), ", which runs no rank of ",
                                                       job->id, " attempt ", job->attempt));
   }
-  ASSIGN_OR_RETURN(const bool completed,
-                   job->snapshots.Record(req.worker_id(), slot->rank, req.attempt(), req.step(),
-                                         req.held(), deps_.clock->Now()));
+  absl::StatusOr<bool> recorded = job->snapshots.Record(
+      req.worker_id(), slot->rank, req.attempt(), req.step(), req.held(), deps_.clock->Now());
+  if (!recorded.ok()) {
+    return absl::Status(recorded.status().code(),
+                        absl::StrCat(job->id, ": ", recorded.status().message()));
+  }
+  const bool completed = *recorded;
   if (completed) {
     const v1::JobSnapshot& latest = *job->snapshots.latest();
     spdlog::info(
@@ -52,10 +56,8 @@ v1::HeartbeatResponse JobManager::SnapshotKeepFrom(
   for (const std::string& id : jobs) {
     Job* job = table_.FindLocked(id);
     int64_t keep = -1;
-    if (job != nullptr && !IsFinal(job->state)) {
-      const std::optional<v1::JobSnapshot>& latest = job->snapshots.latest();
-      keep = latest.has_value() ? latest->step() : 0;
-    }
+    // A live job keeps its latest complete snapshot and newer (all it has before one).
+    if (job != nullptr && !IsFinal(job->state)) keep = std::max<int64_t>(0, job->snapshots.KeepFrom());
     (*response.mutable_snapshot_keep_from())[id] = keep;
   }
   return response;

@@ -42,6 +42,7 @@
 // attempt restarted from the checkpoint after step 25 starts at 25 (attempt_base).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -190,6 +191,11 @@ struct Job {
   int64_t restored_snapshot = -1;
   // Idle workers held for the job (placement.spares), by id.
   std::vector<std::string> spare_workers;
+  // A spare that took a rank or was lost.
+  void ForgetSpare(const std::string& worker_id) {
+    spare_workers.erase(std::remove(spare_workers.begin(), spare_workers.end(), worker_id),
+                        spare_workers.end());
+  }
   // A StepJob in flight: its global step, and what the ranks reported for it.
   struct ClientStepState {
     int64_t global_step = 0;

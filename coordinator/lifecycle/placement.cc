@@ -63,7 +63,12 @@ std::vector<StartOrder> Placement::PlaceLocked(JobTable& table, absl::Time now) 
     HoldSparesLocked(*job, idle);
     if (restarting && !job->spec.training.checkpoint.dir.empty()) {
       order.set_aside_dir = job->spec.training.checkpoint.dir;
-      order.set_aside_after = job->attempt_base;
+      // Partial directories after the latest complete checkpoint (a restart from a newer
+      // snapshot writes none of those up to its step again).
+      order.set_aside_after =
+          start.snapshot.has_value()
+              ? (job->checkpoints.empty() ? job->base_step : job->checkpoints.back().step())
+              : job->attempt_base;
       order.set_aside_tag = absl::StrCat("attempt-", job->attempt - 1);
     }
     std::vector<std::string> names;
@@ -96,7 +101,10 @@ AttemptStart Placement::PrepareAttemptLocked(Job& job, bool restarting,
   AttemptStart start{job.resumed_from, job.resume_files, job.resume_by_name, std::nullopt};
   job.restored.reset();
   const int64_t failed_snapshot = job.restored_snapshot;
-  const bool snapshot_failed = failed_snapshot >= 0 && job.steps_completed == 0;
+  // An attempt that started from a snapshot and completed no step failed to restore it, unless
+  // it was held at its start.
+  const bool snapshot_failed =
+      failed_snapshot >= 0 && job.steps_completed == 0 && job.hold_step != failed_snapshot;
   job.restored_snapshot = -1;
   if (restarting) {
     // A checkpoint past the losses on record (the coordinator stopped after writing its
@@ -198,6 +206,7 @@ void Placement::StartFromSnapshotLocked(Job& job, const std::vector<WorkerRecord
   *from_snapshot.snapshot.emplace().mutable_transfers() = {placed->transfers.begin(),
                                                            placed->transfers.end()};
   start = std::move(from_snapshot);
+  job.restored.reset();  // not a checkpoint
   job.restored_snapshot = step;
 }
 

@@ -176,9 +176,6 @@ absl::StatusOr<RebuiltJob> RebuildJob(const v1::Job& record) {
   job.attempt = record.attempt();
   job.restarts = record.restarts();
   if (record.has_failure()) job.failure = record.failure();
-  // Its holders' ids are of the previous coordinator's registrations: a restart finds them only
-  // if the workers kept them (else it starts from the latest checkpoint).
-  job.snapshots.Restore(record.snapshot());
   job.losses.assign(record.losses().begin(), record.losses().end());
   job.max_bubble_ratios.assign(record.max_bubble_ratios().begin(),
                                record.max_bubble_ratios().end());

@@ -46,6 +46,7 @@ std::vector<HealOrder> PlanHealsLocked(JobTable& table, WorkerRegistry& registry
       order.tasks.emplace_back(worker.address, std::move(task));
       absl::Status assigned = registry.Assign(worker.id, job->id, rank);
       if (!assigned.ok()) spdlog::error("{}: {}", job->id, assigned.message());
+      job->ForgetSpare(worker.id);  // a spare taken for the replica is one no more
       names.push_back(worker.id);
     }
     spdlog::info("{}: healing replica {} on {}", job->id, replica, absl::StrJoin(names, ", "));

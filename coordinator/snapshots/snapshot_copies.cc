@@ -44,6 +44,9 @@ absl::Status CheckCopy(const v1::SnapshotCopy& copy, int ranks, int64_t step) {
   return absl::OkStatus();
 }
 
+// Incomplete steps kept at most.
+constexpr size_t kMostPending = 4;
+
 }  // namespace
 
 void SnapshotCopies::StartAttempt(int attempt, int ranks) {
@@ -63,7 +66,25 @@ absl::StatusOr<bool> SnapshotCopies::Record(
   for (const v1::SnapshotCopy& copy : held) {
     if (absl::Status ok = CheckCopy(copy, ranks_, step); !ok.ok()) return ok;
   }
-  if (latest_.has_value() && step <= latest_->step()) return false;  // already complete
+  if (latest_.has_value() && step == latest_->step()) {
+    // Workers holding the latest again (an attempt restored from it): they are copies too.
+    for (const v1::SnapshotCopy& copy : held) {
+      for (v1::SnapshotCopy& known : *latest_->mutable_ranks()) {
+        if (known.rank() != copy.rank()) continue;
+        if (!SameFiles(known, copy)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "the snapshot after step ", step, ": worker ", worker_id,
+              " holds other files of rank ", copy.rank(), " than the snapshot lists"));
+        }
+        const auto& ids = known.worker_ids();
+        if (std::find(ids.begin(), ids.end(), worker_id) == ids.end()) {
+          known.add_worker_ids(worker_id);
+        }
+      }
+    }
+    return false;
+  }
+  if (latest_.has_value() && step < latest_->step()) return false;  // superseded
   Pending& pending = pending_[step];
   for (const v1::SnapshotCopy& copy : held) {
     auto [it, added] = pending.ranks.try_emplace(copy.rank(), copy);
@@ -71,9 +92,9 @@ absl::StatusOr<bool> SnapshotCopies::Record(
     if (added) {
       known.clear_worker_ids();
     } else if (!SameFiles(known, copy)) {
-      return absl::InvalidArgumentError(absl::StrCat("the snapshot after step ", step, ": worker ",
-                                                     worker_id, " holds other files of rank ",
-                                                     copy.rank(), " than another worker"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the snapshot after step ", step, ": worker ", worker_id, " holds other files of rank ",
+          copy.rank(), " (names, sizes or SHA-256) than ", known.worker_ids(0)));
     }
     const auto& ids = known.worker_ids();
     if (std::find(ids.begin(), ids.end(), worker_id) == ids.end()) {
@@ -87,7 +108,9 @@ absl::StatusOr<bool> SnapshotCopies::Record(
   // Each rank's files in two workers' memory (its own and its holder's), so that one lost
   // worker leaves a copy; a single rank has only its own.
   const int copies = ranks_ > 1 ? 2 : 1;
-  if (static_cast<int>(pending.ranks.size()) < ranks_) return false;
+  // Steps that never complete (a report lost) are not kept forever.
+  while (pending_.size() > kMostPending) pending_.erase(pending_.begin());
+  if (pending_.count(step) == 0 || static_cast<int>(pending.ranks.size()) < ranks_) return false;
   for (const auto& [rank, copy] : pending.ranks) {
     if (copy.worker_ids_size() < copies) return false;
   }
@@ -115,8 +138,5 @@ int64_t SnapshotCopies::KeepFrom() const {
   return -1;
 }
 
-void SnapshotCopies::Restore(const v1::JobSnapshot& latest) {
-  if (latest.ranks_size() > 0) latest_ = latest;
-}
 
 }  // namespace stagecoach::coordinator

@@ -8,7 +8,9 @@
 // job's record and status show (Job.snapshot).
 //
 // Reports are for the current attempt only (a new attempt drops what was pending, and keeps the
-// latest complete snapshot: its workers still hold it). A report naming a rank outside the
+// latest complete snapshot: its workers still hold it; an attempt restored from it reports its
+// workers as holding it too). A coordinator restart starts with none: the workers register
+// again under new ids, so the recorded holders would name other workers. A report naming a rank outside the
 // attempt, a file without a name, or a size or SHA-256 that disagrees with another worker's copy
 // is refused. Not thread-safe: the job table's lock guards it with its job.
 #pragma once
@@ -52,8 +54,6 @@ class SnapshotCopies {
   // (newer ones are being taken), else the oldest pending; -1 when none is needed.
   int64_t KeepFrom() const;
 
-  // A job read back from its record (a coordinator restart): its latest complete snapshot.
-  void Restore(const v1::JobSnapshot& latest);
 
  private:
   struct Pending {

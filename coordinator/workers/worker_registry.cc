@@ -87,6 +87,7 @@ std::vector<std::string> WorkerRegistry::ExpireLeases(absl::Time now) {
     if (w.state == v1::WORKER_STATE_LOST) continue;
     if (now - w.last_heartbeat > lease_) {
       w.state = v1::WORKER_STATE_LOST;
+      w.reserved_for.clear();
       w.reason = absl::StrCat(
           "no heartbeat for ",
           absl::FormatDuration(absl::Trunc(now - w.last_heartbeat, absl::Milliseconds(1))),
@@ -102,6 +103,7 @@ bool WorkerRegistry::MarkLost(const std::string& id, const std::string& reason) 
   WorkerRecord* w = MutableLocked(id);
   if (w == nullptr || w->state == v1::WORKER_STATE_LOST) return false;
   w->state = v1::WORKER_STATE_LOST;
+  w->reserved_for.clear();
   w->reason = reason;
   return true;
 }

@@ -143,6 +143,9 @@ void KilledAt23CostsThreeSteps(int victim_rank) {
   EXPECT_EQ(again->ranks(1 - victim_rank).worker_id(), survivor);
   EXPECT_EQ(again->ranks(victim_rank).worker_id(), spare);
   EXPECT_EQ(again->spare_workers_size(), 0) << "no free worker is left to hold";
+  // The spare keeps the files it restored: the snapshot is on two live workers again.
+  ASSERT_EQ(again->snapshot().step(), 20);
+  EXPECT_THAT(again->snapshot().ranks(victim_rank).worker_ids(), ::testing::Contains(spare));
 
   CommandResult resume = c.Stagectl({"resume", id});
   ASSERT_EQ(resume.exit_code, 0) << resume.out << resume.err;

@@ -59,7 +59,7 @@ void OnRanks(int world, const std::function<void(int, Transport&)>& body) {
   for (auto& t : threads) t.join();
 }
 
-TEST(SnapshotStoreTest, KeepsTwoStepsAJobAndWhatTheCoordinatorSays) {
+TEST(SnapshotStoreTest, KeepsWhatTheCoordinatorSaysAndAtMostThreeSteps) {
   SnapshotStore store;
   const auto a = Bytes("aaaa");
   store.Put("job-1", 5, 0, Entry(0, a), a);
@@ -72,13 +72,22 @@ TEST(SnapshotStoreTest, KeepsTwoStepsAJobAndWhatTheCoordinatorSays) {
   ASSERT_EQ(held.size(), 2u);
   EXPECT_EQ(held[1].rank(), 1);
   EXPECT_EQ(held[1].files(0).file(), "stage-1.pt");
+  // Until the coordinator names a complete one, a rank may be ahead: three steps are kept.
   store.Put("job-1", 10, 0, Entry(0, a), a);
-  store.Put("job-1", 15, 0, Entry(0, a), a);  // a third step drops the oldest
+  store.Put("job-1", 15, 0, Entry(0, a), a);
+  EXPECT_TRUE(store.Get("job-1", 5, "stage-0.pt").ok());
+  store.Put("job-1", 20, 0, Entry(0, a), a);  // a fourth drops the oldest
   EXPECT_EQ(store.Get("job-1", 5, "stage-0.pt").status().code(), absl::StatusCode::kNotFound);
-  EXPECT_TRUE(store.Get("job-1", 10, "stage-0.pt").ok());
+  // The coordinator's latest complete snapshot is 15: older ones go, and two steps are kept.
   store.KeepFrom("job-1", 15);
   EXPECT_FALSE(store.Get("job-1", 10, "stage-0.pt").ok());
   EXPECT_TRUE(store.Get("job-1", 15, "stage-0.pt").ok());
+  store.Put("job-1", 25, 0, Entry(0, a), a);
+  EXPECT_TRUE(store.Get("job-1", 15, "stage-0.pt").ok()) << "still the latest complete one";
+  // A new attempt restarting from 15 drops what the failed one left after it.
+  store.DropAfter("job-1", 15);
+  EXPECT_FALSE(store.Get("job-1", 20, "stage-0.pt").ok());
+  EXPECT_FALSE(store.Get("job-1", 25, "stage-0.pt").ok());
   store.KeepFrom("job-2", -1);
   EXPECT_EQ(store.Jobs(), std::vector<std::string>{"job-1"});
   EXPECT_EQ(store.bytes(), 4);

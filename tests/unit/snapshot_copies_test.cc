@@ -50,6 +50,13 @@ TEST(SnapshotCopiesTest, CompletesOnceEveryRankIsOnTwoWorkers) {
   ASSERT_EQ(copies.latest()->ranks_size(), 2);
   EXPECT_EQ(copies.latest()->ranks(0).worker_ids_size(), 2);
   EXPECT_EQ(copies.KeepFrom(), 5);
+  // A worker that restored rank 1 from it holds it too.
+  EXPECT_FALSE(*copies.Record("w-3", 1, 1, 5, Held({Copy(1, 1)}), kNow));
+  EXPECT_EQ(copies.latest()->ranks(1).worker_ids_size(), 3);
+  v1::SnapshotCopy other = Copy(1, 1);
+  other.mutable_files(0)->set_size_bytes(1);
+  EXPECT_EQ(copies.Record("w-4", 1, 1, 5, Held({other}), kNow).status().code(),
+            absl::StatusCode::kInvalidArgument);
   // A repeated report changes nothing; an older step is already superseded.
   EXPECT_FALSE(*copies.Record("w-1", 0, 1, 5, Held({Copy(0, 0)}), kNow));
   EXPECT_FALSE(*copies.Record("w-1", 0, 1, 4, Held({Copy(0, 0)}), kNow));

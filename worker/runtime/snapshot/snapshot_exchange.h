@@ -8,7 +8,8 @@
 // the header, so a bundle is either whole or an error naming the file.
 //
 // Sends and receives of one exchange are posted together from one thread (the transport's
-// rule) and waited for with `timeout` each.
+// rule) and waited for with `timeout` each. A failed exchange aborts `transport` (transfers of
+// it may still be posted; the peers then fail promptly too): it is used for nothing after.
 #pragma once
 
 #include <cstdint>

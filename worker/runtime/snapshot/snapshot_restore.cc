@@ -12,7 +12,7 @@
 namespace stagecoach::runtime {
 
 absl::StatusOr<StateFiles> ExchangeSnapshotForRestore(const v1::TaskAssignment& task,
-                                                      const SnapshotStore& store,
+                                                      SnapshotStore& store,
                                                       transport::Transport* transport,
                                                       absl::Duration timeout) {
   const v1::ResumeTask& resume = task.resume();
@@ -67,6 +67,14 @@ absl::StatusOr<StateFiles> ExchangeSnapshotForRestore(const v1::TaskAssignment& 
                                                 " of the in-memory snapshot after step ", step,
                                                 " did not arrive"));
       }
+    }
+  }
+  // Its own stages' files: this worker holds them from now on (a later loss may need them).
+  for (const v1::StageAssignment& stage : task.stages()) {
+    for (const v1::SnapshotTransfer& t : resume.snapshot().transfers()) {
+      if (t.to_rank() != me || t.file().stage() != stage.stage()) continue;
+      auto it = files.find(t.file().file());
+      if (it != files.end()) store.Put(task.job_id(), step, me, t.file(), it->second);
     }
   }
   return StateFiles(absl::StrCat("the in-memory snapshot after step ", step), std::move(files));

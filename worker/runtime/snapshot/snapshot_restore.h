@@ -3,7 +3,8 @@
 // the transfers say other ranks restore from its copy, and receives those it restores itself
 // (snapshot_exchange.h, over the attempt's snapshot transport). The files then stay in memory:
 // the stages are restored from them as from a checkpoint directory (checkpoint.h's StateFiles),
-// with the same checks (sizes, SHA-256, names, shapes).
+// with the same checks (sizes, SHA-256, names, shapes). The files of the rank's own stages go
+// into its worker's store too, so that the snapshot is on two workers again.
 #pragma once
 
 #include "absl/status/statusor.h"
@@ -21,7 +22,7 @@ namespace stagecoach::runtime {
 // or read; INVALID_ARGUMENT for a transfer naming a rank outside the attempt; the exchange's
 // errors; NOT_FOUND naming a file that did not arrive.
 absl::StatusOr<StateFiles> ExchangeSnapshotForRestore(const v1::TaskAssignment& task,
-                                                      const SnapshotStore& store,
+                                                      SnapshotStore& store,
                                                       transport::Transport* transport,
                                                       absl::Duration timeout);
 

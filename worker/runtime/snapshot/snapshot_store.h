@@ -3,10 +3,11 @@
 // step and file name (a file name is one stage's, so unique within a step).
 //
 // The store belongs to the worker process, not to a task: when a job restarts after a lost
-// worker, its new attempt finds the files here (snapshot_restore.h). It keeps at most two steps
-// of a job (the latest complete snapshot and the one being taken): a third step's first file
-// drops the oldest. The coordinator says in each heartbeat's answer which steps it still needs
-// (KeepFrom), and drops an ended job's.
+// worker, its new attempt finds the files here (snapshot_restore.h). The coordinator says in
+// each heartbeat's answer which steps it still needs (KeepFrom: its latest complete snapshot and
+// newer), and drops an ended job's. Besides, a job keeps two steps (the latest complete snapshot
+// and the one being taken) where the oldest is below what the coordinator last said to keep, and
+// never more than three (a rank may be one snapshot ahead of the coordinator's latest).
 //
 // Torch-free; thread-safe.
 #pragma once
@@ -49,8 +50,13 @@ class SnapshotStore {
   // The jobs it holds files of (for the heartbeat).
   std::vector<std::string> Jobs() const;
 
-  // Drops the job's steps before `from_step`; a negative `from_step` drops the job.
+  // Drops the job's steps before `from_step` and remembers it; a negative `from_step` drops the
+  // job.
   void KeepFrom(const std::string& job_id, int64_t from_step);
+
+  // Drops the job's steps after `step`: a new attempt starting there takes them again (what a
+  // failed attempt left after its start is not its state).
+  void DropAfter(const std::string& job_id, int64_t step);
 
   // Bytes held, all jobs.
   int64_t bytes() const;
@@ -61,11 +67,18 @@ class SnapshotStore {
     v1::StageCheckpointFile entry;
     Bytes bytes;
   };
-  // job -> step -> file name.
+  // step -> file name.
   using Steps = std::map<int64_t, std::map<std::string, File>>;
+  struct Job {
+    Steps steps;
+    int64_t keep_from = 0;  // the coordinator's latest answer
+  };
+
+  // Drops `job`'s step at `it`; the next one.
+  Steps::iterator DropLocked(Job& job, Steps::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
-  std::map<std::string, Steps> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -315,13 +315,34 @@ absl::Status TaskRunner::RunSteps() {
   return status;
 }
 
+void TaskRunner::ReportRestoredSnapshot(int64_t step) {
+  if (!deps_.report_snapshot) return;
+  v1::ReportSnapshotRequest report;
+  report.set_worker_id(deps_.worker_id);
+  report.set_job_id(task_.job_id());
+  report.set_attempt(task_.attempt());
+  report.set_step(step);
+  for (v1::SnapshotCopy& copy : deps_.snapshot_store->Held(task_.job_id(), step)) {
+    *report.add_held() = std::move(copy);
+  }
+  const absl::Status sent = deps_.report_snapshot(report);
+  if (!sent.ok()) {
+    spdlog::warn("{} rank {}: reporting the restored snapshot: {}", task_.job_id(), task_.rank(),
+                 sent.message());
+  }
+}
+
 absl::Status TaskRunner::ConnectSnapshots(TaskSetup& setup) {
   const int64_t every_steps = setup.forward_only ? 0 : setup.spec.training.snapshot.every_steps;
   const bool restoring = task_.resume().has_snapshot();
   if (every_steps <= 0 && !restoring) return absl::OkStatus();
   if (deps_.snapshot_store == nullptr) {
-    return absl::FailedPreconditionError("this worker keeps no in-memory snapshots");
+    return absl::FailedPreconditionError(absl::StrCat(
+        task_.job_id(), " rank ", task_.rank(), ": this worker keeps no in-memory snapshots"));
   }
+  // What an earlier attempt left after this one's start is not this attempt's state.
+  deps_.snapshot_store->DropAfter(task_.job_id(),
+                                  task_.has_resume() ? task_.resume().step() : 0);
   const absl::Duration timeout = rpc::FromProtoDuration(task_.comm_timeout());
   if (task_.world_size() > 1) {
     TransportRequest request;
@@ -352,6 +373,7 @@ absl::Status TaskRunner::ConnectSnapshots(TaskSetup& setup) {
     spdlog::info("{} rank {}: restored from the in-memory snapshot after step {} in {}",
                  task_.job_id(), task_.rank(), setup.base_step,
                  absl::FormatDuration(absl::Now() - start));
+    ReportRestoredSnapshot(setup.base_step);
   }
   if (every_steps > 0) {
     SnapshotStepsOptions options = SnapshotOptionsOf(task_, deps_.worker_id, every_steps);
@@ -524,10 +546,19 @@ absl::Status TaskRunner::StepLoop(DataSteps& data, ClientSteps& client_steps,
       case StepGate::Action::kCheckpointAtHold:
         status = checkpoints.AtHold(decision.steps_done, steps_done_.load() - 1);
         break;
-      case StepGate::Action::kFinish:
-        // The last checkpoint's files (and snapshot) are reported before the task's end.
-        if (snapshots_ != nullptr) RETURN_IF_ERROR(snapshots_->Drain());
-        return checkpoints.Drain();
+      case StepGate::Action::kFinish: {
+        // The last checkpoint's files are reported before the task's end. A snapshot that
+        // fails now costs nothing the checkpoint does not cover: it does not fail the task.
+        absl::Status drained = checkpoints.Drain();
+        if (snapshots_ != nullptr) {
+          const absl::Status snapshot = snapshots_->Drain();
+          if (!snapshot.ok()) {
+            spdlog::warn("{} rank {}: the last in-memory snapshot: {}", task_.job_id(),
+                         task_.rank(), snapshot.message());
+          }
+        }
+        return drained;
+      }
     }
     RETURN_IF_ERROR(status);
   }

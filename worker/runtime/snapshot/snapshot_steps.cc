@@ -96,6 +96,16 @@ absl::Status SnapshotSteps::Exchange(int64_t global_steps,
     }
   }
   if (background_.abandoned()) return absl::OkStatus();
+  const int held = ReportHeld(global_steps);
+  spdlog::info("{} rank {}: in-memory snapshot after step {} ({} ranks' files held, {:.3f} s)",
+               options_.job_id, options_.rank, global_steps, held,
+               absl::ToDoubleSeconds(absl::Now() - start));
+  return absl::OkStatus();
+}
+
+absl::Status SnapshotSteps::Drain() { return background_.Drain(); }
+
+int SnapshotSteps::ReportHeld(int64_t global_steps) const {
   v1::ReportSnapshotRequest report;
   report.set_worker_id(options_.worker_id);
   report.set_job_id(options_.job_id);
@@ -105,18 +115,13 @@ absl::Status SnapshotSteps::Exchange(int64_t global_steps,
     *report.add_held() = std::move(copy);
   }
   if (report_) {
-    absl::Status sent = report_(report);
+    const absl::Status sent = report_(report);
     if (!sent.ok()) {
       spdlog::warn("{} rank {}: reporting the snapshot after step {}: {}", options_.job_id,
                    options_.rank, global_steps, sent.message());
     }
   }
-  spdlog::info("{} rank {}: in-memory snapshot after step {} ({} files held, {:.3f} s)",
-               options_.job_id, options_.rank, global_steps, report.held_size(),
-               absl::ToDoubleSeconds(absl::Now() - start));
-  return absl::OkStatus();
+  return report.held_size();
 }
-
-absl::Status SnapshotSteps::Drain() { return background_.Drain(); }
 
 }  // namespace stagecoach::runtime

@@ -78,6 +78,11 @@ class SnapshotSteps {
   // Waits for the snapshot in flight; its error, if any. Call before the task ends.
   absl::Status Drain();
 
+  // Tells the coordinator what this worker holds of the snapshot after `global_steps` steps
+  // (ReportSnapshot; a failure is logged): after each exchange, and after a restore from one
+  // (its own stages' files, so that the lost worker's copies are replaced). Ranks reported.
+  int ReportHeld(int64_t global_steps) const;
+
  private:
   // The background part of a snapshot after `global_steps` steps of `copies`.
   absl::Status Exchange(int64_t global_steps, const std::vector<StateSnapshot>& copies);

@@ -315,23 +315,6 @@ absl::Status TaskRunner::RunSteps() {
   return status;
 }
 
-void TaskRunner::ReportRestoredSnapshot(int64_t step) {
-  if (!deps_.report_snapshot) return;
-  v1::ReportSnapshotRequest report;
-  report.set_worker_id(deps_.worker_id);
-  report.set_job_id(task_.job_id());
-  report.set_attempt(task_.attempt());
-  report.set_step(step);
-  for (v1::SnapshotCopy& copy : deps_.snapshot_store->Held(task_.job_id(), step)) {
-    *report.add_held() = std::move(copy);
-  }
-  const absl::Status sent = deps_.report_snapshot(report);
-  if (!sent.ok()) {
-    spdlog::warn("{} rank {}: reporting the restored snapshot: {}", task_.job_id(), task_.rank(),
-                 sent.message());
-  }
-}
-
 absl::Status TaskRunner::ConnectSnapshots(TaskSetup& setup) {
   const int64_t every_steps = setup.forward_only ? 0 : setup.spec.training.snapshot.every_steps;
   const bool restoring = task_.resume().has_snapshot();
@@ -373,7 +356,6 @@ absl::Status TaskRunner::ConnectSnapshots(TaskSetup& setup) {
     spdlog::info("{} rank {}: restored from the in-memory snapshot after step {} in {}",
                  task_.job_id(), task_.rank(), setup.base_step,
                  absl::FormatDuration(absl::Now() - start));
-    ReportRestoredSnapshot(setup.base_step);
   }
   if (every_steps > 0) {
     SnapshotStepsOptions options = SnapshotOptionsOf(task_, deps_.worker_id, every_steps);
@@ -385,6 +367,8 @@ absl::Status TaskRunner::ConnectSnapshots(TaskSetup& setup) {
     snapshots_ = std::make_unique<SnapshotSteps>(std::move(options), setup.stages->by_index,
                                                  setup.optimizer.get(), deps_.snapshot_store,
                                                  snapshot_transport_.get(), deps_.report_snapshot);
+    // A restored rank holds its own files again: the lost worker's copies are replaced.
+    if (restoring) snapshots_->ReportHeld(setup.base_step);
   }
   return absl::OkStatus();
 }

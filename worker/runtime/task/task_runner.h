@@ -218,9 +218,6 @@ class TaskRunner {
   // ranks, when there are several) and, when the attempt starts from a snapshot, exchanges its
   // files and restores the stages from them (snapshot/snapshot_restore.h).
   absl::Status ConnectSnapshots(TaskSetup& setup);
-  // After a restore from the snapshot after `step`: tells the coordinator what this worker now
-  // holds of it (ReportSnapshot), so that the lost worker's copies are replaced.
-  void ReportRestoredSnapshot(int64_t step);
   // The gate's decisions, each run, until it finishes the task or one fails.
   absl::Status StepLoop(DataSteps& data, ClientSteps& client_steps, CheckpointSteps& checkpoints);
   // Makes the data plane (its data-parallel group, if any) and the stages known to Stop and

@@ -16,16 +16,19 @@
 // `snapshot` (the same with in-memory snapshots every --snapshot-every steps and the spare held
 // by placement.spares: the restart continues from the latest snapshot); `carry_on` (2 replicas
 // carrying on, no spare: 4 workers); `heal` (2 replicas and a spare: 5 workers; also measured:
-// until the lost replica has rejoined from a live one). Then the price of carrying on when
-// nothing fails (`settle`): the same 2-replica job's step time with its steps settled
-// (carry_on: true) and without (carry_on: false); and the price of snapshots
+// until the lost replica has rejoined from a live one); `elastic` (1 replica on 2 workers, no
+// spare, restart.elastic with restart.wait --elastic-wait: the job is planned again on the one
+// worker left and continues from the latest checkpoint by parameter name). Then the price of
+// carrying on when nothing fails (`settle`): the same 2-replica job's step time with its steps
+// settled (carry_on: true) and without (carry_on: false); and the price of snapshots
 // (`snapshot_cost`): the 1-replica job's step time with snapshots every --snapshot-every steps
 // and without; rounds alternating, medians side by side.
 // The cluster's lease is --lease (the coordinator's --lease; the default deployment's is 10 s).
 //
-//   build/bench/recovery_bench [--case all|restart|snapshot|carry_on|heal|settle|snapshot_cost]
+//   build/bench/recovery_bench [--case all|restart|snapshot|carry_on|heal|elastic|settle|
+//                                      snapshot_cost]
 //                              [--rounds 3] [--every 10] [--snapshot-every 5] [--kill-at 17]
-//                              [--lease 3s] [--settle-steps 60]
+//                              [--lease 3s] [--elastic-wait 1s] [--settle-steps 60]
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
@@ -56,6 +59,7 @@ struct Settings {
   int snapshot_every = 5;
   int settle_steps = 60;
   std::string lease = "3s";
+  std::string elastic_wait = "1s";
 };
 
 // `snapshot_every` > 0 adds in-memory snapshots and holds one spare (placement.spares).
@@ -114,7 +118,7 @@ struct Round {
   double detection = 0, next_step = 0, catch_up = 0, lost = 0, healed = 0;
 };
 
-enum class Mode { kRestart, kSnapshot, kCarryOn, kHeal };
+enum class Mode { kRestart, kSnapshot, kCarryOn, kHeal, kElastic };
 
 const char* ModeName(Mode mode) {
   switch (mode) {
@@ -126,6 +130,8 @@ const char* ModeName(Mode mode) {
       return "carry_on";
     case Mode::kHeal:
       return "heal";
+    case Mode::kElastic:
+      return "elastic";
   }
   return "";
 }
@@ -142,15 +148,19 @@ struct Medians {
 };
 
 // One round of `mode`: a restart (1 replica and a spare; from a snapshot with kSnapshot), or 2
-// replicas carrying on (and with kHeal a spare that heals the lost one).
+// replicas carrying on (and with kHeal a spare that heals the lost one), or with kElastic a
+// restart on the one worker left.
 Round KillRound(const Settings& s, Mode mode, int round) {
   const bool carry_on = mode == Mode::kCarryOn || mode == Mode::kHeal;
-  auto cluster = Cluster(mode == Mode::kHeal ? 5 : (carry_on ? 4 : 3), s.lease);
+  const bool elastic = mode == Mode::kElastic;
+  auto cluster = Cluster(mode == Mode::kHeal ? 5 : (carry_on ? 4 : (elastic ? 2 : 3)), s.lease);
   LocalCluster& c = *cluster;
-  const std::string id =
-      Submit(c, Spec(s.every, carry_on ? 2 : 1,
-                     carry_on ? "{max_restarts: 3, carry_on: true}" : "{max_restarts: 3}",
-                     mode == Mode::kSnapshot ? s.snapshot_every : 0));
+  const std::string restart =
+      carry_on  ? "{max_restarts: 3, carry_on: true}"
+      : elastic ? absl::StrCat("{max_restarts: 3, elastic: true, wait: ", s.elastic_wait, "}")
+                : "{max_restarts: 3}";
+  const std::string id = Submit(
+      c, Spec(s.every, carry_on ? 2 : 1, restart, mode == Mode::kSnapshot ? s.snapshot_every : 0));
   const v1::Job running = WaitFor(
       c, id, "running",
       [&](const v1::Job& j) {
@@ -270,8 +280,9 @@ int main(int argc, char** argv) {
   Settings s;
   std::string which = "all";
   app.add_option("--case", which)
-      ->check(CLI::IsMember(
-          {"all", "restart", "snapshot", "carry_on", "heal", "settle", "snapshot_cost"}));
+      ->check(CLI::IsMember({"all", "restart", "snapshot", "carry_on", "heal", "elastic", "settle",
+                             "snapshot_cost"}));
+  app.add_option("--elastic-wait", s.elastic_wait, "restart.wait of the elastic case");
   app.add_option("--snapshot-every", s.snapshot_every, "training.snapshot.every_steps");
   app.add_option("--rounds", s.rounds);
   app.add_option("--every", s.every, "training.checkpoint.every_steps");
@@ -280,7 +291,8 @@ int main(int argc, char** argv) {
   app.add_option("--settle-steps", s.settle_steps, "steps timed for the settling's price");
   CLI11_PARSE(app, argc, argv);
 
-  for (const Mode mode : {Mode::kRestart, Mode::kSnapshot, Mode::kCarryOn, Mode::kHeal}) {
+  for (const Mode mode :
+       {Mode::kRestart, Mode::kSnapshot, Mode::kCarryOn, Mode::kHeal, Mode::kElastic}) {
     if (which != "all" && which != ModeName(mode)) continue;
     Medians m;
     for (int round = 0; round < s.rounds; ++round) m.Add(KillRound(s, mode, round));
@@ -288,7 +300,8 @@ int main(int argc, char** argv) {
         "restart from an in-memory snapshot (every ", s.snapshot_every, " steps; 1 replica, a spare)");
     const char* names[] = {"full restart from a disk checkpoint (1 replica, a spare)",
                            snapshot_name.c_str(), "replicas carrying on (2 replicas)",
-                           "replicas carrying on, healed by a spare (2 replicas)"};
+                           "replicas carrying on, healed by a spare (2 replicas)",
+                           "elastic shrink onto the worker left (1 replica, no spare)"};
     PrintKills(names[static_cast<int>(mode)], s, m);
   }
   if (which == "all" || which == "settle") {

@@ -101,6 +101,7 @@ void JobManager::Tick() {
 }
 
 void JobManager::ScheduleLocked() {
+  QueueResizesLocked();
   // A running job's missing replica first: it is part of what the job already holds.
   for (HealOrder& order : PlanHealsLocked(
            table_, registry_, TaskSettings{options_.comm_timeout, options_.hold_timeout})) {
@@ -507,6 +508,7 @@ void JobManager::QueueManifestLocked(Job& job, PendingManifest pending) {
     --job->manifests_in_flight;
     if (written.ok()) {
       RecordCheckpointLocked(*job, pending);
+      MaybeGrowLocked(*job, pending);
       // The record must hold the loss of every step before the checkpoint: when that step's
       // loss is not in yet, the record is saved again once it is (ReportStep).
       if (!job->forward_only() && job->steps_done() < pending.manifest.step - job->base_step) {

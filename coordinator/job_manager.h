@@ -273,6 +273,11 @@ class JobManager : private LifecycleHooks {
   // FinishRecoveryLocked (what the job does next) under it.
   void QueueRecoveryLocked(Job& job);
   void FinishRecoveryLocked(Job& job, const std::string& plan_error);
+  // restart.elastic (job_manager_elastic.cc, coordinator/elastic/): re-plans the restarting jobs
+  // PlanResizesLocked picks, off the lock, and installs them; and a shrunk job's checkpoint
+  // that lets it grow back restarts it on its own plan.
+  void QueueResizesLocked();
+  void MaybeGrowLocked(Job& job, const PendingManifest& pending);
   // HeartbeatResponse.snapshot_keep_from for `jobs`: a live job's SnapshotCopies::KeepFrom (0
   // when it knows of none: keep everything), -1 for an ended or unknown job.
   v1::HeartbeatResponse SnapshotKeepFrom(

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/time/time.h"
 #include "common/hf/decoder_config.h"
 
 namespace stagecoach::spec {
@@ -225,6 +226,16 @@ struct RestartSpec {
   // restart. Unset: on where it can be (not with placement.shard_optimizer, whose lost shard of
   // the optimizer state exists nowhere else); true with shard_optimizer is refused.
   std::optional<bool> carry_on;
+  // Elastic shrink and grow (docs/recovery.md): when a restart finds too few free workers for
+  // `wait`, the coordinator re-plans the job on those it has (fewer pipeline ranks, the layers
+  // split over fewer stages, or fewer replicas; never fewer than `min_workers`) and resumes it
+  // from its latest checkpoint by parameter name; with `grow`, it goes back to its own plan at
+  // the first checkpoint after enough workers are free again. Each shrink is a restart
+  // (max_restarts); growing back is not.
+  bool elastic = false;
+  int min_workers = 1;
+  absl::Duration wait = absl::Seconds(60);
+  bool grow = true;
 };
 
 // eval: a validation pass, forward only through the job's own pipeline, over `batches` held-out

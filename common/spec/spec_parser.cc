@@ -410,9 +410,11 @@ class SpecParser {
   }
 
   void ParseRestart(const YAML::Node& node) {
-    auto restart = v_.Open(node, "restart", {"max_restarts", "carry_on"});
+    auto restart =
+        v_.Open(node, "restart", {"max_restarts", "carry_on", "elastic", "min_workers", "wait"});
     if (!restart) return;
     restart->Int("max_restarts", 0, kIntMax, &spec_.restart.max_restarts);
+    ParseElastic(*restart);
     bool carry_on = false;
     if (restart->Bool("carry_on", &carry_on) == Read::kOk) {
       spec_.restart.carry_on = carry_on;
@@ -420,6 +422,64 @@ class SpecParser {
         v_.Error(restart->Path("carry_on"),
                  "not supported with placement.shard_optimizer: a lost replica's shard of the "
                  "optimizer state exists nowhere else (the job restarts from its checkpoint)");
+      }
+    }
+  }
+
+  // restart.elastic: a bool, or a mapping {grow: bool} (elastic on); min_workers and wait only
+  // with it. After ParsePlacement and ParseSchedule.
+  void ParseElastic(const yaml_fields::Fields& restart) {
+    RestartSpec& out = spec_.restart;
+    const YAML::Node elastic = restart.Get("elastic");
+    if (elastic.IsMap()) {
+      auto fields = v_.Open(elastic, "restart.elastic", {"grow"});
+      out.elastic = true;
+      if (fields) fields->Bool("grow", &out.grow);
+    } else if (restart.Has("elastic")) {
+      restart.Bool("elastic", &out.elastic);
+    }
+    for (const char* key : {"min_workers", "wait"}) {
+      if (restart.Has(key) && !out.elastic) {
+        v_.Error(restart.Path(key), "only valid with restart.elastic");
+      }
+    }
+    if (!out.elastic) return;
+    if (out.max_restarts < 1) {
+      v_.Error(restart.Path("elastic"),
+               "needs restart.max_restarts >= 1 (shrinking onto fewer workers is a restart)");
+    }
+    if (!spec_.schedule.csv.empty()) {
+      v_.Error(restart.Path("elastic"),
+               "not supported with schedule.csv (a schedule file fixes the ranks; the job cannot "
+               "be planned again on fewer)");
+    }
+    const int64_t workers =
+        static_cast<int64_t>(spec_.placement.workers) * std::max(1, spec_.placement.replicas);
+    if (restart.Int("min_workers", 1, kIntMax, &out.min_workers) == Read::kOk &&
+        spec_.placement.workers > 0 && out.min_workers > workers) {
+      v_.Error(
+          restart.Path("min_workers"),
+          absl::StrCat("must be <= the job's ", workers,
+                       " workers (placement.workers x placement.replicas), got ", out.min_workers));
+    }
+    if (restart.Has("wait")) {
+      const YAML::Node wait = restart.Get("wait");
+      const std::string text = wait.IsScalar() ? wait.Scalar() : "";
+      double seconds = 0;
+      absl::Duration parsed;
+      bool ok = false;
+      if (absl::SimpleAtod(text, &seconds)) {
+        ok = std::isfinite(seconds) && seconds >= 0;
+        if (ok) parsed = absl::Seconds(seconds);
+      } else if (absl::ParseDuration(text, &parsed)) {
+        ok = parsed >= absl::ZeroDuration() && parsed < absl::InfiniteDuration();
+      }
+      if (ok) {
+        out.wait = parsed;
+      } else {
+        v_.Error(restart.Path("wait"),
+                 absl::StrCat("must be a duration >= 0 (\"30s\", \"2m\" or seconds), got ",
+                              yaml_fields::Describe(wait)));
       }
     }
   }

@@ -70,7 +70,11 @@
 //               seq: integer >= 1, tokens only.
 //   restart     max_restarts: integer >= 0, default 0. carry_on: bool (default: true with
 //               placement.replicas > 1 unless placement.shard_optimizer; true with
-//               shard_optimizer is refused).
+//               shard_optimizer is refused). elastic: bool, or a mapping {grow: bool} meaning
+//               true (default false; needs max_restarts >= 1; not with schedule.csv);
+//               min_workers: integer in [1, placement.workers x placement.replicas], default
+//               1, and wait: a duration ("30s", "2m" or seconds) >= 0, default 60s, only with
+//               elastic; grow: bool, default true.
 //   eval        every_steps: integer >= 1, required; batches: integer in [1, 100000],
 //               default 1; data: a mapping with data's keys and rules, required.
 //   cross-field schedule.microbatches <= training.batch_size.

@@ -191,6 +191,25 @@ struct Job {
   int64_t restored_snapshot = -1;
   // Idle workers held for the job (placement.spares), by id.
   std::vector<std::string> spare_workers;
+  // restart.elastic (coordinator/elastic/): while the job runs re-planned on fewer workers,
+  // `spec`, `spec_yaml` and `plan` are the re-plan's and `own` keeps the job's own; a re-plan
+  // is being made off the lock (placement waits for it); and the files each stage of the
+  // current plan reads from the checkpoint after `relayout_step` (written on another layout).
+  struct Elastic {
+    struct Own {
+      std::string spec_yaml;
+      spec::JobSpec spec;
+      Plan plan;
+    };
+    std::optional<Own> own;
+    bool replanning = false;
+    // A re-plan on this many free workers found no plan: not tried again on as many.
+    int refused_workers = -1;
+    int64_t relayout_step = -1;
+    std::vector<std::vector<v1::StageCheckpointFile>> relayout_files;
+    bool relayout_by_name = false;
+    bool shrunk() const { return own.has_value(); }
+  } elastic;
   // A spare that took a rank or was lost.
   void ForgetSpare(const std::string& worker_id) {
     spare_workers.erase(std::remove(spare_workers.begin(), spare_workers.end(), worker_id),

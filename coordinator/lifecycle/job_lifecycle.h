@@ -144,8 +144,11 @@ class JobLifecycle {
   // manifest written (its final checkpoint is listed before the job ends). No-op otherwise.
   void MaybeSucceedLocked(Job& job);
 
- private:
+  // RESTARTING for `why` without a failure (an elastic job growing back): its tasks are stopped
+  // and placement starts the next attempt; not counted against restart.max_restarts.
   void RestartLocked(Job& job, const std::string& why);
+
+ private:
   // Releases the workers of the job's ranks whose tasks have ended.
   void ReleaseEndedLocked(const Job& job);
   // Stops one rank's task on its worker and releases the worker (on the executor); a worker

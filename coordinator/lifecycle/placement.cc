@@ -24,7 +24,8 @@ std::vector<StartOrder> Placement::PlaceLocked(JobTable& table, absl::Time now) 
     // A restarting job's previous workers must be free of it first (StopTask returned), and
     // the checkpoints it completed listed (it continues from the latest).
     if (restarting && (registry_->AnyBusyWith(job->id) || job->manifests_in_flight > 0)) continue;
-    if (job->recovering) {  // re-planned in the background first (JobManager::Recover)
+    // Re-planned in the background first (JobManager::Recover, an elastic re-plan).
+    if (job->recovering || job->elastic.replanning) {
       blocked = true;
       blocker = job->id;
       continue;
@@ -77,7 +78,15 @@ std::vector<StartOrder> Placement::PlaceLocked(JobTable& table, absl::Time now) 
     if (start.snapshot.has_value()) {
       from = absl::StrCat(" from the in-memory snapshot after step ", start.checkpoint->step());
     } else if (start.checkpoint.has_value()) {
-      from = absl::StrCat(" from the checkpoint after step ", start.checkpoint->step());
+      from = absl::StrCat(" from the checkpoint after step ", start.checkpoint->step(),
+                          start.by_name ? " (restored by parameter name)" : "");
+    }
+    if (job->elastic.shrunk()) {
+      absl::StrAppend(&from, " (elastic: ", job->plan.num_tasks(), " of its ",
+                      job->elastic.own->plan.num_tasks(), " workers; ", job->plan.schedule_name,
+                      " on ", job->plan.num_ranks, " ranks x ", job->plan.replicas, " replicas, ",
+                      job->plan.num_stages, " stages, ", job->plan.num_microbatches,
+                      " microbatches)");
     }
     const std::string placed =
         absl::StrCat("starting attempt ", job->attempt, " on ", absl::StrJoin(names, ", "), from,
@@ -124,8 +133,13 @@ AttemptStart Placement::PrepareAttemptLocked(Job& job, bool restarting,
   if (restarting && !job.checkpoints.empty()) {
     const v1::JobCheckpoint& latest = job.checkpoints.back();
     auto files = job.checkpoint_stage_files.find(latest.step());
-    if (files != job.checkpoint_stage_files.end() &&
-        static_cast<int>(files->second.size()) == job.plan.num_stages) {
+    if (job.elastic.relayout_step == latest.step()) {
+      // Written on another layout than the plan's (an elastic re-plan): by parameter name.
+      start = AttemptStart{latest, job.elastic.relayout_files, job.elastic.relayout_by_name,
+                           std::nullopt};
+      job.restored = latest;
+    } else if (files != job.checkpoint_stage_files.end() &&
+               static_cast<int>(files->second.size()) == job.plan.num_stages) {
       start = AttemptStart{latest, files->second, false, std::nullopt};
       job.restored = latest;
     }

@@ -82,6 +82,16 @@ void CheckCheckpoints(const RecoveryInput& input, bool forward_only, RecoveredSt
                                           " is unusable: ", m.status().message()));
       continue;
     }
+    if (!verified) {
+      // Written on another layout (before an elastic re-plan): restored by parameter name.
+      absl::StatusOr<ResumeLayout> layout =
+          MatchResumeLayout(*m, c->directory(), JobLayoutOf(input.layers, input.stage_first_layers),
+                            TiedAcrossStages(input.spec, input.stage_first_layers.size()));
+      if (layout.ok() && layout->by_name) {
+        out.relayout_step = c->step();
+        out.relayout_files = std::move(layout->stage_files);
+      }
+    }
     verified = true;
     kept.push_back(*c);
     for (const ManifestStage& st : m->stages) {
@@ -140,6 +150,9 @@ void ApplyRecovery(Job& job, RecoveredState state) {
   job.checkpoint_stage_files = std::move(state.checkpoint_stage_files);
   job.resume_files = std::move(state.resume_files);
   job.resume_by_name = state.resume_by_name;
+  job.elastic.relayout_step = state.relayout_step;
+  job.elastic.relayout_files = std::move(state.relayout_files);
+  job.elastic.relayout_by_name = state.relayout_step >= 0;
   job.recovering = false;
 }
 

@@ -63,6 +63,10 @@ struct RecoveredState {
   // training.resume_from's files each stage reads (by the plan's stage; resume_layout.h).
   std::vector<std::vector<v1::StageCheckpointFile>> resume_files;
   bool resume_by_name = false;
+  // The latest usable checkpoint when it was written on another layout than the plan's (a job
+  // re-planned by restart.elastic): its files by the plan's stage; relayout_step -1 otherwise.
+  int64_t relayout_step = -1;
+  std::vector<std::vector<v1::StageCheckpointFile>> relayout_files;
   // Checkpoints that do not verify, naming the job.
   std::vector<std::string> problems;
 };

@@ -405,8 +405,8 @@ TEST(SpecParserTest, UnknownKeysInEveryNestedMapping) {
               ElementsAre("data.seeed: unknown key (valid keys: kind, path, seed, seq, dtype); did you "
                           "mean 'seed'?"));
   EXPECT_THAT(Errors(absl::StrCat(kBase, "restart: {max_restart: 1}\n")),
-              ElementsAre("restart.max_restart: unknown key (valid keys: max_restarts, carry_on); "
-                          "did you mean 'max_restarts'?"));
+              ElementsAre("restart.max_restart: unknown key (valid keys: max_restarts, carry_on, "
+                          "elastic, min_workers, wait); did you mean 'max_restarts'?"));
   EXPECT_THAT(Errors(Edit(kBase, "  builtin:", "  bultin:")),
               ElementsAre("model.bultin: unknown key (valid keys: torchscript, builtin, hf); did you "
                           "mean 'builtin'?",

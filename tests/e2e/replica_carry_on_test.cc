@@ -8,7 +8,9 @@
 // reported. With a spare, the lost replica is healed: the spare and the lost replica's other
 // (released) worker take its ranks, receive replica 0's state over the data-parallel group
 // and join at a step boundary; the job is whole again, its losses still the reference's, and
-// the replacement's parameters are replica 0's bits.
+// the replacement's parameters are replica 0's bits. A worker that stalls before a step
+// (STAGECOACH_FAULT_STEP_STALL) is killed there, while its peers wait inside the step's
+// transfers and the gradient reduction: the step is abandoned and run again, counted once.
 #include <signal.h>
 
 #include <string>
@@ -75,6 +77,20 @@ class ReplicaCarryOn : public ::testing::Test {
     for (int64_t step = 0; step < steps; ++step) {
       EXPECT_NEAR(done.losses(step), want.losses[step], kAtol + kRtol * std::abs(want.losses[step]))
           << "step " << step;
+    }
+  }
+
+  // The last checkpoint's digests: replica 1's parameters (a replacement's, once healed) are
+  // replica 0's bits.
+  static void ExpectReplicasBitIdentical(const v1::Job& done) {
+    for (int rank = 0; rank < 2; ++rank) {
+      const auto& mine = done.ranks(rank).parameter_digests();
+      const auto& theirs = done.ranks(2 + rank).parameter_digests();
+      ASSERT_FALSE(mine.empty());
+      for (const auto& [stage, digest] : mine) {
+        ASSERT_EQ(theirs.count(stage), 1u) << "stage " << stage;
+        EXPECT_EQ(theirs.at(stage), digest) << "stage " << stage;
+      }
     }
   }
 
@@ -148,17 +164,78 @@ TEST_F(ReplicaCarryOn, ASpareHealsTheLostReplicaFromALiveOneAndItsParametersAreB
   ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->reason() << c.Logs();
   EXPECT_EQ(done->healthy_replicas(), 2);
   ExpectTheStraightRun(*done, want, steps);
-  // The last checkpoint's digests: the replacement's parameters are replica 0's bits.
-  for (int rank = 0; rank < 2; ++rank) {
-    const auto& mine = done->ranks(rank).parameter_digests();
-    const auto& theirs = done->ranks(2 + rank).parameter_digests();
-    ASSERT_FALSE(mine.empty());
-    for (const auto& [stage, digest] : mine) {
-      ASSERT_EQ(theirs.count(stage), 1u) << "stage " << stage;
-      EXPECT_EQ(theirs.at(stage), digest) << "stage " << stage;
-    }
-  }
+  ExpectReplicasBitIdentical(*done);
   ASSERT_EQ(done->checkpoints().rbegin()->step(), steps);
+}
+
+TEST_F(ReplicaCarryOn, AWorkerKilledInsideATransferIsHealedAndEveryStepCountsOnce) {
+  ClusterOptions options;
+  options.workers = 3;
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  // The fourth worker stalls before global step 5 (and only it): its pipeline peer waits inside
+  // the step's transfers, the other replica inside the gradient reduction, when it is killed.
+  setenv("STAGECOACH_FAULT_STEP_STALL", "5:60000", 1);
+  auto stalling = c.AddWorker();
+  unsetenv("STAGECOACH_FAULT_STEP_STALL");
+  ASSERT_TRUE(stalling.ok()) << stalling.status();
+  ASSERT_TRUE(c.WaitForIdleWorkers(4, absl::Seconds(30)).ok()) << c.Logs();
+
+  const int64_t steps = 20;
+  const ReferenceResult want = TrainReference(Mlp(steps));
+  const std::string ckpt = c.dir() + "/ckpt";
+  std::string spec = MlpSpecYaml(Mlp(steps), {"carry-on", "1F1B", 2, 2, 2}, ckpt);
+  spec = absl::StrReplaceAll(
+      spec,
+      {{"placement: {workers: 2}", "placement: {workers: 2, replicas: 2}"},
+       {"checkpoint: {dir: " + ckpt + "}", "checkpoint: {dir: " + ckpt + ", every_steps: 5}"}});
+  auto id = c.Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  id_ = *id;
+  // The spare, free in the pool once the job holds the other four.
+  auto running = c.WaitForJob(
+      id_, [](const v1::Job& j) { return IsFinal(j) || j.state() == v1::JOB_STATE_RUNNING; },
+      absl::Seconds(120));
+  ASSERT_TRUE(running.ok()) << running.status() << c.Logs();
+  ASSERT_TRUE(c.AddWorker().ok()) << c.Logs();
+
+  const std::string marker = "stalling before global step 5";
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  while (c.worker(*stalling).StderrTail(20000).find(marker) == std::string::npos) {
+    ASSERT_LT(absl::Now(), deadline) << "the fourth worker never stalled\n" << c.Logs();
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  auto stalled = c.GetJob(id_);
+  ASSERT_TRUE(stalled.ok()) << stalled.status();
+  ASSERT_EQ(stalled->state(), v1::JOB_STATE_RUNNING) << stalled->reason();
+  EXPECT_EQ(stalled->global_steps_done(), 5) << "the job waits for the stalled step";
+  int slot = -1;
+  for (int i = 0; i < stalled->ranks_size(); ++i) {
+    if (c.WorkerIndex(stalled->ranks(i).worker_id()) == *stalling) slot = i;
+  }
+  ASSERT_GE(slot, 0) << "the stalling worker holds a rank of the job";
+  victim_ = stalled->ranks(slot).worker_id();
+  const int replica = stalled->ranks(slot).replica();
+  c.worker(*stalling).Signal(SIGKILL);
+
+  auto healed = c.WaitForJob(
+      id_,
+      [&](const v1::Job& j) {
+        return IsFinal(j) ||
+               (j.lost_replicas_size() == 0 && j.healthy_replicas() == 2 &&
+                j.ranks(slot).worker_id() != victim_ && j.failure().replica() == replica);
+      },
+      absl::Seconds(120));
+  ASSERT_TRUE(healed.ok()) << healed.status() << c.Logs();
+  EXPECT_EQ(healed->state(), v1::JOB_STATE_RUNNING) << healed->reason() << c.Logs();
+
+  auto done = c.WaitForJob(id_, IsFinal, absl::Seconds(180));
+  ASSERT_TRUE(done.ok()) << done.status() << c.Logs();
+  ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->reason() << c.Logs();
+  EXPECT_EQ(done->healthy_replicas(), 2);
+  ExpectTheStraightRun(*done, want, steps);
+  ExpectReplicasBitIdentical(*done);
 }
 
 }  // namespace

@@ -1,8 +1,15 @@
 #include "worker/runtime/task/data_steps.h"
 
+#include <cstdlib>
+#include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "common/rpc/time_conversion.h"
+#include "common/util/logging.h"
 #include "common/util/status_macros.h"
 
 namespace stagecoach::runtime {
@@ -17,6 +24,23 @@ void ClearGradients(torch::optim::Optimizer& optimizer) {
   }
 }
 
+// STAGECOACH_FAULT_STEP_STALL="<global step>:<milliseconds>" (tests only): the step at that
+// global step stalls that long before its passes, so its peers wait inside their transfers.
+std::optional<DataSteps::Stall> StepStallFromEnvironment() {
+  const char* value = std::getenv("STAGECOACH_FAULT_STEP_STALL");
+  if (value == nullptr) return std::nullopt;
+  const std::vector<std::string> parts = absl::StrSplit(value, ':');
+  int64_t step = 0;
+  int64_t ms = 0;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &step) || !absl::SimpleAtoi(parts[1], &ms) ||
+      step < 0 || ms <= 0) {
+    spdlog::warn("ignoring STAGECOACH_FAULT_STEP_STALL=\"{}\": not <global step>:<milliseconds>",
+                 value);
+    return std::nullopt;
+  }
+  return DataSteps::Stall{step, absl::Milliseconds(ms)};
+}
+
 }  // namespace
 }  // namespace stagecoach::runtime
 
@@ -28,7 +52,7 @@ std::vector<TensorMeta> MetasOf(const std::vector<torch::Tensor>& microbatches) 
   return out;
 }
 
-DataSteps::DataSteps(const StepEnv& env) : env_(env) {
+DataSteps::DataSteps(const StepEnv& env) : env_(env), stall_(StepStallFromEnvironment()) {
   const v1::TaskAssignment& task = *env.task;
   const TaskSetup& setup = *env.setup;
   options_.rank = task.rank();
@@ -181,6 +205,11 @@ absl::StatusOr<bool> DataSteps::RunPasses(const std::vector<Pass>& passes, bool 
   const int64_t step = env_.steps_done->load();  // the task's count
   const StepMark mark = env_.reports->Mark();
   const bool several = passes.size() > 1;
+  if (stall_.has_value() && stall_->global_step == global_step) {
+    spdlog::warn("rank {}: stalling before global step {} for {} (STAGECOACH_FAULT_STEP_STALL)",
+                 options_.rank, global_step, absl::FormatDuration(stall_->duration));
+    absl::SleepFor(stall_->duration);
+  }
   if (!setup.forward_only) ClearGradients(*setup.optimizer);
   if (setup.shards != nullptr) setup.shards->ClearStageGradients();
   if (env_.rollback != nullptr) env_.rollback->Take();

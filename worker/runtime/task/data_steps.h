@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "stagecoach/v1/types.pb.h"
 #include "worker/runtime/executor/pipeline_executor.h"
 #include "worker/runtime/snapshot/snapshot_steps.h"
@@ -99,6 +100,13 @@ class DataSteps {
   PipelineExecutor& executor() { return *executor_; }
   const ExecutorOptions& executor_options() const { return options_; }
 
+  // A fault for tests (STAGECOACH_FAULT_STEP_STALL, read at construction): the step at
+  // `global_step` sleeps `duration` before its passes, logging "stalling before global step S".
+  struct Stall {
+    int64_t global_step = 0;
+    absl::Duration duration;
+  };
+
  private:
   explicit DataSteps(const StepEnv& env);
 
@@ -130,6 +138,7 @@ class DataSteps {
   bool want_targets_ = false;
   // Whether the executor's agreed shapes are the data's.
   bool data_shapes_ = true;
+  const std::optional<Stall> stall_;
 };
 
 }  // namespace stagecoach::runtime

@@ -33,9 +33,12 @@ const Plan& OwnPlan(const Job& job) {
   return job.elastic.shrunk() ? job.elastic.own->plan : job.plan;
 }
 
-// What the job holds that belongs to one layout: snapshots, traces, measured peaks.
-void ForgetLayoutLocked(Job& job) {
-  job.snapshots = SnapshotCopies();
+// What the job holds that belongs to one layout: snapshots (unless the next attempt restores the
+// latest by name), traces, measured peaks.
+void ForgetLayoutLocked(Job& job, bool keep_latest_snapshot) {
+  if (!keep_latest_snapshot) job.snapshots = SnapshotCopies();
+  job.elastic.relayout_snapshot_step = -1;
+  job.elastic.relayout_snapshot_files.clear();
   job.restored_snapshot = -1;
   job.traces.DropAfter(-1);
   job.balance = MeasuredBalance{};
@@ -44,6 +47,51 @@ void ForgetLayoutLocked(Job& job) {
 }
 
 std::string From(int64_t step) { return absl::StrCat("the checkpoint after step ", step); }
+
+std::string FromSnapshot(int64_t step) {
+  return absl::StrCat("the in-memory snapshot after step ", step);
+}
+
+// The latest complete snapshot of `job` when a re-plan may start from it: newer than `start`
+// (else the job's base), covered by the losses on record, and taken on the job's plan (not
+// itself the old layout's, restored by name).
+std::optional<v1::JobSnapshot> SnapshotToStartFrom(const Job& job,
+                                                   const std::optional<v1::JobCheckpoint>& start) {
+  const std::optional<v1::JobSnapshot>& latest = job.snapshots.latest();
+  if (!latest.has_value() || job.plan.replicas > 1 || job.forward_only() ||
+      latest->step() == job.elastic.relayout_snapshot_step) {
+    return std::nullopt;
+  }
+  const int64_t from = start.has_value() ? start->step() : job.base_step;
+  const int64_t covered = job.base_step + static_cast<int64_t>(job.losses.size());
+  if (latest->step() <= from || latest->step() > covered) return std::nullopt;
+  return latest;
+}
+
+// A snapshot of `plan`'s stages as a checkpoint manifest, for MatchResumeLayout: each stage's
+// layers and its training-state files (from whichever rank's copy holds them).
+CheckpointManifest SnapshotManifest(const v1::JobSnapshot& snapshot, const Plan& plan) {
+  CheckpointManifest m;
+  m.step = snapshot.step();
+  m.data_position = snapshot.step();
+  m.num_stages = plan.num_stages;
+  m.schedule = plan.schedule_name;
+  for (int s = 0; s < plan.num_stages; ++s) {
+    ManifestStage& stage = m.stages.emplace_back();
+    stage.stage = s;
+    stage.first_layer = plan.stages[s].first_layer;
+    stage.end_layer = plan.stages[s].end_layer;
+    for (int l = stage.first_layer; l < stage.end_layer; ++l) {
+      stage.layers.push_back(plan.layers[l].name());
+    }
+  }
+  for (const v1::SnapshotCopy& copy : snapshot.ranks()) {
+    for (const v1::StageCheckpointFile& f : copy.files()) {
+      if (f.stage() >= 0 && f.stage() < plan.num_stages) m.stages[f.stage()].files.push_back(f);
+    }
+  }
+  return m;
+}
 
 }  // namespace
 
@@ -75,6 +123,8 @@ std::vector<ResizeOrder> PlanResizesLocked(JobTable& table, const WorkerRegistry
     order.start = StartingPoint(*job, &order.start_is_resume);
     const spec::JobSpec& own_spec = job->elastic.shrunk() ? job->elastic.own->spec : job->spec;
     order.tied = TiedAcrossStages(own_spec, own.num_stages);
+    order.snapshot = SnapshotToStartFrom(*job, order.start);
+    if (order.snapshot.has_value()) order.snapshot_plan = job->plan;
     job->elastic.replanning = true;
     job->reason = back ? absl::StrCat("enough free workers for its own plan again (", free,
                                       "); planning it back")
@@ -100,7 +150,14 @@ ResizeResult PrepareResize(const ResizeOrder& order) {
     out.plan = PlanOnWorkers(order.job_id, order.own_yaml, order.own_plan, order.workers,
                              order.min_workers);
   }
-  if (!out.plan.ok() || !order.start.has_value()) return out;
+  if (!out.plan.ok()) return out;
+  if (order.snapshot.has_value()) {
+    out.snapshot_layout =
+        MatchResumeLayout(SnapshotManifest(*order.snapshot, order.snapshot_plan),
+                          FromSnapshot(order.snapshot->step()), LayoutOfPlan(out.plan->plan),
+                          TiedAcrossStages(out.plan->spec, out.plan->plan.num_stages));
+  }
+  if (!order.start.has_value()) return out;
   const std::string& dir = order.start->directory();
   absl::StatusOr<CheckpointManifest> manifest = ReadManifest(dir);
   if (!manifest.ok()) {
@@ -139,7 +196,15 @@ bool ApplyResizeLocked(Job& job, const ResizeOrder& order, ResizeResult result) 
   job.plan = std::move(planned.plan);
   job.elastic.refused_workers = -1;
   job.elastic.relayout_step = -1;
-  ForgetLayoutLocked(job);
+  // The snapshot, where it can be restored by name; else the checkpoint.
+  std::optional<ResumeLayout> by_snapshot;
+  if (result.snapshot_layout.has_value() && result.snapshot_layout->ok()) {
+    by_snapshot = **std::move(result.snapshot_layout);
+  } else if (result.snapshot_layout.has_value()) {
+    spdlog::warn("{}: not continuing from {}: {}", job.id, FromSnapshot(order.snapshot->step()),
+                 result.snapshot_layout->status().message());
+  }
+  ForgetLayoutLocked(job, by_snapshot.has_value());
   std::string from = "its initial parameters";
   if (result.layout.has_value()) {
     ResumeLayout& layout = **result.layout;
@@ -153,6 +218,11 @@ bool ApplyResizeLocked(Job& job, const ResizeOrder& order, ResizeResult result) 
       job.elastic.relayout_by_name = layout.by_name;
       from = From(order.start->step());
     }
+  }
+  if (by_snapshot.has_value() && by_snapshot->by_name) {
+    job.elastic.relayout_snapshot_step = order.snapshot->step();
+    job.elastic.relayout_snapshot_files = std::move(by_snapshot->stage_files);
+    from = absl::StrCat(FromSnapshot(order.snapshot->step()), " (else ", from, ")");
   }
   job.reason =
       absl::StrCat(back ? "back on its own plan, " : "re-planned from ", was,
@@ -201,7 +271,7 @@ std::optional<std::string> GrowAtCheckpointLocked(Job& job, const WorkerRegistry
   job.elastic.relayout_step = manifest.step;
   job.elastic.relayout_files = std::move(layout->stage_files);
   job.elastic.relayout_by_name = layout->by_name;
-  ForgetLayoutLocked(job);
+  ForgetLayoutLocked(job, /*keep_latest_snapshot=*/false);
   return why;
 }
 

@@ -13,7 +13,11 @@
 // again, with the same losses.
 // Either way the next attempt starts from the latest checkpoint the recorded losses cover (else
 // the checkpoint the job resumed from, else its initial parameters), restored by parameter name
-// (resume_layout.h); in-memory snapshots, of the old layout, are forgotten.
+// (resume_layout.h). A shrink prefers the latest complete in-memory snapshot where it is newer
+// (and covered by the losses, and taken on the plan being left): each rank of the new plan
+// receives the old stages' files that hold its layers and restores them by name; should that
+// attempt fail before its first step, the restart falls back to the checkpoint. Other snapshots
+// (of the old layout) are forgotten, and a grow-back starts from its checkpoint.
 #pragma once
 
 #include <optional>
@@ -43,12 +47,18 @@ struct ResizeOrder {
   std::optional<v1::JobCheckpoint> start;
   bool start_is_resume = false;  // `start` is training.resume_from, not a checkpoint of the job
   bool tied = false;             // the model keeps a tied embedding copy (TiedAcrossStages)
+  // The latest complete in-memory snapshot when a shrink may start from it, and the plan that
+  // took it.
+  std::optional<v1::JobSnapshot> snapshot;
+  Plan snapshot_plan;
 };
 
 struct ResizeResult {
   absl::StatusOr<ElasticPlan> plan = absl::UnknownError("not planned");
   // The files each stage of the new plan reads from `start` (unset without one).
   std::optional<absl::StatusOr<ResumeLayout>> layout;
+  // The old stages' snapshot files each stage of the new plan reads (unset without a snapshot).
+  std::optional<absl::StatusOr<ResumeLayout>> snapshot_layout;
 };
 
 // The elastic jobs to re-plan now (see the file comment); each is marked replanning.

@@ -208,6 +208,10 @@ struct Job {
     int64_t relayout_step = -1;
     std::vector<std::vector<v1::StageCheckpointFile>> relayout_files;
     bool relayout_by_name = false;
+    // The same for the latest in-memory snapshot when it was taken on another layout than the
+    // plan's (a shrink continues from it): the old stages' files each stage reads, by name.
+    int64_t relayout_snapshot_step = -1;
+    std::vector<std::vector<v1::StageCheckpointFile>> relayout_snapshot_files;
     bool shrunk() const { return own.has_value(); }
   } elastic;
   // A spare that took a rank or was lost.

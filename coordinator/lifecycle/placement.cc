@@ -76,7 +76,8 @@ std::vector<StartOrder> Placement::PlaceLocked(JobTable& table, absl::Time now) 
     for (const WorkerRecord& w : workers) names.push_back(w.id);
     std::string from;
     if (start.snapshot.has_value()) {
-      from = absl::StrCat(" from the in-memory snapshot after step ", start.checkpoint->step());
+      from = absl::StrCat(" from the in-memory snapshot after step ", start.checkpoint->step(),
+                          start.by_name ? " (restored by parameter name)" : "");
     } else if (start.checkpoint.has_value()) {
       from = absl::StrCat(" from the checkpoint after step ", start.checkpoint->step(),
                           start.by_name ? " (restored by parameter name)" : "");
@@ -186,11 +187,23 @@ void Placement::StartFromSnapshotLocked(Job& job, const std::vector<WorkerRecord
   const int64_t covered = job.base_step + static_cast<int64_t>(job.losses.size());
   if (step <= from || step > covered) return;
   const Plan& plan = job.plan;
+  // Taken on another layout (an elastic re-plan continues from it): each rank reads the old
+  // stages' files that hold its layers, by parameter name.
+  const bool by_name = job.elastic.relayout_snapshot_step == step;
   std::vector<std::vector<int>> needs(plan.num_ranks);
-  for (int s = 0; s < plan.num_stages; ++s) needs[plan.stage_to_rank[s]].push_back(s);
+  for (int s = 0; s < plan.num_stages; ++s) {
+    std::vector<int>& mine = needs[plan.stage_to_rank[s]];
+    if (!by_name) {
+      mine.push_back(s);
+      continue;
+    }
+    for (const v1::StageCheckpointFile& f : job.elastic.relayout_snapshot_files[s]) {
+      if (std::find(mine.begin(), mine.end(), f.stage()) == mine.end()) mine.push_back(f.stage());
+    }
+  }
   // The last stage's tied copy of the embeddings comes from stage 0's file.
   const int last = plan.stage_to_rank[plan.num_stages - 1];
-  if (TiedAcrossStages(job.spec, plan.num_stages) && plan.stage_to_rank[0] != last) {
+  if (!by_name && TiedAcrossStages(job.spec, plan.num_stages) && plan.stage_to_rank[0] != last) {
     needs[last].push_back(0);
   }
   std::vector<std::string> ids;
@@ -209,11 +222,16 @@ void Placement::StartFromSnapshotLocked(Job& job, const std::vector<WorkerRecord
   v1::JobCheckpoint& point = from_snapshot.checkpoint.emplace();
   point.set_step(step);
   point.set_directory(absl::StrCat("in-memory snapshot after step ", step));
-  from_snapshot.stage_files.resize(plan.num_stages);
-  for (const v1::SnapshotCopy& copy : snapshot->ranks()) {
-    for (const v1::StageCheckpointFile& f : copy.files()) {
-      if (f.stage() >= 0 && f.stage() < plan.num_stages) {
-        from_snapshot.stage_files[f.stage()].push_back(f);
+  from_snapshot.by_name = by_name;
+  if (by_name) {
+    from_snapshot.stage_files = job.elastic.relayout_snapshot_files;
+  } else {
+    from_snapshot.stage_files.resize(plan.num_stages);
+    for (const v1::SnapshotCopy& copy : snapshot->ranks()) {
+      for (const v1::StageCheckpointFile& f : copy.files()) {
+        if (f.stage() >= 0 && f.stage() < plan.num_stages) {
+          from_snapshot.stage_files[f.stage()].push_back(f);
+        }
       }
     }
   }

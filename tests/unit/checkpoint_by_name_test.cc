@@ -9,6 +9,7 @@
 #include <torch/optim/adamw.h>
 #include <torch/torch.h>
 
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -99,6 +100,46 @@ TEST_F(CheckpointByNameTest, TwoStagesResumeOntoOneStageBitIdentically) {
   for (size_t i = 0; i < straight.size(); ++i) {
     EXPECT_TRUE(torch::equal(resumed[i].second, straight[i].second)) << resumed[i].first;
   }
+}
+
+// The same from files in memory (an in-memory snapshot's, exchanged at an attempt's start): the
+// directory is gone, and a file missing from memory is named with the files' name.
+TEST_F(CheckpointByNameTest, FilesInMemoryResumeOntoOneStageBitIdentically) {
+  NamedParams straight = Mlp(3);
+  auto opt = AdamW(Tensors(straight));
+  for (int k = 0; k < 2; ++k) Step(straight, *opt, k);
+  v1::ResumeTask resume;
+  resume.set_directory("in-memory snapshot after step 2");
+  resume.set_step(2);
+  resume.set_by_name(true);
+  std::map<std::string, StateFiles::Bytes> memory;
+  for (int s = 0; s < 2; ++s) {
+    auto files =
+        WriteStageCheckpoint(dir_.path(), 2, s, Slice(straight, 2 * s, 2 * s + 2), {}, *opt, 2);
+    ASSERT_TRUE(files.ok()) << files.status();
+    for (const auto& f : *files) {
+      *resume.add_files() = f;
+      auto bytes = StateFiles(StepDir()).Read(f.file());
+      ASSERT_TRUE(bytes.ok()) << bytes.status();
+      memory[f.file()] = *bytes;
+    }
+  }
+  std::filesystem::remove_all(StepDir());
+  const StateFiles files("the snapshot after step 2", memory);
+  NamedParams resumed = Mlp(99);
+  auto resumed_opt = AdamW(Tensors(resumed));
+  auto saved = CheckpointByName::Read(resume, files);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  auto state = saved->StateFor(0, resumed, {}, {});
+  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_TRUE(RestoreSavedState(*std::move(state), "test", resumed, resumed_opt.get(), {}).ok());
+  for (int k = 2; k < 5; ++k) {
+    EXPECT_EQ(Step(resumed, *resumed_opt, k), Step(straight, *opt, k)) << "step " << k;
+  }
+  memory.erase(checkpoint::StageStateFileName(1));
+  auto missing = CheckpointByName::Read(resume, StateFiles("the snapshot after step 2", memory));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_THAT(missing.status().message(), HasSubstr("the snapshot after step 2: stage-1.pt"));
 }
 
 // Writes stage `s` of `params` as ZeRO-1 does with two replicas: stage-<s>.pt without optimizer

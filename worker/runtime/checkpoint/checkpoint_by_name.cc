@@ -121,14 +121,19 @@ absl::Status CheckpointByName::AddShards(int stage, const std::vector<SavedState
 }
 
 absl::StatusOr<CheckpointByName> CheckpointByName::Read(const v1::ResumeTask& resume) {
+  return Read(resume, StateFiles(resume.directory()));
+}
+
+absl::StatusOr<CheckpointByName> CheckpointByName::Read(const v1::ResumeTask& resume,
+                                                        const StateFiles& files) {
   CheckpointByName out;
-  out.dir_ = resume.directory();
+  out.dir_ = files.name();
   out.step_ = resume.step();
   // Shard files by stage, then replica.
   std::map<int, std::map<int, std::pair<int, v1::StageCheckpointFile>>> shard_files;
   for (const v1::StageCheckpointFile& f : resume.files()) {
     if (f.file() == checkpoint::StageStateFileName(f.stage())) {
-      ASSIGN_OR_RETURN(SavedState saved, ReadStateFile(out.dir_, f, f.stage()));
+      ASSIGN_OR_RETURN(SavedState saved, ReadStateFile(files, f, f.stage()));
       out.stages_.insert(f.stage());
       RETURN_IF_ERROR(out.AddStageFile(saved, f.file()));
     } else if (auto name = checkpoint::ParseOptimizerShardFileName(f.file());
@@ -151,7 +156,7 @@ absl::StatusOr<CheckpointByName> CheckpointByName::Read(const v1::ResumeTask& re
                          d, " (", checkpoint::OptimizerShardFileName(stage, k, d),
                          it == by_replica.end() ? " is missing)" : " is of another set)"));
       }
-      ASSIGN_OR_RETURN(SavedState shard, ReadStateFile(out.dir_, it->second.second, stage));
+      ASSIGN_OR_RETURN(SavedState shard, ReadStateFile(files, it->second.second, stage));
       shards.push_back(std::move(shard));
     }
     RETURN_IF_ERROR(out.AddShards(stage, shards, checkpoint::OptimizerShardFileName(stage, 0, d)));

@@ -33,6 +33,10 @@ class CheckpointByName {
   // own layout) or its layout does not add up to the shard, or when a parameter is held by two
   // checkpoint stages with different values' shapes; ReadStateFile's errors otherwise.
   static absl::StatusOr<CheckpointByName> Read(const v1::ResumeTask& resume);
+  // The same from `files` (the step directory, or an in-memory snapshot's files exchanged at
+  // the attempt's start: snapshot/snapshot_restore.h), which errors name.
+  static absl::StatusOr<CheckpointByName> Read(const v1::ResumeTask& resume,
+                                               const StateFiles& files);
 
   // The state of one stage of the resuming job, as RestoreSavedState (checkpoint.h) installs
   // it: each of `params` with its value and optimizer state, each of `buffers`, under their

@@ -367,8 +367,9 @@ absl::Status TaskRunner::ConnectSnapshots(TaskSetup& setup) {
     snapshots_ = std::make_unique<SnapshotSteps>(std::move(options), setup.stages->by_index,
                                                  setup.optimizer.get(), deps_.snapshot_store,
                                                  snapshot_transport_.get(), deps_.report_snapshot);
-    // A restored rank holds its own files again: the lost worker's copies are replaced.
-    if (restoring) snapshots_->ReportHeld(setup.base_step);
+    // A restored rank holds its own files again: the lost worker's copies are replaced (not
+    // after a snapshot of another layout, restored by name: the next snapshot is this layout's).
+    if (restoring && !task_.resume().by_name()) snapshots_->ReportHeld(setup.base_step);
   }
   return absl::OkStatus();
 }

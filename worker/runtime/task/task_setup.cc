@@ -147,11 +147,11 @@ absl::StatusOr<int64_t> Resume(const v1::TaskAssignment& task, TaskSetup& setup,
   const v1::ResumeTask& resume = task.resume();
   const std::optional<TiedPair> tied = TiedPairOf(setup.spec, task.num_stages());
   if (resume.by_name()) {
-    RETURN_IF_ERROR(RestoreStagesByName(resume, setup.stages->by_index, tied,
+    RETURN_IF_ERROR(RestoreStagesByName(resume, files, setup.stages->by_index, tied,
                                         setup.forward_only ? nullptr : setup.optimizer.get(),
                                         setup.shards.get()));
     spdlog::info("{} rank {}: resumed from {} (step {}), written on another layout", task.job_id(),
-                 task.rank(), resume.directory(), resume.step());
+                 task.rank(), files.name(), resume.step());
     return resume.step();
   }
   for (auto& [s, stage] : setup.stages->by_index) {

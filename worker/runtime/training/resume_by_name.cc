@@ -11,19 +11,18 @@
 
 namespace stagecoach::runtime {
 
-absl::Status RestoreStagesByName(const v1::ResumeTask& resume,
+absl::Status RestoreStagesByName(const v1::ResumeTask& resume, const StateFiles& files,
                                  const std::map<int, model::StageModel*>& stages,
                                  const std::optional<TiedPair>& tied,
                                  torch::optim::Optimizer* optimizer, ZeroShards* shards) {
-  ASSIGN_OR_RETURN(const CheckpointByName saved, CheckpointByName::Read(resume));
+  ASSIGN_OR_RETURN(const CheckpointByName saved, CheckpointByName::Read(resume, files));
   std::map<std::string, std::string> aliases;
   if (tied.has_value()) aliases[tied->second_name] = tied->first_name;
   for (const auto& [s, stage] : stages) {
     const std::vector<std::pair<std::string, torch::Tensor>> params = stage->NamedParameters();
     const std::vector<std::pair<std::string, torch::Tensor>> buffers = stage->NamedBuffers();
     ASSIGN_OR_RETURN(SavedState state, saved.StateFor(s, params, buffers, aliases));
-    const std::string where =
-        absl::StrCat("stage ", s, " restored by name from checkpoint ", resume.directory());
+    const std::string where = absl::StrCat("stage ", s, " restored by name from ", files.name());
     if (shards == nullptr) {
       RETURN_IF_ERROR(RestoreSavedState(std::move(state), where, params, optimizer, buffers));
       continue;

@@ -15,17 +15,19 @@
 #include "absl/status/status.h"
 #include "stagecoach/v1/types.pb.h"
 #include "worker/model/stage_model.h"
+#include "worker/runtime/checkpoint/state_file.h"
 #include "worker/runtime/training/tied_parameters.h"
 #include "worker/runtime/training/zero_shards.h"
 
 namespace stagecoach::runtime {
 
-// Restores every stage of `stages` from `resume` by name: values and buffers always; with
+// Restores every stage of `stages` from `resume`'s files in `files` (its step directory, or an
+// in-memory snapshot's files) by name: values and buffers always; with
 // `optimizer` (null for forward-only tasks) the optimizer state, into `shards` when not null.
 // Checks everything a stage needs before changing that stage; errors name the stage and the
 // parameter or buffer the checkpoint lacks or whose shape differs
 // (CheckpointByName::StateFor, RestoreSavedState), or the file that does not verify.
-absl::Status RestoreStagesByName(const v1::ResumeTask& resume,
+absl::Status RestoreStagesByName(const v1::ResumeTask& resume, const StateFiles& files,
                                  const std::map<int, model::StageModel*>& stages,
                                  const std::optional<TiedPair>& tied,
                                  torch::optim::Optimizer* optimizer, ZeroShards* shards);

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <functional>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -125,16 +126,26 @@ class Elastic : public ::testing::Test {
     setenv("OMP_NUM_THREADS", "1", 1);
     setenv("MKL_NUM_THREADS", "1", 1);
   }
+
+  // A cluster of 4 workers, and the straight run's losses on it.
+  void StartWithTheStraightRun() {
+    ClusterOptions options;
+    options.workers = 4;
+    auto cluster = LocalCluster::Start(options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = *std::move(cluster);
+    straight_ = StraightLosses(*cluster_);
+    ASSERT_FALSE(straight_.empty());
+  }
+
+  std::unique_ptr<LocalCluster> cluster_;
+  std::vector<double> straight_;
 };
 
 TEST_F(Elastic, ALostWorkerShrinksTheJobToThreeAndAnAddedOneGrowsItBack) {
-  ClusterOptions options;
-  options.workers = 4;
-  auto cluster = LocalCluster::Start(options);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  LocalCluster& c = **cluster;
-  const std::vector<double> straight = StraightLosses(c);
-  ASSERT_FALSE(straight.empty());
+  ASSERT_NO_FATAL_FAILURE(StartWithTheStraightRun());
+  LocalCluster& c = *cluster_;
+  const std::vector<double>& straight = straight_;
 
   const std::string id = Submit(c, "elastic", SpecYaml("elastic", true, c.dir() + "/ckpt"), true);
   // Held after step 13 with the checkpoint after step 10; shrunk from it.
@@ -177,13 +188,9 @@ TEST_F(Elastic, ALostWorkerShrinksTheJobToThreeAndAnAddedOneGrowsItBack) {
 }
 
 TEST_F(Elastic, AShrinkContinuesFromTheLatestSnapshotRestoredByName) {
-  ClusterOptions options;
-  options.workers = 4;
-  auto cluster = LocalCluster::Start(options);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  LocalCluster& c = **cluster;
-  const std::vector<double> straight = StraightLosses(c);
-  ASSERT_FALSE(straight.empty());
+  ASSERT_NO_FATAL_FAILURE(StartWithTheStraightRun());
+  LocalCluster& c = *cluster_;
+  const std::vector<double>& straight = straight_;
 
   const std::string id = Submit(
       c, "elastic", SpecYaml("elastic", true, c.dir() + "/ckpt", /*snapshot_every=*/4), true);

@@ -94,6 +94,21 @@ class ReplicaCarryOn : public ::testing::Test {
     }
   }
 
+  // `healed` (the job once its replica was healed) still RUNNING; then the job ends SUCCEEDED,
+  // whole, as the straight run, with every checkpoint's replicas bit-identical and its last
+  // checkpoint after the last step.
+  void ExpectWholeAndTheStraightRun(LocalCluster& c, const v1::Job& healed,
+                                    const ReferenceResult& want, int64_t steps) {
+    EXPECT_EQ(healed.state(), v1::JOB_STATE_RUNNING) << healed.reason() << c.Logs();
+    auto done = c.WaitForJob(id_, IsFinal, absl::Seconds(180));
+    ASSERT_TRUE(done.ok()) << done.status() << c.Logs();
+    ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->reason() << c.Logs();
+    EXPECT_EQ(done->healthy_replicas(), 2);
+    ExpectTheStraightRun(*done, want, steps);
+    ExpectReplicasBitIdentical(*done);
+    ASSERT_EQ(done->checkpoints().rbegin()->step(), steps);
+  }
+
   std::string id_;
   std::string victim_;
 };
@@ -156,16 +171,8 @@ TEST_F(ReplicaCarryOn, ASpareHealsTheLostReplicaFromALiveOneAndItsParametersAreB
       },
       absl::Seconds(120));
   ASSERT_TRUE(healed.ok()) << healed.status() << c.Logs();
-  EXPECT_EQ(healed->state(), v1::JOB_STATE_RUNNING) << healed->reason() << c.Logs();
   EXPECT_NE(healed->ranks(3).worker_id(), victim_) << "a replacement holds the lost rank";
-
-  auto done = c.WaitForJob(id_, IsFinal, absl::Seconds(180));
-  ASSERT_TRUE(done.ok()) << done.status() << c.Logs();
-  ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->reason() << c.Logs();
-  EXPECT_EQ(done->healthy_replicas(), 2);
-  ExpectTheStraightRun(*done, want, steps);
-  ExpectReplicasBitIdentical(*done);
-  ASSERT_EQ(done->checkpoints().rbegin()->step(), steps);
+  ASSERT_NO_FATAL_FAILURE(ExpectWholeAndTheStraightRun(c, *healed, want, steps));
 }
 
 TEST_F(ReplicaCarryOn, AWorkerKilledInsideATransferIsHealedAndEveryStepCountsOnce) {
@@ -228,14 +235,7 @@ TEST_F(ReplicaCarryOn, AWorkerKilledInsideATransferIsHealedAndEveryStepCountsOnc
       },
       absl::Seconds(120));
   ASSERT_TRUE(healed.ok()) << healed.status() << c.Logs();
-  EXPECT_EQ(healed->state(), v1::JOB_STATE_RUNNING) << healed->reason() << c.Logs();
-
-  auto done = c.WaitForJob(id_, IsFinal, absl::Seconds(180));
-  ASSERT_TRUE(done.ok()) << done.status() << c.Logs();
-  ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->reason() << c.Logs();
-  EXPECT_EQ(done->healthy_replicas(), 2);
-  ExpectTheStraightRun(*done, want, steps);
-  ExpectReplicasBitIdentical(*done);
+  ASSERT_NO_FATAL_FAILURE(ExpectWholeAndTheStraightRun(c, *healed, want, steps));
 }
 
 }  // namespace

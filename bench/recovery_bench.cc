@@ -18,14 +18,17 @@
 // carrying on, no spare: 4 workers); `heal` (2 replicas and a spare: 5 workers; also measured:
 // until the lost replica has rejoined from a live one); `elastic` (1 replica on 2 workers, no
 // spare, restart.elastic with restart.wait --elastic-wait: the job is planned again on the one
-// worker left and continues from the latest checkpoint by parameter name). Then the price of
+// worker left and continues from the latest checkpoint by parameter name; `elastic_snapshot`, the
+// same with snapshots every --snapshot-every steps: it continues from the latest snapshot, its
+// files restored by name on the worker left). Then the price of
 // carrying on when nothing fails (`settle`): the same 2-replica job's step time with its steps
 // settled (carry_on: true) and without (carry_on: false); and the price of snapshots
 // (`snapshot_cost`): the 1-replica job's step time with snapshots every --snapshot-every steps
 // and without; rounds alternating, medians side by side.
 // The cluster's lease is --lease (the coordinator's --lease; the default deployment's is 10 s).
 //
-//   build/bench/recovery_bench [--case all|restart|snapshot|carry_on|heal|elastic|settle|
+//   build/bench/recovery_bench [--case all|restart|snapshot|carry_on|heal|elastic|
+//                                      elastic_snapshot|settle|
 //                                      snapshot_cost]
 //                              [--rounds 3] [--every 10] [--snapshot-every 5] [--kill-at 17]
 //                              [--lease 3s] [--elastic-wait 1s] [--settle-steps 60]
@@ -62,14 +65,16 @@ struct Settings {
   std::string elastic_wait = "1s";
 };
 
-// `snapshot_every` > 0 adds in-memory snapshots and holds one spare (placement.spares).
-std::string Spec(int every, int replicas, const std::string& restart, int snapshot_every = 0) {
+// `snapshot_every` > 0 adds in-memory snapshots; `spares` is placement.spares.
+std::string Spec(int every, int replicas, const std::string& restart, int snapshot_every = 0,
+                 int spares = 0) {
   return absl::StrCat(
       "name: recovery\n",
       "model:\n  builtin: {family: mlp, sizes: [256, 512, 512, 512, 512, 16], seed: 1}\n",
       "split: {stages: 2}\nschedule: {kind: 1F1B, microbatches: 4}\n",
-      "placement: {workers: 2, replicas: ", replicas, snapshot_every > 0 ? ", spares: 1" : "",
-      "}\n", "training:\n  batch_size: 32\n  steps: 100000\n  loss: mse\n",
+      "placement: {workers: 2, replicas: ", replicas,
+      spares > 0 ? absl::StrCat(", spares: ", spares) : "", "}\n",
+      "training:\n  batch_size: 32\n  steps: 100000\n  loss: mse\n",
       "  optimizer: {kind: adamw, lr: 1.0e-3}\n", "  checkpoint: {dir: CKPT, every_steps: ", every,
       "}\n",
       snapshot_every > 0 ? absl::StrCat("  snapshot: {every_steps: ", snapshot_every, "}\n") : "",
@@ -118,7 +123,7 @@ struct Round {
   double detection = 0, next_step = 0, catch_up = 0, lost = 0, healed = 0;
 };
 
-enum class Mode { kRestart, kSnapshot, kCarryOn, kHeal, kElastic };
+enum class Mode { kRestart, kSnapshot, kCarryOn, kHeal, kElastic, kElasticSnapshot };
 
 const char* ModeName(Mode mode) {
   switch (mode) {
@@ -132,6 +137,8 @@ const char* ModeName(Mode mode) {
       return "heal";
     case Mode::kElastic:
       return "elastic";
+    case Mode::kElasticSnapshot:
+      return "elastic_snapshot";
   }
   return "";
 }
@@ -149,18 +156,20 @@ struct Medians {
 
 // One round of `mode`: a restart (1 replica and a spare; from a snapshot with kSnapshot), or 2
 // replicas carrying on (and with kHeal a spare that heals the lost one), or with kElastic a
-// restart on the one worker left.
+// restart on the one worker left (from the latest snapshot with kElasticSnapshot).
 Round KillRound(const Settings& s, Mode mode, int round) {
   const bool carry_on = mode == Mode::kCarryOn || mode == Mode::kHeal;
-  const bool elastic = mode == Mode::kElastic;
+  const bool elastic = mode == Mode::kElastic || mode == Mode::kElasticSnapshot;
+  const bool snapshots = mode == Mode::kSnapshot || mode == Mode::kElasticSnapshot;
   auto cluster = Cluster(mode == Mode::kHeal ? 5 : (carry_on ? 4 : (elastic ? 2 : 3)), s.lease);
   LocalCluster& c = *cluster;
   const std::string restart =
       carry_on  ? "{max_restarts: 3, carry_on: true}"
       : elastic ? absl::StrCat("{max_restarts: 3, elastic: true, wait: ", s.elastic_wait, "}")
                 : "{max_restarts: 3}";
-  const std::string id = Submit(
-      c, Spec(s.every, carry_on ? 2 : 1, restart, mode == Mode::kSnapshot ? s.snapshot_every : 0));
+  const std::string id =
+      Submit(c, Spec(s.every, carry_on ? 2 : 1, restart, snapshots ? s.snapshot_every : 0,
+                     mode == Mode::kSnapshot ? 1 : 0));
   const v1::Job running = WaitFor(
       c, id, "running",
       [&](const v1::Job& j) {
@@ -201,6 +210,16 @@ Round KillRound(const Settings& s, Mode mode, int round) {
       },
       absl::Seconds(300));
   out.next_step = absl::ToDoubleSeconds(absl::Now() - killed);
+  if (!carry_on) {
+    // Where the new attempt started from, as its history says.
+    const v1::Job restarted = bench::Value("the job", c.GetJob(id));
+    for (const v1::JobTransition& t : restarted.history()) {
+      if (t.state() == v1::JOB_STATE_STARTING &&
+          t.reason().find("attempt 2 ") != std::string::npos) {
+        std::fprintf(stderr, "round %d: %s\n", round, t.reason().c_str());
+      }
+    }
+  }
   const v1::Job caught_up = WaitFor(
       c, id, "catching up", [&](const v1::Job& j) { return j.global_steps_done() > done_at_kill; },
       absl::Seconds(300));
@@ -280,8 +299,8 @@ int main(int argc, char** argv) {
   Settings s;
   std::string which = "all";
   app.add_option("--case", which)
-      ->check(CLI::IsMember({"all", "restart", "snapshot", "carry_on", "heal", "elastic", "settle",
-                             "snapshot_cost"}));
+      ->check(CLI::IsMember({"all", "restart", "snapshot", "carry_on", "heal", "elastic",
+                             "elastic_snapshot", "settle", "snapshot_cost"}));
   app.add_option("--elastic-wait", s.elastic_wait, "restart.wait of the elastic case");
   app.add_option("--snapshot-every", s.snapshot_every, "training.snapshot.every_steps");
   app.add_option("--rounds", s.rounds);
@@ -291,17 +310,19 @@ int main(int argc, char** argv) {
   app.add_option("--settle-steps", s.settle_steps, "steps timed for the settling's price");
   CLI11_PARSE(app, argc, argv);
 
-  for (const Mode mode :
-       {Mode::kRestart, Mode::kSnapshot, Mode::kCarryOn, Mode::kHeal, Mode::kElastic}) {
+  for (const Mode mode : {Mode::kRestart, Mode::kSnapshot, Mode::kCarryOn, Mode::kHeal,
+                          Mode::kElastic, Mode::kElasticSnapshot}) {
     if (which != "all" && which != ModeName(mode)) continue;
     Medians m;
     for (int round = 0; round < s.rounds; ++round) m.Add(KillRound(s, mode, round));
     const std::string snapshot_name = absl::StrCat(
         "restart from an in-memory snapshot (every ", s.snapshot_every, " steps; 1 replica, a spare)");
     const char* names[] = {"full restart from a disk checkpoint (1 replica, a spare)",
-                           snapshot_name.c_str(), "replicas carrying on (2 replicas)",
+                           snapshot_name.c_str(),
+                           "replicas carrying on (2 replicas)",
                            "replicas carrying on, healed by a spare (2 replicas)",
-                           "elastic shrink onto the worker left (1 replica, no spare)"};
+                           "elastic shrink onto the worker left (1 replica, no spare)",
+                           "elastic shrink onto the worker left from the latest snapshot"};
     PrintKills(names[static_cast<int>(mode)], s, m);
   }
   if (which == "all" || which == "settle") {
@@ -311,7 +332,7 @@ int main(int argc, char** argv) {
   }
   if (which == "all" || which == "snapshot_cost") {
     CompareStepTimes(s, "1 replica x 2 stages, snapshots", 3, Spec(100000, 1, "{max_restarts: 1}"),
-                     Spec(100000, 1, "{max_restarts: 1}", s.snapshot_every),
+                     Spec(100000, 1, "{max_restarts: 1}", s.snapshot_every, /*spares=*/1),
                      absl::StrCat("with a snapshot every ", s.snapshot_every, " steps").c_str());
   }
   return 0;

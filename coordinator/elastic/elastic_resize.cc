@@ -205,6 +205,7 @@ bool ApplyResizeLocked(Job& job, const ResizeOrder& order, ResizeResult result) 
                  result.snapshot_layout->status().message());
   }
   ForgetLayoutLocked(job, by_snapshot.has_value());
+  const bool restored = result.layout.has_value() || by_snapshot.has_value();
   std::string from = "its initial parameters";
   if (result.layout.has_value()) {
     ResumeLayout& layout = **result.layout;
@@ -224,10 +225,10 @@ bool ApplyResizeLocked(Job& job, const ResizeOrder& order, ResizeResult result) 
     job.elastic.relayout_snapshot_files = std::move(by_snapshot->stage_files);
     from = absl::StrCat(FromSnapshot(order.snapshot->step()), " (else ", from, ")");
   }
-  job.reason =
-      absl::StrCat(back ? "back on its own plan, " : "re-planned from ", was,
-                   back ? " workers: " : absl::StrCat(" to ", job.plan.num_tasks(), " workers: "),
-                   planned.summary, "; continuing from ", from, " (restored by parameter name)");
+  job.reason = absl::StrCat(
+      back ? "back on its own plan, " : "re-planned from ", was,
+      back ? " workers: " : absl::StrCat(" to ", job.plan.num_tasks(), " workers: "),
+      planned.summary, "; continuing from ", from, restored ? " (restored by parameter name)" : "");
   spdlog::info("{}: {}", job.id, job.reason);
   return true;
 }

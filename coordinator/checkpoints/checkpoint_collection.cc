@@ -71,27 +71,35 @@ std::optional<PendingManifest> AddReportedFilesLocked(Job& job, const v1::Report
   PendingManifest pending;
   pending.job_id = job.id;
   pending.step_dir = CheckpointStepDirectory(job.spec.training.checkpoint.dir, step);
-  CheckpointManifest& m = pending.manifest;
-  m.job_id = job.id;
-  m.step = step;
-  m.data_position = step;
-  m.num_stages = job.plan.num_stages;
-  m.schedule = job.plan.schedule_name;
-  m.model_json = ModelReferenceJson(job.spec.model);
+  pending.manifest = ManifestOfPlan(job.plan, step, stages);
+  pending.manifest.job_id = job.id;
+  pending.manifest.model_json = ModelReferenceJson(job.spec.model);
   if (job.spec.model.builtin.has_value()) pending.hf_config = job.spec.model.builtin->decoder;
-  for (int s = 0; s < job.plan.num_stages; ++s) {
-    ManifestStage& st = m.stages.emplace_back();
-    st.stage = s;
-    st.first_layer = job.plan.stages[s].first_layer;
-    st.end_layer = job.plan.stages[s].end_layer;
-    for (int l = st.first_layer; l < st.end_layer && l < static_cast<int>(job.plan.layers.size());
-         ++l) {
-      st.layers.push_back(job.plan.layers[l].name());
-    }
-    st.files = stages[s];
-  }
   job.checkpoint_files.erase(step);
   return pending;
+}
+
+CheckpointManifest ManifestOfPlan(
+    const Plan& plan, int64_t step,
+    const std::map<int, std::vector<v1::StageCheckpointFile>>& files) {
+  CheckpointManifest m;
+  m.step = step;
+  m.data_position = step;
+  m.num_stages = plan.num_stages;
+  m.schedule = plan.schedule_name;
+  for (int s = 0; s < plan.num_stages; ++s) {
+    ManifestStage& st = m.stages.emplace_back();
+    st.stage = s;
+    st.first_layer = plan.stages[s].first_layer;
+    st.end_layer = plan.stages[s].end_layer;
+    for (int l = st.first_layer; l < st.end_layer && l < static_cast<int>(plan.layers.size());
+         ++l) {
+      st.layers.push_back(plan.layers[l].name());
+    }
+    auto it = files.find(s);
+    if (it != files.end()) st.files = it->second;
+  }
+  return m;
 }
 
 absl::Status WritePendingManifest(const PendingManifest& pending) {

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -46,6 +47,12 @@ absl::Status ValidateCheckpointReport(const Job& job, const v1::ReportStepReques
 // are in, returns the manifest to write (and forgets the files: a checkpoint is assembled once).
 // Caller holds the job table's lock.
 std::optional<PendingManifest> AddReportedFilesLocked(Job& job, const v1::ReportStepRequest& req);
+
+// The manifest of `plan`'s state after `step` (a checkpoint's, or an in-memory snapshot's as
+// MatchResumeLayout reads it): each stage's layers, and its files from `files` (by stage);
+// job_id and model_json are left to the caller.
+CheckpointManifest ManifestOfPlan(const Plan& plan, int64_t step,
+                                  const std::map<int, std::vector<v1::StageCheckpointFile>>& files);
 
 // Checks that every file of `pending` is in its step directory with its reported size, then
 // writes manifest.json (WriteManifest). DATA_LOSS naming the file and stage when one is missing

@@ -1,11 +1,13 @@
 #include "coordinator/elastic/elastic_resize.h"
 
 #include <algorithm>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc/time_conversion.h"
 #include "common/spec/hf_model_spec.h"
 #include "common/util/logging.h"
+#include "coordinator/checkpoints/checkpoint_collection.h"
 
 namespace stagecoach::coordinator {
 namespace {
@@ -71,26 +73,11 @@ std::optional<v1::JobSnapshot> SnapshotToStartFrom(const Job& job,
 // A snapshot of `plan`'s stages as a checkpoint manifest, for MatchResumeLayout: each stage's
 // layers and its training-state files (from whichever rank's copy holds them).
 CheckpointManifest SnapshotManifest(const v1::JobSnapshot& snapshot, const Plan& plan) {
-  CheckpointManifest m;
-  m.step = snapshot.step();
-  m.data_position = snapshot.step();
-  m.num_stages = plan.num_stages;
-  m.schedule = plan.schedule_name;
-  for (int s = 0; s < plan.num_stages; ++s) {
-    ManifestStage& stage = m.stages.emplace_back();
-    stage.stage = s;
-    stage.first_layer = plan.stages[s].first_layer;
-    stage.end_layer = plan.stages[s].end_layer;
-    for (int l = stage.first_layer; l < stage.end_layer; ++l) {
-      stage.layers.push_back(plan.layers[l].name());
-    }
-  }
+  std::map<int, std::vector<v1::StageCheckpointFile>> files;
   for (const v1::SnapshotCopy& copy : snapshot.ranks()) {
-    for (const v1::StageCheckpointFile& f : copy.files()) {
-      if (f.stage() >= 0 && f.stage() < plan.num_stages) m.stages[f.stage()].files.push_back(f);
-    }
+    for (const v1::StageCheckpointFile& f : copy.files()) files[f.stage()].push_back(f);
   }
-  return m;
+  return ManifestOfPlan(plan, snapshot.step(), files);
 }
 
 }  // namespace

@@ -13,25 +13,13 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/elastic_specs.h"
 #include "tests/unit/spec_test_util.h"
 
 namespace stagecoach::coordinator::elastic_resize_test {
 namespace {
 
 using ::testing::HasSubstr;
-
-constexpr char kFourEvenStages[] = R"(name: elastic
-model:
-  builtin: {family: mlp, sizes: [8, 16, 16, 16, 16, 16, 16, 16, 4], seed: 1}
-split: {stages: 4}
-schedule: {kind: 1F1B, microbatches: 4}
-placement: {workers: 4}
-training:
-  batch_size: 16
-  optimizer: {kind: sgd, lr: 0.1}
-data: {kind: synthetic}
-restart: {max_restarts: 2, elastic: true, min_workers: 2, wait: 5s}
-)";
 
 const absl::Time kLost = absl::FromUnixSeconds(5000);
 
@@ -51,14 +39,14 @@ google::protobuf::RepeatedPtrField<v1::SnapshotCopy> Held(const std::vector<int>
 
 class ElasticResizeTest : public ::testing::Test {
  protected:
-  // A 4-rank job of kFourEvenStages that lost w-4 (rank 3) after `losses` steps, with the snapshot
-  // after `snapshot_step` complete (each rank's worker holds its own files and the previous
-  // rank's), RESTARTING since kLost; w-1..w-3 free.
+  // A 4-rank job of kFourStageElasticJob that lost w-4 (rank 3) after `losses` steps, with the
+  // snapshot after `snapshot_step` complete (each rank's worker holds its own files and the
+  // previous rank's), RESTARTING since kLost; w-1..w-3 free.
   Job& LostJob(int losses, int64_t snapshot_step) {
     absl::MutexLock lock(&table_.mu());
     Job& job = table_.CreateLocked();
-    job.spec_yaml = kFourEvenStages;
-    job.spec = spec::Parsed(kFourEvenStages);
+    job.spec_yaml = kFourStageElasticJob;
+    job.spec = spec::Parsed(kFourStageElasticJob);
     auto plan = PlanJob(job.spec);
     EXPECT_TRUE(plan.ok()) << plan.status();
     job.plan = *plan;

@@ -9,6 +9,7 @@
 #include "coordinator/elastic/elastic_plan.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/elastic_specs.h"
 #include "tests/unit/spec_test_util.h"
 
 namespace stagecoach::coordinator {
@@ -64,26 +65,12 @@ TEST(ElasticLayouts, ReplicasGoBeforeRanksAndSplitTheSameMicrobatches) {
   EXPECT_TRUE(ElasticLayouts(Own(1, 3, 1, 1, 2), 2, 2).empty());
 }
 
-constexpr char kFourStages[] = R"(name: elastic
-model:
-  builtin: {family: mlp, sizes: [8, 16, 16, 16, 16, 16, 16, 16, 4], seed: 1}
-split:
-  points: {"2": beginning, "4": beginning, "6": beginning}
-schedule: {kind: 1F1B, microbatches: 4}
-placement: {workers: 4}
-training:
-  batch_size: 16
-  optimizer: {kind: sgd, lr: 0.1}
-data: {kind: synthetic}
-restart: {max_restarts: 2, elastic: true, min_workers: 2, wait: 5s}
-)";
-
 TEST(PlanOnWorkers, ThreeOfFourWorkersRunThreeStagesOfTheSameLayers) {
-  const spec::JobSpec own_spec = Parsed(kFourStages);
+  const spec::JobSpec own_spec = Parsed(kFourStageElasticJob);
   auto own = PlanJob(own_spec);
   ASSERT_TRUE(own.ok()) << own.status();
   ASSERT_EQ(own->num_stages, 4);
-  auto shrunk = PlanOnWorkers("job-1", kFourStages, *own, 3, 2);
+  auto shrunk = PlanOnWorkers("job-1", kFourStageElasticJob, *own, 3, 2);
   ASSERT_TRUE(shrunk.ok()) << shrunk.status();
   EXPECT_EQ(shrunk->plan.num_ranks, 3);
   EXPECT_EQ(shrunk->plan.num_stages, 3);
@@ -98,7 +85,7 @@ TEST(PlanOnWorkers, ThreeOfFourWorkersRunThreeStagesOfTheSameLayers) {
   // The YAML is the spec the workers get: it reads back the same.
   EXPECT_EQ(Parsed(shrunk->spec_yaml).placement.workers, 3);
 
-  auto none = PlanOnWorkers("job-1", kFourStages, *own, 1, 2);
+  auto none = PlanOnWorkers("job-1", kFourStageElasticJob, *own, 1, 2);
   ASSERT_FALSE(none.ok());
   EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(none.status().message(),
@@ -106,11 +93,11 @@ TEST(PlanOnWorkers, ThreeOfFourWorkersRunThreeStagesOfTheSameLayers) {
 }
 
 TEST(PlanOnWorkers, AReplicatedJobLosesAReplicaAndKeepsItsGlobalBatch) {
-  const std::string yaml =
-      Edit(Edit(kFourStages, "placement: {workers: 4}", "placement: {workers: 2, replicas: 2}"),
-           "  points: {\"2\": beginning, \"4\": beginning, "
-           "\"6\": beginning}\n",
-           "  stages: 2\n");
+  const std::string yaml = Edit(
+      Edit(kFourStageElasticJob, "placement: {workers: 4}", "placement: {workers: 2, replicas: 2}"),
+      "  points: {\"2\": beginning, \"4\": beginning, "
+      "\"6\": beginning}\n",
+      "  stages: 2\n");
   auto own = PlanJob(Parsed(yaml));
   ASSERT_TRUE(own.ok()) << own.status();
   auto shrunk = PlanOnWorkers("job-2", yaml, *own, 3, 2);

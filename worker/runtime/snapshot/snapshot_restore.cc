@@ -71,12 +71,13 @@ absl::StatusOr<StateFiles> ExchangeSnapshotForRestore(const v1::TaskAssignment& 
   }
   // Its own stages' files: this worker holds them from now on (a later loss may need them). Not
   // a snapshot of another layout (restored by name): its stages are not this attempt's.
-  for (const v1::StageAssignment& stage : task.stages()) {
-    if (resume.by_name()) break;
-    for (const v1::SnapshotTransfer& t : resume.snapshot().transfers()) {
-      if (t.to_rank() != me || t.file().stage() != stage.stage()) continue;
-      auto it = files.find(t.file().file());
-      if (it != files.end()) store.Put(task.job_id(), step, me, t.file(), it->second);
+  if (!resume.by_name()) {
+    for (const v1::StageAssignment& stage : task.stages()) {
+      for (const v1::SnapshotTransfer& t : resume.snapshot().transfers()) {
+        if (t.to_rank() != me || t.file().stage() != stage.stage()) continue;
+        auto it = files.find(t.file().file());
+        if (it != files.end()) store.Put(task.job_id(), step, me, t.file(), it->second);
+      }
     }
   }
   return StateFiles(absl::StrCat("the in-memory snapshot after step ", step), std::move(files));

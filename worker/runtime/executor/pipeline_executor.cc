@@ -87,6 +87,11 @@ const TensorMeta& PipelineExecutor::EdgeMeta(int e, int mb) const {
   return output_meta_.at(edge.producer)[mb][edge.output];
 }
 
+const TensorMeta& PipelineExecutor::StepEdgeMeta(int e, int mb, const StepState& st) const {
+  auto it = st.step_metas.find(EdgeKey{e, mb});
+  return it != st.step_metas.end() ? it->second : EdgeMeta(e, mb);
+}
+
 uint64_t PipelineExecutor::EdgeTag(bool gradient, int e, int mb) const {
   const ValueEdge& edge = edges_[e];
   return MessageTag(gradient ? Payload::kGradient : Payload::kActivation,
@@ -110,10 +115,12 @@ std::string PipelineExecutor::EdgeName(bool gradient, int e) const {
 
 absl::StatusOr<StepResult> PipelineExecutor::RunStep(const std::vector<Action>& actions,
                                                      const std::vector<torch::Tensor>& inputs,
-                                                     const std::vector<torch::Tensor>& targets) {
+                                                     const std::vector<torch::Tensor>& targets,
+                                                     std::optional<TokenNormalization> tokens) {
   StepState state;
   state.inputs = &inputs;
   state.targets = &targets;
+  state.tokens = tokens;
   state.step_start = absl::Now();
   state.result.start = state.step_start;
   const int64_t live_at_start =
@@ -129,7 +136,7 @@ absl::StatusOr<StepResult> PipelineExecutor::RunStep(const std::vector<Action>& 
   if (owns_last && options_.forward_only) state.result.outputs.resize(m);
 
   absl::Duration busy;
-  absl::Status status = CheckStepInputs(inputs, targets);
+  absl::Status status = CheckStepInputs(inputs, targets, tokens);
   if (status.ok()) status = RunActions(actions, state, busy);
   if (status.ok()) status = WaitSends(state);
   if (status.ok()) status = CheckStepComplete(state);
@@ -150,8 +157,20 @@ absl::StatusOr<StepResult> PipelineExecutor::RunStep(const std::vector<Action>& 
   return std::move(state.result);
 }
 
-absl::Status PipelineExecutor::CheckStepInputs(const std::vector<torch::Tensor>& inputs,
-                                               const std::vector<torch::Tensor>& targets) const {
+absl::Status PipelineExecutor::CheckStepInputs(
+    const std::vector<torch::Tensor>& inputs, const std::vector<torch::Tensor>& targets,
+    const std::optional<TokenNormalization>& tokens) const {
+  if (tokens.has_value() && !options_.forward_only) {
+    if (options_.loss != LossKind::kCrossEntropy) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", options_.rank, ": a loss normalised by tokens needs the cross_entropy loss"));
+    }
+    if (tokens->counted_tokens <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", options_.rank, ": the step's batch counts ", tokens->counted_tokens,
+                       " tokens; a loss normalised by tokens needs one"));
+    }
+  }
   const int m = options_.num_microbatches;
   if (Local(0) && static_cast<int>(inputs.size()) != m) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", options_.rank, ": expected ", m,
@@ -217,6 +236,13 @@ absl::Status PipelineExecutor::CheckStepComplete(const StepState& state) const {
     }
   }
   return absl::OkStatus();
+}
+
+torch::Tensor PipelineExecutor::LastStageLoss(const torch::Tensor& output, int mb,
+                                              const StepState& st) const {
+  const torch::Tensor target = (*st.targets)[mb].to(options_.device);
+  if (!st.tokens.has_value()) return ComputeLoss(options_.loss, output, target);
+  return SummedTokenLoss(output, target) / static_cast<double>(st.tokens->counted_tokens);
 }
 
 bool PipelineExecutor::TransportTakesDeviceMemory() const {

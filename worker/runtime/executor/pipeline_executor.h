@@ -42,6 +42,15 @@
 // gradient messages. A stage infers its shapes by running once on zeros (a probe) under
 // SideEffectGuard: its buffers (a BatchNorm's running statistics) and the random generator are as
 // before, so the first step starts from the model the user wrote.
+//
+// Varying shapes (ExecutorOptions::dynamic_shapes): the agreed shapes are the largest (those of
+// the spec's batch) and fix each value's dtype, dimensions and whether it carries a gradient; a
+// step's microbatches may be smaller in any size. The producer sends a shape header ahead of each
+// activation (shape_header.h); the consumer's receive posts the header's receive at RECV_F and,
+// once the header is in (at the F that needs the value), allocates the buffer and receives the
+// value. A gradient goes back with the shape of the activation it is for, which both ranks know.
+// The cost: a 80-byte message per activation, and the activation's transfer starts when its
+// consumer needs it rather than when it was posted (bench/ragged_bench).
 #pragma once
 
 #include <torch/types.h>
@@ -50,6 +59,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -107,6 +117,12 @@ struct ExecutorOptions {
   // of tensors allocated above what was live at the step's start (StepResult::
   // peak_activation_bytes). Process-wide: meaningful with one executor per process.
   CountingCpuAllocator* memory_counter = nullptr;
+  // Microbatch shapes may differ from the agreed ones and from step to step (ragged token
+  // batches): every activation crossing to another rank is preceded by a shape header
+  // (shape_header.h), its receive buffer is allocated when the header has arrived, and every
+  // value is held to fit its agreed shape (same dtype and dimensions, no size larger) instead
+  // of to equal it. Off, shapes are the agreed ones and no header is sent.
+  bool dynamic_shapes = false;
 };
 
 // Shape and dtype of one tensor crossing a stage boundary.
@@ -121,6 +137,18 @@ struct TensorMeta {
   friend bool operator==(const TensorMeta& a, const TensorMeta& b) {
     return a.shape == b.shape && a.dtype == b.dtype;
   }
+};
+
+// training.loss_normalization: tokens, for one step. The step's loss is the sum of every counted
+// token's cross-entropy (targets other than kIgnoredTarget) over the whole global batch, all
+// microbatches and replicas, divided by `counted_tokens`, that batch's count of them; the last
+// stage computes each microbatch's share of it (its summed token loss / counted_tokens, reported
+// as its microbatch loss: the step loss is their sum over microbatches and replicas) and seeds
+// its backward with `gradient_factor` instead of 1/m. With D replicas whose reduction averages
+// the gradients, gradient_factor = D makes the reduced gradient that of the step's loss.
+struct TokenNormalization {
+  int64_t counted_tokens = 0;
+  double gradient_factor = 1.0;
 };
 
 // When one executed action ran, relative to the start of its step.
@@ -173,10 +201,13 @@ class PipelineExecutor {
 
   // Runs `actions` for one step. `inputs` (stage 0's microbatches) are needed when this rank
   // owns stage 0, `targets` when it owns the last stage. Gradients accumulate into the stage
-  // parameters' .grad; the caller zeroes them and steps the optimizer.
+  // parameters' .grad; the caller zeroes them and steps the optimizer. With `tokens` (a
+  // cross-entropy training step) the loss is normalised by tokens (TokenNormalization), else it
+  // is the mean of the microbatch losses.
   absl::StatusOr<StepResult> RunStep(const std::vector<schedule::Action>& actions,
                                      const std::vector<torch::Tensor>& inputs,
-                                     const std::vector<torch::Tensor>& targets);
+                                     const std::vector<torch::Tensor>& targets,
+                                     std::optional<TokenNormalization> tokens = std::nullopt);
 
  private:
   struct StepState;
@@ -207,7 +238,11 @@ class PipelineExecutor {
   // One step (pipeline_executor.cc): its arguments, its actions in order (adding each one's
   // own work to `busy`), the wait for its sends, and what a complete step leaves behind.
   absl::Status CheckStepInputs(const std::vector<torch::Tensor>& inputs,
-                               const std::vector<torch::Tensor>& targets) const;
+                               const std::vector<torch::Tensor>& targets,
+                               const std::optional<TokenNormalization>& tokens) const;
+  // The last stage's loss of microbatch m from its output (the mean, or its token share).
+  torch::Tensor LastStageLoss(const torch::Tensor& output, int microbatch,
+                              const StepState& state) const;
   absl::Status RunActions(const std::vector<schedule::Action>& actions, StepState& state,
                           absl::Duration& busy);
   absl::Status CheckStepComplete(const StepState& state) const;
@@ -281,6 +316,16 @@ class PipelineExecutor {
   bool HasRecvF(int s) const { return s > 0 && !Local(s - 1); }
   // The agreed meta of edge e's value for a microbatch.
   const TensorMeta& EdgeMeta(int edge, int microbatch) const;
+  // The meta of edge e's value in this step: as sent or received (dynamic_shapes), else agreed.
+  const TensorMeta& StepEdgeMeta(int edge, int microbatch, const StepState& state) const;
+  // dynamic_shapes: checks output `t` of edge e against its agreed meta, records its meta for
+  // the step and posts its shape header.
+  absl::Status PostShapeHeader(int edge, int microbatch, const torch::Tensor& t,
+                               const std::string& what, const std::string& where, StepState& state);
+  // dynamic_shapes: waits for the header of a posted activation receive, then allocates its
+  // buffer and posts the value's receive.
+  absl::Status ReceiveAfterHeader(int edge, int microbatch, const std::string& where,
+                                  StepState& state);
   uint64_t EdgeTag(bool gradient, int edge, int microbatch) const;
   // "activation of stage c" (the consumer's input) or "output gradient of stage p", with the
   // edge's value indices when the wiring is not a chain.

@@ -27,11 +27,17 @@ absl::Status PipelineExecutor::OutputGradients(int s, int mb, const std::string&
     // The step loss is the mean of the microbatch losses: each microbatch's gradient is 1/m of
     // its loss's (scale_grads), seeded here rather than divided out of every gradient at
     // REDUCE_GRAD.
+    // With tokens, the loss is already its share of the step's and the seed undoes the
+    // replicas' averaging (TokenNormalization).
     const torch::Tensor& loss = st.losses.at(key);
     const bool mean = options_.scale_grads && options_.num_microbatches > 1;
     outputs.push_back(loss);
-    grads.push_back(mean ? torch::full_like(loss, 1.0 / options_.num_microbatches)
-                         : torch::ones_like(loss));
+    if (st.tokens.has_value()) {
+      grads.push_back(torch::full_like(loss, st.tokens->gradient_factor));
+    } else {
+      grads.push_back(mean ? torch::full_like(loss, 1.0 / options_.num_microbatches)
+                           : torch::ones_like(loss));
+    }
     return absl::OkStatus();
   }
   const std::vector<torch::Tensor>& ys = st.stage_outputs.at(key);
@@ -144,14 +150,14 @@ absl::Status PipelineExecutor::SendGradients(int s, int mb, const std::string& w
       return absl::FailedPreconditionError(
           absl::StrCat(where, ": no input gradient of stage ", s, " microbatch ", mb, " to send"));
     }
-    RETURN_IF_ERROR(
-        PostSend(it->second, EdgeMeta(e, mb), RankOf(edges_[e].producer), EdgeTag(true, e, mb),
-                 absl::StrCat("input gradient of stage ", s, " microbatch ", mb,
-                              IsChain(options_.wiring)
-                                  ? std::string()
-                                  : absl::StrCat(" (to output ", edges_[e].output, " of stage ",
-                                                 edges_[e].producer, ")")),
-                 where, st));
+    RETURN_IF_ERROR(PostSend(
+        it->second, StepEdgeMeta(e, mb, st), RankOf(edges_[e].producer), EdgeTag(true, e, mb),
+        absl::StrCat("input gradient of stage ", s, " microbatch ", mb,
+                     IsChain(options_.wiring)
+                         ? std::string()
+                         : absl::StrCat(" (to output ", edges_[e].output, " of stage ",
+                                        edges_[e].producer, ")")),
+        where, st));
     st.input_grads.erase(it);
   }
   return absl::OkStatus();

@@ -9,6 +9,7 @@
 #include "common/util/status_macros.h"
 #include "worker/runtime/executor/pipeline_executor.h"
 #include "worker/runtime/executor/pipeline_executor_state.h"
+#include "worker/runtime/executor/shape_header.h"
 #include "worker/runtime/executor/side_effect_guard.h"
 
 namespace stagecoach::runtime {
@@ -45,7 +46,9 @@ absl::Status PipelineExecutor::Forward(int s, int mb, const std::string& where, 
     torch::Tensor x;
     if (e < 0) {
       x = (*st.inputs)[mb];
-      if (!(MetaOf(x) == meta)) {
+      if (options_.dynamic_shapes) {
+        RETURN_IF_ERROR(FitsPlanned(MetaOf(x), meta, absl::StrCat(where, ": input microbatch")));
+      } else if (!(MetaOf(x) == meta)) {
         return absl::InvalidArgumentError(absl::StrCat(where, ": input microbatch is ",
                                                        MetaOf(x).ToString(), " but ",
                                                        meta.ToString(), " was agreed at set-up"));
@@ -89,8 +92,7 @@ absl::Status PipelineExecutor::Forward(int s, int mb, const std::string& where, 
       if (options_.forward_only) {
         st.result.outputs[mb] = ys[0].to(torch::kCPU);
       } else {
-        torch::Tensor loss =
-            ComputeLoss(options_.loss, ys[0], (*st.targets)[mb].to(options_.device));
+        torch::Tensor loss = LastStageLoss(ys[0], mb, st);
         st.result.microbatch_losses[mb] = loss.item<double>();
         st.last_stage_forwards.insert(mb);
         st.losses[key] = loss;
@@ -135,7 +137,7 @@ absl::Status PipelineExecutor::Recompute(int s, int mb, const std::string& where
       ys = RunStage(s, in->second);
     }
     if (s == options_.num_stages - 1) {
-      st.losses[key] = ComputeLoss(options_.loss, ys[0], (*st.targets)[mb].to(options_.device));
+      st.losses[key] = LastStageLoss(ys[0], mb, st);
     } else {
       st.stage_outputs[key] = std::move(ys);
     }
@@ -154,11 +156,13 @@ absl::Status PipelineExecutor::SendActivations(int s, int mb, const std::string&
   for (size_t e = 0; e < edges_.size(); ++e) {
     const ValueEdge& edge = edges_[e];
     if (edge.producer != s || Local(edge.consumer)) continue;
-    RETURN_IF_ERROR(PostSend(it->second[edge.output], EdgeMeta(static_cast<int>(e), mb),
-                             RankOf(edge.consumer), EdgeTag(false, static_cast<int>(e), mb),
-                             absl::StrCat(EdgeName(false, static_cast<int>(e)), " microbatch ", mb),
-                             where, st));
-    if (!options_.forward_only && EdgeMeta(static_cast<int>(e), mb).requires_grad) {
+    const int ei = static_cast<int>(e);
+    const torch::Tensor& value = it->second[edge.output];
+    const std::string what = absl::StrCat(EdgeName(false, ei), " microbatch ", mb);
+    if (options_.dynamic_shapes) RETURN_IF_ERROR(PostShapeHeader(ei, mb, value, what, where, st));
+    RETURN_IF_ERROR(PostSend(value, StepEdgeMeta(ei, mb, st), RankOf(edge.consumer),
+                             EdgeTag(false, ei, mb), what, where, st));
+    if (!options_.forward_only && EdgeMeta(ei, mb).requires_grad) {
       st.activation_sends[EdgeKey{static_cast<int>(e), mb}] = std::move(st.sends.back());
       st.sends.pop_back();
     }

@@ -8,6 +8,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -48,6 +49,9 @@ struct PendingRecv {
   torch::Tensor buffer;
   std::unique_ptr<transport::Work> work;
   int peer = -1;
+  // dynamic_shapes: the value's shape header on its way; `buffer` and `work` exist once it came.
+  torch::Tensor header;
+  std::unique_ptr<transport::Work> header_work;
 };
 
 struct PendingSend {
@@ -76,6 +80,7 @@ struct PipelineExecutor::StepState {
   using EdgeKey = executor_internal::EdgeKey;
   const std::vector<torch::Tensor>* inputs = nullptr;
   const std::vector<torch::Tensor>* targets = nullptr;
+  std::optional<TokenNormalization> tokens;
   std::map<EdgeKey, executor_internal::PendingRecv> activation_recvs;  // an input value on its way
   std::map<EdgeKey, executor_internal::PendingRecv>
       gradient_recvs;                                       // an output's gradient on its way
@@ -90,6 +95,8 @@ struct PipelineExecutor::StepState {
   std::map<Key, torch::Tensor> rng_states;           // recomputation: the generator's at each F
   std::set<int> last_stage_forwards;                 // microbatches the last stage ran F on
   std::vector<executor_internal::PendingSend> sends;
+  // dynamic_shapes: the meta of each value this rank sent or received this step.
+  std::map<EdgeKey, TensorMeta> step_metas;
   // Activation sends whose gradient comes back: released when it has (the consumer used them).
   std::map<EdgeKey, executor_internal::PendingSend> activation_sends;
   absl::Time step_start;

@@ -8,6 +8,7 @@
 #include "common/util/status_macros.h"
 #include "worker/runtime/executor/pipeline_executor.h"
 #include "worker/runtime/executor/pipeline_executor_state.h"
+#include "worker/runtime/executor/shape_header.h"
 
 namespace stagecoach::runtime {
 
@@ -25,9 +26,20 @@ absl::Status PipelineExecutor::PostRecv(bool gradient, int e, int mb, const std:
                                                       EdgeName(gradient, e), " microbatch ", mb,
                                                       " was posted twice"));
   }
-  const TensorMeta& meta = EdgeMeta(e, mb);
   PendingRecv recv;
   recv.peer = RankOf(gradient ? edges_[e].consumer : edges_[e].producer);
+  if (options_.dynamic_shapes && !gradient) {
+    // The value's shape comes first; its buffer is allocated when the header is in.
+    recv.header = torch::empty({kShapeHeaderWords},
+                               torch::TensorOptions(torch::kInt64).device(TransferDevice()));
+    ASSIGN_OR_RETURN(recv.header_work,
+                     transport_->Recv(recv.header.data_ptr(), recv.header.nbytes(), recv.peer,
+                                      ShapeHeaderTag(edges_[e].producer, edges_[e].consumer, mb)));
+    recvs.emplace(key, std::move(recv));
+    return absl::OkStatus();
+  }
+  // A gradient has the shape of the activation this rank sent for it.
+  const TensorMeta& meta = gradient ? StepEdgeMeta(e, mb, st) : EdgeMeta(e, mb);
   recv.buffer = torch::empty(meta.shape, torch::TensorOptions(meta.dtype).device(TransferDevice()));
   ASSIGN_OR_RETURN(recv.work, transport_->Recv(recv.buffer.data_ptr(), recv.buffer.nbytes(),
                                                recv.peer, EdgeTag(gradient, e, mb)));
@@ -52,6 +64,7 @@ absl::StatusOr<torch::Tensor> PipelineExecutor::WaitRecv(bool gradient, int e, i
     RETURN_IF_ERROR(PostRecv(gradient, e, mb, where, st));
     it = recvs.find(EdgeKey{e, mb});
   }
+  if (it->second.header_work != nullptr) RETURN_IF_ERROR(ReceiveAfterHeader(e, mb, where, st));
   const absl::Time before = absl::Now();
   absl::Status waited = it->second.work->Wait(options_.comm_timeout);
   st.action_wait += absl::Now() - before;
@@ -66,6 +79,57 @@ absl::StatusOr<torch::Tensor> PipelineExecutor::WaitRecv(bool gradient, int e, i
   recvs.erase(it);
   if (t.device() != options_.device) t = t.to(options_.device);
   return t;
+}
+
+absl::Status PipelineExecutor::ReceiveAfterHeader(int e, int mb, const std::string& where,
+                                                  StepState& st) {
+  PendingRecv& recv = st.activation_recvs.at(EdgeKey{e, mb});
+  const std::string what = absl::StrCat(EdgeName(false, e), " microbatch ", mb);
+  const absl::Time before = absl::Now();
+  absl::Status waited = recv.header_work->Wait(options_.comm_timeout);
+  st.action_wait += absl::Now() - before;
+  if (!waited.ok()) {
+    return absl::Status(waited.code(),
+                        absl::StrCat(where, ": waiting for the shape header of the ", what,
+                                     " from rank ", recv.peer, ": ", waited.message()));
+  }
+  recv.header_work.reset();
+  absl::StatusOr<TensorMeta> meta = DecodeShapeHeader(recv.header);
+  if (!meta.ok()) {
+    return absl::Status(meta.status().code(),
+                        absl::StrCat(where, ": the ", what, " from rank ", recv.peer, ": ",
+                                     meta.status().message()));
+  }
+  const TensorMeta& agreed = EdgeMeta(e, mb);
+  RETURN_IF_ERROR(
+      FitsPlanned(*meta, agreed, absl::StrCat(where, ": the ", what, " from rank ", recv.peer)));
+  meta->requires_grad = agreed.requires_grad;
+  recv.buffer =
+      torch::empty(meta->shape, torch::TensorOptions(meta->dtype).device(TransferDevice()));
+  ASSIGN_OR_RETURN(recv.work, transport_->Recv(recv.buffer.data_ptr(), recv.buffer.nbytes(),
+                                               recv.peer, EdgeTag(false, e, mb)));
+  st.step_metas[EdgeKey{e, mb}] = *std::move(meta);
+  return absl::OkStatus();
+}
+
+absl::Status PipelineExecutor::PostShapeHeader(int e, int mb, const torch::Tensor& t,
+                                               const std::string& what, const std::string& where,
+                                               StepState& st) {
+  const TensorMeta& agreed = EdgeMeta(e, mb);
+  TensorMeta meta = MetaOf(t);
+  RETURN_IF_ERROR(FitsPlanned(meta, agreed, absl::StrCat(where, ": the ", what)));
+  meta.requires_grad = agreed.requires_grad;
+  PendingSend header;
+  ASSIGN_OR_RETURN(header.buffer, EncodeShapeHeader(meta));
+  if (TransportTakesDeviceMemory()) header.buffer = header.buffer.to(TransferDevice());
+  const int peer = RankOf(edges_[e].consumer);
+  header.what = absl::StrCat(where, ": sending the shape header of the ", what, " to rank ", peer);
+  ASSIGN_OR_RETURN(header.work,
+                   transport_->Send(header.buffer.data_ptr(), header.buffer.nbytes(), peer,
+                                    ShapeHeaderTag(edges_[e].producer, edges_[e].consumer, mb)));
+  st.sends.push_back(std::move(header));
+  st.step_metas[EdgeKey{e, mb}] = std::move(meta);
+  return absl::OkStatus();
 }
 
 absl::Status PipelineExecutor::PostSend(const torch::Tensor& t, const TensorMeta& meta, int peer,

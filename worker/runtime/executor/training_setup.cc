@@ -25,6 +25,24 @@ torch::Tensor ComputeLoss(LossKind kind, const torch::Tensor& output, const torc
   return F::cross_entropy(output, target);
 }
 
+absl::StatusOr<LossNormalization> ParseLossNormalization(const std::string& name) {
+  if (name == "microbatches") return LossNormalization::kMicrobatches;
+  if (name == "tokens") return LossNormalization::kTokens;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "training.loss_normalization: must be tokens or microbatches, got '", name, "'"));
+}
+
+torch::Tensor SummedTokenLoss(const torch::Tensor& output, const torch::Tensor& target) {
+  namespace F = torch::nn::functional;
+  return F::cross_entropy(
+      output.reshape({-1, output.size(-1)}), target.reshape({-1}),
+      F::CrossEntropyFuncOptions().reduction(torch::kSum).ignore_index(kIgnoredTarget));
+}
+
+int64_t CountedTokens(const torch::Tensor& target) {
+  return target.ne(kIgnoredTarget).sum().item<int64_t>();
+}
+
 absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> MakeOptimizer(
     const spec::OptimizerSpec& spec, std::vector<torch::Tensor> parameters) {
   if (spec.kind == "sgd") {

@@ -1,0 +1,235 @@
+// Ragged batches through the pipeline runtime on CPU (issue 40): ranks are threads of this
+// process, each a PipelineExecutor over real Gloo on loopback running the built-in GPT's
+// stages.
+//
+//   1. The shape header's cost: the same full-window microbatches with dynamic shapes off (the
+//      shapes agreed at set-up) and on (a header ahead of every activation, the receive buffer
+//      allocated when it arrives), steps of the two alternating on the same ranks, for 1F1B,
+//      Interleaved1F1B and ZBVZeroBubble: median step times, and the median of the ratios of
+//      each pair of neighbouring steps (less exposed to the machine's drift than the ratio of
+//      the medians).
+//   2. Ragged steps: microbatches of rows of lengths drawn from 1 to seq, each padded to its own
+//      longest row (dynamic shapes), against full windows: the median step time and the
+//      positions computed per second.
+//
+//   build/bench/ragged_bench [--d-model N] [--layers N] [--heads N] [--seq N] [--vocab N]
+//                            [--batch N] [--microbatches N] [--steps N] [--warmup N]
+#include <torch/torch.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "bench/bench_support.h"
+#include "common/schedule/build.h"
+#include "worker/model/gpt.h"
+#include "worker/runtime/device/compute_slice.h"
+#include "worker/runtime/device/compute_threads.h"
+#include "worker/runtime/device/cpu_pinning.h"
+#include "worker/runtime/executor/pipeline_executor.h"
+#include "worker/runtime/executor/training_setup.h"
+#include "worker/transport/gloo/factory.h"
+#include "worker/transport/in_memory_store.h"
+
+namespace rt = stagecoach::runtime;
+namespace sched = stagecoach::schedule;
+namespace tr = stagecoach::transport;
+
+namespace {
+
+using stagecoach::bench::Check;
+using stagecoach::bench::Median;
+using stagecoach::bench::Value;
+
+constexpr int kRanks = 2;
+constexpr absl::Duration kWait = absl::Seconds(120);
+
+struct Options {
+  int64_t d_model = 256, layers = 8, heads = 8, seq = 256, vocab = 512, batch = 16;
+  int microbatches = 8, steps = 8, warmup = 2;
+};
+
+stagecoach::spec::BuiltinModel Gpt(const Options& o) {
+  stagecoach::spec::BuiltinModel m;
+  m.family = "gpt";
+  m.vocab = o.vocab;
+  m.d_model = o.d_model;
+  m.layers = o.layers;
+  m.heads = o.heads;
+  m.seq = o.seq;
+  m.seed = 1;
+  return m;
+}
+
+// One step's microbatches: token rows [batch / M, L], L = seq (full windows) or each microbatch's
+// longest of lengths drawn uniformly from 1 to seq.
+struct Batch {
+  std::vector<torch::Tensor> inputs, targets;
+  int64_t positions = 0;
+};
+
+Batch MakeBatch(const Options& o, bool ragged, uint64_t seed) {
+  torch::manual_seed(seed);
+  Batch b;
+  const int64_t rows = o.batch / o.microbatches;
+  for (int mb = 0; mb < o.microbatches; ++mb) {
+    int64_t len = o.seq;
+    if (ragged) len = torch::randint(1, o.seq + 1, {rows}, torch::kInt64).max().item<int64_t>();
+    b.inputs.push_back(torch::randint(0, o.vocab, {rows, len}, torch::kInt64));
+    b.targets.push_back(torch::randint(0, o.vocab, {rows, len}, torch::kInt64));
+    b.positions += rows * len;
+  }
+  return b;
+}
+
+// Step times (ms) of `kind`, per variant: variant v runs on an executor with dynamic shapes
+// dynamic[v] over batches batches[v]; the variants' steps alternate on the same ranks.
+std::vector<std::vector<double>> Measure(sched::ScheduleKind kind, const Options& o,
+                                         const std::vector<bool>& dynamic,
+                                         const std::vector<std::vector<Batch>>& batches) {
+  sched::ScheduleConfig config;
+  config.kind = kind;
+  config.num_ranks = kRanks;
+  config.stages_per_rank = sched::DefaultStagesPerRank(kind);
+  config.num_microbatches = o.microbatches;
+  const sched::BuiltSchedule built = Value("building the schedule", sched::BuildSchedule(config));
+  const int num_stages = static_cast<int>(built.stage_to_rank.size());
+  const int layers = static_cast<int>(o.layers) + 3;
+  std::vector<std::vector<double>> ms(dynamic.size());
+  tr::InMemoryStore store;
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    threads.emplace_back([&, rank] {
+      // As a worker's compute thread: pinned with a short time slice where the CPUs allow.
+      rt::PinningInputs pinning;
+      pinning.affinity = rt::AffinityMask();
+      pinning.quota = rt::ReadCpuAllowance().quota_cpus.has_value();
+      pinning.ranks_on_host = kRanks;
+      pinning.index_on_host = rank;
+      const rt::PinningChoice choice = rt::ChooseComputeCpus(pinning);
+      if (!choice.cpus.empty()) {
+        Check("pinning", rt::PinCallingThread(choice.cpus));
+        rt::RequestTimeSlice(rt::kComputeTimeSlice);
+      }
+      torch::set_num_threads(1);
+      tr::GlooOptions gloo;
+      gloo.rank = rank;
+      gloo.world_size = kRanks;
+      gloo.key_prefix = "ragged/";
+      auto transport = Value("connecting", tr::CreateGlooTransport(gloo, &store));
+      std::vector<std::unique_ptr<stagecoach::model::StageModel>> owned;
+      std::map<int, stagecoach::model::StageModel*> stages;
+      for (int s = 0; s < num_stages; ++s) {
+        if (built.stage_to_rank[s] != rank) continue;
+        owned.push_back(Value("building a stage",
+                              stagecoach::model::BuildGptStage(Gpt(o), s * layers / num_stages,
+                                                               (s + 1) * layers / num_stages)));
+        stages[s] = owned.back().get();
+      }
+      std::vector<std::unique_ptr<rt::PipelineExecutor>> executors;
+      for (bool d : dynamic) {
+        rt::ExecutorOptions options;
+        options.rank = rank;
+        options.num_stages = num_stages;
+        options.num_microbatches = o.microbatches;
+        options.stage_to_rank = built.stage_to_rank;
+        options.comm_timeout = kWait;
+        options.loss = rt::LossKind::kCrossEntropy;
+        options.dynamic_shapes = d;
+        executors.push_back(
+            std::make_unique<rt::PipelineExecutor>(options, transport.get(), stages));
+        Check(
+            "agreeing shapes",
+            executors.back()->AgreeShapes(std::vector<rt::TensorMeta>(
+                o.microbatches, rt::TensorMeta{{o.batch / o.microbatches, o.seq}, torch::kInt64})));
+      }
+      std::vector<sched::Action> actions;
+      for (const auto& a : built.lowered[rank]) {
+        if (a.has_value()) actions.push_back(*a);
+      }
+      for (int step = 0; step < o.warmup + o.steps; ++step) {
+        for (size_t v = 0; v < executors.size(); ++v) {
+          for (auto& [s, stage] : stages) {
+            for (auto& p : stage->Parameters()) {
+              if (p.grad().defined()) p.mutable_grad().zero_();
+            }
+          }
+          const Batch& b = batches[v][step % batches[v].size()];
+          Check("barrier", transport->Barrier(kWait));
+          rt::StepResult r = Value("step", executors[v]->RunStep(actions, b.inputs, b.targets));
+          if (step >= o.warmup && rank == 0)
+            ms[v].push_back(absl::ToDoubleMilliseconds(r.duration));
+        }
+      }
+      Check("barrier", transport->Barrier(kWait));
+    });
+  }
+  for (auto& t : threads) t.join();
+  return ms;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Ragged batches through the pipeline: the shape header's cost, ragged steps"};
+  Options o;
+  app.add_option("--d-model", o.d_model)->check(CLI::PositiveNumber);
+  app.add_option("--layers", o.layers)->check(CLI::PositiveNumber);
+  app.add_option("--heads", o.heads)->check(CLI::PositiveNumber);
+  app.add_option("--seq", o.seq)->check(CLI::PositiveNumber);
+  app.add_option("--vocab", o.vocab)->check(CLI::PositiveNumber);
+  app.add_option("--batch", o.batch, "rows per step")->check(CLI::PositiveNumber);
+  app.add_option("--microbatches", o.microbatches)->check(CLI::PositiveNumber);
+  app.add_option("--steps", o.steps, "measured steps per variant")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", o.warmup)->check(CLI::NonNegativeNumber);
+  CLI11_PARSE(app, argc, argv);
+  if (o.batch % o.microbatches != 0) {
+    std::fprintf(stderr, "--batch must be a multiple of --microbatches\n");
+    return 2;
+  }
+  torch::set_num_threads(1);
+  std::printf(
+      "ragged_bench: GPT d_model %ld, %ld blocks, %ld heads, seq %ld, vocab %ld; batch %ld rows "
+      "in %d microbatches; %d ranks as threads over Gloo (loopback), 1 LibTorch thread each, "
+      "pinned with a 0.1 ms time slice where the CPUs allow; "
+      "%d warm-up + %d measured steps per variant, alternating; medians\n\n",
+      o.d_model, o.layers, o.heads, o.seq, o.vocab, o.batch, o.microbatches, kRanks, o.warmup,
+      o.steps);
+  const std::vector<Batch> full = {MakeBatch(o, false, 1), MakeBatch(o, false, 2)};
+  std::vector<Batch> ragged;
+  for (int k = 0; k < 4; ++k) ragged.push_back(MakeBatch(o, true, 10 + k));
+
+  std::printf("1. The shape header's cost: full windows, dynamic shapes off vs on\n");
+  std::printf("   %-16s %10s %10s %12s\n", "schedule", "fixed_ms", "header_ms", "paired_ratio");
+  using K = sched::ScheduleKind;
+  for (K kind : {K::k1F1B, K::kInterleaved1F1B, K::kZBVZeroBubble}) {
+    const auto ms = Measure(kind, o, {false, true}, {full, full});
+    std::vector<double> ratios;
+    for (size_t i = 0; i < ms[0].size(); ++i) ratios.push_back(ms[1][i] / ms[0][i]);
+    std::printf("   %-16s %10.1f %10.1f %12.3f\n",
+                std::string(sched::ScheduleKindName(kind)).c_str(), Median(ms[0]), Median(ms[1]),
+                Median(ratios));
+  }
+  int64_t ragged_positions = 0;
+  for (const Batch& b : ragged) ragged_positions += b.positions;
+  const double mean_ragged = static_cast<double>(ragged_positions) / ragged.size();
+  std::printf(
+      "\n2. Ragged steps: each microbatch padded to its longest row (lengths 1..%ld uniform), "
+      "%.0f positions a step on average against %ld for full windows\n",
+      o.seq, mean_ragged, o.batch * o.seq);
+  std::printf("   %-16s %10s %10s %14s %14s\n", "schedule", "full_ms", "ragged_ms", "full_pos/s",
+              "ragged_pos/s");
+  for (K kind : {K::k1F1B, K::kZBVZeroBubble}) {
+    const auto ms = Measure(kind, o, {false, true}, {full, ragged});
+    std::printf("   %-16s %10.1f %10.1f %14.0f %14.0f\n",
+                std::string(sched::ScheduleKindName(kind)).c_str(), Median(ms[0]), Median(ms[1]),
+                o.batch * o.seq / Median(ms[0]) * 1e3, mean_ragged / Median(ms[1]) * 1e3);
+  }
+  return 0;
+}

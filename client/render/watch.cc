@@ -28,6 +28,8 @@ void ApplyEvent(const v1::JobEvent& event, WatchState* state) {
   state->global_step = step.global_step();
   state->loss = step.has_loss() ? std::optional<double>(step.loss()) : std::nullopt;
   state->samples_per_second = step.samples_per_second();
+  state->tokens_per_second = step.tokens_per_second();
+  state->padding_waste = step.padding_waste();
   state->step_time = rpc::FromProtoDuration(step.step_time());
   state->max_bubble_ratio =
       step.bubble_ratios().empty()
@@ -99,6 +101,10 @@ std::string StepLine(const WatchState& state) {
   // Coordinators that predate global steps leave it 0.
   if (state.global_step > state.steps_done - 1) {
     absl::StrAppend(&line, "  global ", state.global_step);
+  }
+  if (state.tokens_per_second > 0) {
+    absl::StrAppend(&line, absl::StrFormat("  %.0f tokens/s  padding %.1f%%",
+                                           state.tokens_per_second, 100 * state.padding_waste));
   }
   if (state.client_batch) absl::StrAppend(&line, "  (client batch)");
   if (state.learning_rate > 0) absl::StrAppend(&line, "  lr ", absl::StrFormat("%.4g", state.learning_rate));
@@ -222,6 +228,8 @@ nlohmann::json EventJson(const v1::JobEvent& event) {
     out["loss"] = step.has_loss() ? nlohmann::json(step.loss()) : nlohmann::json(nullptr);
     out["step_time_seconds"] = absl::ToDoubleSeconds(rpc::FromProtoDuration(step.step_time()));
     out["samples_per_second"] = step.samples_per_second();
+    out["tokens_per_second"] = step.tokens_per_second();
+    out["padding_waste"] = step.padding_waste();
     out["bubble_ratios"] =
         std::vector<double>(step.bubble_ratios().begin(), step.bubble_ratios().end());
     out["max_bubble_ratio"] =

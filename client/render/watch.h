@@ -33,6 +33,10 @@ struct WatchState {
   // The latest step's mean loss; unset for forward-only steps.
   std::optional<double> loss;
   double samples_per_second = 0;
+  // Token data: tokens counted in the loss per second, and the share of positions that were
+  // padding; 0 for other data.
+  double tokens_per_second = 0;
+  double padding_waste = 0;
   // The latest step's wall time (slowest rank), the largest measured bubble ratio over the
   // ranks in that step (0..1), every rank's (by task: replica * num_ranks + rank) and the ranks
   // per replica (0 from a coordinator that does not say).
@@ -110,9 +114,10 @@ std::string ReplicaHealedLine(const v1::JobEvent& event, absl::TimeZone zone);
 // "step_completed",
 // ...} with, for a state change, "state" and "reason"; for a step, "step", "global_step",
 // "steps_total", "loss" (null for forward-only steps), "step_time_seconds", "samples_per_second",
-// "bubble_ratios", "max_bubble_ratio", "client_batch", and the training recipe's
-// "learning_rate", "grad_norm" (null without training.grad_clip), "skipped", "nonfinite_ranks"
-// and, after a validation pass, "eval_loss". Times are RFC 3339 UTC.
+// "tokens_per_second" and "padding_waste" (0 but for token data), "bubble_ratios",
+// "max_bubble_ratio", "client_batch", and the training recipe's "learning_rate", "grad_norm" (null
+// without training.grad_clip), "skipped", "nonfinite_ranks" and, after a validation pass,
+// "eval_loss". Times are RFC 3339 UTC.
 nlohmann::json EventJson(const v1::JobEvent& event);
 
 }  // namespace stagecoach::client

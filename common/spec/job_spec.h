@@ -185,6 +185,11 @@ struct TrainingSpec {
   std::string resume_from;
   // Divide the accumulated gradients by the number of microbatches (PyTorch's scale_grads).
   bool scale_grads = true;
+  // training.loss_normalization: "tokens" (the step's loss is the sum of every counted token's
+  // cross-entropy over the whole global batch / their count), "microbatches" (the mean of the
+  // microbatch means), or empty: tokens for tokens data with cross_entropy, else microbatches
+  // (LossNormalizationOf in builtin_model.h resolves it).
+  std::string loss_normalization;
   LrScheduleSpec lr_schedule;
   // training.grad_clip.max_norm: clip the gradients of the whole model (every stage, after the
   // replica reduction) to this global L2 norm, as torch.nn.utils.clip_grad_norm_; unset: no
@@ -214,6 +219,14 @@ struct DataSpec {
   // tokens: the ids' width in the file, "uint16" (default) or "uint32" (vocabularies over
   // 65,536; stagectl tokens --dtype).
   std::string dtype = "uint16";
+  // tokens: rows of whole documents (each ending with the EOS id `eos`) instead of random
+  // windows: "pad" (a row is one document, each microbatch padded to its longest row) or "pack"
+  // (a row is as many whole documents as fit, attending within each); empty: "pack" when `eos`
+  // is given, else the windows (worker/runtime/training/document_rows.h).
+  std::string packing;
+  // tokens: the id that ends every document (the tokenizer's EOS); with packing, defaults to the
+  // model's eos_token_id.
+  std::optional<int64_t> eos;
 };
 
 // restart: what happens when a job fails (a lost worker, a transport error).
@@ -266,6 +279,14 @@ struct JobSpec {
 // Whether a job of `spec` carries on without a lost replica: placement.replicas > 1 and
 // restart.carry_on, unset meaning "unless placement.shard_optimizer" (RestartSpec::carry_on).
 bool CarriesOn(const JobSpec& spec);
+
+// The job's training.loss_normalization, resolved: as given, else "tokens" for tokens data
+// with the cross_entropy loss, else "microbatches".
+inline std::string LossNormalizationOf(const JobSpec& spec) {
+  if (!spec.training.loss_normalization.empty()) return spec.training.loss_normalization;
+  return spec.data.kind == "tokens" && spec.training.loss == "cross_entropy" ? "tokens"
+                                                                             : "microbatches";
+}
 
 // Whether schedule.kind asks the coordinator to choose the plan ("auto", in any case).
 inline bool IsAutoSchedule(const ScheduleSpec& schedule) {

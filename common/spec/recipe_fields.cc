@@ -61,7 +61,7 @@ void ParseGradClip(Validator& v, const YAML::Node& node, std::optional<double>* 
 }
 
 void ParseData(Validator& v, const YAML::Node& node, const std::string& path, DataSpec* out) {
-  auto data = v.Open(node, path, {"kind", "path", "seed", "seq", "dtype"});
+  auto data = v.Open(node, path, {"kind", "path", "seed", "seq", "dtype", "packing", "eos"});
   if (!data) return;
   const Read kind = data->Enum("kind", {"synthetic", "tokens", "tensors"}, &out->kind);
   const Read file = data->String("path", &out->path);
@@ -85,6 +85,19 @@ void ParseData(Validator& v, const YAML::Node& node, const std::string& path, Da
   if (dtype == Read::kOk && kind != Read::kInvalid && out->kind != "tokens") {
     v.Error(data->Path("dtype"), absl::StrCat("only used by ", path, ".kind tokens"));
   }
+  const Read packing = data->Enum("packing", {"pad", "pack"}, &out->packing);
+  if (packing == Read::kOk && kind != Read::kInvalid && out->kind != "tokens") {
+    v.Error(data->Path("packing"), absl::StrCat("only used by ", path, ".kind tokens"));
+  }
+  int64_t eos = 0;
+  const Read eos_read = data->Int("eos", 0, kInt64Max, &eos);
+  if (eos_read == Read::kOk) {
+    out->eos = eos;
+    if (kind != Read::kInvalid && out->kind != "tokens") {
+      v.Error(data->Path("eos"), absl::StrCat("only used by ", path, ".kind tokens"));
+    }
+  }
+  if (eos_read == Read::kOk && packing == Read::kAbsent) out->packing = "pack";
 }
 
 void ParseEval(Validator& v, const YAML::Node& node, std::optional<EvalSpec>* out) {

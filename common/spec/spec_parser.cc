@@ -277,10 +277,11 @@ class SpecParser {
   }
 
   void ParseTraining(const YAML::Node& node) {
-    auto training = v_.Open(node, "training",
-                            {"batch_size", "steps", "loss", "scale_grads", "optimizer",
-                             "checkpoint", "snapshot", "resume_from", "lr_schedule", "grad_clip",
-                             "max_skipped_steps", "activation_checkpointing", "precision"});
+    auto training =
+        v_.Open(node, "training",
+                {"batch_size", "steps", "loss", "loss_normalization", "scale_grads", "optimizer",
+                 "checkpoint", "snapshot", "resume_from", "lr_schedule", "grad_clip",
+                 "max_skipped_steps", "activation_checkpointing", "precision"});
     if (!training) return;
     TrainingSpec& out = spec_.training;
     switch (training->Int("batch_size", 1, kInt64Max, &out.batch_size)) {
@@ -296,6 +297,13 @@ class SpecParser {
     training->Int("steps", 1, kInt64Max, &out.steps);
     training->Enum("loss", {"mse", "cross_entropy"}, &out.loss);
     training->Bool("scale_grads", &out.scale_grads);
+    if (training->Enum("loss_normalization", {"tokens", "microbatches"}, &out.loss_normalization) ==
+            Read::kOk &&
+        out.loss_normalization == "tokens" && out.loss != "cross_entropy") {
+      v_.Error(training->Path("loss_normalization"),
+               absl::StrCat("tokens needs training.loss cross_entropy (a loss per token), got ",
+                            out.loss));
+    }
     const size_t errors_before_optimizer = v_.error_count();
     ParseOptimizer(training->Get("optimizer"));
     recipe_fields::ParseLrSchedule(v_, training->Get("lr_schedule"), out.optimizer.lr,

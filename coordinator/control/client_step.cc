@@ -83,10 +83,7 @@ absl::StatusOr<v1::StepJobResponse> ClientStepResponse(const std::string& job_id
     return response;
   }
   for (double l : done.losses) response.add_microbatch_losses(l);
-  if (!done.losses.empty()) {
-    response.set_loss(std::accumulate(done.losses.begin(), done.losses.end(), 0.0) /
-                      static_cast<double>(done.losses.size()));
-  }
+  if (done.loss.has_value()) response.set_loss(*done.loss);
   return response;
 }
 

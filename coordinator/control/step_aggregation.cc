@@ -130,6 +130,9 @@ bool StepAggregator::AddLocked(Job& job, RankSlot& slot, const v1::ReportStepReq
     }
   }
   const int task = job.plan.TaskIndex(slot.replica, slot.rank);
+  if (req.computed_positions() > 0) {
+    agg.counted_and_computed[task] = {req.counted_tokens(), req.computed_positions()};
+  }
   agg.bubble_ratios.resize(job.plan.num_tasks(), 0.0);
   agg.bubble_ratios[task] = req.bubble_ratio();
   agg.peak_activation_bytes.resize(job.plan.num_tasks(), 0);
@@ -229,8 +232,12 @@ void StepAggregator::CompleteStepLocked(Job& job, int64_t step_index, absl::Time
   step->set_client_batch(agg.client_batch);
   std::optional<double> loss;
   if (!forward_only) {
-    loss = std::accumulate(agg.microbatch_losses.begin(), agg.microbatch_losses.end(), 0.0) /
-           static_cast<double>(agg.microbatch_losses.size());
+    // Normalised by tokens, each microbatch's loss is already its share of the step's (its
+    // summed token loss over the global batch's count): the step's loss is their sum.
+    loss = std::accumulate(agg.microbatch_losses.begin(), agg.microbatch_losses.end(), 0.0);
+    if (spec::LossNormalizationOf(job.spec) != "tokens") {
+      *loss /= static_cast<double>(agg.microbatch_losses.size());
+    }
     if (agg.skipped) loss.reset();
     job.losses.resize(index, std::nan(""));
     job.losses.push_back(loss.value_or(std::nan("")));
@@ -244,6 +251,15 @@ void StepAggregator::CompleteStepLocked(Job& job, int64_t step_index, absl::Time
   RecordMemoryLocked(job, agg, *step);
   const double seconds = absl::ToDoubleSeconds(agg.slowest);
   step->set_samples_per_second(seconds > 0 ? job.spec.training.batch_size / seconds : 0.0);
+  int64_t counted = 0, computed = 0;
+  for (const auto& [task, counts] : agg.counted_and_computed) {
+    counted += counts.first;
+    computed += counts.second;
+  }
+  if (computed > 0) {
+    step->set_tokens_per_second(seconds > 0 ? static_cast<double>(counted) / seconds : 0.0);
+    step->set_padding_waste(1.0 - static_cast<double>(counted) / static_cast<double>(computed));
+  }
   if (metrics_ != nullptr) {
     metrics_->StepCompleted(job.id, agg.slowest, loss, step->samples_per_second(),
                             agg.bubble_ratios, agg.hidden_ratios, job.plan.num_ranks);
@@ -265,6 +281,7 @@ void StepAggregator::CompleteStepLocked(Job& job, int64_t step_index, absl::Time
   if (job.client_step.has_value() && !job.client_step->forward_only &&
       job.client_step->global_step == global) {
     job.client_step->losses = agg.microbatch_losses;
+    job.client_step->loss = loss;
     job.client_step->slowest = agg.slowest;
     job.client_step->done = true;
   }

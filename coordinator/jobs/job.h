@@ -132,6 +132,8 @@ struct StepAggregate {
   // A validation pass ran after the step: each replica's last stage's microbatch losses.
   bool evaluated = false;
   std::map<int, std::vector<double>> replica_eval_losses;
+  // Token data: what each task owning the last stage counted and computed (by task).
+  std::map<int, std::pair<int64_t, int64_t>> counted_and_computed;
 };
 
 // Which part of a job's per-step history (losses, bubble ratios, skipped steps, evals) and of
@@ -230,6 +232,9 @@ struct Job {
     // Forward-only: each replica's last stage's outputs until all are in (then `outputs`).
     std::map<int, v1::TensorData> replica_outputs;
     std::vector<double> losses;
+    // The step's loss as the job records it (the mean of `losses`, or their sum when the loss
+    // is normalised by tokens); unset for a skipped step.
+    std::optional<double> loss;
     bool done = false;
   };
   std::optional<ClientStepState> client_step;

@@ -85,6 +85,39 @@ GptReferenceResult TrainGptReference(const GptReferenceConfig& c) {
   return result;
 }
 
+GptReferenceResult TrainGptReferenceOnBatches(const GptReferenceConfig& c,
+                                              const std::vector<DocumentBatch>& batches) {
+  Gpt gpt(c);
+  std::vector<torch::Tensor> params = gpt.Parameters();
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  if (c.optimizer == "adamw") {
+    opt = std::make_unique<torch::optim::AdamW>(
+        params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
+  } else {
+    opt = std::make_unique<torch::optim::SGD>(
+        params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay));
+  }
+  GptReferenceResult result;
+  for (const DocumentBatch& b : batches) {
+    opt->zero_grad();
+    const torch::Tensor logits = gpt.Forward(b.inputs).reshape({-1, c.vocab});
+    const torch::Tensor y = b.targets.reshape(-1);
+    const torch::Tensor counted = y.ne(kReferenceIgnored);
+    const torch::Tensor per_position =
+        -torch::log_softmax(logits, -1).gather(1, y.clamp_min(0).unsqueeze(1)).squeeze(1);
+    const torch::Tensor loss =
+        per_position.masked_select(counted).sum() / counted.sum().to(torch::kFloat32);
+    loss.backward();
+    if (c.max_norm.has_value()) {
+      result.grad_norms.push_back(torch::nn::utils::clip_grad_norm_(params, *c.max_norm));
+    }
+    opt->step();
+    result.losses.push_back(loss.item<double>());
+  }
+  for (const auto& [name, p] : gpt.named()) result.params[name] = p.detach().clone();
+  return result;
+}
+
 std::vector<int64_t> GreedyGptReference(const GptReferenceConfig& config,
                                         const std::map<std::string, torch::Tensor>& params,
                                         const std::vector<int64_t>& prompt, int n) {

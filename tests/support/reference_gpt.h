@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/reference_documents.h"
+
 namespace stagecoach::testing {
 
 struct GptReferenceConfig {
@@ -40,6 +42,14 @@ struct GptReferenceResult {
 };
 
 GptReferenceResult TrainGptReference(const GptReferenceConfig& config);
+
+// The same model trained on given whole batches instead (reference_documents.h: inputs and
+// targets [B, T], targets -100 not counted), each step one unpipelined step on the whole batch
+// with the loss normalised by tokens: the sum of every counted position's cross-entropy over
+// their count. The config's data fields are not used; its optimizer, clipping and initial
+// parameters are. Causal attention, so a row's padding after its positions changes nothing.
+GptReferenceResult TrainGptReferenceOnBatches(const GptReferenceConfig& config,
+                                              const std::vector<DocumentBatch>& batches);
 
 // Greedy decoding by the reference model with `params` (by name, as `initial`; with
 // config.tied, no "head.weight" is needed): `n` tokens after `prompt`, each the argmax (lowest

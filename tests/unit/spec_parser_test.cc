@@ -401,9 +401,11 @@ TEST(SpecParserTest, UnknownKeysInEveryNestedMapping) {
               ElementsAre("placement.gpus: unknown key (valid keys: workers, device, style, "
                           "transport, replicas, shard_optimizer, overlap_reduction, "
                           "memory_limit, spares)"));
-  EXPECT_THAT(Errors(Edit(kBase, "  kind: synthetic", "  kind: synthetic\n  seeed: 1")),
-              ElementsAre("data.seeed: unknown key (valid keys: kind, path, seed, seq, dtype); did you "
-                          "mean 'seed'?"));
+  EXPECT_THAT(
+      Errors(Edit(kBase, "  kind: synthetic", "  kind: synthetic\n  seeed: 1")),
+      ElementsAre("data.seeed: unknown key (valid keys: kind, path, seed, seq, dtype, packing, "
+                  "eos); did you "
+                  "mean 'seed'?"));
   EXPECT_THAT(Errors(absl::StrCat(kBase, "restart: {max_restart: 1}\n")),
               ElementsAre("restart.max_restart: unknown key (valid keys: max_restarts, carry_on, "
                           "elastic, min_workers, wait); did you mean 'max_restarts'?"));

@@ -80,6 +80,50 @@ TEST(SpecRecipeTest, TrainingRecipeErrorsNameTheField) {
               ElementsAre(HasSubstr("training.max_skipped_steps")));
 }
 
+TEST(SpecRecipeTest, DocumentRowsAndTheLossNormalisedByTokens) {
+  // A GPT with cross_entropy, `training` added to its training keys.
+  auto gpt = [](absl::string_view training = "") {
+    return Edit(Edit(kBase, "  builtin: {family: mlp, sizes: [8, 16, 16, 16, 4]}\n",
+                     "  builtin: {family: gpt, vocab: 32, d_model: 16, layers: 2, heads: 2, "
+                     "seq: 8}\n"),
+                "  batch_size: 8\n",
+                absl::StrCat("  batch_size: 8\n  loss: cross_entropy\n", training));
+  };
+  auto with_data = [&](absl::string_view data, absl::string_view training = "") {
+    return Edit(gpt(training), "data:\n  kind: synthetic\n", data);
+  };
+  // Defaults: windows, and tokens data normalises the loss by tokens.
+  JobSpec spec = Parsed(with_data("data: {kind: tokens, path: /d/t.bin}\n"));
+  EXPECT_EQ(spec.data.packing, "");
+  EXPECT_FALSE(spec.data.eos.has_value());
+  EXPECT_EQ(LossNormalizationOf(spec), "tokens");
+  EXPECT_EQ(LossNormalizationOf(Parsed(gpt())), "microbatches");  // synthetic data
+  // An EOS makes documents, packed unless pad is asked for.
+  spec = Parsed(with_data("data: {kind: tokens, path: /d/t.bin, eos: 2}\n"));
+  EXPECT_EQ(spec.data.packing, "pack");
+  EXPECT_THAT(spec.data.eos, Optional(2));
+  spec = Parsed(with_data("data: {kind: tokens, path: /d/t.bin, packing: pad}\n",
+                          "  loss_normalization: microbatches\n"));
+  EXPECT_EQ(spec.data.packing, "pad");
+  EXPECT_EQ(LossNormalizationOf(spec), "microbatches");
+  // Errors name the field.
+  EXPECT_THAT(Errors(with_data("data: {kind: tokens, path: /d/t.bin, packing: greedy}\n")),
+              ElementsAre("data.packing: must be one of pad, pack, got 'greedy'"));
+  EXPECT_THAT(Errors(with_data("data: {kind: tokens, path: /d/t.bin, eos: -1}\n")),
+              ElementsAre(HasSubstr("data.eos: must be >= 0")));
+  EXPECT_THAT(Errors(with_data("data: {kind: synthetic, packing: pad, eos: 1}\n")),
+              ElementsAre("data.packing: only used by data.kind tokens",
+                          "data.eos: only used by data.kind tokens"));
+  EXPECT_THAT(
+      Errors(with_data("data: {kind: tokens, path: /d/t.bin}\n", "  loss_normalization: words\n")),
+      ElementsAre("training.loss_normalization: must be one of tokens, microbatches, got "
+                  "'words'"));
+  EXPECT_THAT(
+      Errors(Edit(kBase, "  batch_size: 8\n", "  batch_size: 8\n  loss_normalization: tokens\n")),
+      ElementsAre("training.loss_normalization: tokens needs training.loss cross_entropy (a loss "
+                  "per token), got mse"));
+}
+
 TEST(SpecRecipeTest, RecomputationAndTiedEmbeddings) {
   EXPECT_EQ(Parsed(kBase).training.activation_checkpointing, "none");
   EXPECT_EQ(Parsed(Edit(kBase, "  batch_size: 8\n",

@@ -104,6 +104,7 @@ absl::Status DecodeTargets(const v1::ClientStep& cs, int rank, bool owns_last, i
                      " must have one row per input row (", rows, ")"));
   }
   batch.targets = ReplicaMicrobatches(ToModelDtype(y), m, share);
+  if (!y.is_floating_point()) batch.counted_tokens = CountedTokens(y);
   return absl::OkStatus();
 }
 
@@ -182,7 +183,8 @@ absl::Status ClientSteps::Run(const StepGate::ClientStep& step, int64_t global_s
   }
   if (step.forward_only) return RunForward(*batch, global_step);
   RETURN_IF_ERROR(data_->AgreeOtherShapes(batch->inputs));
-  return data_->RunCounted(batch->inputs, batch->targets, /*client_batch=*/true, global_step);
+  return data_->RunCounted(batch->inputs, batch->targets, /*client_batch=*/true, global_step,
+                           batch->counted_tokens);
 }
 
 absl::Status ClientSteps::RunForward(const ClientBatch& batch, int64_t global_step) {

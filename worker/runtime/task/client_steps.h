@@ -39,6 +39,9 @@ struct ClientBatch : StepGate::ClientPayload {
   std::vector<torch::Tensor> inputs;
   // The last stage's target microbatches (only on its rank, training client steps).
   std::vector<torch::Tensor> targets;
+  // The whole client batch's counted targets (not kIgnoredTarget), on the last stage's rank:
+  // a loss normalised by tokens divides by it.
+  int64_t counted_tokens = 0;
 };
 
 // The client step of `request` for `task`'s rank, its payload a ClientBatch. INVALID_ARGUMENT

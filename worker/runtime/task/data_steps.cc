@@ -11,6 +11,7 @@
 #include "common/rpc/time_conversion.h"
 #include "common/util/logging.h"
 #include "common/util/status_macros.h"
+#include "worker/runtime/training/document_rows.h"
 
 namespace stagecoach::runtime {
 namespace {
@@ -67,6 +68,8 @@ DataSteps::DataSteps(const StepEnv& env) : env_(env), stall_(StepStallFromEnviro
   options_.wiring = setup.stages->wiring;
   options_.recompute = setup.spec.training.activation_checkpointing == "full";
   options_.precision = setup.precision;
+  // Rows of documents run padded to their microbatch's longest row.
+  options_.dynamic_shapes = !setup.spec.data.packing.empty() && !setup.inference;
   if (setup.device.is_cpu()) options_.memory_counter = env.memory_counter;
   if (env.reducer != nullptr) {
     options_.on_gradients_ready = [reducer = env.reducer](int stage) {
@@ -77,6 +80,12 @@ DataSteps::DataSteps(const StepEnv& env) : env_(env), stall_(StepStallFromEnviro
   owns_first_ = setup.stages->Owns(0);
   owns_last_ = setup.stages->Owns(task.num_stages() - 1);
   want_targets_ = owns_last_ && !setup.forward_only;
+  tokens_normalized_ = !setup.forward_only && spec::LossNormalizationOf(setup.spec) == "tokens";
+}
+
+std::optional<TokenNormalization> DataSteps::TokensOf(int64_t counted_tokens) const {
+  if (!tokens_normalized_ || !want_targets_) return std::nullopt;
+  return TokenNormalization{counted_tokens, static_cast<double>(ShareOf(*env_.task).replicas)};
 }
 
 absl::StatusOr<std::unique_ptr<DataSteps>> DataSteps::Create(const StepEnv& env) {
@@ -114,6 +123,15 @@ std::vector<DataSteps::Pass> DataSteps::PassesOf(const Batch& batch) const {
     Pass& pass = passes.emplace_back();
     if (owns_first_) pass.inputs = ReplicaMicrobatches(batch.inputs, m, share);
     if (want_targets_) pass.targets = ReplicaMicrobatches(batch.targets, m, share);
+    pass.planned = MetasOf(pass.inputs);
+    if (!batch.row_lengths.defined()) continue;
+    const std::vector<torch::Tensor> lengths = ReplicaMicrobatches(batch.row_lengths, m, share);
+    for (size_t mb = 0; mb < pass.inputs.size(); ++mb) {
+      pass.inputs[mb] = TrimToLongestRow(pass.inputs[mb], lengths[mb]);
+    }
+    for (size_t mb = 0; mb < pass.targets.size(); ++mb) {
+      pass.targets[mb] = TrimToLongestRow(pass.targets[mb], lengths[mb]);
+    }
   }
   return passes;
 }
@@ -124,31 +142,35 @@ absl::Status DataSteps::RunDataStep(int64_t global_step) {
       RETURN_IF_ERROR(executor_->AgreeShapes(MetasOf(env_.setup->inference_inputs)));
       data_shapes_ = true;
     }
-    return RunPasses({Pass{env_.setup->inference_inputs, {}}}, false, global_step).status();
+    const std::vector<torch::Tensor>& inputs = env_.setup->inference_inputs;
+    return RunPasses({Pass{inputs, {}, MetasOf(inputs)}}, false, global_step, 0).status();
   }
   ASSIGN_OR_RETURN(Batch batch, data_->Make(global_step));
+  const int64_t counted_tokens =
+      tokens_normalized_ && want_targets_ ? CountedTokens(batch.targets) : 0;
   for (;;) {
     const std::vector<Pass> passes = PassesOf(batch);
     if (!data_shapes_ && passes.size() == 1) {
-      RETURN_IF_ERROR(executor_->AgreeShapes(MetasOf(passes.front().inputs)));
+      RETURN_IF_ERROR(executor_->AgreeShapes(passes.front().planned));
       data_shapes_ = true;
     }
-    ASSIGN_OR_RETURN(const bool counted, RunPasses(passes, /*client_batch=*/false, global_step));
+    ASSIGN_OR_RETURN(const bool counted,
+                     RunPasses(passes, /*client_batch=*/false, global_step, counted_tokens));
     if (counted) return absl::OkStatus();
   }
 }
 
 absl::Status DataSteps::RunCounted(const std::vector<torch::Tensor>& inputs,
                                    const std::vector<torch::Tensor>& targets, bool client_batch,
-                                   int64_t global_step) {
+                                   int64_t global_step, int64_t counted_tokens) {
   if (env_.membership != nullptr &&
       env_.membership->slices() != std::vector<int>{env_.task->replica()}) {
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", env_.task->rank(), " replica ", env_.task->replica(),
         ": a client batch step needs every replica, and the job carries on without a lost one"));
   }
-  ASSIGN_OR_RETURN(const bool counted,
-                   RunPasses({Pass{inputs, targets}}, client_batch, global_step));
+  ASSIGN_OR_RETURN(const bool counted, RunPasses({Pass{inputs, targets, MetasOf(inputs)}},
+                                                 client_batch, global_step, counted_tokens));
   if (!counted) {
     return absl::AbortedError(absl::StrCat("rank ", env_.task->rank(), " replica ",
                                            env_.task->replica(),
@@ -200,7 +222,7 @@ absl::StatusOr<bool> DataSteps::ReduceAndSettle(const StepResult& result, int64_
 }
 
 absl::StatusOr<bool> DataSteps::RunPasses(const std::vector<Pass>& passes, bool client_batch,
-                                          int64_t global_step) {
+                                          int64_t global_step, int64_t counted_tokens) {
   const TaskSetup& setup = *env_.setup;
   const int64_t step = env_.steps_done->load();  // the task's count
   const StepMark mark = env_.reports->Mark();
@@ -219,9 +241,10 @@ absl::StatusOr<bool> DataSteps::RunPasses(const std::vector<Pass>& passes, bool 
     // Each slice from the step's start, with its own shapes (the last slices may hold a row
     // fewer per microbatch).
     if (i > 0) env_.rollback->Restore();
-    if (several) RETURN_IF_ERROR(executor_->AgreeShapes(MetasOf(passes[i].inputs)));
+    if (several) RETURN_IF_ERROR(executor_->AgreeShapes(passes[i].planned));
     ASSIGN_OR_RETURN(StepResult pass,
-                     executor_->RunStep(setup.actions, passes[i].inputs, passes[i].targets));
+                     executor_->RunStep(setup.actions, passes[i].inputs, passes[i].targets,
+                                        TokensOf(counted_tokens)));
     if (i == 0) {
       result = std::move(pass);
       if (several) env_.rollback->KeepBuffers();
@@ -264,6 +287,14 @@ absl::StatusOr<bool> DataSteps::RunPasses(const std::vector<Pass>& passes, bool 
     for (double loss : eval_losses) report.add_eval_microbatch_losses(loss);
   }
   report.set_client_batch(client_batch);
+  if (want_targets_ && setup.spec.data.kind == "tokens") {
+    for (const Pass& pass : passes) {
+      for (const torch::Tensor& t : pass.targets) {
+        report.set_counted_tokens(report.counted_tokens() + CountedTokens(t));
+        report.set_computed_positions(report.computed_positions() + t.numel());
+      }
+    }
+  }
   if (env_.membership != nullptr) {
     for (int slice : env_.membership->slices()) report.add_slices(slice);
   }

@@ -86,12 +86,14 @@ class DataSteps {
   absl::Status RunDataStep(int64_t global_step);
 
   // A counted step at `global_step` on `inputs` (stage 0's microbatches, on its rank) and
-  // `targets` (the last stage's, on its rank); `client_batch` marks its report.
+  // `targets` (the last stage's, on its rank); `client_batch` marks its report. With the loss
+  // normalised by tokens, `counted_tokens` is the whole global batch's count of counted targets
+  // (on the last stage's rank).
   // FAILED_PRECONDITION while the replicas carry on without a lost one (a client's batch is cut
   // for every replica). A step abandoned by the settling is ABORTED.
   absl::Status RunCounted(const std::vector<torch::Tensor>& inputs,
                           const std::vector<torch::Tensor>& targets, bool client_batch,
-                          int64_t global_step);
+                          int64_t global_step, int64_t counted_tokens = 0);
 
   // Agrees the shapes of another batch's microbatches (a client step's) on the task's
   // executor; the next data step agrees the data's again.
@@ -110,17 +112,23 @@ class DataSteps {
  private:
   explicit DataSteps(const StepEnv& env);
 
-  // One slice of the global batch: stage 0's and the last stage's microbatches, on their ranks.
+  // One slice of the global batch: stage 0's and the last stage's microbatches, on their ranks,
+  // and the shapes planned for stage 0's (rows of documents run padded to their microbatch's
+  // longest row, planned for the spec's window).
   struct Pass {
     std::vector<torch::Tensor> inputs;
     std::vector<torch::Tensor> targets;
+    std::vector<TensorMeta> planned;
   };
   // The passes of this replica's slices of `batch`.
   std::vector<Pass> PassesOf(const Batch& batch) const;
   // The counted step over `passes` (gradients accumulated over them; see RunCounted). false when
   // the settling abandoned it (undone; the membership changed: run it again).
   absl::StatusOr<bool> RunPasses(const std::vector<Pass>& passes, bool client_batch,
-                                 int64_t global_step);
+                                 int64_t global_step, int64_t counted_tokens);
+  // The executor's token normalisation of a step whose global batch counts `counted_tokens`:
+  // only on the last stage's rank of a job whose loss is normalised by tokens.
+  std::optional<TokenNormalization> TokensOf(int64_t counted_tokens) const;
   // After the passes: reduces the gradients over the replicas (and gives every replica the
   // first one's buffers), sums the tied copies, and settles the step when the replicas carry
   // on. false when it was abandoned.
@@ -136,6 +144,8 @@ class DataSteps {
   bool owns_first_ = false;
   bool owns_last_ = false;
   bool want_targets_ = false;
+  // training.loss_normalization resolves to tokens (training tasks).
+  bool tokens_normalized_ = false;
   // Whether the executor's agreed shapes are the data's.
   bool data_shapes_ = true;
   const std::optional<Stall> stall_;

@@ -10,12 +10,15 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/spec/builtin_model.h"
+#include "common/util/status_macros.h"
+#include "worker/runtime/training/document_rows.h"
 
 namespace stagecoach::runtime {
 namespace {
@@ -96,6 +99,18 @@ class SyntheticTokensSource : public BatchSource {
   bool want_targets_;
 };
 
+// The id that ends a document: data.eos, else the model's eos_token_id.
+absl::StatusOr<int64_t> DocumentEnd(const spec::JobSpec& spec) {
+  if (spec.data.eos.has_value()) return *spec.data.eos;
+  if (spec.model.builtin.has_value() && spec.model.builtin->decoder.has_value() &&
+      spec.model.builtin->decoder->eos_token_id.has_value()) {
+    return *spec.model.builtin->decoder->eos_token_id;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "data.packing: ", spec.data.packing, " needs the id that ends each document: data.eos (the ",
+      "model has no eos_token_id)"));
+}
+
 // A flat little-endian uint16 or uint32 (data.dtype) token file, read into memory once.
 class TokensSource : public BatchSource {
  public:
@@ -123,7 +138,14 @@ class TokensSource : public BatchSource {
                        "little-endian)"));
     }
     const int64_t n = static_cast<int64_t>(bytes.size() / width);
-    if (n < seq + 1) {
+    std::optional<int64_t> eos;
+    if (!spec.data.packing.empty()) {
+      ASSIGN_OR_RETURN(eos, DocumentEnd(spec));
+      if (*eos >= vocab) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("data.eos: ", *eos, " is not below model.builtin.vocab = ", vocab));
+      }
+    } else if (n < seq + 1) {
       return absl::InvalidArgumentError(absl::StrCat(
           "data.path: '", path, "' holds ", n, " tokens, fewer than ",
           spec.model.builtin.has_value() ? "model.builtin.seq" : "data.seq", " + 1 = ", seq + 1));
@@ -140,6 +162,9 @@ class TokensSource : public BatchSource {
             absl::StrCat("data.path: '", path, "' token ", i, " is ", tokens[i],
                          ", not below model.builtin.vocab = ", vocab));
       }
+    }
+    if (eos.has_value()) {
+      return OpenDocumentSource(spec, std::move(tokens), *eos, want_inputs, want_targets);
     }
     return std::unique_ptr<BatchSource>(
         new TokensSource(spec, std::move(tokens), want_inputs, want_targets));
@@ -385,6 +410,11 @@ absl::StatusOr<std::unique_ptr<BatchSource>> BatchSource::Open(const spec::JobSp
       return absl::InvalidArgumentError(absl::StrCat(
           "data.kind: tokens data needs a built-in gpt or llama or a TorchScript model (model is ",
           family, ")"));
+    }
+    if (family == "torchscript" && spec.data.packing == "pack") {
+      return absl::InvalidArgumentError(
+          "data.packing: pack needs a built-in gpt or llama model (their attention keeps to each "
+          "document of a row); a TorchScript model takes pad");
     }
     if (family == "torchscript" && spec.data.seq <= 0) {
       return absl::InvalidArgumentError(

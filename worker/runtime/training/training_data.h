@@ -48,6 +48,11 @@ namespace stagecoach::runtime {
 struct Batch {
   torch::Tensor inputs;   // undefined unless asked for
   torch::Tensor targets;  // undefined unless asked for
+  // Rows of documents (data.packing, document_rows.h): the positions each row holds, int64 [B]
+  // (its microbatch runs padded to its longest row), and with pack each position's document
+  // within its row, int64 [B, T]; undefined otherwise.
+  torch::Tensor row_lengths;
+  torch::Tensor segments;
 };
 
 // A job's data stream, opened once per task. Not thread-safe.

@@ -1,0 +1,180 @@
+// Ragged text across worker processes: a built-in GPT trains on a tokens file of documents of
+// every length (data.packing: pad: a row is one document, each microbatch padded to its own
+// longest row) with the loss normalised by tokens (the default for tokens data), on 1F1B,
+// Interleaved1F1B, ZBVZeroBubble and 1F1B on 2 replicas. Every step's loss and every final
+// parameter equal one unpipelined step per global batch of the GPT of tests/support/
+// reference_gpt.h, on the rows of tests/support/reference_documents.h, from the job's own step-0
+// export, within rtol 1e-5 + atol 1e-6: whatever the microbatches and replicas hold, the step
+// is the whole batch's sum of token losses over its count of tokens.
+#include <torch/torch.h>
+
+#include <cmath>
+#include <iostream>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "nlohmann/json.hpp"
+#include "gtest/gtest.h"
+#include "tests/support/local_cluster.h"
+#include "tests/support/reference_documents.h"
+#include "tests/support/reference_gpt.h"
+#include "tests/support/stage_files.h"
+#include "tests/support/step_zero.h"
+
+namespace stagecoach::testing::ragged_training_test {
+namespace {
+
+constexpr double kRtol = 1e-5;
+constexpr double kAtol = 1e-6;
+constexpr int64_t kSteps = 3;
+constexpr int64_t kVocab = 32;
+constexpr int64_t kEos = 31;
+constexpr int64_t kSeq = 8;
+constexpr uint64_t kDataSeed = 5;
+
+// 300 documents of 1 to 10 tokens below the EOS, each ending with it: many shorter than seq,
+// some longer (cut to seq).
+std::vector<int64_t> DocumentTokens() {
+  std::mt19937 rng(2024);
+  std::vector<int64_t> tokens;
+  for (int d = 0; d < 300; ++d) {
+    const int len = 1 + static_cast<int>(rng() % 10);
+    for (int i = 0; i < len; ++i) tokens.push_back(static_cast<int64_t>(rng() % kEos));
+    tokens.push_back(kEos);
+  }
+  return tokens;
+}
+
+std::string Uint16Bytes(const std::vector<int64_t>& tokens) {
+  std::string bytes;
+  for (int64_t t : tokens) {
+    bytes.push_back(static_cast<char>(t & 0xff));
+    bytes.push_back(static_cast<char>(t >> 8));
+  }
+  return bytes;
+}
+
+struct Case {
+  std::string name;
+  std::string schedule;
+  int workers;
+  int stages;
+  int replicas;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+std::string Spec(const Case& c, const std::string& data, const std::string& ckpt) {
+  return absl::StrCat(
+      "name: ", c.name, "\n",
+      "model:\n  builtin: {family: gpt, vocab: ", kVocab, ", d_model: 16, layers: 2, heads: 2, "
+      "seq: ", kSeq, ", seed: 4}\n",
+      "split: {stages: ", c.stages, "}\n", "schedule: {kind: ", c.schedule, ", microbatches: 4}\n",
+      "placement: {workers: ", c.workers, ", replicas: ", c.replicas, "}\n",
+      "training:\n  batch_size: 8\n  steps: ", kSteps, "\n  loss: cross_entropy\n",
+      "  optimizer: {kind: sgd, lr: 0.1, momentum: 0.9}\n", "  checkpoint: {dir: ", ckpt, "}\n",
+      "data: {kind: tokens, path: ", data, ", seed: ", kDataSeed, ", eos: ", kEos,
+      ", packing: pad}\n");
+}
+
+class RaggedTraining : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override { setenv("OMP_NUM_THREADS", "1", 1); }
+};
+
+TEST_P(RaggedTraining, PaddedDocumentsTrainLikeOneUnpipelinedStepOnTheWholeBatch) {
+  const Case& c = GetParam();
+  ClusterOptions options;
+  options.workers = c.workers * c.replicas;
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& cl = **cluster;
+  const std::vector<int64_t> tokens = DocumentTokens();
+  const std::string data = cl.WriteFile("docs.bin", Uint16Bytes(tokens));
+  const std::string ckpt = cl.dir() + "/ckpt";
+  const std::string spec = cl.WriteFile("spec.yaml", Spec(c, data, ckpt));
+
+  v1::Job done;
+  ASSERT_NO_FATAL_FAILURE(RunFromAStepZeroCheckpoint(cl, spec, &done));
+
+  GptReferenceConfig ref;
+  ref.vocab = kVocab;
+  ref.d_model = 16;
+  ref.layers = 2;
+  ref.heads = 2;
+  ref.seq = kSeq;
+  ref.optimizer = "sgd";
+  ref.lr = 0.1;
+  ref.momentum = 0.9;
+  ref.initial = LoadAllStageFiles(ckpt, 0, c.stages);
+  std::vector<DocumentBatch> batches;
+  int64_t padded = 0, counted = 0;
+  for (int64_t k = 0; k < kSteps; ++k) {
+    batches.push_back(ReferenceDocumentRows(tokens, kEos, /*pack=*/false, 8, kSeq, kDataSeed, k));
+    counted += batches.back().targets.ne(kReferenceIgnored).sum().item<int64_t>();
+    padded += batches.back().targets.numel();
+  }
+  // The rows are ragged: a fixed window would have padded a good share of them.
+  EXPECT_LT(counted, padded * 3 / 4) << "the documents are not ragged enough to test anything";
+  const GptReferenceResult want = TrainGptReferenceOnBatches(ref, batches);
+
+  ASSERT_EQ(done.losses_size(), kSteps);
+  for (int64_t k = 0; k < kSteps; ++k) {
+    EXPECT_NEAR(done.losses(k), want.losses[k], kAtol + kRtol * std::abs(want.losses[k]))
+        << "step " << k;
+  }
+  const std::map<std::string, torch::Tensor> final_params =
+      LoadAllStageFiles(ckpt, kSteps, c.stages);
+  ASSERT_EQ(final_params.size(), want.params.size());
+  double largest = 0;
+  for (const auto& [name, p] : want.params) {
+    ASSERT_EQ(final_params.count(name), 1u) << name;
+    const double diff = (final_params.at(name) - p).abs().max().item<double>();
+    largest = std::max(largest, diff);
+    EXPECT_TRUE(torch::allclose(final_params.at(name), p, kRtol, kAtol)) << name << " by " << diff;
+  }
+  EXPECT_FALSE(torch::equal(final_params.at("head.weight"), ref.initial.at("head.weight")));
+
+  // Each microbatch ran padded to its own longest row: `stagectl watch` shows the share of the
+  // positions computed that were padding, which a fixed window would not have had so low.
+  CommandResult watch = cl.Stagectl({"watch", done.id(), "-o", "json"});
+  ASSERT_EQ(watch.exit_code, 0) << watch.out << watch.err;
+  std::vector<double> waste;
+  for (const std::string& line : absl::StrSplit(watch.out, '\n', absl::SkipEmpty())) {
+    const nlohmann::json event = nlohmann::json::parse(line, nullptr, false);
+    if (event.is_discarded() || event.value("event", "") != "step_completed") continue;
+    waste.push_back(event.at("padding_waste").get<double>());
+    EXPECT_GT(event.at("tokens_per_second").get<double>(), 0) << line;
+  }
+  ASSERT_EQ(waste.size(), static_cast<size_t>(kSteps)) << watch.out;
+  const int64_t per_microbatch = 8 / (4 * c.replicas);
+  for (int64_t k = 0; k < kSteps; ++k) {
+    const torch::Tensor lengths = batches[k].targets.ne(kReferenceIgnored).sum(1);
+    int64_t computed = 0;
+    for (int64_t first = 0; first < 8; first += per_microbatch) {
+      computed += per_microbatch * lengths.slice(0, first, first + per_microbatch).max().item<int64_t>();
+    }
+    const double want_waste = 1.0 - lengths.sum().item<double>() / static_cast<double>(computed);
+    EXPECT_NEAR(waste[k], want_waste, 1e-12) << "step " << k;
+  }
+  std::cerr << c.name << ": losses";
+  for (double l : want.losses) std::cerr << " " << l;
+  std::cerr << "; largest |parameter - reference| " << largest << "\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Schedules, RaggedTraining,
+    ::testing::Values(Case{"ragged-1f1b", "1F1B", 2, 2, 1},
+                      Case{"ragged-interleaved", "Interleaved1F1B", 2, 4, 1},
+                      Case{"ragged-zbv", "ZBVZeroBubble", 2, 4, 1},
+                      Case{"ragged-replicas", "1F1B", 2, 2, 2}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      return absl::StrCat(info.param.schedule, info.param.replicas > 1 ? "_2replicas" : "");
+    });
+
+}  // namespace
+}  // namespace stagecoach::testing::ragged_training_test

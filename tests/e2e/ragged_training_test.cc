@@ -1,11 +1,14 @@
 // Ragged text across worker processes: a built-in GPT trains on a tokens file of documents of
-// every length (data.packing: pad: a row is one document, each microbatch padded to its own
-// longest row) with the loss normalised by tokens (the default for tokens data), on 1F1B,
-// Interleaved1F1B, ZBVZeroBubble and 1F1B on 2 replicas. Every step's loss and every final
-// parameter equal one unpipelined step per global batch of the GPT of tests/support/
-// reference_gpt.h, on the rows of tests/support/reference_documents.h, from the job's own step-0
-// export, within rtol 1e-5 + atol 1e-6: whatever the microbatches and replicas hold, the step
-// is the whole batch's sum of token losses over its count of tokens.
+// every length with the loss normalised by tokens (the default for tokens data), with
+// data.packing pad (a row is one document, each microbatch padded to its own longest row) on
+// 1F1B, Interleaved1F1B, ZBVZeroBubble and 1F1B on 2 replicas, and with pack (a row is whole
+// documents, each attending within itself from position 0) on Interleaved1F1B, ZBVZeroBubble
+// and 2 replicas. Every step's loss and every final parameter equal one unpipelined step per
+// global batch of the GPT of tests/support/reference_gpt.h, which runs every document of the
+// rows of tests/support/reference_documents.h alone, from the job's own step-0 export, within
+// rtol 1e-5 + atol 1e-6: whatever the microbatches and replicas hold, the step is the whole
+// batch's sum of token losses over its count of tokens. `stagectl watch` shows each step's
+// padding waste as the microbatches' longest rows make it.
 #include <torch/torch.h>
 
 #include <cmath>
@@ -64,21 +67,22 @@ struct Case {
   int workers;
   int stages;
   int replicas;
+  std::string packing = "pad";
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 std::string Spec(const Case& c, const std::string& data, const std::string& ckpt) {
-  return absl::StrCat(
-      "name: ", c.name, "\n",
-      "model:\n  builtin: {family: gpt, vocab: ", kVocab, ", d_model: 16, layers: 2, heads: 2, "
-      "seq: ", kSeq, ", seed: 4}\n",
-      "split: {stages: ", c.stages, "}\n", "schedule: {kind: ", c.schedule, ", microbatches: 4}\n",
-      "placement: {workers: ", c.workers, ", replicas: ", c.replicas, "}\n",
-      "training:\n  batch_size: 8\n  steps: ", kSteps, "\n  loss: cross_entropy\n",
-      "  optimizer: {kind: sgd, lr: 0.1, momentum: 0.9}\n", "  checkpoint: {dir: ", ckpt, "}\n",
-      "data: {kind: tokens, path: ", data, ", seed: ", kDataSeed, ", eos: ", kEos,
-      ", packing: pad}\n");
+  return absl::StrCat("name: ", c.name, "\n", "model:\n  builtin: {family: gpt, vocab: ", kVocab,
+                      ", d_model: 16, layers: 2, heads: 2, "
+                      "seq: ",
+                      kSeq, ", seed: 4}\n", "split: {stages: ", c.stages, "}\n",
+                      "schedule: {kind: ", c.schedule, ", microbatches: 4}\n",
+                      "placement: {workers: ", c.workers, ", replicas: ", c.replicas, "}\n",
+                      "training:\n  batch_size: 8\n  steps: ", kSteps, "\n  loss: cross_entropy\n",
+                      "  optimizer: {kind: sgd, lr: 0.1, momentum: 0.9}\n",
+                      "  checkpoint: {dir: ", ckpt, "}\n", "data: {kind: tokens, path: ", data,
+                      ", seed: ", kDataSeed, ", eos: ", kEos, ", packing: ", c.packing, "}\n");
 }
 
 class RaggedTraining : public ::testing::TestWithParam<Case> {
@@ -86,7 +90,7 @@ class RaggedTraining : public ::testing::TestWithParam<Case> {
   void SetUp() override { setenv("OMP_NUM_THREADS", "1", 1); }
 };
 
-TEST_P(RaggedTraining, PaddedDocumentsTrainLikeOneUnpipelinedStepOnTheWholeBatch) {
+TEST_P(RaggedTraining, DocumentRowsTrainLikeOneUnpipelinedStepOnTheWholeBatch) {
   const Case& c = GetParam();
   ClusterOptions options;
   options.workers = c.workers * c.replicas;
@@ -114,12 +118,18 @@ TEST_P(RaggedTraining, PaddedDocumentsTrainLikeOneUnpipelinedStepOnTheWholeBatch
   std::vector<DocumentBatch> batches;
   int64_t padded = 0, counted = 0;
   for (int64_t k = 0; k < kSteps; ++k) {
-    batches.push_back(ReferenceDocumentRows(tokens, kEos, /*pack=*/false, 8, kSeq, kDataSeed, k));
+    batches.push_back(
+        ReferenceDocumentRows(tokens, kEos, c.packing == "pack", 8, kSeq, kDataSeed, k));
     counted += batches.back().targets.ne(kReferenceIgnored).sum().item<int64_t>();
     padded += batches.back().targets.numel();
   }
-  // The rows are ragged: a fixed window would have padded a good share of them.
-  EXPECT_LT(counted, padded * 3 / 4) << "the documents are not ragged enough to test anything";
+  // Padded rows are ragged (a fixed window would have padded a good share of them); packed rows
+  // hold several documents.
+  if (c.packing == "pad") {
+    EXPECT_LT(counted, padded * 3 / 4) << "the documents are not ragged enough to test anything";
+  } else {
+    EXPECT_GT(batches[0].segments.max().item<int64_t>(), 0) << "no row holds two documents";
+  }
   const GptReferenceResult want = TrainGptReferenceOnBatches(ref, batches);
 
   ASSERT_EQ(done.losses_size(), kSteps);
@@ -144,8 +154,8 @@ TEST_P(RaggedTraining, PaddedDocumentsTrainLikeOneUnpipelinedStepOnTheWholeBatch
   CommandResult watch = cl.Stagectl({"watch", done.id(), "-o", "json"});
   ASSERT_EQ(watch.exit_code, 0) << watch.out << watch.err;
   std::vector<double> waste;
-  for (const std::string& line : absl::StrSplit(watch.out, '\n', absl::SkipEmpty())) {
-    const nlohmann::json event = nlohmann::json::parse(line, nullptr, false);
+  for (absl::string_view line : absl::StrSplit(watch.out, '\n', absl::SkipEmpty())) {
+    const nlohmann::json event = nlohmann::json::parse(std::string(line), nullptr, false);
     if (event.is_discarded() || event.value("event", "") != "step_completed") continue;
     waste.push_back(event.at("padding_waste").get<double>());
     EXPECT_GT(event.at("tokens_per_second").get<double>(), 0) << line;
@@ -153,7 +163,7 @@ TEST_P(RaggedTraining, PaddedDocumentsTrainLikeOneUnpipelinedStepOnTheWholeBatch
   ASSERT_EQ(waste.size(), static_cast<size_t>(kSteps)) << watch.out;
   const int64_t per_microbatch = 8 / (4 * c.replicas);
   for (int64_t k = 0; k < kSteps; ++k) {
-    const torch::Tensor lengths = batches[k].targets.ne(kReferenceIgnored).sum(1);
+    const torch::Tensor lengths = batches[k].segments.ne(-1).sum(1);
     int64_t computed = 0;
     for (int64_t first = 0; first < 8; first += per_microbatch) {
       computed += per_microbatch * lengths.slice(0, first, first + per_microbatch).max().item<int64_t>();
@@ -166,15 +176,20 @@ TEST_P(RaggedTraining, PaddedDocumentsTrainLikeOneUnpipelinedStepOnTheWholeBatch
   std::cerr << "; largest |parameter - reference| " << largest << "\n";
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Schedules, RaggedTraining,
-    ::testing::Values(Case{"ragged-1f1b", "1F1B", 2, 2, 1},
-                      Case{"ragged-interleaved", "Interleaved1F1B", 2, 4, 1},
-                      Case{"ragged-zbv", "ZBVZeroBubble", 2, 4, 1},
-                      Case{"ragged-replicas", "1F1B", 2, 2, 2}),
-    [](const ::testing::TestParamInfo<Case>& info) {
-      return absl::StrCat(info.param.schedule, info.param.replicas > 1 ? "_2replicas" : "");
-    });
+INSTANTIATE_TEST_SUITE_P(Schedules, RaggedTraining,
+                         ::testing::Values(Case{"ragged-1f1b", "1F1B", 2, 2, 1},
+                                           Case{"ragged-interleaved", "Interleaved1F1B", 2, 4, 1},
+                                           Case{"ragged-zbv", "ZBVZeroBubble", 2, 4, 1},
+                                           Case{"ragged-replicas", "1F1B", 2, 2, 2},
+                                           Case{"packed-interleaved", "Interleaved1F1B", 2, 4, 1,
+                                                "pack"},
+                                           Case{"packed-zbv", "ZBVZeroBubble", 2, 4, 1, "pack"},
+                                           Case{"packed-replicas", "1F1B", 2, 2, 2, "pack"}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return absl::StrCat(info.param.schedule,
+                                               info.param.replicas > 1 ? "_2replicas" : "", "_",
+                                               info.param.packing);
+                         });
 
 }  // namespace
 }  // namespace stagecoach::testing::ragged_training_test

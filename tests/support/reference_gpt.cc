@@ -100,13 +100,22 @@ GptReferenceResult TrainGptReferenceOnBatches(const GptReferenceConfig& c,
   GptReferenceResult result;
   for (const DocumentBatch& b : batches) {
     opt->zero_grad();
-    const torch::Tensor logits = gpt.Forward(b.inputs).reshape({-1, c.vocab});
-    const torch::Tensor y = b.targets.reshape(-1);
-    const torch::Tensor counted = y.ne(kReferenceIgnored);
-    const torch::Tensor per_position =
-        -torch::log_softmax(logits, -1).gather(1, y.clamp_min(0).unsqueeze(1)).squeeze(1);
-    const torch::Tensor loss =
-        per_position.masked_select(counted).sum() / counted.sum().to(torch::kFloat32);
+    torch::Tensor sum = torch::zeros({});
+    for (int64_t r = 0; r < b.inputs.size(0); ++r) {
+      for (int64_t k = 0;; ++k) {
+        const torch::Tensor at = b.segments[r].eq(k).nonzero().flatten();
+        if (at.numel() == 0) break;
+        const int64_t from = at[0].item<int64_t>(), to = at[-1].item<int64_t>() + 1;
+        const torch::Tensor logits =
+            gpt.Forward(b.inputs[r].slice(0, from, to).unsqueeze(0)).reshape({-1, c.vocab});
+        const torch::Tensor y = b.targets[r].slice(0, from, to);
+        const torch::Tensor counted = y.ne(kReferenceIgnored);
+        const torch::Tensor per_position =
+            -torch::log_softmax(logits, -1).gather(1, y.clamp_min(0).unsqueeze(1)).squeeze(1);
+        sum = sum + per_position.masked_select(counted).sum();
+      }
+    }
+    const torch::Tensor loss = sum / b.targets.ne(kReferenceIgnored).sum().to(torch::kFloat32);
     loss.backward();
     if (c.max_norm.has_value()) {
       result.grad_norms.push_back(torch::nn::utils::clip_grad_norm_(params, *c.max_norm));

@@ -44,10 +44,11 @@ struct GptReferenceResult {
 GptReferenceResult TrainGptReference(const GptReferenceConfig& config);
 
 // The same model trained on given whole batches instead (reference_documents.h: inputs and
-// targets [B, T], targets -100 not counted), each step one unpipelined step on the whole batch
-// with the loss normalised by tokens: the sum of every counted position's cross-entropy over
-// their count. The config's data fields are not used; its optimizer, clipping and initial
-// parameters are. Causal attention, so a row's padding after its positions changes nothing.
+// targets [B, T], targets -100 not counted, segments), each step one unpipelined step on the
+// whole batch with the loss normalised by tokens: the sum of every counted position's
+// cross-entropy over their count. Every document of a row runs alone, from position 0 (a
+// padded row is one document; a packed row several). The config's data fields are not used;
+// its optimizer, clipping and initial parameters are.
 GptReferenceResult TrainGptReferenceOnBatches(const GptReferenceConfig& config,
                                               const std::vector<DocumentBatch>& batches);
 

@@ -60,7 +60,7 @@ class Embed : public ChainLayer {
   }
 
   torch::Tensor ForwardCached(const torch::Tensor& x, const DecodePositions& at,
-                              LayerKv& kv) override {
+                              LayerKv* kv) override {
     (void)kv;
     TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kInt64,
                 "gpt embed: expected int64 token ids [rows, time], got ", x.sizes());
@@ -89,7 +89,8 @@ class Attention : public torch::nn::Module {
   }
 
   // Causal self-attention over x's positions; with `at` and `kv`, over the row's cached
-  // positions too (their keys and values), x's new ones added to the cache.
+  // positions too (their keys and values), x's new ones added to the cache; with `at` alone
+  // (packed rows), over x's positions under at.hidden (each document apart).
   torch::Tensor forward(const torch::Tensor& x, const DecodePositions* at = nullptr,
                         LayerKv* kv = nullptr) {
     const int64_t b = x.size(0), t = x.size(1), d = x.size(2);
@@ -102,9 +103,9 @@ class Attention : public torch::nn::Module {
     torch::Tensor k = split_heads(qkv[1]);
     torch::Tensor v = split_heads(qkv[2]);
     torch::Tensor hidden;
-    if (kv != nullptr) {
-      std::tie(k, v) = kv->Append(k, v, *at);
-      hidden = at->hidden;
+    if (kv != nullptr) std::tie(k, v) = kv->Append(k, v, *at);
+    if (at != nullptr) {
+      hidden = at->hidden;  // a session's cached positions, or packed rows' documents
     } else {
       hidden = torch::ones({t, t}, torch::TensorOptions(torch::kBool).device(x.device())).triu(1);
     }
@@ -156,8 +157,8 @@ class Block : public ChainLayer {
   }
 
   torch::Tensor ForwardCached(const torch::Tensor& x, const DecodePositions& at,
-                              LayerKv& kv) override {
-    torch::Tensor y = x + attn_->forward(ln1_->forward(ToFloat32(x)), &at, &kv);
+                              LayerKv* kv) override {
+    torch::Tensor y = x + attn_->forward(ln1_->forward(ToFloat32(x)), &at, kv);
     return y + mlp_->forward(ln2_->forward(ToFloat32(y)));
   }
 

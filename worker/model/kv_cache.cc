@@ -28,6 +28,27 @@ DecodePositions DecodePositions::Make(std::vector<int64_t> rows, std::vector<int
   return at;
 }
 
+DecodePositions DecodePositions::Packed(const torch::Tensor& segments) {
+  const int64_t b = segments.size(0), t = segments.size(1);
+  const auto options = torch::TensorOptions(torch::kInt64).device(segments.device());
+  const torch::Tensor index = torch::arange(t, options).view({1, t}).expand({b, t});
+  // A document starts where the segment changes; each position counts from its start.
+  const torch::Tensor starts_here =
+      torch::cat({torch::ones({b, 1}, options.dtype(torch::kBool)),
+                  segments.slice(1, 1).ne(segments.slice(1, 0, t - 1))},
+                 1);
+  const torch::Tensor start =
+      std::get<0>(torch::where(starts_here, index, torch::zeros_like(index)).cummax(1));
+  DecodePositions at;
+  at.positions = index - start;
+  at.length = t;
+  at.hidden = index.view({b, 1, 1, t}) > index.view({b, 1, t, 1});
+  at.hidden = at.hidden.logical_or(segments.view({b, 1, 1, t}) != segments.view({b, 1, t, 1}));
+  at.session_rows = b;
+  at.max_positions = t;
+  return at;
+}
+
 void LayerKv::Reserve(const torch::Tensor& like, int64_t needed, const DecodePositions& at) {
   const int64_t capacity = keys_.defined() ? keys_.size(2) : 0;
   if (needed <= capacity && keys_.scalar_type() == like.scalar_type()) return;

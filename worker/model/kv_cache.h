@@ -46,6 +46,11 @@ struct DecodePositions {
   static DecodePositions Make(std::vector<int64_t> rows, std::vector<int64_t> starts, int64_t t,
                               int64_t session_rows, int64_t max_positions,
                               const torch::Device& device);
+
+  // Rows packed with several documents (StageModel::SetSegments), without a cache: `segments`
+  // int64 [B, T] (-1 on padding, a document of its own). Each position is at its offset in its
+  // document and hides every key that is after it or in another document; `length` is T.
+  static DecodePositions Packed(const torch::Tensor& segments);
 };
 
 // One attention layer's keys and values for a session.

@@ -28,14 +28,27 @@ torch::Tensor OutputHead::forward(const torch::Tensor& x) { return torch::linear
 std::vector<torch::Tensor> LayerChainStage::ForwardValues(
     const std::vector<torch::Tensor>& inputs) {
   torch::Tensor x = inputs.at(0);
+  if (segments_.defined()) {
+    TORCH_CHECK(segments_.size(0) == x.size(0) && segments_.size(1) == x.size(1),
+                "the rows' segments are ", segments_.sizes(), " but the stage's input is ",
+                x.sizes());
+    const DecodePositions packed = DecodePositions::Packed(segments_.to(x.device()));
+    for (auto& [name, layer] : layers_) x = layer->ForwardCached(x, packed, nullptr);
+    return {x};
+  }
   for (auto& [name, layer] : layers_) x = layer->forward(x);
   return {x};
+}
+
+bool LayerChainStage::SetSegments(const torch::Tensor& segments) {
+  segments_ = segments;
+  return true;
 }
 
 torch::Tensor LayerChainStage::ForwardCached(const torch::Tensor& x, const DecodePositions& at,
                                              StageKv& kv) {
   torch::Tensor y = x;
-  for (auto& [name, layer] : layers_) y = layer->ForwardCached(y, at, kv.For(name));
+  for (auto& [name, layer] : layers_) y = layer->ForwardCached(y, at, &kv.For(name));
   return y;
 }
 

@@ -21,10 +21,12 @@ class ChainLayer : public torch::nn::Module {
  public:
   virtual torch::Tensor forward(const torch::Tensor& x) = 0;
   // The layer on the new positions `at` of a decoding session ([n, T, ...] for at's n rows),
-  // with `kv` its cache: a layer that mixes positions (attention) or knows them (learned
-  // positions, rotary embeddings) overrides it; the others act on each position alone.
+  // with `kv` its cache; without one (packed rows, DecodePositions::Packed), on x's positions
+  // alone at at.positions under at.hidden. A layer that mixes positions (attention) or knows
+  // them (learned positions, rotary embeddings) overrides it; the others act on each position
+  // alone.
   virtual torch::Tensor ForwardCached(const torch::Tensor& x, const DecodePositions& at,
-                                      LayerKv& kv) {
+                                      LayerKv* kv) {
     (void)at;
     (void)kv;
     return forward(x);
@@ -56,7 +58,9 @@ class LayerChainStage : public StageModel {
   using Layers = std::vector<std::pair<std::string, std::shared_ptr<ChainLayer>>>;
   explicit LayerChainStage(Layers layers) : layers_(std::move(layers)) {}
 
+  // With segments set (SetSegments), each row's documents apart (DecodePositions::Packed).
   std::vector<torch::Tensor> ForwardValues(const std::vector<torch::Tensor>& inputs) override;
+  bool SetSegments(const torch::Tensor& segments) override;
   // The stage on a decoding session's new positions `at` (kv_cache.h), each layer with its
   // cache in `kv`; equals ForwardValues on the rows' whole contexts at those positions.
   torch::Tensor ForwardCached(const torch::Tensor& x, const DecodePositions& at, StageKv& kv);
@@ -65,6 +69,7 @@ class LayerChainStage : public StageModel {
 
  private:
   Layers layers_;
+  torch::Tensor segments_;
 };
 
 }  // namespace stagecoach::model

@@ -103,7 +103,7 @@ class Embed : public ChainLayer {
   // A decoding session's positions may go past seq, up to max_position_embeddings (the
   // session's bound, which the worker checks).
   torch::Tensor ForwardCached(const torch::Tensor& x, const DecodePositions& at,
-                              LayerKv& kv) override {
+                              LayerKv* kv) override {
     (void)at;
     (void)kv;
     TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kInt64,
@@ -137,7 +137,8 @@ class Attention : public torch::nn::Module {
   }
 
   // Causal self-attention over x's positions 0 .. T-1; with `at` and `kv`, over the rows'
-  // cached positions too, x being at at.positions (its keys and values added to the cache).
+  // cached positions too, x being at at.positions (its keys and values added to the cache);
+  // with `at` alone (packed rows), over x's positions at at.positions under at.hidden.
   torch::Tensor forward(const torch::Tensor& x, const DecodePositions* at = nullptr,
                         LayerKv* kv = nullptr) {
     const int64_t b = x.size(0), t = x.size(1);
@@ -160,9 +161,9 @@ class Attention : public torch::nn::Module {
     q = Rotate(q, cos, sin);
     k = Rotate(k, cos, sin);
     torch::Tensor hidden;
-    if (kv != nullptr) {
-      std::tie(k, v) = kv->Append(k, v, *at);
-      hidden = at->hidden;
+    if (kv != nullptr) std::tie(k, v) = kv->Append(k, v, *at);
+    if (at != nullptr) {
+      hidden = at->hidden;  // a session's cached positions, or packed rows' documents
     } else {
       hidden = torch::ones({t, t}, torch::TensorOptions(torch::kBool).device(x.device())).triu(1);
     }
@@ -218,8 +219,8 @@ class DecoderLayer : public ChainLayer {
   }
 
   torch::Tensor ForwardCached(const torch::Tensor& x, const DecodePositions& at,
-                              LayerKv& kv) override {
-    const torch::Tensor h = x + attn_->forward(input_norm_->forward(x), &at, &kv);
+                              LayerKv* kv) override {
+    const torch::Tensor h = x + attn_->forward(input_norm_->forward(x), &at, kv);
     return h + mlp_->forward(post_norm_->forward(h));
   }
 

@@ -93,6 +93,13 @@ class StageModel {
   // `training` flags (Module::train).
   virtual void SetTraining(bool training) { (void)training; }
 
+  // The documents of the rows of the forwards that follow (data.packing: pack): `segments` int64
+  // [B, T] gives each position's document within its row (-1 on padding); each document then
+  // attends within itself only, its positions counted from 0. Undefined: each row is one
+  // sequence. Returns false for a stage that cannot keep documents apart (only the built-in
+  // decoders can); it then ignores them.
+  virtual bool SetSegments(const torch::Tensor& segments) { return !segments.defined(); }
+
   // A stage of a chain: one input, one output.
   torch::Tensor Forward(const torch::Tensor& input);
 

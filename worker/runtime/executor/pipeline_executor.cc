@@ -116,11 +116,13 @@ std::string PipelineExecutor::EdgeName(bool gradient, int e) const {
 absl::StatusOr<StepResult> PipelineExecutor::RunStep(const std::vector<Action>& actions,
                                                      const std::vector<torch::Tensor>& inputs,
                                                      const std::vector<torch::Tensor>& targets,
-                                                     std::optional<TokenNormalization> tokens) {
+                                                     std::optional<TokenNormalization> tokens,
+                                                     const std::vector<torch::Tensor>* segments) {
   StepState state;
   state.inputs = &inputs;
   state.targets = &targets;
   state.tokens = tokens;
+  state.segments = segments;
   state.step_start = absl::Now();
   state.result.start = state.step_start;
   const int64_t live_at_start =
@@ -136,7 +138,7 @@ absl::StatusOr<StepResult> PipelineExecutor::RunStep(const std::vector<Action>& 
   if (owns_last && options_.forward_only) state.result.outputs.resize(m);
 
   absl::Duration busy;
-  absl::Status status = CheckStepInputs(inputs, targets, tokens);
+  absl::Status status = CheckStepInputs(inputs, targets, tokens, segments);
   if (status.ok()) status = RunActions(actions, state, busy);
   if (status.ok()) status = WaitSends(state);
   if (status.ok()) status = CheckStepComplete(state);
@@ -157,9 +159,15 @@ absl::StatusOr<StepResult> PipelineExecutor::RunStep(const std::vector<Action>& 
   return std::move(state.result);
 }
 
-absl::Status PipelineExecutor::CheckStepInputs(
-    const std::vector<torch::Tensor>& inputs, const std::vector<torch::Tensor>& targets,
-    const std::optional<TokenNormalization>& tokens) const {
+absl::Status PipelineExecutor::CheckStepInputs(const std::vector<torch::Tensor>& inputs,
+                                               const std::vector<torch::Tensor>& targets,
+                                               const std::optional<TokenNormalization>& tokens,
+                                               const std::vector<torch::Tensor>* segments) const {
+  if (segments != nullptr && static_cast<int>(segments->size()) != options_.num_microbatches) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", options_.rank, ": expected ", options_.num_microbatches,
+                     " microbatches of segments, got ", segments->size()));
+  }
   if (tokens.has_value() && !options_.forward_only) {
     if (options_.loss != LossKind::kCrossEntropy) {
       return absl::InvalidArgumentError(absl::StrCat(

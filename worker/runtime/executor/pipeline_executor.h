@@ -203,11 +203,14 @@ class PipelineExecutor {
   // owns stage 0, `targets` when it owns the last stage. Gradients accumulate into the stage
   // parameters' .grad; the caller zeroes them and steps the optimizer. With `tokens` (a
   // cross-entropy training step) the loss is normalised by tokens (TokenNormalization), else it
-  // is the mean of the microbatch losses.
+  // is the mean of the microbatch losses. With `segments` (rows packed with several documents,
+  // one tensor per microbatch, on every rank), every forward of microbatch m keeps the
+  // documents of segments[m] apart (model::StageModel::SetSegments).
   absl::StatusOr<StepResult> RunStep(const std::vector<schedule::Action>& actions,
                                      const std::vector<torch::Tensor>& inputs,
                                      const std::vector<torch::Tensor>& targets,
-                                     std::optional<TokenNormalization> tokens = std::nullopt);
+                                     std::optional<TokenNormalization> tokens = std::nullopt,
+                                     const std::vector<torch::Tensor>* segments = nullptr);
 
  private:
   struct StepState;
@@ -239,7 +242,8 @@ class PipelineExecutor {
   // own work to `busy`), the wait for its sends, and what a complete step leaves behind.
   absl::Status CheckStepInputs(const std::vector<torch::Tensor>& inputs,
                                const std::vector<torch::Tensor>& targets,
-                               const std::optional<TokenNormalization>& tokens) const;
+                               const std::optional<TokenNormalization>& tokens,
+                               const std::vector<torch::Tensor>* segments) const;
   // The last stage's loss of microbatch m from its output (the mean, or its token share).
   torch::Tensor LastStageLoss(const torch::Tensor& output, int microbatch,
                               const StepState& state) const;
@@ -254,9 +258,12 @@ class PipelineExecutor {
 
   // Forward and backward (pipeline_executor_forward.cc, pipeline_executor_backward.cc).
   // Stage s's forward on `xs` in options_.precision: under its autocast, outputs cast to the
-  // wire's dtype (the last stage's to fp32). Every forward of a stage (F, recomputation, the
-  // shape probes) goes through it.
-  std::vector<torch::Tensor> RunStage(int stage, const std::vector<torch::Tensor>& xs);
+  // wire's dtype (the last stage's to fp32), with the rows' `segments` when defined (packed
+  // rows). Every forward of a stage (F, recomputation, the shape probes) goes through it.
+  std::vector<torch::Tensor> RunStage(int stage, const std::vector<torch::Tensor>& xs,
+                                      const torch::Tensor& segments = torch::Tensor());
+  // Microbatch m's segments in this step; undefined without packed rows.
+  torch::Tensor SegmentsOf(int microbatch, const StepState& state) const;
   absl::Status Forward(int stage, int microbatch, const std::string& where, StepState& state);
   // B (split = false) or I (split = true).
   absl::Status Backward(int stage, int microbatch, bool split, const std::string& where,

@@ -2,6 +2,7 @@
 #include <torch/torch.h>
 
 #include <mutex>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -19,10 +20,40 @@ using executor_internal::GuardTorch;
 using executor_internal::Key;
 using executor_internal::MetaOf;
 
-std::vector<torch::Tensor> PipelineExecutor::RunStage(int s, const std::vector<torch::Tensor>& xs) {
+torch::Tensor PipelineExecutor::SegmentsOf(int mb, const StepState& st) const {
+  return st.segments != nullptr ? (*st.segments)[mb] : torch::Tensor();
+}
+
+namespace {
+
+// Sets a stage's segments for the forwards in its scope and clears them after, however the
+// forward ends.
+class SegmentsScope {
+ public:
+  SegmentsScope(model::StageModel& stage, int s, const torch::Tensor& segments) : stage_(stage) {
+    if (!stage_.SetSegments(segments)) {
+      throw std::invalid_argument(
+          absl::StrCat("stage ", s,
+                       " cannot keep a packed row's documents apart (data.packing: pack needs a "
+                       "built-in gpt or llama)"));
+    }
+  }
+  ~SegmentsScope() { stage_.SetSegments(torch::Tensor()); }
+  SegmentsScope(const SegmentsScope&) = delete;
+  SegmentsScope& operator=(const SegmentsScope&) = delete;
+
+ private:
+  model::StageModel& stage_;
+};
+
+}  // namespace
+
+std::vector<torch::Tensor> PipelineExecutor::RunStage(int s, const std::vector<torch::Tensor>& xs,
+                                                      const torch::Tensor& segments) {
   std::vector<torch::Tensor> ys;
   {
     model::AutocastGuard autocast(options_.precision, options_.device);
+    SegmentsScope scope(*stages_.at(s), s, segments);
     ys = stages_.at(s)->ForwardValues(xs);
   }
   for (torch::Tensor& y : ys) {
@@ -80,7 +111,7 @@ absl::Status PipelineExecutor::Forward(int s, int mb, const std::string& where, 
       if (options_.recompute && !options_.forward_only) {
         st.rng_states[key] = RngState(options_.device);
       }
-      ys = RunStage(s, xs);
+      ys = RunStage(s, xs, SegmentsOf(mb, st));
     }
     if (static_cast<int>(ys.size()) != options_.wiring[s].num_outputs) {
       return absl::InternalError(absl::StrCat("the stage returned ", ys.size(),
@@ -134,7 +165,7 @@ absl::Status PipelineExecutor::Recompute(int s, int mb, const std::string& where
         SetRngState(options_.device, saved->second);
         st.rng_states.erase(saved);
       }
-      ys = RunStage(s, in->second);
+      ys = RunStage(s, in->second, SegmentsOf(mb, st));
     }
     if (s == options_.num_stages - 1) {
       st.losses[key] = LastStageLoss(ys[0], mb, st);

@@ -81,6 +81,7 @@ struct PipelineExecutor::StepState {
   const std::vector<torch::Tensor>* inputs = nullptr;
   const std::vector<torch::Tensor>* targets = nullptr;
   std::optional<TokenNormalization> tokens;
+  const std::vector<torch::Tensor>* segments = nullptr;
   std::map<EdgeKey, executor_internal::PendingRecv> activation_recvs;  // an input value on its way
   std::map<EdgeKey, executor_internal::PendingRecv>
       gradient_recvs;                                       // an output's gradient on its way

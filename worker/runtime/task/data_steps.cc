@@ -126,6 +126,12 @@ std::vector<DataSteps::Pass> DataSteps::PassesOf(const Batch& batch) const {
     pass.planned = MetasOf(pass.inputs);
     if (!batch.row_lengths.defined()) continue;
     const std::vector<torch::Tensor> lengths = ReplicaMicrobatches(batch.row_lengths, m, share);
+    if (batch.segments.defined()) {
+      pass.segments = ReplicaMicrobatches(batch.segments, m, share);
+      for (size_t mb = 0; mb < pass.segments.size(); ++mb) {
+        pass.segments[mb] = TrimToLongestRow(pass.segments[mb], lengths[mb]);
+      }
+    }
     for (size_t mb = 0; mb < pass.inputs.size(); ++mb) {
       pass.inputs[mb] = TrimToLongestRow(pass.inputs[mb], lengths[mb]);
     }
@@ -242,9 +248,11 @@ absl::StatusOr<bool> DataSteps::RunPasses(const std::vector<Pass>& passes, bool 
     // fewer per microbatch).
     if (i > 0) env_.rollback->Restore();
     if (several) RETURN_IF_ERROR(executor_->AgreeShapes(passes[i].planned));
+    const std::vector<torch::Tensor>* segments =
+        passes[i].segments.empty() ? nullptr : &passes[i].segments;
     ASSIGN_OR_RETURN(StepResult pass,
                      executor_->RunStep(setup.actions, passes[i].inputs, passes[i].targets,
-                                        TokensOf(counted_tokens)));
+                                        TokensOf(counted_tokens), segments));
     if (i == 0) {
       result = std::move(pass);
       if (several) env_.rollback->KeepBuffers();

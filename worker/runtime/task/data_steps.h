@@ -119,6 +119,8 @@ class DataSteps {
     std::vector<torch::Tensor> inputs;
     std::vector<torch::Tensor> targets;
     std::vector<TensorMeta> planned;
+    // Packed rows: every microbatch's segments, on every rank; else empty.
+    std::vector<torch::Tensor> segments;
   };
   // The passes of this replica's slices of `batch`.
   std::vector<Pass> PassesOf(const Batch& batch) const;

@@ -77,7 +77,12 @@ absl::StatusOr<std::vector<double>> Evaluator::Run() {
         RETURN_IF_ERROR(executor_->AgreeShapes(MetasOf(inputs)));
         shapes_agreed_ = slices_.size() == 1;
       }
-      ASSIGN_OR_RETURN(StepResult result, executor_->RunStep(actions_, inputs, {}));
+      // Packed rows keep their documents apart here too (rows run whole, not trimmed).
+      std::vector<torch::Tensor> segments;
+      if (batch.segments.defined()) segments = ReplicaMicrobatches(batch.segments, m, share);
+      ASSIGN_OR_RETURN(StepResult result,
+                       executor_->RunStep(actions_, inputs, {}, std::nullopt,
+                                          segments.empty() ? nullptr : &segments));
       if (!owns_last_) continue;
       for (int mb = 0; mb < m; ++mb) {
         losses.push_back(

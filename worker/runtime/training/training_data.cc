@@ -423,7 +423,10 @@ absl::StatusOr<std::unique_ptr<BatchSource>> BatchSource::Open(const spec::JobSp
     if (spec.data.path.empty()) {
       return absl::InvalidArgumentError("data.path: required for data.kind tokens");
     }
-    if (!want_inputs && !want_targets) return std::unique_ptr<BatchSource>(new EmptySource());
+    // Packed rows' segments are for every rank: each stage keeps the documents apart.
+    if (!want_inputs && !want_targets && spec.data.packing != "pack") {
+      return std::unique_ptr<BatchSource>(new EmptySource());
+    }
     return TokensSource::Open(spec, want_inputs, want_targets);
   }
   if (spec.data.kind == "tensors") {

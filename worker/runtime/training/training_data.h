@@ -62,7 +62,8 @@ class BatchSource {
 
   // Opens the stream of `spec` for a rank that needs inputs (owns the first stage) and/or
   // targets (owns the last). A rank needing neither gets a source that reads nothing and
-  // returns empty batches. INVALID_ARGUMENT naming the field for a data kind or model it cannot
+  // returns empty batches, except with packed rows (data.packing: pack), whose segments every
+  // rank needs. INVALID_ARGUMENT naming the field for a data kind or model it cannot
   // serve, a bad tokens file (unreadable, odd byte count, shorter than seq + 1 tokens, a
   // token >= vocab) or a bad tensors file (unreadable, not a torch.save'd dict, a missing
   // "inputs"/"targets" key or a non-tensor under it, no rows, row counts that differ, inputs

@@ -11,16 +11,23 @@
 //   2. Ragged steps: microbatches of rows of lengths drawn from 1 to seq, each padded to its own
 //      longest row (dynamic shapes), against full windows: the median step time and the
 //      positions computed per second.
+//   3. Documents as they are (Debian's fortunes, bytes as tokens): fixed windows (documents cut
+//      and run together), pad (a row per document) and pack (whole documents per row, kept
+//      apart), as the workers make the rows: the tokens the loss counts per second and the share
+//      of computed positions that were padding, on ZBVZeroBubble.
 //
 //   build/bench/ragged_bench [--d-model N] [--layers N] [--heads N] [--seq N] [--vocab N]
 //                            [--batch N] [--microbatches N] [--steps N] [--warmup N]
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,6 +41,7 @@
 #include "worker/runtime/device/cpu_pinning.h"
 #include "worker/runtime/executor/pipeline_executor.h"
 #include "worker/runtime/executor/training_setup.h"
+#include "worker/runtime/training/document_rows.h"
 #include "worker/transport/gloo/factory.h"
 #include "worker/transport/in_memory_store.h"
 
@@ -71,7 +79,9 @@ stagecoach::spec::BuiltinModel Gpt(const Options& o) {
 // longest of lengths drawn uniformly from 1 to seq.
 struct Batch {
   std::vector<torch::Tensor> inputs, targets;
-  int64_t positions = 0;
+  std::vector<torch::Tensor> segments;  // packed rows only
+  int64_t positions = 0;                // computed, padding included
+  int64_t counted = 0;                  // targets the loss counts
 };
 
 Batch MakeBatch(const Options& o, bool ragged, uint64_t seed) {
@@ -162,7 +172,9 @@ std::vector<std::vector<double>> Measure(sched::ScheduleKind kind, const Options
           }
           const Batch& b = batches[v][step % batches[v].size()];
           Check("barrier", transport->Barrier(kWait));
-          rt::StepResult r = Value("step", executors[v]->RunStep(actions, b.inputs, b.targets));
+          rt::StepResult r =
+              Value("step", executors[v]->RunStep(actions, b.inputs, b.targets, std::nullopt,
+                                                  b.segments.empty() ? nullptr : &b.segments));
           if (step >= o.warmup && rank == 0)
             ms[v].push_back(absl::ToDoubleMilliseconds(r.duration));
         }
@@ -172,6 +184,116 @@ std::vector<std::vector<double>> Measure(sched::ScheduleKind kind, const Options
   }
   for (auto& t : threads) t.join();
   return ms;
+}
+
+// Documents as they are: Debian's fortunes (wisdom, people, science), one fortune a document,
+// its bytes as tokens and `eos` after it.
+std::vector<int64_t> FortuneTokens(int64_t eos) {
+  std::vector<int64_t> tokens;
+  for (const char* name : {"wisdom", "people", "science"}) {
+    const std::string path = std::string("/usr/share/games/fortunes/") + name;
+    std::ifstream in(path);
+    if (!in) Check(path, absl::NotFoundError("cannot read it (Debian's fortunes packages)"));
+    std::string line;
+    bool open = false;
+    while (std::getline(in, line)) {
+      if (line == "%") {
+        if (open) tokens.push_back(eos);
+        open = false;
+        continue;
+      }
+      for (unsigned char c : line) tokens.push_back(c);
+      tokens.push_back('\n');
+      open = true;
+    }
+    if (open) tokens.push_back(eos);
+  }
+  return tokens;
+}
+
+// `steps` batches of one mode over the fortunes: fixed windows of seq + 1 tokens at random
+// starts (documents cut and run together), or rows of documents (pad, pack) as the workers make
+// them (document_rows.h), each microbatch cut to its longest row.
+std::vector<Batch> FortuneBatches(const std::vector<int64_t>& tokens, int64_t eos,
+                                  const std::string& mode, const Options& o, int steps) {
+  std::vector<Batch> out;
+  const std::vector<rt::DocumentSpan> docs = rt::SplitDocuments(tokens, eos);
+  for (int k = 0; k < steps; ++k) {
+    rt::Batch rows;
+    if (mode == "windows") {
+      torch::manual_seed(100 + k);
+      const torch::Tensor starts = torch::randint(
+          0, static_cast<int64_t>(tokens.size()) - o.seq - 1, {o.batch}, torch::kInt64);
+      rows.inputs = torch::empty({o.batch, o.seq}, torch::kInt64);
+      rows.targets = torch::empty({o.batch, o.seq}, torch::kInt64);
+      for (int64_t r = 0; r < o.batch; ++r) {
+        const int64_t s = starts[r].item<int64_t>();
+        for (int64_t i = 0; i < o.seq; ++i) {
+          rows.inputs[r][i] = tokens[s + i];
+          rows.targets[r][i] = tokens[s + i + 1];
+        }
+      }
+    } else {
+      rows = rt::DocumentRows(tokens, docs, eos, mode == "pack", o.batch, o.seq, 7, k);
+    }
+    Batch b;
+    b.inputs = torch::tensor_split(rows.inputs, o.microbatches, 0);
+    b.targets = torch::tensor_split(rows.targets, o.microbatches, 0);
+    if (rows.segments.defined()) b.segments = torch::tensor_split(rows.segments, o.microbatches, 0);
+    if (rows.row_lengths.defined()) {
+      const auto lengths = torch::tensor_split(rows.row_lengths, o.microbatches, 0);
+      for (int mb = 0; mb < o.microbatches; ++mb) {
+        b.inputs[mb] = rt::TrimToLongestRow(b.inputs[mb], lengths[mb]);
+        b.targets[mb] = rt::TrimToLongestRow(b.targets[mb], lengths[mb]);
+        if (!b.segments.empty()) b.segments[mb] = rt::TrimToLongestRow(b.segments[mb], lengths[mb]);
+      }
+    }
+    for (const torch::Tensor& t : b.targets) {
+      b.positions += t.numel();
+      b.counted += rt::CountedTokens(t);
+    }
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+// Section 3: tokens counted per second and padding waste on the fortunes, windows vs pad vs pack.
+void PrintFortunes(const Options& base) {
+  Options o = base;
+  o.vocab = 257;  // bytes and the EOS
+  const int64_t eos = 256;
+  const std::vector<int64_t> tokens = FortuneTokens(eos);
+  const std::vector<rt::DocumentSpan> docs = rt::SplitDocuments(tokens, eos);
+  std::vector<double> lengths;
+  for (const rt::DocumentSpan& d : docs) lengths.push_back(static_cast<double>(d.end - d.begin));
+  std::printf(
+      "\n3. Documents as they are: %zu fortunes (wisdom, people, science), bytes as tokens, "
+      "median %.0f tokens, 90th percentile %.0f; window seq %ld; ZBVZeroBubble\n",
+      docs.size(), Median(lengths),
+      [&] {
+        std::sort(lengths.begin(), lengths.end());
+        return lengths[lengths.size() * 9 / 10];
+      }(),
+      o.seq);
+  std::printf("   %-8s %10s %14s %12s %14s\n", "rows", "step_ms", "counted/step", "padding",
+              "tokens/s");
+  const int steps = o.warmup + o.steps;
+  const std::vector<std::string> modes = {"windows", "pad", "pack"};
+  std::vector<std::vector<Batch>> batches;
+  for (const std::string& mode : modes)
+    batches.push_back(FortuneBatches(tokens, eos, mode, o, steps));
+  const auto ms = Measure(sched::ScheduleKind::kZBVZeroBubble, o, {false, true, true}, batches);
+  for (size_t v = 0; v < modes.size(); ++v) {
+    int64_t counted = 0, positions = 0;
+    for (const Batch& b : batches[v]) {
+      counted += b.counted;
+      positions += b.positions;
+    }
+    const double per_step = static_cast<double>(counted) / batches[v].size();
+    std::printf("   %-8s %10.1f %14.0f %11.1f%% %14.0f\n", modes[v].c_str(), Median(ms[v]),
+                per_step, 100.0 * (1.0 - static_cast<double>(counted) / positions),
+                per_step / Median(ms[v]) * 1e3);
+  }
 }
 
 }  // namespace
@@ -231,5 +353,6 @@ int main(int argc, char** argv) {
                 std::string(sched::ScheduleKindName(kind)).c_str(), Median(ms[0]), Median(ms[1]),
                 o.batch * o.seq / Median(ms[0]) * 1e3, mean_ragged / Median(ms[1]) * 1e3);
   }
+  PrintFortunes(o);
   return 0;
 }

@@ -27,7 +27,8 @@
 //   SEND_B s,m  sends the gradients of stage s's inputs to their producers on other ranks
 //   REDUCE_GRAD s  the stage's gradients are complete (already the mean over microbatches:
 //               the step loss is the mean of the microbatch losses, and the last stage seeds
-//               each microbatch's backward with 1/m, unless scale_grads is off): calls
+//               each microbatch's backward with 1/m, unless scale_grads is off; or those of
+//               the token-normalised loss, TokenNormalization): calls
 //               on_gradients_ready(s) (the reduction across data-parallel replicas starts there)
 //   UNSHARD s, RESHARD s  nothing: stages are not sharded
 // An activation's send is released once the gradient for it came back (the consumer has used

@@ -149,7 +149,7 @@ absl::Status DataSteps::RunDataStep(int64_t global_step) {
       data_shapes_ = true;
     }
     const std::vector<torch::Tensor>& inputs = env_.setup->inference_inputs;
-    return RunPasses({Pass{inputs, {}, MetasOf(inputs)}}, false, global_step, 0).status();
+    return RunPasses({Pass{inputs, {}, MetasOf(inputs), {}}}, false, global_step, 0).status();
   }
   ASSIGN_OR_RETURN(Batch batch, data_->Make(global_step));
   const int64_t counted_tokens =
@@ -175,7 +175,7 @@ absl::Status DataSteps::RunCounted(const std::vector<torch::Tensor>& inputs,
         "rank ", env_.task->rank(), " replica ", env_.task->replica(),
         ": a client batch step needs every replica, and the job carries on without a lost one"));
   }
-  ASSIGN_OR_RETURN(const bool counted, RunPasses({Pass{inputs, targets, MetasOf(inputs)}},
+  ASSIGN_OR_RETURN(const bool counted, RunPasses({Pass{inputs, targets, MetasOf(inputs), {}}},
                                                  client_batch, global_step, counted_tokens));
   if (!counted) {
     return absl::AbortedError(absl::StrCat("rank ", env_.task->rank(), " replica ",

@@ -276,6 +276,9 @@ void StepAggregator::CompleteStepLocked(Job& job, int64_t step_index, absl::Time
                            step->has_eval_loss() ? std::optional<double>(step->eval_loss())
                                                  : std::nullopt);
     }
+    if (computed > 0) {
+      metrics_->TokenStep(job.id, step->tokens_per_second(), step->padding_waste());
+    }
   }
   // A client batch step (StepJob) hands its losses to its caller.
   if (job.client_step.has_value() && !job.client_step->forward_only &&

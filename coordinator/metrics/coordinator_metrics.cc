@@ -99,6 +99,16 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
                      .Name("stagecoach_eval_loss")
                      .Help("Validation loss of the job's latest eval pass (the spec's eval)")
                      .Register(registry)),
+      tokens_per_second_(prometheus::BuildGauge()
+                             .Name("stagecoach_tokens_per_second")
+                             .Help("Tokens the loss counted per second of the job's last step "
+                                   "(token data)")
+                             .Register(registry)),
+      padding_waste_(prometheus::BuildGauge()
+                         .Name("stagecoach_padding_waste")
+                         .Help("Share of the positions the job's last step computed that were "
+                               "padding (token data)")
+                         .Register(registry)),
       measured_memory_(prometheus::BuildGauge()
                            .Name("stagecoach_activation_peak_bytes")
                            .Help("Most bytes of tensors a rank allocated above what was live at "
@@ -195,6 +205,8 @@ void CoordinatorMetrics::StepCompleted(const std::string& job_id, absl::Duration
     if (old.grad_norm != nullptr) grad_norm_.Remove(old.grad_norm);
     if (old.skipped_steps != nullptr) skipped_steps_.Remove(old.skipped_steps);
     if (old.eval_loss != nullptr) eval_loss_.Remove(old.eval_loss);
+    if (old.tokens_per_second != nullptr) tokens_per_second_.Remove(old.tokens_per_second);
+    if (old.padding_waste != nullptr) padding_waste_.Remove(old.padding_waste);
     for (prometheus::Gauge* g : old.measured_memory) measured_memory_.Remove(g);
     for (prometheus::Gauge* g : old.predicted_memory) predicted_memory_.Remove(g);
     if (old.degraded != nullptr) degraded_.Remove(old.degraded);
@@ -261,6 +273,19 @@ void CoordinatorMetrics::RecipeStep(const std::string& job_id, double learning_r
     if (s.eval_loss == nullptr) s.eval_loss = &eval_loss_.Add(labels);
     s.eval_loss->Set(*eval_loss);
   }
+}
+
+void CoordinatorMetrics::TokenStep(const std::string& job_id, double tokens_per_second,
+                                   double padding_waste) {
+  const std::map<std::string, std::string> labels = {{"job", job_id}};
+  absl::MutexLock lock(&mu_);
+  auto it = series_.find(job_id);
+  if (it == series_.end()) return;  // evicted: its series are gone
+  JobSeries& s = it->second;
+  if (s.tokens_per_second == nullptr) s.tokens_per_second = &tokens_per_second_.Add(labels);
+  s.tokens_per_second->Set(tokens_per_second);
+  if (s.padding_waste == nullptr) s.padding_waste = &padding_waste_.Add(labels);
+  s.padding_waste->Set(padding_waste);
 }
 
 void CoordinatorMetrics::JobRestarted() { restarts_.Increment(); }

@@ -58,6 +58,10 @@ class CoordinatorMetrics {
   // stagecoach_eval_loss{job} (when a validation pass ran after the step).
   void RecipeStep(const std::string& job_id, double learning_rate, std::optional<double> grad_norm,
                   bool skipped, std::optional<double> eval_loss);
+  // Token data (data.kind tokens) of a completed step of `job_id` (after its StepCompleted):
+  // stagecoach_tokens_per_second{job} (tokens the loss counted per second of step time) and
+  // stagecoach_padding_waste{job} (the share of computed positions that were padding).
+  void TokenStep(const std::string& job_id, double tokens_per_second, double padding_waste);
   // The measured activation peak of each task of `job_id`'s last completed step
   // (stagecoach_activation_peak_bytes{job, rank, replica}, index = task as for StepCompleted)
   // and the plan's prediction per pipeline rank (stagecoach_predicted_activation_peak_bytes
@@ -92,6 +96,9 @@ class CoordinatorMetrics {
     prometheus::Gauge* grad_norm = nullptr;
     prometheus::Counter* skipped_steps = nullptr;
     prometheus::Gauge* eval_loss = nullptr;
+    // Token data's (TokenStep); null until first set.
+    prometheus::Gauge* tokens_per_second = nullptr;
+    prometheus::Gauge* padding_waste = nullptr;
     std::vector<prometheus::Gauge*> measured_memory;   // index = task
     std::vector<prometheus::Gauge*> predicted_memory;  // index = rank
     prometheus::Gauge* degraded = nullptr;             // with replicas; null until first set
@@ -110,6 +117,8 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& grad_norm_;
   prometheus::Family<prometheus::Counter>& skipped_steps_;
   prometheus::Family<prometheus::Gauge>& eval_loss_;
+  prometheus::Family<prometheus::Gauge>& tokens_per_second_;
+  prometheus::Family<prometheus::Gauge>& padding_waste_;
   prometheus::Family<prometheus::Gauge>& measured_memory_;
   prometheus::Family<prometheus::Gauge>& predicted_memory_;
   prometheus::Family<prometheus::Gauge>& degraded_;

@@ -177,6 +177,36 @@ TEST_F(CoordinatorMetricsTest, StepsLossAndStatesFollowTheJob) {
   EXPECT_TRUE(Eventually([&] { return Workers("idle") == 2; }));
 }
 
+TEST_F(CoordinatorMetricsTest, TokenDataStepsSetTokensPerSecondAndPaddingWaste) {
+  const std::string w1 = Register(1), w2 = Register(2);
+  auto id = manager_->SubmitJob(
+      "name: t\nmodel: {builtin: {family: gpt, vocab: 16, d_model: 8, layers: 2, heads: 2, "
+      "seq: 8}}\nsplit: {stages: 2}\nschedule: {kind: 1F1B, microbatches: 2}\n"
+      "training: {batch_size: 4, steps: 2, loss: cross_entropy}\n"
+      "data: {kind: tokens, path: /d/t.bin, eos: 3}\n",
+      "spec.yaml");
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(Eventually([&] { return State(*id) == v1::JOB_STATE_RUNNING; }));
+  ASSERT_TRUE(Step(*id, w1, 0, 0, absl::Milliseconds(500), 0.5).ok());
+  // The last stage's rank counted 24 of the 32 positions its microbatches computed.
+  v1::ReportStepRequest last;
+  last.set_worker_id(w2);
+  last.set_job_id(*id);
+  last.set_attempt(1);
+  last.set_rank(1);
+  last.set_step(0);
+  last.add_microbatch_losses(1.0);
+  last.add_microbatch_losses(2.0);
+  last.set_counted_tokens(24);
+  last.set_computed_positions(32);
+  last.mutable_step_time()->set_nanos(250'000'000);
+  ASSERT_TRUE(manager_->ReportStep(last).ok());
+  // Over the slowest rank's 0.5 s; the loss normalised by tokens is the shares' sum.
+  EXPECT_DOUBLE_EQ(Sample(registry_, "stagecoach_tokens_per_second", {{"job", *id}}), 48.0);
+  EXPECT_DOUBLE_EQ(Sample(registry_, "stagecoach_padding_waste", {{"job", *id}}), 0.25);
+  EXPECT_DOUBLE_EQ(Sample(registry_, "stagecoach_loss", {{"job", *id}}), 3.0);
+}
+
 TEST_F(CoordinatorMetricsTest, ReplicatedJobsLabelEachRankWithItsReplica) {
   prometheus::Registry registry;
   CoordinatorMetrics metrics(registry);

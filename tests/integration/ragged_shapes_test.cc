@@ -10,6 +10,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -252,7 +253,9 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // One rank, the whole model: what the executor accepts as stage 0's input.
-absl::Status OneRankStep(bool dynamic_shapes, const torch::Tensor& input) {
+absl::Status OneRankStep(bool dynamic_shapes, const torch::Tensor& input,
+                         std::optional<TokenNormalization> tokens = std::nullopt,
+                         const std::vector<torch::Tensor>* segments = nullptr) {
   auto built = schedule::BuildSchedule(
       schedule::ScheduleConfig{schedule::ScheduleKind::kGPipe, 1, 1, 1}, {});
   if (!built.ok()) return built.status();
@@ -269,7 +272,9 @@ absl::Status OneRankStep(bool dynamic_shapes, const torch::Tensor& input) {
   PipelineExecutor executor(options, transport->get(), {{0, stage->get()}});
   absl::Status agreed = executor.AgreeShapes({TensorMeta{{kRows, kSeq}, torch::kInt64}});
   if (!agreed.ok()) return agreed;
-  return executor.RunStep(testing::RankActions(*built, 0), {input}, {torch::zeros_like(input)})
+  return executor
+      .RunStep(testing::RankActions(*built, 0), {input}, {torch::zeros_like(input)}, tokens,
+               segments)
       .status();
 }
 
@@ -283,6 +288,18 @@ TEST(RaggedShapesRefused, AMicrobatchLargerThanPlannedIsRefusedNamingTheSize) {
   s = OneRankStep(true, torch::zeros({kRows, kSeq}, torch::kInt32));
   EXPECT_NE(s.message().find("another dtype"), std::string::npos) << s;
   EXPECT_TRUE(OneRankStep(true, torch::zeros({1, 3}, torch::kInt64)).ok());
+}
+
+TEST(RaggedShapesRefused, ATokenNormalisedStepNeedsTokensAndSegmentsPerMicrobatch) {
+  const torch::Tensor x = torch::zeros({kRows, kSeq}, torch::kInt64);
+  absl::Status s = OneRankStep(true, x, TokenNormalization{0, 1.0});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("the step's batch counts 0 tokens"), std::string::npos) << s;
+  const std::vector<torch::Tensor> two(2, torch::zeros({kRows, kSeq}, torch::kInt64));
+  s = OneRankStep(true, x, std::nullopt, &two);
+  EXPECT_NE(s.message().find("expected 1 microbatches of segments, got 2"), std::string::npos) << s;
+  const std::vector<torch::Tensor> one(1, torch::zeros({kRows, kSeq}, torch::kInt64));
+  EXPECT_TRUE(OneRankStep(true, x, TokenNormalization{kRows * kSeq, 1.0}, &one).ok());
 }
 
 TEST(RaggedShapesRefused, WithoutDynamicShapesOnlyTheAgreedShapeRuns) {

@@ -162,6 +162,16 @@ TEST(DocumentRows, ATokensFileWithPackingIsReadAsDocuments) {
   EXPECT_NE(source.status().message().find("data.packing: pad needs the id that ends each document"),
             std::string::npos)
       << source.status();
+  // A TorchScript model cannot keep a packed row's documents apart.
+  spec::JobSpec scripted = spec;
+  scripted.model.builtin.reset();
+  scripted.data.seq = 4;
+  scripted.data.eos = kEos;
+  scripted.data.packing = "pack";
+  source = BatchSource::Open(scripted, true, true);
+  EXPECT_NE(source.status().message().find("data.packing: pack needs a built-in gpt or llama"),
+            std::string::npos)
+      << source.status();
   spec.data.eos = 16;
   source = BatchSource::Open(spec, true, true);
   EXPECT_NE(source.status().message().find("data.eos: 16 is not below model.builtin.vocab = 16"),

@@ -126,17 +126,15 @@ std::vector<DataSteps::Pass> DataSteps::PassesOf(const Batch& batch) const {
     pass.planned = MetasOf(pass.inputs);
     if (!batch.row_lengths.defined()) continue;
     const std::vector<torch::Tensor> lengths = ReplicaMicrobatches(batch.row_lengths, m, share);
-    if (batch.segments.defined()) {
-      pass.segments = ReplicaMicrobatches(batch.segments, m, share);
-      for (size_t mb = 0; mb < pass.segments.size(); ++mb) {
-        pass.segments[mb] = TrimToLongestRow(pass.segments[mb], lengths[mb]);
+    std::vector<int64_t> widths;
+    if (batch.segments.defined()) pass.segments = ReplicaMicrobatches(batch.segments, m, share);
+    // Each microbatch's inputs, targets and segments cut to its longest row, found once.
+    for (std::vector<torch::Tensor>* part : {&pass.inputs, &pass.targets, &pass.segments}) {
+      if (part->empty()) continue;
+      for (size_t mb = 0; mb < part->size(); ++mb) {
+        if (widths.size() <= mb) widths.push_back(LongestRow(lengths[mb]));
+        (*part)[mb] = TrimToWidth((*part)[mb], widths[mb]);
       }
-    }
-    for (size_t mb = 0; mb < pass.inputs.size(); ++mb) {
-      pass.inputs[mb] = TrimToLongestRow(pass.inputs[mb], lengths[mb]);
-    }
-    for (size_t mb = 0; mb < pass.targets.size(); ++mb) {
-      pass.targets[mb] = TrimToLongestRow(pass.targets[mb], lengths[mb]);
     }
   }
   return passes;

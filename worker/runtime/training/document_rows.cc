@@ -106,9 +106,16 @@ absl::StatusOr<std::unique_ptr<BatchSource>> OpenDocumentSource(const spec::JobS
                                                          want_targets));
 }
 
+int64_t LongestRow(const torch::Tensor& lengths) {
+  return std::max<int64_t>(1, lengths.max().item<int64_t>());
+}
+
+torch::Tensor TrimToWidth(const torch::Tensor& microbatch, int64_t width) {
+  return microbatch.slice(1, 0, std::min(width, microbatch.size(1))).contiguous();
+}
+
 torch::Tensor TrimToLongestRow(const torch::Tensor& microbatch, const torch::Tensor& lengths) {
-  const int64_t longest = std::max<int64_t>(1, lengths.max().item<int64_t>());
-  return microbatch.slice(1, 0, std::min(longest, microbatch.size(1))).contiguous();
+  return TrimToWidth(microbatch, LongestRow(lengths));
 }
 
 }  // namespace stagecoach::runtime

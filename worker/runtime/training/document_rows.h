@@ -54,5 +54,8 @@ absl::StatusOr<std::unique_ptr<BatchSource>> OpenDocumentSource(const spec::JobS
 // `microbatch` ([rows, T, ...]) cut to its rows' longest length: the first max(lengths) columns
 // of dimension 1. `lengths` are the microbatch's rows' row_lengths.
 torch::Tensor TrimToLongestRow(const torch::Tensor& microbatch, const torch::Tensor& lengths);
+// The same cut to `width` columns, for several tensors of one microbatch (LongestRow once).
+int64_t LongestRow(const torch::Tensor& lengths);
+torch::Tensor TrimToWidth(const torch::Tensor& microbatch, int64_t width);
 
 }  // namespace stagecoach::runtime

@@ -10,7 +10,7 @@ int main(int argc, char** argv) {
   CLI::App app{"text to the tokens a built-in decoder trains on, and back, with a SentencePiece "
                "model (what `stagectl tokens --tokenizer` and `stagectl tokens train` run)",
                "stagecoach-sentencepiece"};
-  app.add_option("action", o.action, "train, build, encode or decode")->required();
+  app.add_option("action", o.action, "train, build, encode, decode or records")->required();
   app.add_option("files", o.inputs, "text files (train, build, encode) or a token file (decode)");
   app.add_option("--text", o.text, "encode this text instead of files");
   app.add_option("--tokenizer", o.tokenizer_path, "the SentencePiece model (tokenizer.model)");
@@ -18,6 +18,9 @@ int main(int argc, char** argv) {
   app.add_flag("--bos", o.bos, "encode: begin with the BOS id");
   app.add_flag("--eos", o.eos, "encode: end with the EOS id");
   app.add_option("--dtype", o.dtype, "token files of uint16 (default) or uint32 ids");
+  app.add_option("--prompt-field", o.prompt_field, "records: the prompt's key (default prompt)");
+  app.add_option("--response-field", o.response_field,
+                 "records: the response's key (default response)");
   app.add_option("--out", o.out_path, "the model (train), tokens (build, encode) or text (decode)");
   try {
     app.parse(argc, argv);

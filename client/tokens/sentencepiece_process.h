@@ -13,8 +13,8 @@
 
 namespace stagecoach::client {
 
-// The tool's path: stagecoach-sentencepiece beside /proc/self/exe when it is there, else the
-// bare name (looked up on PATH).
+// The tool's path: $STAGECOACH_SENTENCEPIECE_TOOL when set, else stagecoach-sentencepiece beside
+// /proc/self/exe when it is there, else the bare name (looked up on PATH).
 std::string SentencePieceToolPath();
 
 // Runs the tool with `args` (after its name) and returns what it wrote on stdout. INTERNAL with

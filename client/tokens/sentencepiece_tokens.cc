@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/tokens/file_io.h"
+#include "client/tokens/sentencepiece_records.h"
 #include "common/text/sentencepiece_tokenizer.h"
 #include "common/util/status_macros.h"
 
@@ -19,6 +20,7 @@ namespace stagecoach::client {
 namespace {
 
 constexpr int kSentencePieceUsage = 2;
+constexpr int kSentencePieceBadTokenizer = 3;
 
 // A token file's ids in `dtype`.
 absl::StatusOr<std::vector<int64_t>> ReadTokenFile(const std::string& path,
@@ -127,9 +129,13 @@ absl::Status Decode(const TokensCommandOptions& o, const text::SentencePieceToke
 }
 
 std::string SentencePieceUsageError(const TokensCommandOptions& o) {
-  if (o.action != "train" && o.action != "build" && o.action != "encode" &&
-      o.action != "decode") {
-    return absl::StrCat("'", o.action, "' is not an action: train, build, encode or decode");
+  if (o.action != "train" && o.action != "build" && o.action != "encode" && o.action != "decode" &&
+      o.action != "records") {
+    return absl::StrCat("'", o.action,
+                        "' is not an action: train, build, encode, decode or records");
+  }
+  if ((o.prompt_field != "prompt" || o.response_field != "response") && o.action != "records") {
+    return "--prompt-field and --response-field go with records";
   }
   if (o.dtype != "uint16" && o.dtype != "uint32") {
     return absl::StrCat("--dtype ", o.dtype, ": must be uint16 or uint32");
@@ -149,6 +155,9 @@ std::string SentencePieceUsageError(const TokensCommandOptions& o) {
     if (o.out_path.empty()) return "build needs --out FILE for the tokens";
   } else if (o.action == "encode") {
     if (o.inputs.empty() == !o.text.has_value()) return "encode needs text files or --text, one";
+  } else if (o.action == "records") {
+    if (o.inputs.size() != 1) return "records needs one JSON Lines file";
+    if (o.tokenizer_path.empty()) return "records needs --tokenizer M";
   } else if (o.inputs.size() != 1) {
     return "decode needs one token file";
   }
@@ -169,12 +178,13 @@ int RunSentencePieceTokens(const TokensCommandOptions& o, std::ostream& out, std
     absl::StatusOr<text::SentencePieceTokenizer> t =
         text::SentencePieceTokenizer::Load(o.tokenizer_path);
     if (!t.ok()) {
-      done = t.status();
-    } else {
-      done = o.action == "build"    ? Build(o, *t, out)
-             : o.action == "encode" ? Encode(o, *t, out)
-                                    : Decode(o, *t, out);
+      err << "stagectl tokens " << o.action << ": " << t.status().message() << "\n";
+      return kSentencePieceBadTokenizer;
     }
+    done = o.action == "build"    ? Build(o, *t, out)
+           : o.action == "encode" ? Encode(o, *t, out)
+           : o.action == "decode" ? Decode(o, *t, out)
+                                  : WriteRecordIds(o, *t, out);
   }
   if (!done.ok()) {
     err << "stagectl tokens " << o.action << ": " << done.message() << "\n";

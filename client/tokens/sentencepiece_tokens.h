@@ -11,6 +11,8 @@
 //   decode T --tokenizer M [--dtype D] [--out FILE]
 //                              a token file back to text, each document (up to an EOS) decoded
 //                              on its own, so that build's files give their text back exactly
+//   records FILE.jsonl --tokenizer M [--prompt-field K] [--response-field K]
+//                              fine-tuning records' ids, for the worker (sentencepiece_records.h)
 #pragma once
 
 #include <iosfwd>
@@ -19,8 +21,9 @@
 
 namespace stagecoach::client {
 
-// Results to `out` (or the --out file), errors to `err`: 0 on success, 1 for a file or
-// tokenizer error, 2 for a usage error. Files are written to a temporary name, synced, then
+// Results to `out` (or the --out file), errors to `err`: 0 on success, 1 for an error in a file
+// (or text) it reads or writes, 2 for a usage error, 3 when the tokenizer (--tokenizer) cannot
+// be loaded. Files are written to a temporary name, synced, then
 // renamed into place.
 int RunSentencePieceTokens(const TokensCommandOptions& options, std::ostream& out,
                            std::ostream& err);

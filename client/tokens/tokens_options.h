@@ -22,6 +22,9 @@ struct TokensCommandOptions {
   bool bos = false;
   bool eos = false;
   std::string dtype = "uint16";
+  // records (sentencepiece_records.h): the keys of each record's prompt and response.
+  std::string prompt_field = "prompt";
+  std::string response_field = "response";
 };
 
 }  // namespace stagecoach::client

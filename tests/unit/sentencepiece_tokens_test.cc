@@ -151,7 +151,7 @@ TEST_F(SentencePieceTokens, RefusesBadArgumentsAndFilesNamingThem) {
   EXPECT_EQ(Run({"build", c, "--tokenizer", model_, "--out", dir_ + "/c.bin", "--dtype", "int8"}),
             2);
   EXPECT_THAT(err_, HasSubstr("--dtype int8: must be uint16 or uint32"));
-  EXPECT_EQ(Run({"encode", "--text", "x", "--tokenizer", Write("not-a-model", "hello")}), 1);
+  EXPECT_EQ(Run({"encode", "--text", "x", "--tokenizer", Write("not-a-model", "hello")}), 3);
   EXPECT_THAT(err_, HasSubstr(absl::StrCat("tokenizer ", dir_,
                                            "/not-a-model: not a SentencePiece model")));
   EXPECT_EQ(Run({"decode", Write("odd.bin", "abc"), "--tokenizer", model_}), 1);

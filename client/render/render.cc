@@ -195,6 +195,11 @@ nlohmann::json JobJson(const v1::Job& job) {
   out["history_first_step"] = job.history_first_step();
   out["missing_loss_steps"] =
       std::vector<int64_t>(job.missing_loss_steps().begin(), job.missing_loss_steps().end());
+  if (job.has_data_records()) {
+    out["data_records"] = {{"read", job.data_records().read()},
+                           {"truncated", job.data_records().truncated()},
+                           {"skipped", job.data_records().skipped()}};
+  }
   out["max_bubble_ratios"] =
       std::vector<double>(job.max_bubble_ratios().begin(), job.max_bubble_ratios().end());
   AddTrainingJson(job, out);
@@ -517,6 +522,11 @@ std::string JobDetails(const v1::Job& j) {
   if (j.missing_loss_steps_size() > 0) {
     out << "Missing:   no loss recorded for step(s) " << absl::StrJoin(j.missing_loss_steps(), ", ")
         << "\n";
+  }
+  if (j.has_data_records()) {
+    out << "Records:   " << j.data_records().read() << " read, " << j.data_records().truncated()
+        << " truncated, " << j.data_records().skipped()
+        << " skipped (longer than the window: data.overlong)\n";
   }
   out << TrainingLines(j);
   out << PlanChoiceText(j);

@@ -207,7 +207,8 @@ struct TrainingSpec {
 };
 
 struct DataSpec {
-  // "synthetic" (default; for a built-in mlp or gpt), "tokens" or "tensors".
+  // "synthetic" (default; for a built-in mlp or gpt), "tokens", "jsonl" (fine-tuning records,
+  // worker/runtime/training/jsonl_records.h) or "tensors".
   std::string kind = "synthetic";
   // Path on the workers' filesystem (tokens, tensors).
   std::string path;
@@ -227,6 +228,14 @@ struct DataSpec {
   // tokens: the id that ends every document (the tokenizer's EOS); with packing, defaults to the
   // model's eos_token_id.
   std::optional<int64_t> eos;
+  // jsonl: the SentencePiece model that tokenizes the records (a path on the workers'
+  // filesystem), the records' prompt and response keys, and what a record longer than the
+  // window becomes: "truncate" (cut to it), "skip" (left out) or "fail" (the job fails naming
+  // its line).
+  std::string tokenizer;
+  std::string prompt_field = "prompt";
+  std::string response_field = "response";
+  std::string overlong = "truncate";
 };
 
 // restart: what happens when a job fails (a lost worker, a transport error).
@@ -280,12 +289,12 @@ struct JobSpec {
 // restart.carry_on, unset meaning "unless placement.shard_optimizer" (RestartSpec::carry_on).
 bool CarriesOn(const JobSpec& spec);
 
-// The job's training.loss_normalization, resolved: as given, else "tokens" for tokens data
-// with the cross_entropy loss, else "microbatches".
+// The job's training.loss_normalization, resolved: as given, else "tokens" for token data
+// (tokens, jsonl) with the cross_entropy loss, else "microbatches".
 inline std::string LossNormalizationOf(const JobSpec& spec) {
   if (!spec.training.loss_normalization.empty()) return spec.training.loss_normalization;
-  return spec.data.kind == "tokens" && spec.training.loss == "cross_entropy" ? "tokens"
-                                                                             : "microbatches";
+  const bool token_data = spec.data.kind == "tokens" || spec.data.kind == "jsonl";
+  return token_data && spec.training.loss == "cross_entropy" ? "tokens" : "microbatches";
 }
 
 // Whether schedule.kind asks the coordinator to choose the plan ("auto", in any case).

@@ -60,10 +60,48 @@ void ParseGradClip(Validator& v, const YAML::Node& node, std::optional<double>* 
   *max_norm = value;
 }
 
+namespace {
+
+// data.tokenizer, data.fields and data.overlong: for kind jsonl only, the tokenizer required.
+void ParseJsonlFields(Validator& v, Fields& data, const std::string& path, bool kind_ok,
+                      DataSpec* out) {
+  const bool jsonl = out->kind == "jsonl";
+  const Read tokenizer = data.String("tokenizer", &out->tokenizer);
+  if (tokenizer == Read::kOk && out->tokenizer.empty()) {
+    v.Error(data.Path("tokenizer"), "must be a non-empty path");
+  }
+  if (kind_ok && jsonl && tokenizer == Read::kAbsent) {
+    v.Error(data.Path("tokenizer"),
+            absl::StrCat("required for ", path, ".kind jsonl (the records' SentencePiece model)"));
+  }
+  const Read overlong = data.Enum("overlong", {"truncate", "skip", "fail"}, &out->overlong);
+  if (data.Has("fields")) {
+    auto fields = v.Open(data.Get("fields"), data.Path("fields"), {"prompt", "response"});
+    if (fields) {
+      for (auto [key, value] : {std::pair<const char*, std::string*>{"prompt", &out->prompt_field},
+                                {"response", &out->response_field}}) {
+        if (fields->String(key, value) == Read::kOk && value->empty()) {
+          v.Error(fields->Path(key), "must be a non-empty key");
+        }
+      }
+    }
+  }
+  if (!kind_ok || jsonl) return;
+  for (auto [key, given] : {std::pair<const char*, bool>{"tokenizer", tokenizer != Read::kAbsent},
+                            {"fields", data.Has("fields")},
+                            {"overlong", overlong != Read::kAbsent}}) {
+    if (given) v.Error(data.Path(key), absl::StrCat("only used by ", path, ".kind jsonl"));
+  }
+}
+
+}  // namespace
+
 void ParseData(Validator& v, const YAML::Node& node, const std::string& path, DataSpec* out) {
-  auto data = v.Open(node, path, {"kind", "path", "seed", "seq", "dtype", "packing", "eos"});
+  auto data = v.Open(node, path,
+                     {"kind", "path", "seed", "seq", "dtype", "packing", "eos", "tokenizer",
+                      "fields", "overlong"});
   if (!data) return;
-  const Read kind = data->Enum("kind", {"synthetic", "tokens", "tensors"}, &out->kind);
+  const Read kind = data->Enum("kind", {"synthetic", "tokens", "jsonl", "tensors"}, &out->kind);
   const Read file = data->String("path", &out->path);
   if (file == Read::kOk && out->path.empty()) {
     v.Error(data->Path("path"), "must be a non-empty path");
@@ -78,17 +116,20 @@ void ParseData(Validator& v, const YAML::Node& node, const std::string& path, Da
   }
   data->Uint("seed", &out->seed);
   const Read seq = data->Int("seq", 1, kIntMax, &out->seq);
-  if (seq == Read::kOk && kind != Read::kInvalid && out->kind != "tokens") {
-    v.Error(data->Path("seq"), absl::StrCat("only used by ", path, ".kind tokens"));
+  if (seq == Read::kOk && kind != Read::kInvalid && out->kind != "tokens" && out->kind != "jsonl") {
+    v.Error(data->Path("seq"), absl::StrCat("only used by ", path, ".kind tokens or jsonl"));
   }
   const Read dtype = data->Enum("dtype", {"uint16", "uint32"}, &out->dtype);
   if (dtype == Read::kOk && kind != Read::kInvalid && out->kind != "tokens") {
     v.Error(data->Path("dtype"), absl::StrCat("only used by ", path, ".kind tokens"));
   }
   const Read packing = data->Enum("packing", {"pad", "pack"}, &out->packing);
-  if (packing == Read::kOk && kind != Read::kInvalid && out->kind != "tokens") {
-    v.Error(data->Path("packing"), absl::StrCat("only used by ", path, ".kind tokens"));
+  const bool documents = out->kind == "tokens" || out->kind == "jsonl";
+  if (packing == Read::kOk && kind != Read::kInvalid && !documents) {
+    v.Error(data->Path("packing"), absl::StrCat("only used by ", path, ".kind tokens or jsonl"));
   }
+  ParseJsonlFields(v, *data, path, kind != Read::kInvalid, out);
+  if (out->kind == "jsonl" && packing == Read::kAbsent) out->packing = "pack";
   int64_t eos = 0;
   const Read eos_read = data->Int("eos", 0, kInt64Max, &eos);
   if (eos_read == Read::kOk) {

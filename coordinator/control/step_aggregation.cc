@@ -130,6 +130,7 @@ bool StepAggregator::AddLocked(Job& job, RankSlot& slot, const v1::ReportStepReq
     }
   }
   const int task = job.plan.TaskIndex(slot.replica, slot.rank);
+  if (req.has_data_records()) job.data_records = req.data_records();
   if (req.computed_positions() > 0) {
     agg.counted_and_computed[task] = {req.counted_tokens(), req.computed_positions()};
   }

@@ -161,6 +161,7 @@ void Job::ToProto(v1::Job* out, const HistoryWindow& window) const {
   // Whole history: every skipped step and eval, even those past the losses recorded so far.
   const bool whole = window.steps < 0;
   training.ToProto(out, base_step + first, whole ? INT64_MAX : base_step + end);
+  if (data_records.has_value()) *out->mutable_data_records() = *data_records;
   out->set_num_stages(plan.num_stages);
   out->set_num_ranks(plan.num_ranks);
   out->set_replicas(plan.replicas);

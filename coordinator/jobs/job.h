@@ -238,6 +238,8 @@ struct Job {
     bool done = false;
   };
   std::optional<ClientStepState> client_step;
+  // Fine-tuning records as the workers read them (ReportStepRequest.data_records).
+  std::optional<v1::DataRecords> data_records;
   bool starting = false;  // StartTask calls of the current attempt are in flight
   // Reloaded after a coordinator restart and not planned again yet (recovery.h): its plan only
   // describes it and its checkpoints are unchecked; placement waits for it.

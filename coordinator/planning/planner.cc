@@ -65,13 +65,15 @@ absl::Status CheckSupported(const spec::JobSpec& spec, const PlanOptions& option
     return absl::OkStatus();
   }
   const std::string& kind = spec.data.kind;
-  if (kind != "synthetic" && kind != "tokens" && kind != "tensors") {
+  if (kind != "synthetic" && kind != "tokens" && kind != "jsonl" && kind != "tensors") {
     return FieldError("data.kind",
                       absl::StrCat("'", kind,
                                    "' data is not supported by this coordinator (supported: "
-                                   "synthetic or tensors for mlp, tokens or synthetic for gpt and llama, "
-                                   "tensors or tokens for a TorchScript model)"));
+                                   "synthetic or tensors for mlp, tokens, jsonl or synthetic for "
+                                   "gpt and llama, tensors, tokens or jsonl for a TorchScript "
+                                   "model)"));
   }
+
   if (spec.model.torchscript.has_value()) {
     // Synthetic data is drawn for a built-in model's sizes, which a TorchScript model does not
     // declare; a tensors file carries its own shapes, a tokens file needs the window length.
@@ -80,10 +82,11 @@ absl::Status CheckSupported(const spec::JobSpec& spec, const PlanOptions& option
                         "'synthetic' data is drawn for a built-in model's sizes and cannot feed a "
                         "TorchScript model (use data.kind tensors or tokens)");
     }
-    if (kind == "tokens" && spec.data.seq <= 0) {
+    if ((kind == "tokens" || kind == "jsonl") && spec.data.seq <= 0) {
       return FieldError("data.seq",
-                        "required for data.kind tokens with a TorchScript model (the tokens per "
-                        "row the model takes)");
+                        absl::StrCat("required for data.kind ", kind,
+                                     " with a TorchScript model (the tokens per row the model "
+                                     "takes)"));
     }
   } else {
     const std::string& family = spec.model.builtin->family;
@@ -96,12 +99,13 @@ absl::Status CheckSupported(const spec::JobSpec& spec, const PlanOptions& option
     }
     // Synthetic data is drawn for the model's sizes; a tensors file (torch.save'd inputs and
     // targets) feeds an MLP, a tokens file feeds a decoder.
-    const bool fits = kind == "synthetic" || (decoder ? kind == "tokens" : kind == "tensors");
+    const bool fits =
+        kind == "synthetic" || (decoder ? kind == "tokens" || kind == "jsonl" : kind == "tensors");
     if (!fits) {
       return FieldError(
           "data.kind",
           absl::StrCat("'", kind, "' data cannot feed a ", family, " model (use data.kind ",
-                       decoder ? "tokens or synthetic" : "synthetic or tensors", ")"));
+                       decoder ? "tokens, jsonl or synthetic" : "synthetic or tensors", ")"));
     }
     if (spec.data.seq > 0 && (!decoder || spec.data.seq != spec.model.builtin->seq)) {
       return FieldError("data.seq", decoder
@@ -116,7 +120,7 @@ absl::Status CheckSupported(const spec::JobSpec& spec, const PlanOptions& option
                                      " model (its targets are next tokens; use cross_entropy)"));
     }
   }
-  if ((kind == "tokens" || kind == "tensors") && spec.data.path.empty()) {
+  if ((kind == "tokens" || kind == "jsonl" || kind == "tensors") && spec.data.path.empty()) {
     return FieldError("data.path", absl::StrCat("required for data.kind ", kind));
   }
   return absl::OkStatus();

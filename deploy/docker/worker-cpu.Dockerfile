@@ -35,12 +35,12 @@ COPY coordinator coordinator
 COPY worker worker
 COPY client client
 COPY bench bench
-# Only the worker target is built; the coordinator and client folders are configured because
-# the top-level CMakeLists.txt adds them. No CUDA here, so no NCCL backend.
+# Only the worker and its tokenizer tool are built; the coordinator and client folders are
+# configured because the top-level CMakeLists.txt adds them. No CUDA here, so no NCCL backend.
 RUN cmake -S /src -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DSTAGECOACH_BUILD_TESTS=OFF -DSTAGECOACH_WITH_NCCL=OFF \
- && cmake --build /build --target stagecoach-worker \
- && strip /build/worker/stagecoach-worker
+ && cmake --build /build --target stagecoach-worker stagecoach-sentencepiece \
+ && strip /build/worker/stagecoach-worker /build/client/stagecoach-sentencepiece
 
 FROM ${RUNTIME_IMAGE} AS runtime
 # Runtime libraries: Debian's LibTorch 1.13 (libtorch1.13, which pulls its own dependencies),
@@ -49,13 +49,16 @@ RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       libtorch1.13 libopenblas0-openmp libgloo0 \
       libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623 libyaml-cpp0.7 libspdlog1.10 \
-      libfmt9 libprometheus-cpp-core1.0 libssl3 ca-certificates \
+      libfmt9 libprometheus-cpp-core1.0 libssl3 libsentencepiece0 ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 10001 stagecoach \
  && useradd --system --uid 10001 --gid 10001 --home-dir /var/cache/stagecoach --no-create-home \
       --shell /usr/sbin/nologin stagecoach \
  && install -d -o 10001 -g 10001 /var/cache/stagecoach
 COPY --from=builder /build/worker/stagecoach-worker /usr/local/bin/
+# data.kind jsonl: the worker tokenizes records with the tool beside it
+# (worker/runtime/training/jsonl_records.h).
+COPY --from=builder /build/client/stagecoach-sentencepiece /usr/local/bin/
 USER 10001:10001
 WORKDIR /var/cache/stagecoach
 EXPOSE 7071 9091

@@ -68,8 +68,8 @@ COPY bench bench
 RUN cmake -S /src -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DSTAGECOACH_BUILD_TESTS=OFF -DSTAGECOACH_WITH_NCCL=ON \
       -DCMAKE_PREFIX_PATH=/opt/libtorch -DCUDAToolkit_ROOT=/usr/local/cuda -DNCCL_ROOT=/opt/nccl \
- && cmake --build /build --target stagecoach-worker \
- && strip /build/worker/stagecoach-worker
+ && cmake --build /build --target stagecoach-worker stagecoach-sentencepiece \
+ && strip /build/worker/stagecoach-worker /build/client/stagecoach-sentencepiece
 
 FROM ${RUNTIME_IMAGE} AS runtime
 # Debian 12 runtime libraries (as in worker-cpu.Dockerfile, without Debian's LibTorch), then
@@ -78,7 +78,7 @@ RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       libgomp1 libgloo0 \
       libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623 libyaml-cpp0.7 libspdlog1.10 \
-      libfmt9 libprometheus-cpp-core1.0 libssl3 ca-certificates \
+      libfmt9 libprometheus-cpp-core1.0 libssl3 libsentencepiece0 ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 10001 stagecoach \
  && useradd --system --uid 10001 --gid 10001 --home-dir /var/cache/stagecoach --no-create-home \
@@ -91,6 +91,9 @@ RUN printf '%s\n' /opt/libtorch/lib /opt/nccl/lib /usr/local/cuda/lib64 \
       > /etc/ld.so.conf.d/stagecoach.conf \
  && ldconfig
 COPY --from=builder /build/worker/stagecoach-worker /usr/local/bin/
+# data.kind jsonl: the worker tokenizes records with the tool beside it
+# (worker/runtime/training/jsonl_records.h).
+COPY --from=builder /build/client/stagecoach-sentencepiece /usr/local/bin/
 # What the NVIDIA container runtime reads to mount the driver (nvidia/cuda images set the same).
 ENV NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility

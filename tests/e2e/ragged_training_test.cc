@@ -20,9 +20,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "nlohmann/json.hpp"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/support/local_cluster.h"
+#include "tests/support/python.h"
 #include "tests/support/reference_documents.h"
 #include "tests/support/reference_gpt.h"
 #include "tests/support/stage_files.h"
@@ -191,6 +192,127 @@ TEST_P(RaggedTraining, DocumentRowsTrainLikeOneUnpipelinedStepOnTheWholeBatch) {
   std::cerr << c.name << ": losses";
   for (double l : want.losses) std::cerr << " " << l;
   std::cerr << "; largest |parameter - reference| " << largest << "\n";
+}
+
+// Fine-tuning records (data.kind jsonl) packed into rows on ZBVZeroBubble: only the responses'
+// tokens (and each record's EOS) count in the loss, a record longer than the window is skipped
+// (data.overlong: skip) and the job's status counts it, and every step equals the reference on
+// the same records, each record alone.
+TEST(FineTuningRecords, OnlyTheResponsesCountAndOverlongRecordsAreSkipped) {
+  if (!PythonCanImport("sentencepiece")) GTEST_SKIP() << "python3-sentencepiece is not installed";
+  setenv("OMP_NUM_THREADS", "1", 1);
+  ClusterOptions options;
+  options.workers = 2;
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& cl = **cluster;
+  std::string corpus;
+  for (int i = 0; i < 400; ++i) {
+    absl::StrAppend(&corpus, "which stage runs on worker ", i % 9, "? stage ", i % 4,
+                    " runs there and the loss fell.\n");
+  }
+  const std::string tokenizer_path = cl.dir() + "/tokenizer.model";
+  const CommandResult trained = cl.Stagectl({"tokens", "train", cl.WriteFile("corpus.txt", corpus),
+                                             "--vocab-size", "360", "--out", tokenizer_path});
+  ASSERT_EQ(trained.exit_code, 0) << trained.err;
+
+  constexpr int64_t kWindow = 16;
+  std::mt19937 rng(7);
+  std::string lines;
+  for (int i = 0; i < 60; ++i) {
+    const std::string prompt = absl::StrCat("which stage runs on worker ", rng() % 9, "?");
+    std::string response = absl::StrCat("stage ", rng() % 4);
+    if (i % 15 == 7) absl::StrAppend(&response, " runs there and the loss fell and fell");
+    absl::StrAppend(&lines, nlohmann::json{{"prompt", prompt}, {"response", response}}.dump(),
+                    "\n");
+  }
+  const std::string data = cl.WriteFile("train.jsonl", lines);
+  // The reference's records: python3-sentencepiece's ids of each record, BOS, prompt, response,
+  // EOS, of which only the response and the EOS count.
+  const std::string script =
+      "import json, sys, sentencepiece as spm\n"
+      "sp = spm.SentencePieceProcessor(model_file=sys.argv[1])\n"
+      "for line in open(sys.argv[2], encoding='utf-8'):\n"
+      "    r = json.loads(line)\n"
+      "    p = [sp.bos_id()] + sp.encode(r['prompt'])\n"
+      "    q = sp.encode(r['response']) + [sp.eos_id()]\n"
+      "    print(' '.join(map(str, p)) + '\\t' + ' '.join(map(str, q)))\n";
+  const CommandResult python =
+      RunCommand({kPython, "-c", script, tokenizer_path, data}, absl::Seconds(60));
+  ASSERT_EQ(python.exit_code, 0) << python.err;
+  std::vector<ReferenceDocument> records;
+  int skipped = 0;
+  for (absl::string_view line : absl::StrSplit(python.out, '\n', absl::SkipEmpty())) {
+    const std::vector<std::string> parts = absl::StrSplit(line, '\t');
+    ASSERT_EQ(parts.size(), 2u) << line;
+    ReferenceDocument d;
+    for (int part = 0; part < 2; ++part) {
+      for (absl::string_view id : absl::StrSplit(parts[part], ' ', absl::SkipEmpty())) {
+        d.tokens.push_back(std::stoll(std::string(id)));
+        d.counted.push_back(part == 1);
+      }
+    }
+    if (static_cast<int64_t>(d.tokens.size()) - 1 > kWindow) {
+      ++skipped;
+      continue;
+    }
+    records.push_back(std::move(d));
+  }
+  ASSERT_EQ(records.size() + skipped, 60u);
+  ASSERT_GE(records.size(), 40u) << "too few records fit the window";
+  ASSERT_GT(skipped, 0) << "no record is longer than the window";
+  const std::string ckpt = cl.dir() + "/ckpt";
+  const std::string spec = cl.WriteFile(
+      "spec.yaml",
+      absl::StrCat("name: fine-tune\nmodel:\n  builtin: {family: gpt, vocab: 360, d_model: 16, "
+                   "layers: 2, heads: 2, seq: ",
+                   kWindow, ", seed: 4}\n",
+                   "split: {stages: 4}\nschedule: {kind: ZBVZeroBubble, microbatches: 4}\n",
+                   "placement: {workers: 2}\n", "training:\n  batch_size: 8\n  steps: ", kSteps,
+                   "\n  loss: cross_entropy\n",
+                   "  optimizer: {kind: sgd, lr: 0.1, momentum: 0.9}\n",
+                   "  checkpoint: {dir: ", ckpt, "}\n", "data: {kind: jsonl, path: ", data,
+                   ", tokenizer: ", tokenizer_path, ", overlong: skip, seed: ", kDataSeed, "}\n"));
+  v1::Job done;
+  ASSERT_NO_FATAL_FAILURE(RunFromAStepZeroCheckpoint(cl, spec, &done));
+
+  GptReferenceConfig ref;
+  ref.vocab = 360;
+  ref.d_model = 16;
+  ref.layers = 2;
+  ref.heads = 2;
+  ref.seq = kWindow;
+  ref.optimizer = "sgd";
+  ref.lr = 0.1;
+  ref.momentum = 0.9;
+  ref.initial = LoadAllStageFiles(ckpt, 0, 4);
+  std::vector<DocumentBatch> batches;
+  for (int64_t k = 0; k < kSteps; ++k) {
+    batches.push_back(ReferenceRows(records, /*pad=*/2, /*pack=*/true, 8, kWindow, kDataSeed, k));
+  }
+  // The prompts' targets do not count: fewer targets count than the rows hold positions.
+  EXPECT_LT(batches[0].targets.ne(kReferenceIgnored).sum().item<int64_t>(),
+            batches[0].segments.ne(-1).sum().item<int64_t>());
+  const GptReferenceResult want = TrainGptReferenceOnBatches(ref, batches);
+  ASSERT_EQ(done.losses_size(), kSteps);
+  for (int64_t k = 0; k < kSteps; ++k) {
+    EXPECT_NEAR(done.losses(k), want.losses[k], kAtol + kRtol * std::abs(want.losses[k]))
+        << "step " << k;
+  }
+  const std::map<std::string, torch::Tensor> final_params = LoadAllStageFiles(ckpt, kSteps, 4);
+  for (const auto& [name, p] : want.params) {
+    ASSERT_EQ(final_params.count(name), 1u) << name;
+    EXPECT_TRUE(torch::allclose(final_params.at(name), p, kRtol, kAtol)) << name;
+  }
+  // The status counts what the workers made of the file.
+  ASSERT_TRUE(done.has_data_records()) << done.DebugString();
+  EXPECT_EQ(done.data_records().read(), 60);
+  EXPECT_EQ(done.data_records().skipped(), skipped);
+  EXPECT_EQ(done.data_records().truncated(), 0);
+  CommandResult status = cl.Stagectl({"status", done.id()});
+  EXPECT_NE(status.out.find(absl::StrCat("Records:   60 read, 0 truncated, ", skipped, " skipped")),
+            std::string::npos)
+      << status.out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Schedules, RaggedTraining,

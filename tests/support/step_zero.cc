@@ -16,7 +16,13 @@ void RunFromAStepZeroCheckpoint(LocalCluster& cl, const std::string& spec, v1::J
   ASSERT_TRUE(paused.ok()) << paused.status() << cl.Logs();
   ASSERT_EQ(paused->state(), v1::JOB_STATE_PAUSED) << paused->reason();
   CommandResult checkpoint = cl.Stagectl({"checkpoint", id});
-  ASSERT_EQ(checkpoint.exit_code, 0) << checkpoint.out << checkpoint.err;
+  if (checkpoint.exit_code != 0) {
+    // The job may have failed once paused (a worker opening its data): say why.
+    auto now = cl.WaitForJob(id, IsFinal, absl::Seconds(10));
+    FAIL() << checkpoint.out << checkpoint.err
+           << (now.ok() ? absl::StrCat("the job: ", now->reason()) : now.status().ToString())
+           << cl.Logs();
+  }
   auto at_zero = cl.WaitForJob(
       id, [](const v1::Job& j) { return IsFinal(j) || j.checkpoints_size() > 0; },
       absl::Seconds(60));

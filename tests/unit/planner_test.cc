@@ -153,7 +153,10 @@ TEST(PlanJob, PlansAnMlpOnATensorsFile) {
   // A GPT still reads tokens only.
   EXPECT_THAT(
       std::string(PlanJob(ParseGpt("data: {kind: tensors, path: x.pt}")).status().message()),
-      HasSubstr("data.kind: 'tensors' data cannot feed a gpt model (use data.kind tokens or synthetic)"));
+      HasSubstr("data.kind: 'tensors' data cannot feed a gpt model (use data.kind tokens, jsonl "
+                "or synthetic)"));
+  // Records (tokenized by the workers) feed a decoder.
+  EXPECT_TRUE(PlanJob(ParseGpt("data: {kind: jsonl, path: t.jsonl, tokenizer: t.model}")).ok());
 }
 
 TEST(PlanJob, RefusesWhatCannotRunNamingTheField) {

@@ -272,7 +272,7 @@ TEST(SpecParserTest, DataSeqIsForTokensOnly) {
                 .data.seq,
             32);
   EXPECT_THAT(Errors(Edit(kBase, "  kind: synthetic\n", "  kind: synthetic\n  seq: 32\n")),
-              ElementsAre("data.seq: only used by data.kind tokens"));
+              ElementsAre("data.seq: only used by data.kind tokens or jsonl"));
 }
 
 TEST(SpecParserTest, NullValueCountsAsAbsent) {
@@ -404,8 +404,7 @@ TEST(SpecParserTest, UnknownKeysInEveryNestedMapping) {
   EXPECT_THAT(
       Errors(Edit(kBase, "  kind: synthetic", "  kind: synthetic\n  seeed: 1")),
       ElementsAre("data.seeed: unknown key (valid keys: kind, path, seed, seq, dtype, packing, "
-                  "eos); did you "
-                  "mean 'seed'?"));
+                  "eos, tokenizer, fields, overlong); did you mean 'seed'?"));
   EXPECT_THAT(Errors(absl::StrCat(kBase, "restart: {max_restart: 1}\n")),
               ElementsAre("restart.max_restart: unknown key (valid keys: max_restarts, carry_on, "
                           "elastic, min_workers, wait); did you mean 'max_restarts'?"));
@@ -882,8 +881,9 @@ TEST(SpecParserTest, Checkpoint) {
 // data and restart.
 
 TEST(SpecParserTest, DataRules) {
-  EXPECT_THAT(Errors(Edit(kBase, "kind: synthetic", "kind: images")),
-              ElementsAre("data.kind: must be one of synthetic, tokens, tensors, got 'images'"));
+  EXPECT_THAT(
+      Errors(Edit(kBase, "kind: synthetic", "kind: images")),
+      ElementsAre("data.kind: must be one of synthetic, tokens, jsonl, tensors, got 'images'"));
   EXPECT_THAT(Errors(Edit(kBase, "kind: synthetic", "kind: tokens")),
               ElementsAre("data.path: required for data.kind tokens"));
   EXPECT_THAT(Errors(Edit(kBase, "kind: synthetic", "kind: tensors\n  path: ''")),

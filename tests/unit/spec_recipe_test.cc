@@ -112,12 +112,34 @@ TEST(SpecRecipeTest, DocumentRowsAndTheLossNormalisedByTokens) {
   EXPECT_THAT(Errors(with_data("data: {kind: tokens, path: /d/t.bin, eos: -1}\n")),
               ElementsAre(HasSubstr("data.eos: must be >= 0")));
   EXPECT_THAT(Errors(with_data("data: {kind: synthetic, packing: pad, eos: 1}\n")),
-              ElementsAre("data.packing: only used by data.kind tokens",
+              ElementsAre("data.packing: only used by data.kind tokens or jsonl",
                           "data.eos: only used by data.kind tokens"));
   EXPECT_THAT(
       Errors(with_data("data: {kind: tokens, path: /d/t.bin}\n", "  loss_normalization: words\n")),
       ElementsAre("training.loss_normalization: must be one of tokens, microbatches, got "
                   "'words'"));
+  // Fine-tuning records: a tokenizer, the fields, what an overlong record becomes; packed by
+  // default, normalised by tokens.
+  spec = Parsed(
+      with_data("data: {kind: jsonl, path: /d/t.jsonl, tokenizer: /d/m.model, fields: {prompt: q, "
+                "response: a}, overlong: skip}\n"));
+  EXPECT_EQ(spec.data.tokenizer, "/d/m.model");
+  EXPECT_EQ(spec.data.prompt_field, "q");
+  EXPECT_EQ(spec.data.response_field, "a");
+  EXPECT_EQ(spec.data.overlong, "skip");
+  EXPECT_EQ(spec.data.packing, "pack");
+  EXPECT_EQ(LossNormalizationOf(spec), "tokens");
+  EXPECT_THAT(Errors(with_data("data: {kind: jsonl, path: /d/t.jsonl}\n")),
+              ElementsAre("data.tokenizer: required for data.kind jsonl (the records' "
+                          "SentencePiece model)"));
+  EXPECT_THAT(Errors(with_data("data: {kind: tokens, path: /d/t.bin, tokenizer: /m, overlong: "
+                               "skip}\n")),
+              ElementsAre("data.tokenizer: only used by data.kind jsonl",
+                          "data.overlong: only used by data.kind jsonl"));
+  EXPECT_THAT(Errors(with_data("data: {kind: jsonl, path: /d/t.jsonl, tokenizer: /m, overlong: "
+                               "cut, fields: {prompt: ''}}\n")),
+              ElementsAre(HasSubstr("data.overlong: must be one of truncate, skip, fail"),
+                          "data.fields.prompt: must be a non-empty key"));
   EXPECT_THAT(
       Errors(Edit(kBase, "  batch_size: 8\n", "  batch_size: 8\n  loss_normalization: tokens\n")),
       ElementsAre("training.loss_normalization: tokens needs training.loss cross_entropy (a loss "

@@ -293,7 +293,14 @@ absl::StatusOr<bool> DataSteps::RunPasses(const std::vector<Pass>& passes, bool 
     for (double loss : eval_losses) report.add_eval_microbatch_losses(loss);
   }
   report.set_client_batch(client_batch);
-  if (want_targets_ && setup.spec.data.kind == "tokens") {
+  if (data_ != nullptr && data_->records().read > 0) {
+    const BatchSource::Records records = data_->records();
+    v1::DataRecords* out = report.mutable_data_records();
+    out->set_read(records.read);
+    out->set_truncated(records.truncated);
+    out->set_skipped(records.skipped);
+  }
+  if (want_targets_ && (setup.spec.data.kind == "tokens" || setup.spec.data.kind == "jsonl")) {
     for (const Pass& pass : passes) {
       for (const torch::Tensor& t : pass.targets) {
         report.set_counted_tokens(report.counted_tokens() + CountedTokens(t));

@@ -24,8 +24,8 @@ std::vector<DocumentSpan> SplitDocuments(const std::vector<int64_t>& tokens, int
 }
 
 Batch DocumentRows(const std::vector<int64_t>& tokens, const std::vector<DocumentSpan>& documents,
-                   int64_t eos, bool pack, int64_t rows, int64_t seq, uint64_t seed,
-                   int64_t step) {
+                   int64_t eos, bool pack, int64_t rows, int64_t seq, uint64_t seed, int64_t step,
+                   const std::vector<uint8_t>* counted) {
   const int64_t count = static_cast<int64_t>(documents.size());
   at::Generator gen = at::detail::createCPUGenerator(seed + 1 + static_cast<uint64_t>(step));
   const torch::Tensor first = torch::randint(0, count, {rows}, gen, torch::kInt64);
@@ -48,6 +48,11 @@ Batch DocumentRows(const std::vector<int64_t>& tokens, const std::vector<Documen
       const int64_t take = std::min(positions, seq - used);
       std::copy_n(tokens.data() + d.begin, take, in + r * seq + used);
       std::copy_n(tokens.data() + d.begin + 1, take, tg + r * seq + used);
+      if (counted != nullptr) {
+        for (int64_t i = 0; i < take; ++i) {
+          if ((*counted)[d.begin + 1 + i] == 0) tg[r * seq + used + i] = kIgnoredTarget;
+        }
+      }
       if (seg != nullptr) std::fill_n(seg + r * seq + used, take, k);
       used += take;
       if (!pack || used == seq) break;
@@ -62,28 +67,35 @@ namespace {
 class DocumentSource : public BatchSource {
  public:
   DocumentSource(const spec::JobSpec& spec, std::vector<int64_t> tokens,
-                 std::vector<DocumentSpan> documents, int64_t eos, bool want_inputs,
-                 bool want_targets)
-      : spec_(spec),
+                 std::vector<DocumentSpan> documents, std::vector<uint8_t> counted, int64_t eos,
+                 bool want_inputs, bool want_targets, Records records)
+      : records_(records),
+        spec_(spec),
         tokens_(std::move(tokens)),
         documents_(std::move(documents)),
+        counted_(std::move(counted)),
         eos_(eos),
         want_inputs_(want_inputs),
         want_targets_(want_targets) {}
 
+  Records records() const override { return records_; }
+
   absl::StatusOr<Batch> Make(int64_t step) override {
     const int64_t seq = spec_.model.builtin.has_value() ? spec_.model.builtin->seq : spec_.data.seq;
     Batch batch = DocumentRows(tokens_, documents_, eos_, spec_.data.packing == "pack",
-                               spec_.training.batch_size, seq, spec_.data.seed, step);
+                               spec_.training.batch_size, seq, spec_.data.seed, step,
+                               counted_.empty() ? nullptr : &counted_);
     if (!want_inputs_) batch.inputs = torch::Tensor();
     if (!want_targets_) batch.targets = torch::Tensor();
     return batch;
   }
 
  private:
+  Records records_;
   spec::JobSpec spec_;
   std::vector<int64_t> tokens_;
   std::vector<DocumentSpan> documents_;
+  std::vector<uint8_t> counted_;
   int64_t eos_;
   bool want_inputs_;
   bool want_targets_;
@@ -101,9 +113,19 @@ absl::StatusOr<std::unique_ptr<BatchSource>> OpenDocumentSource(const spec::JobS
         "data.path: '", spec.data.path, "' holds no document of two or more tokens (documents ",
         "end with the EOS id ", eos, "; data.eos or the model's eos_token_id)"));
   }
+  return MakeDocumentSource(spec, std::move(tokens), std::move(documents), {}, eos, want_inputs,
+                            want_targets);
+}
+
+std::unique_ptr<BatchSource> MakeDocumentSource(const spec::JobSpec& spec,
+                                                std::vector<int64_t> tokens,
+                                                std::vector<DocumentSpan> documents,
+                                                std::vector<uint8_t> counted, int64_t pad,
+                                                bool want_inputs, bool want_targets,
+                                                BatchSource::Records records) {
   return std::unique_ptr<BatchSource>(new DocumentSource(spec, std::move(tokens),
-                                                         std::move(documents), eos, want_inputs,
-                                                         want_targets));
+                                                         std::move(documents), std::move(counted),
+                                                         pad, want_inputs, want_targets, records));
 }
 
 int64_t LongestRow(const torch::Tensor& lengths) {

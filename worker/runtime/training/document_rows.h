@@ -39,10 +39,12 @@ struct DocumentSpan {
 };
 std::vector<DocumentSpan> SplitDocuments(const std::vector<int64_t>& tokens, int64_t eos);
 
-// The batch of `step` from `documents` of `tokens` (the file comment); `pack` or pad.
+// The batch of `step` from `documents` of `tokens` (the file comment); `pack` or pad. With
+// `counted` (one flag per token), a target position counts only where its target token's flag
+// is set (fine-tuning records: the response's tokens), else it is kIgnoredTarget.
 Batch DocumentRows(const std::vector<int64_t>& tokens, const std::vector<DocumentSpan>& documents,
-                   int64_t eos, bool pack, int64_t rows, int64_t seq, uint64_t seed,
-                   int64_t step);
+                   int64_t eos, bool pack, int64_t rows, int64_t seq, uint64_t seed, int64_t step,
+                   const std::vector<uint8_t>* counted = nullptr);
 
 // A source of document rows over a token file's `tokens` (read and checked by the caller):
 // INVALID_ARGUMENT naming data.path when no document has two or more tokens.
@@ -50,6 +52,16 @@ absl::StatusOr<std::unique_ptr<BatchSource>> OpenDocumentSource(const spec::JobS
                                                                 std::vector<int64_t> tokens,
                                                                 int64_t eos, bool want_inputs,
                                                                 bool want_targets);
+
+// Documents given as they are (fine-tuning records, jsonl_records.h): `documents` of `tokens`,
+// `counted` one flag per token (empty: every target counts), `pad` the padding input.
+// `records` is what the source's records() says.
+std::unique_ptr<BatchSource> MakeDocumentSource(const spec::JobSpec& spec,
+                                                std::vector<int64_t> tokens,
+                                                std::vector<DocumentSpan> documents,
+                                                std::vector<uint8_t> counted, int64_t pad,
+                                                bool want_inputs, bool want_targets,
+                                                BatchSource::Records records = {});
 
 // `microbatch` ([rows, T, ...]) cut to its rows' longest length: the first max(lengths) columns
 // of dimension 1. `lengths` are the microbatch's rows' row_lengths.

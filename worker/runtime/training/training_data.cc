@@ -19,6 +19,7 @@
 #include "common/spec/builtin_model.h"
 #include "common/util/status_macros.h"
 #include "worker/runtime/training/document_rows.h"
+#include "worker/runtime/training/jsonl_records.h"
 
 namespace stagecoach::runtime {
 namespace {
@@ -428,6 +429,29 @@ absl::StatusOr<std::unique_ptr<BatchSource>> BatchSource::Open(const spec::JobSp
       return std::unique_ptr<BatchSource>(new EmptySource());
     }
     return TokensSource::Open(spec, want_inputs, want_targets);
+  }
+  if (spec.data.kind == "jsonl") {
+    if (!decoder && family != "torchscript") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data.kind: jsonl records need a built-in gpt or llama or a TorchScript model (model is ",
+          family, ")"));
+    }
+    if (family == "torchscript" && spec.data.seq <= 0) {
+      return absl::InvalidArgumentError(
+          "data.seq: required for data.kind jsonl with a TorchScript model");
+    }
+    if (family == "torchscript" && spec.data.packing == "pack") {
+      return absl::InvalidArgumentError(
+          "data.packing: pack needs a built-in gpt or llama model (their attention keeps to each "
+          "record of a row); a TorchScript model takes pad");
+    }
+    if (!want_inputs && !want_targets && spec.data.packing != "pack") {
+      return std::unique_ptr<BatchSource>(new EmptySource());
+    }
+    ASSIGN_OR_RETURN(
+        JsonlRecords records,
+        ReadJsonlRecords(spec, WindowLength(spec), decoder ? spec.model.builtin->vocab : 0));
+    return OpenJsonlSource(spec, std::move(records), want_inputs, want_targets);
   }
   if (spec.data.kind == "tensors") {
     if (family != "mlp" && family != "torchscript") {

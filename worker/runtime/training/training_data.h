@@ -73,6 +73,13 @@ class BatchSource {
 
   // The batch of training step `step`, holding what Open was asked for.
   virtual absl::StatusOr<Batch> Make(int64_t step) = 0;
+
+  // What a source of records (data.kind jsonl) made of its file: records read, and how many of
+  // them were longer than the window and truncated or skipped (data.overlong). Zeros otherwise.
+  struct Records {
+    int64_t read = 0, truncated = 0, skipped = 0;
+  };
+  virtual Records records() const { return {}; }
 };
 
 // The batch of training step `step` (opens a BatchSource for the one step). Only the first stage

@@ -230,11 +230,14 @@ int main(int argc, char** argv) {
   step->add_option("JOB", job_id, "job id")->required();
   step->add_option("--inputs,--input", step_options.inputs,
                    "stage 0's batch: a NumPy .npy file, rows first (at least as many rows as "
-                   "the job's microbatches)")
+                   "the job's microbatches); or ragged rows of token ids: a .jsonl file (a "
+                   "line per row: an array of ids, or {\"inputs\": [...], \"targets\": "
+                   "[...]}) or a comma-separated list of 1-D .npy files, one per row")
       ->required();
   step->add_option("--targets", step_options.targets,
-                   "the loss targets: an .npy file, one row per input row (required unless "
-                   "--forward-only)");
+                   "the loss targets: an .npy file, one row per input row, or for a list of "
+                   ".npy rows a list of as many (required unless --forward-only or a .jsonl "
+                   "--inputs)");
   step->add_flag("--forward-only", step_options.forward_only,
                  "inference on the job's current weights instead of a training step");
   step->add_option("--save-outputs", step_options.save_outputs,

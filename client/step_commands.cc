@@ -1,13 +1,14 @@
 // stagectl's commands that steer a running job at step boundaries: pause, resume, run N steps,
 // one client step with a batch from .npy files, a checkpoint on demand (docs/control.md). Split
 // from commands.cc; the Commands class is declared in commands.h.
-#include "client/commands.h"
-#include "client/message_size.h"
-
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/commands.h"
+#include "client/message_size.h"
 #include "client/npy.h"
+#include "client/ragged_rows.h"
 #include "client/render/render.h"
 #include "common/rpc/tensor_data.h"
 #include "common/rpc/time_conversion.h"
@@ -35,7 +36,9 @@ absl::StatusOr<absl::Duration> ValidateStepOptions(const StepOptions& options) {
     return absl::InvalidArgumentError(
         "--targets: not used with --forward-only (a forward-only step computes no loss)");
   }
-  if (!options.forward_only && options.targets.empty()) {
+  const bool jsonl_rows = IsRaggedRows(options.inputs) && options.targets.empty() &&
+                          absl::EndsWith(options.inputs, ".jsonl");
+  if (!options.forward_only && options.targets.empty() && !jsonl_rows) {
     return absl::InvalidArgumentError(
         "--targets: required for a training step (an .npy file, one row per input row); pass "
         "--forward-only for inference");
@@ -121,13 +124,25 @@ int Commands::Step(const std::string& job_id, const StepOptions& options) {
   req.set_job_id(job_id);
   req.set_forward_only(options.forward_only);
   *req.mutable_timeout() = rpc::ToProtoDuration(*timeout);
-  absl::StatusOr<v1::TensorData> inputs = ReadTensorFlag(options.inputs, "--inputs");
-  if (!inputs.ok()) {
-    err_ << "stagectl: step: " << inputs.status().message() << "\n";
-    return 2;
+  if (IsRaggedRows(options.inputs)) {
+    absl::StatusOr<RaggedRows> rows =
+        ReadRaggedRows(options.inputs, options.targets, options.forward_only);
+    if (!rows.ok()) {
+      err_ << "stagectl: step: " << rows.status().message() << "\n";
+      return 2;
+    }
+    *req.mutable_inputs() = std::move(rows->inputs);
+    if (!options.forward_only) *req.mutable_targets() = std::move(rows->targets);
+    req.mutable_row_lengths()->Add(rows->row_lengths.begin(), rows->row_lengths.end());
+  } else {
+    absl::StatusOr<v1::TensorData> inputs = ReadTensorFlag(options.inputs, "--inputs");
+    if (!inputs.ok()) {
+      err_ << "stagectl: step: " << inputs.status().message() << "\n";
+      return 2;
+    }
+    *req.mutable_inputs() = *std::move(inputs);
   }
-  *req.mutable_inputs() = *std::move(inputs);
-  if (!options.forward_only) {
+  if (!options.forward_only && req.row_lengths().empty()) {
     absl::StatusOr<v1::TensorData> targets = ReadTensorFlag(options.targets, "--targets");
     if (!targets.ok()) {
       err_ << "stagectl: step: " << targets.status().message() << "\n";

@@ -11,6 +11,31 @@
 namespace stagecoach::coordinator {
 namespace {
 
+// Ragged rows' lengths: none, or one per row of the inputs, each 1 to their padded width.
+absl::Status CheckRowLengths(const v1::StepJobRequest& request) {
+  const auto& lengths = request.row_lengths();
+  if (lengths.empty()) return absl::OkStatus();
+  const v1::TensorData& inputs = request.inputs();
+  if (inputs.shape_size() < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("row_lengths: ragged rows need inputs of rows and positions (2 or more "
+                     "dimensions), got ",
+                     rpc::DescribeTensorData(inputs)));
+  }
+  if (lengths.size() != inputs.shape(0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("row_lengths: ", lengths.size(), " lengths for ", inputs.shape(0), " rows"));
+  }
+  for (int i = 0; i < lengths.size(); ++i) {
+    if (lengths[i] < 1 || lengths[i] > inputs.shape(1)) {
+      return absl::InvalidArgumentError(absl::StrCat("row_lengths[", i, "]: ", lengths[i],
+                                                     " is not within 1 to the rows' ",
+                                                     "padded width of ", inputs.shape(1)));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The client's batch against the job: at least a row per microbatch; targets with one row per
 // input row for a training step, which needs a job with a backward. INVALID_ARGUMENT naming the
 // field.
@@ -26,6 +51,7 @@ absl::Status CheckClientBatch(const Job& job, const v1::StepJobRequest& request)
                               : "",
         ", got ", rpc::DescribeTensorData(inputs)));
   }
+  RETURN_IF_ERROR(CheckRowLengths(request));
   if (request.forward_only()) return absl::OkStatus();
   if (job.forward_only()) {
     return absl::InvalidArgumentError(
@@ -61,6 +87,7 @@ std::vector<v1::ControlTaskRequest> ClientStepRequests(const Job& job,
     cs->set_forward_only(forward_only);
     for (int64_t d : request.inputs().shape()) cs->add_inputs_shape(d);
     cs->set_inputs_dtype(request.inputs().dtype());
+    *cs->mutable_row_lengths() = request.row_lengths();
     if (slot.rank == first_rank) *cs->mutable_inputs() = request.inputs();
     if (slot.rank == last_rank && !forward_only) *cs->mutable_targets() = request.targets();
     out.push_back(std::move(r));

@@ -13,6 +13,7 @@
 #include "common/util/status_macros.h"
 #include "worker/runtime/executor/forward_actions.h"
 #include "worker/runtime/task/tensor_data.h"
+#include "worker/runtime/training/document_rows.h"
 #include "worker/runtime/training/training_data.h"
 
 namespace stagecoach::runtime {
@@ -103,8 +104,46 @@ absl::Status DecodeTargets(const v1::ClientStep& cs, int rank, bool owns_last, i
         absl::StrCat("client_step.targets: ", rpc::DescribeTensorData(cs.targets()),
                      " must have one row per input row (", rows, ")"));
   }
+  if (!cs.row_lengths().empty()) {
+    if (y.is_floating_point() || y.dim() < 2 || y.size(1) != cs.inputs_shape(1)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "client_step.targets: ragged rows need integer targets of the inputs' ", "padded width (",
+          cs.inputs_shape(1), "), got ", rpc::DescribeTensorData(cs.targets())));
+    }
+    // Past its length a row is padding: its targets are ignored whatever the client sent.
+    const torch::Tensor lengths =
+        torch::tensor(std::vector<int64_t>(cs.row_lengths().begin(), cs.row_lengths().end()));
+    y = y.masked_fill(torch::arange(y.size(1)).unsqueeze(0) >= lengths.unsqueeze(1),
+                      kIgnoredTarget);
+  }
   batch.targets = ReplicaMicrobatches(ToModelDtype(y), m, share);
   if (!y.is_floating_point()) batch.counted_tokens = CountedTokens(y);
+  return absl::OkStatus();
+}
+
+// Ragged rows (client_step.row_lengths): each microbatch cut to its longest row when the job's
+// shapes vary per microbatch (a training step of a job with data.packing), else every
+// microbatch to the replica's longest row; the shapes agreed before the step stay the padded
+// batch's in the first case.
+absl::Status CutRaggedRows(const v1::ClientStep& cs, bool dynamic_shapes, int m,
+                           const ReplicaShare& share, ClientBatch& batch) {
+  if (cs.row_lengths().empty()) return absl::OkStatus();
+  if (cs.inputs_shape_size() < 2 || cs.row_lengths_size() != cs.inputs_shape(0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("client_step.row_lengths: ", cs.row_lengths_size(), " lengths for inputs ",
+                     ShapeString(cs.inputs_shape())));
+  }
+  const torch::Tensor lengths =
+      torch::tensor(std::vector<int64_t>(cs.row_lengths().begin(), cs.row_lengths().end()));
+  const std::vector<torch::Tensor> per_microbatch = ReplicaMicrobatches(lengths, m, share);
+  const bool each = dynamic_shapes && !cs.forward_only();
+  const int64_t longest = LongestRow(torch::cat(per_microbatch));
+  for (std::vector<torch::Tensor>* part : {&batch.inputs, &batch.targets}) {
+    for (size_t mb = 0; mb < part->size(); ++mb) {
+      (*part)[mb] = TrimToWidth((*part)[mb], each ? LongestRow(per_microbatch[mb]) : longest);
+    }
+  }
+  if (!each) batch.planned = MetasOf(batch.inputs);
   return absl::OkStatus();
 }
 
@@ -131,6 +170,9 @@ absl::StatusOr<StepGate::ClientStep> DecodeClientStep(const v1::TaskAssignment& 
   auto batch = std::make_unique<ClientBatch>();
   RETURN_IF_ERROR(DecodeInputs(cs, task.rank(), ends.first, m, share, *batch));
   RETURN_IF_ERROR(DecodeTargets(cs, task.rank(), ends.last, m, share, *batch));
+  batch->planned = MetasOf(batch->inputs);
+  RETURN_IF_ERROR(
+      CutRaggedRows(cs, /*dynamic_shapes=*/!spec.data.packing.empty(), m, share, *batch));
   StepGate::ClientStep step;
   step.global_step = cs.global_step();
   step.forward_only = cs.forward_only();
@@ -182,7 +224,7 @@ absl::Status ClientSteps::Run(const StepGate::ClientStep& step, int64_t global_s
                                             global_step, " carries no batch"));
   }
   if (step.forward_only) return RunForward(*batch, global_step);
-  RETURN_IF_ERROR(data_->AgreeOtherShapes(batch->inputs));
+  RETURN_IF_ERROR(data_->AgreeOtherShapes(batch->planned));
   return data_->RunCounted(batch->inputs, batch->targets, /*client_batch=*/true, global_step,
                            batch->counted_tokens);
 }
@@ -191,7 +233,7 @@ absl::Status ClientSteps::RunForward(const ClientBatch& batch, int64_t global_st
   PipelineExecutor* executor = &data_->executor();
   const std::vector<schedule::Action>* actions = &env_.setup->actions;
   if (env_.setup->forward_only) {
-    RETURN_IF_ERROR(data_->AgreeOtherShapes(batch.inputs));
+    RETURN_IF_ERROR(data_->AgreeOtherShapes(batch.planned));
   } else {
     if (forward_executor_ == nullptr) {
       ExecutorOptions options = data_->executor_options();
@@ -202,7 +244,7 @@ absl::Status ClientSteps::RunForward(const ClientBatch& batch, int64_t global_st
     }
     executor = forward_executor_.get();
     actions = &forward_actions_;
-    RETURN_IF_ERROR(executor->AgreeShapes(MetasOf(batch.inputs)));
+    RETURN_IF_ERROR(executor->AgreeShapes(batch.planned));
   }
   const StepMark mark = env_.reports->Mark();
   ASSIGN_OR_RETURN(StepResult result, executor->RunStep(*actions, batch.inputs, {}));

@@ -3,7 +3,9 @@
 //   - DecodeClientStep checks and decodes the request's client_step for this rank: stage 0's
 //     rank gets the inputs, the last stage's rank the targets of a training client step, every
 //     rank the inputs' shape; floating-point tensors are converted to float32 and split into
-//     the job's microbatches.
+//     the job's microbatches. Ragged rows (client_step.row_lengths) have their targets past each
+//     row's length ignored, and run cut to each microbatch's longest row where the job's shapes
+//     vary per microbatch (data.packing, training steps), else to the replica's longest row.
 //   - CheckStage0Takes runs stage 0 on such microbatches (no autograd), so that a batch the
 //     model cannot take is refused before any rank starts a step.
 //   - ClientSteps runs the client step the gate hands over. A training client step agrees its
@@ -42,6 +44,9 @@ struct ClientBatch : StepGate::ClientPayload {
   // The whole client batch's counted targets (not kIgnoredTarget), on the last stage's rank:
   // a loss normalised by tokens divides by it.
   int64_t counted_tokens = 0;
+  // The shapes the step agrees before it runs (stage 0's rank): the microbatches' own, or the
+  // padded batch's when ragged rows are cut per microbatch.
+  std::vector<TensorMeta> planned;
 };
 
 // The client step of `request` for `task`'s rank, its payload a ClientBatch. INVALID_ARGUMENT

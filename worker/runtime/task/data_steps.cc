@@ -322,9 +322,9 @@ absl::StatusOr<bool> DataSteps::RunPasses(const std::vector<Pass>& passes, bool 
   return true;
 }
 
-absl::Status DataSteps::AgreeOtherShapes(const std::vector<torch::Tensor>& inputs) {
+absl::Status DataSteps::AgreeOtherShapes(const std::vector<TensorMeta>& inputs) {
   data_shapes_ = false;
-  return executor_->AgreeShapes(MetasOf(inputs));
+  return executor_->AgreeShapes(inputs);
 }
 
 }  // namespace stagecoach::runtime

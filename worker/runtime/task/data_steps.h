@@ -97,7 +97,7 @@ class DataSteps {
 
   // Agrees the shapes of another batch's microbatches (a client step's) on the task's
   // executor; the next data step agrees the data's again.
-  absl::Status AgreeOtherShapes(const std::vector<torch::Tensor>& inputs);
+  absl::Status AgreeOtherShapes(const std::vector<TensorMeta>& inputs);
 
   PipelineExecutor& executor() { return *executor_; }
   const ExecutorOptions& executor_options() const { return options_; }

@@ -36,6 +36,7 @@ const BackendDescriptor& GlooDescriptor() {
     auto* d = new BackendDescriptor;
     d->name = "gloo";
     d->capabilities.on_every_worker = true;
+    d->capabilities.shorter_receives = true;
     return d;
   }();
   return *gloo;

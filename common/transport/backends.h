@@ -35,6 +35,10 @@ struct BackendCapabilities {
   // A byte-count mismatch between a send and its receive fails the receive ("expected N bytes
   // from rank p tag t, got M"). False: the behaviour is undefined.
   bool detects_size_mismatch = true;
+  // Transport::RecvUpTo: a receive may take a send of fewer bytes than it was posted for (the
+  // caller learns how many from elsewhere, e.g. a header sent ahead). False: RecvUpTo is
+  // UNIMPLEMENTED and receives must be posted with the sent size.
+  bool shorter_receives = false;
   // A transfer that is not matched yet delays no other transfer. False: one still waiting for
   // its peer may hold back later transfers on its channel.
   bool independent_transfers = true;

@@ -261,6 +261,55 @@ TEST_F(GlooTransportTest, SizeMismatchFailsBothSidesWhicheverCameFirst) {
   }
 }
 
+// RecvUpTo (shorter_receives): a send of fewer bytes lands at the start of the buffer and leaves
+// the rest as it was, whichever was posted first; one of as many bytes fills it; one of more
+// fails both sides naming the most, and writes nothing.
+TEST_F(GlooTransportTest, ReceivesUpToTakeShorterSendsAndRefuseLongerOnes) {
+  ASSERT_NO_FATAL_FAILURE(Connect(2));
+  EXPECT_TRUE(t_[1]->capabilities().shorter_receives);
+  for (const bool receive_first : {true, false}) {
+    SCOPED_TRACE(receive_first ? "receive first" : "send first");
+    const uint64_t tag = receive_first ? 0x31 : 0x32;
+    const std::vector<uint8_t> data = Pattern(40, 5);
+    std::vector<uint8_t> in(100, 7);
+    std::unique_ptr<Work> send, recv;
+    if (receive_first) {
+      SC_ASSIGN_WORK(r, t_[1]->RecvUpTo(in.data(), in.size(), 0, tag));
+      SC_ASSIGN_WORK(s, t_[0]->Send(data.data(), data.size(), 1, tag));
+      recv = std::move(r);
+      send = std::move(s);
+    } else {
+      SC_ASSIGN_WORK(s, t_[0]->Send(data.data(), data.size(), 1, tag));
+      SC_ASSIGN_WORK(r, t_[1]->RecvUpTo(in.data(), in.size(), 0, tag));
+      recv = std::move(r);
+      send = std::move(s);
+    }
+    SC_ASSERT_OK(recv->Wait(kWait));
+    SC_ASSERT_OK(send->Wait(kWait));
+    EXPECT_EQ(std::vector<uint8_t>(in.begin(), in.begin() + 40), data);
+    EXPECT_EQ(std::vector<uint8_t>(in.begin() + 40, in.end()), std::vector<uint8_t>(60, 7));
+  }
+  const std::vector<uint8_t> full = Pattern(100, 9);
+  std::vector<uint8_t> in(100, 0);
+  SC_ASSIGN_WORK(send, t_[0]->Send(full.data(), full.size(), 1, 0x33));
+  SC_ASSIGN_WORK(recv, t_[1]->RecvUpTo(in.data(), in.size(), 0, 0x33));
+  SC_ASSERT_OK(recv->Wait(kWait));
+  SC_ASSERT_OK(send->Wait(kWait));
+  EXPECT_EQ(in, full);
+
+  std::vector<uint8_t> big(200, 1), small(100, 0);
+  SC_ASSIGN_WORK(too_big, t_[0]->Send(big.data(), big.size(), 1, 0x34));
+  SC_ASSIGN_WORK(up_to, t_[1]->RecvUpTo(small.data(), small.size(), 0, 0x34));
+  const absl::Status recv_status = up_to->Wait(kWait);
+  EXPECT_EQ(recv_status.code(), absl::StatusCode::kInternal) << recv_status;
+  EXPECT_THAT(std::string(recv_status.message()),
+              HasSubstr("expected at most 100 bytes from rank 0 tag 0x34, got 200"));
+  EXPECT_EQ(small, std::vector<uint8_t>(100, 0)) << "nothing may be written on a refusal";
+  const absl::Status send_status = too_big->Wait(kWait);
+  EXPECT_THAT(std::string(send_status.message()),
+              HasSubstr("rank 1 expected at most 100 bytes for tag 0x34, this send has 200"));
+}
+
 // More receives posted at once than the control ring holds (their announcements wait at the
 // receiver until the sender's control thread takes the earlier ones), then matched by sends of
 // the same tags in the reverse order: every transfer lands in its own buffer.

@@ -781,6 +781,10 @@ class SlowAbortTransport : public transport::Transport {
                                                         uint64_t tag) override {
     return inner_->Recv(data, bytes, peer, tag);
   }
+  absl::StatusOr<std::unique_ptr<transport::Work>> RecvUpTo(void* data, size_t max_bytes, int peer,
+                                                            uint64_t tag) override {
+    return inner_->RecvUpTo(data, max_bytes, peer, tag);
+  }
   absl::Status Barrier(absl::Duration timeout) override { return inner_->Barrier(timeout); }
   void Abort() override {
     if (!aborting_->HasBeenNotified()) aborting_->Notify();

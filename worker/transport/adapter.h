@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -75,6 +76,14 @@ class EndpointWork final : public Work {
 //   absl::Status Barrier(absl::Duration timeout);
 //   void Abort();
 //   void Shutdown();  // Called once, by the transport's destructor.
+template <typename Endpoint, typename = void>
+inline constexpr bool kHasRecvUpTo = false;
+template <typename Endpoint>
+inline constexpr bool kHasRecvUpTo<
+    Endpoint,
+    std::void_t<decltype(std::declval<Endpoint&>().RecvUpTo(nullptr, size_t{0}, 0, uint64_t{0}))>> =
+    true;
+
 template <typename Endpoint, typename Op>
 class EndpointTransport final : public Transport {
  public:
@@ -95,6 +104,17 @@ class EndpointTransport final : public Transport {
   absl::StatusOr<std::unique_ptr<Work>> Recv(void* data, size_t bytes, int peer,
                                              uint64_t tag) override {
     return Wrap(endpoint_->Recv(data, bytes, peer, tag));
+  }
+
+  // An endpoint that has RecvUpTo(data, max_bytes, peer, tag) offers it (its descriptor says
+  // shorter_receives); the others keep Transport's UNIMPLEMENTED.
+  absl::StatusOr<std::unique_ptr<Work>> RecvUpTo(void* data, size_t max_bytes, int peer,
+                                                 uint64_t tag) override {
+    if constexpr (kHasRecvUpTo<Endpoint>) {
+      return Wrap(endpoint_->RecvUpTo(data, max_bytes, peer, tag));
+    } else {
+      return Transport::RecvUpTo(data, max_bytes, peer, tag);
+    }
   }
 
   absl::Status Barrier(absl::Duration timeout) override { return endpoint_->Barrier(timeout); }

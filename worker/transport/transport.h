@@ -7,7 +7,8 @@
 // Matching: a Send(data, n, peer=q, tag=t) on rank p pairs with the Recv(buf, n, peer=p, tag=t)
 // on rank q. Transfers with the same (peer, tag) pair up in the order they were posted. Both
 // sides must agree on the byte count; a mismatch is an error on the receiver, never a silent
-// truncation.
+// truncation. The one exception is asked for by name: RecvUpTo takes a send of at most its
+// bytes (backends with BackendCapabilities::shorter_receives).
 #pragma once
 
 #include <cstddef>
@@ -16,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/transport/backends.h"
@@ -70,6 +72,19 @@ class Transport {
   // until Wait returned OK, or the transport was aborted or destroyed.
   virtual absl::StatusOr<std::unique_ptr<Work>> Recv(void* data, size_t bytes, int peer,
                                                      uint64_t tag) = 0;
+
+  // Starts receiving a send of at most `max_bytes` bytes from rank `peer` into `data` (as Recv
+  // otherwise): for a value whose size the receiver learns only later (a shape header sent
+  // ahead of it on another tag), so that the receive is posted, and the value travels, before
+  // that. How many bytes arrived the caller learns from that other message; a send of more
+  // fails both sides. Stats count such a receive's `max_bytes`. UNIMPLEMENTED on a backend
+  // without BackendCapabilities::shorter_receives.
+  virtual absl::StatusOr<std::unique_ptr<Work>> RecvUpTo(void* data, size_t max_bytes, int peer,
+                                                         uint64_t tag) {
+    (void)data, (void)max_bytes, (void)peer, (void)tag;
+    return absl::UnimplementedError(
+        absl::StrCat("the ", backend(), " transport cannot receive fewer bytes than posted"));
+  }
 
   // Returns once every rank has entered Barrier, or an error after `timeout`.
   virtual absl::Status Barrier(absl::Duration timeout) = 0;

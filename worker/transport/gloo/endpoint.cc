@@ -152,6 +152,16 @@ absl::StatusOr<std::shared_ptr<Op>> Endpoint::Send(const void* data, size_t byte
 
 absl::StatusOr<std::shared_ptr<Op>> Endpoint::Recv(void* data, size_t bytes, int peer,
                                                    uint64_t tag) {
+  return PostRecv(data, bytes, peer, tag, /*up_to=*/false);
+}
+
+absl::StatusOr<std::shared_ptr<Op>> Endpoint::RecvUpTo(void* data, size_t max_bytes, int peer,
+                                                       uint64_t tag) {
+  return PostRecv(data, max_bytes, peer, tag, /*up_to=*/true);
+}
+
+absl::StatusOr<std::shared_ptr<Op>> Endpoint::PostRecv(void* data, size_t bytes, int peer,
+                                                       uint64_t tag, bool up_to) {
   ASSIGN_OR_RETURN(std::string label, CheckTransfer(Direction::kRecv, data, bytes, peer, tag));
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckUsableLocked(peer, label));
@@ -160,6 +170,7 @@ absl::StatusOr<std::shared_ptr<Op>> Endpoint::Recv(void* data, size_t bytes, int
   Peer& state = peers_[peer];
   op->id = state.next_recv_id++;
   op->state = OpState::kPosted;
+  op->up_to = up_to;
   outstanding_[op.get()] = op;
   // The receive first: gloo's notice of it then reaches the sender before the announcement.
   const absl::Status posted = GlooCall([&] {
@@ -169,7 +180,8 @@ absl::StatusOr<std::shared_ptr<Op>> Endpoint::Recv(void* data, size_t bytes, int
   if (!posted.ok()) return FailLocked(*op, posted);
   state.recvs[op->id] = op.get();
   ControlMessage announcement;
-  announcement.kind = static_cast<uint32_t>(ControlKind::kRecvPosted);
+  announcement.kind =
+      static_cast<uint32_t>(up_to ? ControlKind::kRecvPostedUpTo : ControlKind::kRecvPosted);
   announcement.tag = tag;
   announcement.bytes = bytes;
   announcement.id = op->id;
@@ -181,10 +193,13 @@ absl::StatusOr<std::shared_ptr<Op>> Endpoint::Recv(void* data, size_t bytes, int
 
 absl::Status Endpoint::MatchLocked(const std::shared_ptr<Op>& op,
                                    const Announcement& announcement) {
-  if (announcement.bytes != op->bytes) {
+  const bool fits =
+      announcement.up_to ? op->bytes <= announcement.bytes : op->bytes == announcement.bytes;
+  if (!fits) {
     FailLocked(*op, absl::StatusCode::kInternal,
-               absl::StrFormat("rank %d expected %d bytes for tag %s, this send has %d", op->peer,
-                               announcement.bytes, Hex(op->tag), op->bytes));
+               absl::StrFormat("rank %d expected %s%d bytes for tag %s, this send has %d", op->peer,
+                               announcement.up_to ? "at most " : "", announcement.bytes,
+                               Hex(op->tag), op->bytes));
     // Fail the receive too: nothing will be sent to it. Best effort.
     ControlMessage reject;
     reject.kind = static_cast<uint32_t>(ControlKind::kReject);

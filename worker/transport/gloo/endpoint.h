@@ -13,9 +13,11 @@
 // and since the receive is already posted, gloo writes the payload at once. On a mismatch the
 // send fails ("rank q expected N bytes for tag t, this send has M") and a {kReject} message
 // fails the receive ("expected N bytes from rank p tag t, got M"); nothing is ever sent to that
-// receive's slot, so its buffer is never written. User tags travel in control messages and
-// never become slots, so every uint64 tag is valid. Barrier is a dissemination barrier of
-// {kBarrier} control messages.
+// receive's slot, so its buffer is never written. A RecvUpTo announces {kRecvPostedUpTo}: a send
+// of at most its bytes matches it, and gloo reads the shorter payload into the start of the
+// posted buffer (its receive accepts a payload up to the posted size). User tags travel in control
+// messages and never become slots, so every uint64 tag is valid. Barrier is a dissemination barrier
+// of {kBarrier} control messages.
 //
 // Why this way round: a pipeline's receiver usually posts its receive before the data is ready
 // (the lowered action lists put RECV_F and RECV_B ahead of the compute that needs them), so the
@@ -92,14 +94,22 @@ constexpr std::chrono::milliseconds kGlooForever = std::chrono::hours(24 * 365);
 // The least time a wait on a gloo buffer gets, so that Wait(0) still sees a finished transfer.
 constexpr absl::Duration kMinGlooWait = absl::Milliseconds(1);
 
-enum class ControlKind : uint32_t { kRecvPosted = 1, kReject = 2, kBarrier = 3 };
+// kRecvPostedUpTo: as kRecvPosted, for a receive that takes a send of at most `bytes` bytes
+// (Transport::RecvUpTo); gloo reads a shorter payload into the posted buffer.
+enum class ControlKind : uint32_t {
+  kRecvPosted = 1,
+  kReject = 2,
+  kBarrier = 3,
+  kRecvPostedUpTo = 4
+};
 
 // Wire format, host byte order: every rank of a job runs the same build.
 struct ControlMessage {
   uint32_t magic = kControlMagic;
   uint32_t kind = 0;
   uint64_t tag = 0;    // kRecvPosted, kReject: the user's tag. kBarrier: the round.
-  uint64_t bytes = 0;  // kRecvPosted: the bytes the receive takes. kReject: the send's bytes.
+  uint64_t bytes = 0;  // kRecvPosted: the bytes the receive takes (its most, for kRecvPostedUpTo).
+                       // kReject: the send's bytes.
   uint64_t id = 0;     // kRecvPosted, kReject: the receive's id. kBarrier: the barrier's number.
 };
 static_assert(sizeof(ControlMessage) == 32, "ControlMessage is a wire format");
@@ -145,6 +155,7 @@ struct Op {
   const std::string label;  // "rank 1: receive from rank 0 (tag 0x7, 64 bytes)"
 
   OpState state = OpState::kUnmatched;
+  bool up_to = false;  // A receive that takes a send of at most `bytes` (RecvUpTo).
   absl::Status error;  // kFailed.
   // The receive's id: its payload's slot is kPayloadSlotBase + id. A user receive's own, a
   // user send's once matched.
@@ -204,6 +215,9 @@ class Endpoint {
 
   absl::StatusOr<std::shared_ptr<Op>> Send(const void* data, size_t bytes, int peer, uint64_t tag);
   absl::StatusOr<std::shared_ptr<Op>> Recv(void* data, size_t bytes, int peer, uint64_t tag);
+  // A receive that takes a send of at most `max_bytes` (Transport::RecvUpTo).
+  absl::StatusOr<std::shared_ptr<Op>> RecvUpTo(void* data, size_t max_bytes, int peer,
+                                               uint64_t tag);
   absl::Status Wait(Op& op, absl::Duration timeout);
   // Whether a Wait on `op` would return at once: it completed or failed, or the transport was
   // aborted or is shutting down. Never blocks on gloo.
@@ -214,11 +228,14 @@ class Endpoint {
   TransferStats stats() const { return counters_.stats(); }
 
  private:
-  // A receive the peer announced: its bytes and id.
+  // A receive the peer announced: its bytes (its most, when up_to) and id.
   struct Announcement {
     uint64_t bytes;
     uint64_t id;
+    bool up_to = false;
   };
+  absl::StatusOr<std::shared_ptr<Op>> PostRecv(void* data, size_t bytes, int peer, uint64_t tag,
+                                               bool up_to);
 
   struct Peer {
     absl::Status error;  // OK while the connection works.

@@ -127,8 +127,11 @@ void Endpoint::HandleControlLocked(int peer, const ControlMessage& message) {
     return;
   }
   switch (static_cast<ControlKind>(message.kind)) {
-    case ControlKind::kRecvPosted: {
-      const Announcement announcement{message.bytes, message.id};
+    case ControlKind::kRecvPosted:
+    case ControlKind::kRecvPostedUpTo: {
+      const Announcement announcement{
+          message.bytes, message.id,
+          static_cast<ControlKind>(message.kind) == ControlKind::kRecvPostedUpTo};
       const std::optional<std::shared_ptr<Op>> op = TakeOldest(state.unmatched_sends, message.tag);
       if (!op.has_value()) {
         state.announced_recvs[message.tag].push_back(announcement);
@@ -144,9 +147,10 @@ void Endpoint::HandleControlLocked(int peer, const ControlMessage& message) {
       state.recvs.erase(posted);
       if (op.state != OpState::kPosted) return;
       // Its gloo receive stays posted (gloo cannot take it back), but nothing is sent to it.
-      FailLocked(op, absl::StatusCode::kInternal,
-                 absl::StrFormat("expected %d bytes from rank %d tag %s, got %d", op.bytes, peer,
-                                 Hex(op.tag), message.bytes));
+      FailLocked(
+          op, absl::StatusCode::kInternal,
+          absl::StrFormat("expected %s%d bytes from rank %d tag %s, got %d",
+                          op.up_to ? "at most " : "", op.bytes, peer, Hex(op.tag), message.bytes));
       for (ActiveWait* wait : active_waits_) {
         if (wait->op == &op) InterruptLocked(wait, Interrupt::kReject);
       }

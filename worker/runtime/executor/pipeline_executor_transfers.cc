@@ -35,6 +35,14 @@ absl::Status PipelineExecutor::PostRecv(bool gradient, int e, int mb, const std:
     ASSIGN_OR_RETURN(recv.header_work,
                      transport_->Recv(recv.header.data_ptr(), recv.header.nbytes(), recv.peer,
                                       ShapeHeaderTag(edges_[e].producer, edges_[e].consumer, mb)));
+    if (transport_->capabilities().shorter_receives) {
+      // The value travels as soon as it is sent, into a buffer of the planned (largest) shape.
+      const TensorMeta& planned = EdgeMeta(e, mb);
+      recv.buffer =
+          torch::empty(planned.shape, torch::TensorOptions(planned.dtype).device(TransferDevice()));
+      ASSIGN_OR_RETURN(recv.work, transport_->RecvUpTo(recv.buffer.data_ptr(), recv.buffer.nbytes(),
+                                                       recv.peer, EdgeTag(false, e, mb)));
+    }
     recvs.emplace(key, std::move(recv));
     return absl::OkStatus();
   }
@@ -75,6 +83,13 @@ absl::StatusOr<torch::Tensor> PipelineExecutor::WaitRecv(bool gradient, int e, i
                      " from rank ", it->second.peer, ": ", waited.message()));
   }
   torch::Tensor t = std::move(it->second.buffer);
+  if (it->second.shape.has_value()) {
+    // A receive posted for the planned shape: the value is the start of its buffer.
+    const std::vector<int64_t>& shape = *it->second.shape;
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    t = t.view({-1}).narrow(0, 0, numel).view(shape);
+  }
   st.result.bytes_received_from[it->second.peer] += static_cast<int64_t>(t.nbytes());
   recvs.erase(it);
   if (t.device() != options_.device) t = t.to(options_.device);
@@ -104,10 +119,14 @@ absl::Status PipelineExecutor::ReceiveAfterHeader(int e, int mb, const std::stri
   RETURN_IF_ERROR(
       FitsPlanned(*meta, agreed, absl::StrCat(where, ": the ", what, " from rank ", recv.peer)));
   meta->requires_grad = agreed.requires_grad;
-  recv.buffer =
-      torch::empty(meta->shape, torch::TensorOptions(meta->dtype).device(TransferDevice()));
-  ASSIGN_OR_RETURN(recv.work, transport_->Recv(recv.buffer.data_ptr(), recv.buffer.nbytes(),
-                                               recv.peer, EdgeTag(false, e, mb)));
+  if (recv.work != nullptr) {
+    recv.shape = meta->shape;  // posted at once for the planned shape (PostRecv)
+  } else {
+    recv.buffer =
+        torch::empty(meta->shape, torch::TensorOptions(meta->dtype).device(TransferDevice()));
+    ASSIGN_OR_RETURN(recv.work, transport_->Recv(recv.buffer.data_ptr(), recv.buffer.nbytes(),
+                                                 recv.peer, EdgeTag(false, e, mb)));
+  }
   st.step_metas[EdgeKey{e, mb}] = *std::move(meta);
   return absl::OkStatus();
 }

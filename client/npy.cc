@@ -164,7 +164,7 @@ uint32_t LittleEndian(absl::string_view bytes) {
 
 }  // namespace
 
-absl::StatusOr<v1::TensorData> ParseNpy(absl::string_view bytes, absl::string_view name) {
+absl::StatusOr<NpyHeader> ParseNpyHeader(absl::string_view bytes, absl::string_view name) {
   auto bad = [&](absl::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": ", why));
   };
@@ -213,6 +213,28 @@ absl::StatusOr<v1::TensorData> ParseNpy(absl::string_view bytes, absl::string_vi
   if (shape == nullptr || shape->kind != HeaderValue::kTuple) {
     return bad("header: 'shape' must be a tuple of integers");
   }
+  NpyHeader out;
+  out.descr = descr->text;
+  out.fortran_order = fortran->flag;
+  out.shape = shape->ints;
+  out.data = bytes.substr(prefix + header_length);
+  return out;
+}
+
+absl::StatusOr<v1::TensorData> ParseNpy(absl::string_view bytes, absl::string_view name) {
+  auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": ", why));
+  };
+  ASSIGN_OR_RETURN(const NpyHeader h, ParseNpyHeader(bytes, name));
+  const HeaderValue descr_value{HeaderValue::kString, h.descr, false, {}};
+  const HeaderValue* descr = &descr_value;
+  const HeaderValue shape_value{HeaderValue::kTuple, "", false, h.shape};
+  const HeaderValue* shape = &shape_value;
+  if (descr->text == "|O") {
+    return bad(
+        "an object array (dtype '|O', pickled): stagectl reads one only as ragged rows of "
+        "token ids (`stagectl step --inputs`, client/ragged_rows.h)");
+  }
   std::optional<absl::string_view> dtype;
   for (const DType& d : kDTypes) {
     if (descr->text == d.descr) dtype = d.name;
@@ -227,7 +249,7 @@ absl::StatusOr<v1::TensorData> ParseNpy(absl::string_view bytes, absl::string_vi
                             "' is not supported (supported: <f4 float32, <f8 float64, <i8 int64, "
                             "<i4 int32)"));
   }
-  if (fortran->flag && shape->ints.size() >= 2) {
+  if (h.fortran_order && shape->ints.size() >= 2) {
     return bad(
         "Fortran-order arrays are not supported; save a C-order array "
         "(np.ascontiguousarray)");
@@ -235,7 +257,7 @@ absl::StatusOr<v1::TensorData> ParseNpy(absl::string_view bytes, absl::string_vi
   v1::TensorData out;
   out.set_dtype(std::string(*dtype));
   for (int64_t d : shape->ints) out.add_shape(d);
-  const absl::string_view data = bytes.substr(prefix + header_length);
+  const absl::string_view data = h.data;
   int64_t want = rpc::DTypeSize(*dtype);
   for (int64_t d : shape->ints) {
     if (__builtin_mul_overflow(want, d, &want)) return bad("header: the shape is too large");

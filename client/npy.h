@@ -9,7 +9,9 @@
 // (2.0 when the header needs it) with numpy's 64-byte header alignment.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -17,6 +19,15 @@
 #include "stagecoach/v1/types.pb.h"
 
 namespace stagecoach::client {
+
+// An .npy file's header, checked (magic, version, the dict's three keys), and its data.
+struct NpyHeader {
+  std::string descr;  // "<f4", "|O", ...
+  bool fortran_order = false;
+  std::vector<int64_t> shape;
+  absl::string_view data;  // the bytes after the header (a view of the parsed bytes)
+};
+absl::StatusOr<NpyHeader> ParseNpyHeader(absl::string_view bytes, absl::string_view name);
 
 // Parses the contents of an .npy file; `name` (the file's path) starts every error message.
 // INVALID_ARGUMENT for what the file comment lists.

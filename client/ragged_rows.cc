@@ -3,12 +3,15 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/npy.h"
+#include "client/npy_object_rows.h"
+#include "common/util/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace stagecoach::client {
@@ -101,14 +104,35 @@ absl::StatusOr<std::vector<RaggedRow>> ReadJsonlRows(const std::string& path, bo
   return rows;
 }
 
-// A 1-D integer .npy file's values.
-absl::StatusOr<std::vector<int64_t>> NpyRow(const std::string& path, const std::string& flag) {
-  absl::StatusOr<v1::TensorData> t = ReadNpy(path);
+// The rows of an .npy file: a 1-D int32 or int64 array is one row, an object array
+// (npy_object_rows.h) one row per element.
+absl::StatusOr<std::vector<std::vector<int64_t>>> NpyRows(const std::string& path,
+                                                          const std::string& flag) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": cannot open '", path, "': ", std::strerror(errno)));
+  }
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  absl::StatusOr<NpyHeader> header = ParseNpyHeader(bytes, path);
+  if (!header.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": ", header.status().message()));
+  }
+  if (header->descr == "|O") {
+    absl::StatusOr<std::vector<std::vector<int64_t>>> rows =
+        ParseObjectArrayRows(header->data, header->shape, path);
+    if (!rows.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": ", rows.status().message()));
+    }
+    return rows;
+  }
+  absl::StatusOr<v1::TensorData> t = ParseNpy(bytes, path);
   if (!t.ok()) return absl::InvalidArgumentError(absl::StrCat(flag, ": ", t.status().message()));
   if (t->shape_size() != 1 || (t->dtype() != "int64" && t->dtype() != "int32")) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": ", path, " is ", t->dtype(), " of ", t->shape_size(),
-                     " dimensions; a row of a ragged batch is a 1-D int32 or int64 array"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, ": ", path, " is ", t->dtype(), " of ", t->shape_size(),
+        " dimensions; a row of a ragged batch is a 1-D int32 or int64 array (or an object "
+        "array holds the rows)"));
   }
   const int64_t n = t->shape(0);
   std::vector<int64_t> out(static_cast<size_t>(n));
@@ -121,38 +145,53 @@ absl::StatusOr<std::vector<int64_t>> NpyRow(const std::string& path, const std::
       out[i] = v;
     }
   }
-  return out;
+  return std::vector<std::vector<int64_t>>{std::move(out)};
+}
+
+// The rows of every file of a comma-separated list, in order; each row's origin for messages.
+absl::Status ListRows(const std::string& files, const std::string& flag,
+                      std::vector<std::vector<int64_t>>* rows, std::vector<std::string>* origins) {
+  for (absl::string_view part : absl::StrSplit(files, ',', absl::SkipEmpty())) {
+    const std::string path(part);
+    absl::StatusOr<std::vector<std::vector<int64_t>>> file_rows = NpyRows(path, flag);
+    if (!file_rows.ok()) return file_rows.status();
+    for (size_t i = 0; i < file_rows->size(); ++i) {
+      origins->push_back(file_rows->size() == 1 ? path : absl::StrCat(path, " row ", i));
+      rows->push_back(std::move((*file_rows)[i]));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<RaggedRow>> ReadNpyRows(const std::string& inputs,
                                                    const std::string& targets, bool forward_only) {
-  const std::vector<std::string> in_files = absl::StrSplit(inputs, ',', absl::SkipEmpty());
-  const std::vector<std::string> target_files = absl::StrSplit(targets, ',', absl::SkipEmpty());
-  if (!forward_only && target_files.size() != in_files.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--targets: ", target_files.size(), " .npy files for ", in_files.size(),
-                     " rows of --inputs (one per row, in the same order)"));
+  std::vector<std::vector<int64_t>> xs, ys;
+  std::vector<std::string> x_origins, y_origins;
+  RETURN_IF_ERROR(ListRows(inputs, "--inputs", &xs, &x_origins));
+  if (!forward_only) {
+    RETURN_IF_ERROR(ListRows(targets, "--targets", &ys, &y_origins));
+    if (ys.size() != xs.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--targets: ", ys.size(), " rows for the ", xs.size(),
+                       " rows of --inputs (one per row, in the same order)"));
+    }
   }
   std::vector<RaggedRow> rows;
-  for (size_t r = 0; r < in_files.size(); ++r) {
+  for (size_t r = 0; r < xs.size(); ++r) {
     RaggedRow row;
-    absl::StatusOr<std::vector<int64_t>> x = NpyRow(in_files[r], "--inputs");
-    if (!x.ok()) return x.status();
-    row.inputs = *std::move(x);
+    row.inputs = std::move(xs[r]);
     const bool bad_id =
         std::any_of(row.inputs.begin(), row.inputs.end(), [](int64_t v) { return v < 0; });
     if (row.inputs.empty() || bad_id) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--inputs: ", in_files[r], ": a row needs 1 or more ids, each >= 0"));
+          absl::StrCat("--inputs: ", x_origins[r], ": a row needs 1 or more ids, each >= 0"));
     }
     if (!forward_only) {
-      absl::StatusOr<std::vector<int64_t>> y = NpyRow(target_files[r], "--targets");
-      if (!y.ok()) return y.status();
-      row.targets = *std::move(y);
+      row.targets = std::move(ys[r]);
       if (row.targets.size() != row.inputs.size()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--targets: ", target_files[r], " has ", row.targets.size(),
-                         " targets but its row ", in_files[r], " has ", row.inputs.size(), " ids"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--targets: ", y_origins[r], " has ", row.targets.size(), " targets but its row ",
+            x_origins[r], " has ", row.inputs.size(), " ids"));
       }
     }
     rows.push_back(std::move(row));
@@ -181,7 +220,14 @@ v1::TensorData PaddedRowsInt64(const std::vector<std::vector<int64_t>>& rows, in
 }  // namespace
 
 bool IsRaggedRows(const std::string& inputs) {
-  return absl::EndsWith(inputs, ".jsonl") || absl::StrContains(inputs, ',');
+  if (absl::EndsWith(inputs, ".jsonl") || absl::StrContains(inputs, ',')) return true;
+  // One .npy file: ragged rows when it is an object array.
+  std::ifstream in(inputs, std::ios::binary);
+  std::string head(4096, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<size_t>(in.gcount()));
+  absl::StatusOr<NpyHeader> header = ParseNpyHeader(head, inputs);
+  return header.ok() && header->descr == "|O";
 }
 
 absl::StatusOr<RaggedRows> ReadRaggedRows(const std::string& inputs, const std::string& targets,

@@ -8,8 +8,10 @@
 //     targets its ids but the first; a forward-only step takes all of them), or an object
 //     {"inputs": [...], "targets": [...]} of two equally long arrays (targets -100 are ignored;
 //     a forward-only step needs only "inputs"). --targets is not used.
-//   - a comma-separated list of .npy files (a.npy,b.npy,...), each one row: a 1-D int32 or
-//     int64 array; --targets is then a list of as many .npy files, each as long as its row.
+//   - .npy files: one, or a comma-separated list (a.npy,b.npy,...), each a row (a 1-D int32 or
+//     int64 array) or many (an object array of such arrays or of lists of integers, as
+//     np.save writes np.array([...], dtype=object): npy_object_rows.h); --targets then names
+//     .npy files holding as many rows, in the same order, each as long as its input row.
 // Inputs are padded with id 0 and targets with -100 (ignored). Ids are integers >= 0, targets
 // >= 0 or -100. Errors are INVALID_ARGUMENT naming the flag, the file and the line or row.
 #pragma once
@@ -29,8 +31,8 @@ struct RaggedRows {
   std::vector<int64_t> row_lengths;
 };
 
-// Whether --inputs names ragged rows (a .jsonl file or a list of .npy files) rather than one
-// .npy batch.
+// Whether --inputs names ragged rows (a .jsonl file, a list of .npy files, or one .npy file
+// that is an object array) rather than one .npy batch.
 bool IsRaggedRows(const std::string& inputs);
 
 // The ragged rows of --inputs (and, for .npy rows, --targets) for a training or forward-only

@@ -232,7 +232,8 @@ int main(int argc, char** argv) {
                    "stage 0's batch: a NumPy .npy file, rows first (at least as many rows as "
                    "the job's microbatches); or ragged rows of token ids: a .jsonl file (a "
                    "line per row: an array of ids, or {\"inputs\": [...], \"targets\": "
-                   "[...]}) or a comma-separated list of 1-D .npy files, one per row")
+                   "[...]}), an .npy object array of rows, or a comma-separated list of .npy "
+                   "files (1-D arrays, one per row, or object arrays)")
       ->required();
   step->add_option("--targets", step_options.targets,
                    "the loss targets: an .npy file, one row per input row, or for a list of "

@@ -1,12 +1,13 @@
 // `stagectl step` with ragged rows across worker processes: a paused built-in GPT job takes a
 // JSON Lines batch of rows of every length from 1 to seq (documents, and inputs/targets objects
-// with some targets ignored), which stagectl pads and sends with the rows' lengths. One training
-// step's loss, and the parameters of the checkpoint after it, equal one unpipelined step of the
-// GPT of tests/support/reference_gpt.h on the same rows (each row alone, its loss normalised by
-// the batch's counted targets) from the job's own step-0 checkpoint, within rtol 1e-5 + atol
-// 1e-6. On a job with data.packing each microbatch runs cut to its own longest row (the
-// activations change shape per microbatch); on a windows job the batch runs cut to its longest.
-// A bad line is refused by stagectl naming it, and the job is untouched.
+// with some targets ignored), then the same rows as numpy object arrays, which stagectl pads and
+// sends with the rows' lengths. Each training step's loss, and the parameters of the checkpoint
+// after them, equal unpipelined steps of the GPT of tests/support/reference_gpt.h on the same
+// rows (each row alone, its loss normalised by the batch's counted targets) from the job's own
+// step-0 checkpoint, within rtol 1e-5 + atol 1e-6. On a job with data.packing each microbatch runs
+// cut to its own longest row (the activations change shape per microbatch); on a windows job the
+// batch runs cut to its longest. A bad line is refused by stagectl naming it, and the job is
+// untouched.
 #include <torch/torch.h>
 
 #include <cmath>
@@ -16,11 +17,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/support/job_predicates.h"
 #include "tests/support/local_cluster.h"
+#include "tests/support/python.h"
 #include "tests/support/reference_documents.h"
 #include "tests/support/reference_gpt.h"
 #include "tests/support/stage_files.h"
@@ -76,9 +79,37 @@ ClientRows MakeRows() {
   return out;
 }
 
+// `batch`'s rows (each cut to its length) as numpy object arrays of int64 rows at `x` and `y`.
+void SaveObjectArrays(const DocumentBatch& batch, const std::string& x, const std::string& y) {
+  std::vector<std::string> xs, ys;
+  for (int64_t r = 0; r < batch.inputs.size(0); ++r) {
+    const int64_t n = batch.segments[r].ne(-1).sum().item<int64_t>();
+    std::vector<int64_t> in, target;
+    for (int64_t i = 0; i < n; ++i) {
+      in.push_back(batch.inputs[r][i].item<int64_t>());
+      target.push_back(batch.targets[r][i].item<int64_t>());
+    }
+    xs.push_back(absl::StrCat("[", absl::StrJoin(in, ", "), "]"));
+    ys.push_back(absl::StrCat("[", absl::StrJoin(target, ", "), "]"));
+  }
+  const std::string script = absl::StrCat(
+      "import numpy as np, sys\n"
+      "def save(path, rows):\n"
+      "    a = np.empty(len(rows), dtype=object)\n"
+      "    for i, r in enumerate(rows): a[i] = np.array(r, dtype=np.int64)\n"
+      "    np.save(path, a, allow_pickle=True)\n"
+      "save(sys.argv[1], [",
+      absl::StrJoin(xs, ", "), "])\nsave(sys.argv[2], [", absl::StrJoin(ys, ", "), "])\n");
+  const CommandResult made = RunCommand({kPython, "-c", script, x, y}, absl::Seconds(60));
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+}
+
 class RaggedClientStep : public ::testing::TestWithParam<Case> {
  protected:
-  void SetUp() override { setenv("OMP_NUM_THREADS", "1", 1); }
+  void SetUp() override {
+    if (!PythonCanImport("numpy")) GTEST_SKIP() << "Debian's python3-numpy is not installed";
+    setenv("OMP_NUM_THREADS", "1", 1);
+  }
 };
 
 TEST_P(RaggedClientStep, OneStepOnRaggedRowsEqualsTheReference) {
@@ -133,6 +164,13 @@ TEST_P(RaggedClientStep, OneStepOnRaggedRowsEqualsTheReference) {
   ASSERT_EQ(step.exit_code, 0) << step.out << step.err << cl.Logs();
   const nlohmann::json answer = nlohmann::json::parse(step.out);
   EXPECT_EQ(answer["global_step"], 0);
+  // The same rows again as numpy object arrays (np.save of dtype=object arrays).
+  const std::string x = cl.dir() + "/x.npy", y = cl.dir() + "/y.npy";
+  ASSERT_NO_FATAL_FAILURE(SaveObjectArrays(rows.batch, x, y));
+  CommandResult again = cl.Stagectl({"step", id, "--inputs", x, "--targets", y, "-o", "json"});
+  ASSERT_EQ(again.exit_code, 0) << again.out << again.err << cl.Logs();
+  const nlohmann::json second = nlohmann::json::parse(again.out);
+  EXPECT_EQ(second["global_step"], 1);
   ASSERT_NO_FATAL_FAILURE(checkpoint(2));
 
   GptReferenceConfig ref;
@@ -145,11 +183,14 @@ TEST_P(RaggedClientStep, OneStepOnRaggedRowsEqualsTheReference) {
   ref.lr = 0.1;
   ref.momentum = 0.9;
   ref.initial = LoadAllStageFiles(ckpt, 0, c.stages);
-  const GptReferenceResult want = TrainGptReferenceOnBatches(ref, {rows.batch});
+  const GptReferenceResult want = TrainGptReferenceOnBatches(ref, {rows.batch, rows.batch});
   ASSERT_TRUE(answer["loss"].is_number()) << step.out;
   EXPECT_NEAR(answer["loss"].get<double>(), want.losses[0],
               kAtol + kRtol * std::abs(want.losses[0]));
-  const std::map<std::string, torch::Tensor> after = LoadAllStageFiles(ckpt, 1, c.stages);
+  ASSERT_TRUE(second["loss"].is_number()) << again.out;
+  EXPECT_NEAR(second["loss"].get<double>(), want.losses[1],
+              kAtol + kRtol * std::abs(want.losses[1]));
+  const std::map<std::string, torch::Tensor> after = LoadAllStageFiles(ckpt, 2, c.stages);
   EXPECT_EQ(after.size(), want.params.size());
   for (const auto& [name, p] : want.params) {
     ASSERT_EQ(after.count(name), 1u) << name;
@@ -158,7 +199,7 @@ TEST_P(RaggedClientStep, OneStepOnRaggedRowsEqualsTheReference) {
   }
   auto job = cl.GetJob(id);
   ASSERT_TRUE(job.ok()) << job.status();
-  EXPECT_EQ(job->global_steps_done(), 1);
+  EXPECT_EQ(job->global_steps_done(), 2);
   EXPECT_EQ(job->state(), v1::JOB_STATE_PAUSED);
 
   // The step's padding waste shows how far each microbatch was cut: to its own longest row with
@@ -182,7 +223,7 @@ TEST_P(RaggedClientStep, OneStepOnRaggedRowsEqualsTheReference) {
                 1.0 - static_cast<double>(counted) / static_cast<double>(computed), 1e-9)
         << line;
   }
-  EXPECT_EQ(events, 1) << watch.out << watch.err;
+  EXPECT_EQ(events, 2) << watch.out << watch.err;
 }
 
 INSTANTIATE_TEST_SUITE_P(Jobs, RaggedClientStep,

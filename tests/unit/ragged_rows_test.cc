@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,8 @@
 #include "client/npy.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/process.h"
+#include "tests/support/python.h"
 #include "tests/support/temp_dir.h"
 
 namespace stagecoach::client::ragged_rows_test {
@@ -94,7 +97,7 @@ TEST_F(RaggedRowsTest, NpyListsAreRowsWithTheirTargets) {
   EXPECT_THAT(rows->row_lengths, ElementsAre(3, 1));
   EXPECT_THAT(Values(rows->inputs), ElementsAre(3, 4, 5, 7, 0, 0));
   EXPECT_THAT(Values(rows->targets), ElementsAre(4, 5, 6, 8, -100, -100));
-  EXPECT_THAT(Error(inputs, ya), HasSubstr("--targets: 1 .npy files for 2 rows of --inputs"));
+  EXPECT_THAT(Error(inputs, ya), HasSubstr("--targets: 1 rows for the 2 rows of --inputs"));
   EXPECT_THAT(Error(inputs, absl::StrCat(yb, ",", ya)), HasSubstr("has 1 targets but its row"));
   v1::TensorData matrix = Int1d({1, 2});
   matrix.clear_shape();
@@ -104,6 +107,54 @@ TEST_F(RaggedRowsTest, NpyListsAreRowsWithTheirTargets) {
               HasSubstr("m.npy is int64 of 2 dimensions; a row of a ragged batch is a 1-D"));
   EXPECT_THAT(Error(absl::StrCat(a, ",", Npy("neg.npy", Int1d({-1}))), "", true),
               HasSubstr("neg.npy: a row needs 1 or more ids, each >= 0"));
+}
+
+// Object arrays as numpy saves them (np.save of dtype=object arrays, pickled), made by
+// Debian's python3-numpy: arrays of int64 and int32 rows and lists of integers; a pickle that
+// calls anything but numpy's array reconstruction is refused naming what it calls.
+TEST_F(RaggedRowsTest, NumpyObjectArraysAreRows) {
+  if (!stagecoach::testing::PythonCanImport("numpy")) GTEST_SKIP() << "no numpy";
+  const std::string script =
+      "import numpy as np, datetime, sys\n"
+      "d = sys.argv[1]\n"
+      "def obj(items):\n"
+      "    a = np.empty(len(items), dtype=object)\n"
+      "    for i, x in enumerate(items): a[i] = x\n"
+      "    return a\n"
+      "np.save(d + '/x.npy', obj([np.array([3, 4, 5]), np.array([7], dtype=np.int32), [8, 9]]),"
+      " allow_pickle=True)\n"
+      "np.save(d + '/y.npy', obj([np.array([4, 5, 6]), np.array([-100]), [9, 10]]),"
+      " allow_pickle=True)\n"
+      "np.save(d + '/evil.npy', obj([datetime.date(2020, 1, 1)]), allow_pickle=True)\n"
+      "np.save(d + '/floats.npy', obj([np.array([1.5])]), allow_pickle=True)\n";
+  const stagecoach::testing::CommandResult made = stagecoach::testing::RunCommand(
+      {stagecoach::testing::kPython, "-c", script, dir_.path()}, absl::Seconds(60));
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+  const std::string x = dir_.path() + "/x.npy", y = dir_.path() + "/y.npy";
+  EXPECT_TRUE(IsRaggedRows(x));
+  auto rows = ReadRaggedRows(x, y, false);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_THAT(rows->row_lengths, ElementsAre(3, 1, 2));
+  EXPECT_THAT(Values(rows->inputs), ElementsAre(3, 4, 5, 7, 0, 0, 8, 9, 0));
+  EXPECT_THAT(Values(rows->targets), ElementsAre(4, 5, 6, -100, -100, -100, 9, 10, -100));
+  // A list of files may mix one-row arrays and object arrays.
+  const std::string one = Npy("one.npy", Int1d({1, 2}));
+  auto mixed = ReadRaggedRows(absl::StrCat(one, ",", x), "", true);
+  ASSERT_TRUE(mixed.ok()) << mixed.status();
+  EXPECT_THAT(mixed->row_lengths, ElementsAre(2, 3, 1, 2));
+  EXPECT_THAT(Error(dir_.path() + "/evil.npy", "", true),
+              HasSubstr("evil.npy: object array: the pickle calls 'datetime date'; only numpy "
+                        "arrays of integer arrays are read"));
+  EXPECT_THAT(Error(dir_.path() + "/floats.npy", "", true),
+              HasSubstr("floats.npy: row 0: not a 1-D little-endian int32 or int64 array "
+                        "(dtype f8)"));
+  EXPECT_THAT(Error(x, absl::StrCat(y, ",", one)),
+              HasSubstr("--targets: 4 rows for the 3 rows of --inputs"));
+  // Cut short, the pickle is refused, not read past its end.
+  std::ifstream in(x, std::ios::binary);
+  const std::string whole((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(Error(Write("cut.npy", whole.substr(0, whole.size() - 40)), "", true),
+              HasSubstr("cut.npy: object array: "));
 }
 
 TEST_F(RaggedRowsTest, BadLinesAreRefusedNamingTheFileAndLine) {

@@ -27,6 +27,7 @@
 #include "tests/support/reference_documents.h"
 #include "tests/support/reference_gpt.h"
 #include "tests/support/stage_files.h"
+#include "tests/support/step_zero.h"
 
 namespace stagecoach::testing::ragged_client_step_test {
 namespace {
@@ -133,14 +134,8 @@ TEST_P(RaggedClientStep, OneStepOnRaggedRowsEqualsTheReference) {
                    "training:\n  batch_size: 8\n  steps: 5\n  loss: cross_entropy\n",
                    "  optimizer: {kind: sgd, lr: 0.1, momentum: 0.9}\n", "  checkpoint: {dir: ",
                    ckpt, "}\n", "data: {kind: tokens, path: ", data, c.data, "}\n"));
-  CommandResult submit = cl.Stagectl({"submit", spec, "--paused"});
-  ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err;
-  const std::string id = LastLine(submit.out);
-  auto paused = cl.WaitForJob(
-      id, [](const v1::Job& j) { return IsFinal(j) || j.state() == v1::JOB_STATE_PAUSED; },
-      absl::Seconds(120));
-  ASSERT_TRUE(paused.ok()) << paused.status();
-  ASSERT_EQ(paused->state(), v1::JOB_STATE_PAUSED) << paused->reason() << cl.Logs();
+  std::string id;
+  ASSERT_NO_FATAL_FAILURE(HoldAtAStepZeroCheckpoint(cl, spec, &id));
   auto checkpoint = [&](int n) {
     CommandResult r = cl.Stagectl({"checkpoint", id});
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
@@ -150,7 +145,6 @@ TEST_P(RaggedClientStep, OneStepOnRaggedRowsEqualsTheReference) {
     ASSERT_TRUE(written.ok()) << written.status();
     ASSERT_EQ(written->checkpoints_size(), n) << written->reason();
   };
-  ASSERT_NO_FATAL_FAILURE(checkpoint(1));
 
   const ClientRows rows = MakeRows();
   // A bad line is refused before anything is sent.
@@ -173,16 +167,8 @@ TEST_P(RaggedClientStep, OneStepOnRaggedRowsEqualsTheReference) {
   EXPECT_EQ(second["global_step"], 1);
   ASSERT_NO_FATAL_FAILURE(checkpoint(2));
 
-  GptReferenceConfig ref;
-  ref.vocab = kVocab;
-  ref.d_model = 16;
-  ref.layers = 2;
-  ref.heads = 2;
-  ref.seq = kSeq;
-  ref.optimizer = "sgd";
-  ref.lr = 0.1;
-  ref.momentum = 0.9;
-  ref.initial = LoadAllStageFiles(ckpt, 0, c.stages);
+  const GptReferenceConfig ref =
+      SmallSgdGptReference(kVocab, kSeq, LoadAllStageFiles(ckpt, 0, c.stages));
   const GptReferenceResult want = TrainGptReferenceOnBatches(ref, {rows.batch, rows.batch});
   ASSERT_TRUE(answer["loss"].is_number()) << step.out;
   EXPECT_NEAR(answer["loss"].get<double>(), want.losses[0],
@@ -229,14 +215,7 @@ TEST_P(RaggedClientStep, OneStepOnRaggedRowsEqualsTheReference) {
 INSTANTIATE_TEST_SUITE_P(Jobs, RaggedClientStep,
                          ::testing::Values(Case{"packed-interleaved", "Interleaved1F1B", 4,
                                                 ", eos: 31, packing: pad"},
-                                           Case{"windows-1f1b", "1F1B", 2, ""}),
-                         [](const ::testing::TestParamInfo<Case>& info) {
-                           std::string name = info.param.name;
-                           for (char& ch : name) {
-                             if (ch == '-') ch = '_';
-                           }
-                           return name;
-                         });
+                                           Case{"windows-1f1b", "1F1B", 2, ""}));
 
 }  // namespace
 }  // namespace stagecoach::testing::ragged_client_step_test

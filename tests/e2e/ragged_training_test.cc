@@ -88,17 +88,7 @@ std::string Spec(const Case& c, const std::string& data, const std::string& ckpt
 
 // The spec's GPT, unpipelined, from the job's step-0 export in `ckpt` (its `stages` stages).
 GptReferenceConfig Reference(const std::string& ckpt, int stages) {
-  GptReferenceConfig ref;
-  ref.vocab = kVocab;
-  ref.d_model = 16;
-  ref.layers = 2;
-  ref.heads = 2;
-  ref.seq = kSeq;
-  ref.optimizer = "sgd";
-  ref.lr = 0.1;
-  ref.momentum = 0.9;
-  ref.initial = LoadAllStageFiles(ckpt, 0, stages);
-  return ref;
+  return SmallSgdGptReference(kVocab, kSeq, LoadAllStageFiles(ckpt, 0, stages));
 }
 
 // The job's losses and final parameters (its last checkpoint in `ckpt`) against `want`; the
@@ -276,16 +266,7 @@ TEST(FineTuningRecords, OnlyTheResponsesCountAndOverlongRecordsAreSkipped) {
   v1::Job done;
   ASSERT_NO_FATAL_FAILURE(RunFromAStepZeroCheckpoint(cl, spec, &done));
 
-  GptReferenceConfig ref;
-  ref.vocab = 360;
-  ref.d_model = 16;
-  ref.layers = 2;
-  ref.heads = 2;
-  ref.seq = kWindow;
-  ref.optimizer = "sgd";
-  ref.lr = 0.1;
-  ref.momentum = 0.9;
-  ref.initial = LoadAllStageFiles(ckpt, 0, 4);
+  const GptReferenceConfig ref = SmallSgdGptReference(360, kWindow, LoadAllStageFiles(ckpt, 0, 4));
   std::vector<DocumentBatch> batches;
   for (int64_t k = 0; k < kSteps; ++k) {
     batches.push_back(ReferenceRows(records, /*pad=*/2, /*pack=*/true, 8, kWindow, kDataSeed, k));

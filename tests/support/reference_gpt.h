@@ -13,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/support/reference_documents.h"
@@ -42,6 +43,23 @@ struct GptReferenceResult {
 };
 
 GptReferenceResult TrainGptReference(const GptReferenceConfig& config);
+
+// The small GPT the ragged-data tests train (d_model 16, 2 blocks, 2 heads; SGD with lr 0.1 and
+// momentum 0.9) for `vocab` and `seq`, from `initial` (the job's step-0 export).
+inline GptReferenceConfig SmallSgdGptReference(int64_t vocab, int64_t seq,
+                                               std::map<std::string, torch::Tensor> initial) {
+  GptReferenceConfig ref;
+  ref.vocab = vocab;
+  ref.d_model = 16;
+  ref.layers = 2;
+  ref.heads = 2;
+  ref.seq = seq;
+  ref.optimizer = "sgd";
+  ref.lr = 0.1;
+  ref.momentum = 0.9;
+  ref.initial = std::move(initial);
+  return ref;
+}
 
 // The same model trained on given whole batches instead (reference_documents.h: inputs and
 // targets [B, T], targets -100 not counted, segments), each step one unpipelined step on the

@@ -5,11 +5,12 @@
 
 namespace stagecoach::testing {
 
-void RunFromAStepZeroCheckpoint(LocalCluster& cl, const std::string& spec, v1::Job* out) {
+void HoldAtAStepZeroCheckpoint(LocalCluster& cl, const std::string& spec, std::string* out_id) {
   // Held before its first step: a checkpoint there is the initial parameters.
   CommandResult submit = cl.Stagectl({"submit", spec, "--paused"});
   ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err;
   const std::string id = LastLine(submit.out);
+  *out_id = id;
   auto paused = cl.WaitForJob(
       id, [](const v1::Job& j) { return IsFinal(j) || j.state() == v1::JOB_STATE_PAUSED; },
       absl::Seconds(120));
@@ -29,6 +30,11 @@ void RunFromAStepZeroCheckpoint(LocalCluster& cl, const std::string& spec, v1::J
   ASSERT_TRUE(at_zero.ok()) << at_zero.status();
   ASSERT_GT(at_zero->checkpoints_size(), 0);
   ASSERT_EQ(at_zero->checkpoints(0).step(), 0);
+}
+
+void RunFromAStepZeroCheckpoint(LocalCluster& cl, const std::string& spec, v1::Job* out) {
+  std::string id;
+  ASSERT_NO_FATAL_FAILURE(HoldAtAStepZeroCheckpoint(cl, spec, &id));
   CommandResult resume = cl.Stagectl({"resume", id});
   ASSERT_EQ(resume.exit_code, 0) << resume.out << resume.err;
   auto done = cl.WaitForJob(id, IsFinal, absl::Seconds(180));

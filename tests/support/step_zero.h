@@ -9,9 +9,13 @@
 
 namespace stagecoach::testing {
 
-// Submits the spec file `spec` held before its first step, checkpoints it there (the job's
-// checkpoint dir gets step 0: the initial parameters), resumes it and waits for its end. Fails
-// the test (gtest assertions) unless it succeeds; the finished job in *out.
+// Submits the spec file `spec` held before its first step and checkpoints it there (the job's
+// checkpoint dir gets step 0: the initial parameters); the job stays PAUSED, its id in *id.
+// Fails the test (gtest assertions) otherwise, saying why the job failed.
+void HoldAtAStepZeroCheckpoint(LocalCluster& cl, const std::string& spec, std::string* id);
+
+// HoldAtAStepZeroCheckpoint, then resumes the job and waits for its end. Fails the test unless
+// it succeeds; the finished job in *out.
 void RunFromAStepZeroCheckpoint(LocalCluster& cl, const std::string& spec, v1::Job* out);
 
 }  // namespace stagecoach::testing

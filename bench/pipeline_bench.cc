@@ -57,7 +57,7 @@
 #include "worker/runtime/executor/pipeline_executor.h"
 #include "worker/runtime/executor/split_backward.h"
 #include "worker/runtime/executor/training_setup.h"
-#include "worker/runtime/training/training_data.h"
+#include "worker/runtime/data/training_data.h"
 #include "worker/transport/gloo/factory.h"
 #include "worker/transport/in_memory_store.h"
 

@@ -41,7 +41,7 @@
 #include "worker/runtime/device/cpu_pinning.h"
 #include "worker/runtime/executor/pipeline_executor.h"
 #include "worker/runtime/executor/training_setup.h"
-#include "worker/runtime/training/document_rows.h"
+#include "worker/runtime/data/document_rows.h"
 #include "worker/transport/gloo/factory.h"
 #include "worker/transport/in_memory_store.h"
 

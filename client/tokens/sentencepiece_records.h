@@ -1,6 +1,6 @@
 // stagecoach-sentencepiece records: fine-tuning records (JSON Lines, one object per line with a
 // prompt and a response string) tokenized for the worker's data.kind jsonl
-// (worker/runtime/training/jsonl_records.h), which runs the tool because it cannot load
+// (worker/runtime/data/jsonl_records.h), which runs the tool because it cannot load
 // libsentencepiece itself (common/text/sentencepiece_tokenizer.h says why).
 //
 //   records FILE --tokenizer M [--prompt-field K] [--response-field K]

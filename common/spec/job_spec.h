@@ -208,7 +208,7 @@ struct TrainingSpec {
 
 struct DataSpec {
   // "synthetic" (default; for a built-in mlp or gpt), "tokens", "jsonl" (fine-tuning records,
-  // worker/runtime/training/jsonl_records.h) or "tensors".
+  // worker/runtime/data/jsonl_records.h) or "tensors".
   std::string kind = "synthetic";
   // Path on the workers' filesystem (tokens, tensors).
   std::string path;
@@ -223,7 +223,7 @@ struct DataSpec {
   // tokens: rows of whole documents (each ending with the EOS id `eos`) instead of random
   // windows: "pad" (a row is one document, each microbatch padded to its longest row) or "pack"
   // (a row is as many whole documents as fit, attending within each); empty: "pack" when `eos`
-  // is given, else the windows (worker/runtime/training/document_rows.h).
+  // is given, else the windows (worker/runtime/data/document_rows.h).
   std::string packing;
   // tokens: the id that ends every document (the tokenizer's EOS); with packing, defaults to the
   // model's eos_token_id.

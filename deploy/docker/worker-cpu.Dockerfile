@@ -57,7 +57,7 @@ RUN apt-get update \
  && install -d -o 10001 -g 10001 /var/cache/stagecoach
 COPY --from=builder /build/worker/stagecoach-worker /usr/local/bin/
 # data.kind jsonl: the worker tokenizes records with the tool beside it
-# (worker/runtime/training/jsonl_records.h).
+# (worker/runtime/data/jsonl_records.h).
 COPY --from=builder /build/client/stagecoach-sentencepiece /usr/local/bin/
 USER 10001:10001
 WORKDIR /var/cache/stagecoach

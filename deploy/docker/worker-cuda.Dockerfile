@@ -92,7 +92,7 @@ RUN printf '%s\n' /opt/libtorch/lib /opt/nccl/lib /usr/local/cuda/lib64 \
  && ldconfig
 COPY --from=builder /build/worker/stagecoach-worker /usr/local/bin/
 # data.kind jsonl: the worker tokenizes records with the tool beside it
-# (worker/runtime/training/jsonl_records.h).
+# (worker/runtime/data/jsonl_records.h).
 COPY --from=builder /build/client/stagecoach-sentencepiece /usr/local/bin/
 # What the NVIDIA container runtime reads to mount the driver (nvidia/cuda images set the same).
 ENV NVIDIA_VISIBLE_DEVICES=all \

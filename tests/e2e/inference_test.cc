@@ -267,7 +267,7 @@ std::string GptSpec(const std::string& name, int stages, int workers, const std:
 // A built-in GPT forward-only: token ids (int64 .npy) in, logits [B, T, vocab] out, finite, the
 // same for 2 stages on 2 workers (1F1B) and 4 stages on 4 workers (GPipe), and the model a
 // training job trains: the cross-entropy of the logits on that job's first batch (rebuilt here
-// from worker/runtime/training/training_data.h's definition of data.kind tokens), mean over the
+// from worker/runtime/data/training_data.h's definition of data.kind tokens), mean over the
 // job's microbatches, is the job's first loss.
 TEST_F(InferenceTest, GptLogitsHaveTheirShapeAgreeAcrossPlacementsAndAreTheTrainedModels) {
   constexpr int kVocab = 64, kSeq = 16, kBatch = 8, kMicrobatches = 4;

@@ -29,7 +29,7 @@
 #include "worker/runtime/checkpoint/checkpoint.h"
 #include "worker/runtime/executor/forward_actions.h"
 #include "worker/runtime/task/tensor_data.h"
-#include "worker/runtime/training/training_data.h"
+#include "worker/runtime/data/training_data.h"
 #include "worker/service/task_manager.h"
 #include "worker/transport/gloo/factory.h"
 #include "worker/transport/in_memory_store.h"

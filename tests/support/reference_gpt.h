@@ -1,7 +1,7 @@
 // The numerical contract's reference for the built-in GPT (worker/model/gpt.h's architecture,
 // written again here in plain LibTorch from that description, sharing no code with the worker):
 // trained in one process without a pipeline from given initial parameters (a job's step-0
-// export), on the family's synthetic tokens (worker/runtime/training/training_data.h's definition),
+// export), on the family's synthetic tokens (worker/runtime/data/training_data.h's definition),
 // each step's batch split with tensor_split into microbatches, loss = the mean of the microbatch
 // cross-entropies (each the mean over its B x T positions), AdamW, optionally clip_grad_norm_.
 // With `tied`, the head uses the token embedding's weight: one parameter.

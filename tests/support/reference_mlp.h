@@ -1,7 +1,7 @@
 // The numerical contract's reference: the same MLP trained in one process without a pipeline,
 // written in plain LibTorch and sharing no code with the worker's model, data or executor.
 // It follows the definitions users rely on (DESIGN.md "Spec" and "Numerical contract";
-// worker/runtime/training/training_data.h for synthetic and tensors data): parameters from
+// worker/runtime/data/training_data.h for synthetic and tensors data): parameters from
 // torch.manual_seed(seed) and nn.Linear layers built in order; each step's batch split with
 // tensor_split; step loss = mean over microbatches of each microbatch's loss; gradients of that
 // mean.

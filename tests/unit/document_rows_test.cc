@@ -1,4 +1,4 @@
-// Rows of whole documents (worker/runtime/training/document_rows.h): documents cut after each
+// Rows of whole documents (worker/runtime/data/document_rows.h): documents cut after each
 // EOS, pad rows of one document cut to seq, packed rows of whole documents with their segments,
 // and a microbatch cut to its longest row; and a tokens file with data.packing read through
 // BatchSource (the EOS from data.eos, a file without a document refused naming data.path).
@@ -13,8 +13,8 @@
 #include "gtest/gtest.h"
 #include "tests/support/temp_dir.h"
 #include "worker/runtime/executor/training_setup.h"
-#include "worker/runtime/training/document_rows.h"
-#include "worker/runtime/training/training_data.h"
+#include "worker/runtime/data/document_rows.h"
+#include "worker/runtime/data/training_data.h"
 
 namespace stagecoach::runtime::document_rows_test {
 namespace {

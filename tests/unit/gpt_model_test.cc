@@ -1,5 +1,5 @@
 // The built-in GPT family (worker/model/gpt.h) and the tokens dataset
-// (worker/runtime/training/training_data.h): stages chained equal the whole model exactly,
+// (worker/runtime/data/training_data.h): stages chained equal the whole model exactly,
 // per-layer parameter counts equal the planner's, and a tokens file gives shifted windows per
 // (seed, step).
 #include <torch/torch.h>
@@ -18,7 +18,7 @@
 #include "tests/support/temp_dir.h"
 #include "worker/model/gpt.h"
 #include "worker/runtime/executor/training_setup.h"
-#include "worker/runtime/training/training_data.h"
+#include "worker/runtime/data/training_data.h"
 
 namespace stagecoach::gpt_model_test {
 namespace {

@@ -1,11 +1,11 @@
-// Fine-tuning records (data.kind jsonl, worker/runtime/training/jsonl_records.h) with a
+// Fine-tuning records (data.kind jsonl, worker/runtime/data/jsonl_records.h) with a
 // SentencePiece model trained by the test (with stagecoach-sentencepiece, the tool the worker
 // runs; tests/unit/sentencepiece_tokens_test.cc holds the tool to python3-sentencepiece): each
 // record is BOS, the prompt's ids, the response's ids and EOS, and only the response's targets
 // (and the EOS) count in the loss; rows of records hide the prompt's targets; overlong records
 // are truncated, skipped or fail the job naming their line (data.overlong); bad lines, missing
 // fields, a bad tokenizer and a missing tool are refused naming them.
-#include "worker/runtime/training/jsonl_records.h"
+#include "worker/runtime/data/jsonl_records.h"
 
 #include <torch/torch.h>
 

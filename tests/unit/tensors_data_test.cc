@@ -1,4 +1,4 @@
-// data.kind tensors (worker/runtime/training/training_data.h): a file written by Python's
+// data.kind tensors (worker/runtime/data/training_data.h): a file written by Python's
 // torch.save({"inputs": X, "targets": Y}) read once, step k's rows (k * batch_size + i) mod N
 // wrapping around, and every bad file refused naming data.path and the problem. The files are
 // written by /usr/bin/python3 with PyTorch, as a user would write them.
@@ -14,7 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/python.h"
-#include "worker/runtime/training/training_data.h"
+#include "worker/runtime/data/training_data.h"
 
 namespace stagecoach::tensors_data_test {
 namespace {

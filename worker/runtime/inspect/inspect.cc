@@ -23,7 +23,7 @@
 #include "worker/runtime/device/counting_allocator.h"
 #include "worker/runtime/executor/fused_weight_grad.h"
 #include "worker/runtime/executor/split_backward.h"
-#include "worker/runtime/training/training_data.h"
+#include "worker/runtime/data/training_data.h"
 
 namespace stagecoach::model {
 namespace {

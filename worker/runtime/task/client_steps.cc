@@ -13,8 +13,8 @@
 #include "common/util/status_macros.h"
 #include "worker/runtime/executor/forward_actions.h"
 #include "worker/runtime/task/tensor_data.h"
-#include "worker/runtime/training/document_rows.h"
-#include "worker/runtime/training/training_data.h"
+#include "worker/runtime/data/document_rows.h"
+#include "worker/runtime/data/training_data.h"
 
 namespace stagecoach::runtime {
 namespace {

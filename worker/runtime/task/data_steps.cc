@@ -11,7 +11,7 @@
 #include "common/rpc/time_conversion.h"
 #include "common/util/logging.h"
 #include "common/util/status_macros.h"
-#include "worker/runtime/training/document_rows.h"
+#include "worker/runtime/data/document_rows.h"
 
 namespace stagecoach::runtime {
 namespace {

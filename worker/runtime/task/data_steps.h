@@ -33,7 +33,7 @@
 #include "worker/runtime/training/step_recipe.h"
 #include "worker/runtime/training/step_rollback.h"
 #include "worker/runtime/training/tied_parameters.h"
-#include "worker/runtime/training/training_data.h"
+#include "worker/runtime/data/training_data.h"
 
 namespace stagecoach::runtime {
 

@@ -22,7 +22,7 @@
 #include "common/schedule/action.h"
 #include "worker/runtime/executor/pipeline_executor.h"
 #include "worker/runtime/task/task_setup.h"
-#include "worker/runtime/training/training_data.h"
+#include "worker/runtime/data/training_data.h"
 
 namespace stagecoach::runtime {
 

@@ -30,7 +30,7 @@
 #include "worker/runtime/executor/message_tags.h"
 #include "worker/runtime/executor/training_setup.h"
 #include "worker/runtime/task/task_runner.h"
-#include "worker/runtime/training/training_data.h"
+#include "worker/runtime/data/training_data.h"
 #include "worker/runtime/training/zero_shards.h"
 
 namespace stagecoach::runtime {

@@ -1,4 +1,4 @@
-#include "worker/runtime/training/document_rows.h"
+#include "worker/runtime/data/document_rows.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>

@@ -1,4 +1,4 @@
-#include "worker/runtime/training/jsonl_records.h"
+#include "worker/runtime/data/jsonl_records.h"
 
 #include <filesystem>
 #include <utility>

@@ -27,8 +27,8 @@
 
 #include "absl/status/statusor.h"
 #include "common/spec/job_spec.h"
-#include "worker/runtime/training/document_rows.h"
-#include "worker/runtime/training/training_data.h"
+#include "worker/runtime/data/document_rows.h"
+#include "worker/runtime/data/training_data.h"
 
 namespace stagecoach::runtime {
 

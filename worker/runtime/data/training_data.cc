@@ -1,4 +1,4 @@
-#include "worker/runtime/training/training_data.h"
+#include "worker/runtime/data/training_data.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/serialize.h>
@@ -18,8 +18,8 @@
 #include "absl/strings/str_join.h"
 #include "common/spec/builtin_model.h"
 #include "common/util/status_macros.h"
-#include "worker/runtime/training/document_rows.h"
-#include "worker/runtime/training/jsonl_records.h"
+#include "worker/runtime/data/document_rows.h"
+#include "worker/runtime/data/jsonl_records.h"
 
 namespace stagecoach::runtime {
 namespace {

@@ -81,10 +81,9 @@ class DocumentSource : public BatchSource {
   Records records() const override { return records_; }
 
   absl::StatusOr<Batch> Make(int64_t step) override {
-    const int64_t seq = spec_.model.builtin.has_value() ? spec_.model.builtin->seq : spec_.data.seq;
     Batch batch = DocumentRows(tokens_, documents_, eos_, spec_.data.packing == "pack",
-                               spec_.training.batch_size, seq, spec_.data.seed, step,
-                               counted_.empty() ? nullptr : &counted_);
+                               spec_.training.batch_size, WindowLength(spec_), spec_.data.seed,
+                               step, counted_.empty() ? nullptr : &counted_);
     if (!want_inputs_) batch.inputs = torch::Tensor();
     if (!want_targets_) batch.targets = torch::Tensor();
     return batch;
@@ -138,6 +137,20 @@ torch::Tensor TrimToWidth(const torch::Tensor& microbatch, int64_t width) {
 
 torch::Tensor TrimToLongestRow(const torch::Tensor& microbatch, const torch::Tensor& lengths) {
   return TrimToWidth(microbatch, LongestRow(lengths));
+}
+
+void CutToLongestRows(const std::vector<torch::Tensor>& lengths, bool each,
+                      std::initializer_list<std::vector<torch::Tensor>*> parts) {
+  std::vector<int64_t> widths;
+  const int64_t longest = each || lengths.empty() ? 0 : LongestRow(torch::cat(lengths));
+  for (size_t mb = 0; mb < lengths.size(); ++mb) {
+    widths.push_back(each ? LongestRow(lengths[mb]) : longest);
+  }
+  for (std::vector<torch::Tensor>* part : parts) {
+    for (size_t mb = 0; mb < part->size() && mb < widths.size(); ++mb) {
+      (*part)[mb] = TrimToWidth((*part)[mb], widths[mb]);
+    }
+  }
 }
 
 }  // namespace stagecoach::runtime

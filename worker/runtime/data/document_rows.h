@@ -23,6 +23,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <vector>
 
@@ -69,5 +70,11 @@ torch::Tensor TrimToLongestRow(const torch::Tensor& microbatch, const torch::Ten
 // The same cut to `width` columns, for several tensors of one microbatch (LongestRow once).
 int64_t LongestRow(const torch::Tensor& lengths);
 torch::Tensor TrimToWidth(const torch::Tensor& microbatch, int64_t width);
+
+// Cuts microbatch mb of every part (inputs, targets, segments: empty ones are left alone) to
+// the longest of `lengths[mb]` (`each`), or all of them to the longest row of all `lengths`
+// (when the pipeline's shapes must not vary per microbatch). Widths are found once.
+void CutToLongestRows(const std::vector<torch::Tensor>& lengths, bool each,
+                      std::initializer_list<std::vector<torch::Tensor>*> parts);
 
 }  // namespace stagecoach::runtime

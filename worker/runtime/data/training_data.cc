@@ -63,11 +63,6 @@ class SyntheticSource : public BatchSource {
   bool want_targets_;
 };
 
-// Tokens per row: model.builtin.seq for a built-in decoder (gpt, llama), data.seq for a TorchScript model.
-int64_t WindowLength(const spec::JobSpec& spec) {
-  return spec.model.builtin.has_value() ? spec.model.builtin->seq : spec.data.seq;
-}
-
 // Synthetic token rows for a built-in decoder (gpt, llama): arithmetic sequences modulo the vocabulary, from a
 // start and a stride drawn per row from generator(seed + 1 + step). The next token follows from
 // the two before it, so a model can learn the task.
@@ -387,6 +382,10 @@ class EmptySource : public BatchSource {
 };
 
 }  // namespace
+
+int64_t WindowLength(const spec::JobSpec& spec) {
+  return spec.model.builtin.has_value() ? spec.model.builtin->seq : spec.data.seq;
+}
 
 absl::StatusOr<std::unique_ptr<BatchSource>> BatchSource::Open(const spec::JobSpec& spec,
                                                                bool want_inputs,

@@ -92,6 +92,10 @@ absl::StatusOr<Batch> MakeBatch(const spec::JobSpec& spec, int64_t step, bool wa
 // by at most one, the larger ones first. Requires 1 <= n <= batch.size(0).
 std::vector<torch::Tensor> SplitMicrobatches(const torch::Tensor& batch, int n);
 
+// Positions per row: model.builtin.seq for a built-in decoder (gpt, llama), data.seq for a
+// TorchScript model.
+int64_t WindowLength(const spec::JobSpec& spec);
+
 // Which of a job's data-parallel replicas a task belongs to (placement.replicas).
 struct ReplicaShare {
   int replica = 0;

@@ -29,6 +29,11 @@ torch::Tensor ToModelDtype(torch::Tensor t) {
   return t.is_floating_point() ? t.to(torch::kFloat32) : t;
 }
 
+// client_step.row_lengths as a tensor.
+torch::Tensor RowLengths(const v1::ClientStep& cs) {
+  return torch::tensor(std::vector<int64_t>(cs.row_lengths().begin(), cs.row_lengths().end()));
+}
+
 // Which ends of the pipeline `task`'s rank owns.
 struct Ends {
   bool first = false;
@@ -111,8 +116,7 @@ absl::Status DecodeTargets(const v1::ClientStep& cs, int rank, bool owns_last, i
           cs.inputs_shape(1), "), got ", rpc::DescribeTensorData(cs.targets())));
     }
     // Past its length a row is padding: its targets are ignored whatever the client sent.
-    const torch::Tensor lengths =
-        torch::tensor(std::vector<int64_t>(cs.row_lengths().begin(), cs.row_lengths().end()));
+    const torch::Tensor lengths = RowLengths(cs);
     y = y.masked_fill(torch::arange(y.size(1)).unsqueeze(0) >= lengths.unsqueeze(1),
                       kIgnoredTarget);
   }
@@ -133,16 +137,9 @@ absl::Status CutRaggedRows(const v1::ClientStep& cs, bool dynamic_shapes, int m,
         absl::StrCat("client_step.row_lengths: ", cs.row_lengths_size(), " lengths for inputs ",
                      ShapeString(cs.inputs_shape())));
   }
-  const torch::Tensor lengths =
-      torch::tensor(std::vector<int64_t>(cs.row_lengths().begin(), cs.row_lengths().end()));
-  const std::vector<torch::Tensor> per_microbatch = ReplicaMicrobatches(lengths, m, share);
   const bool each = dynamic_shapes && !cs.forward_only();
-  const int64_t longest = LongestRow(torch::cat(per_microbatch));
-  for (std::vector<torch::Tensor>* part : {&batch.inputs, &batch.targets}) {
-    for (size_t mb = 0; mb < part->size(); ++mb) {
-      (*part)[mb] = TrimToWidth((*part)[mb], each ? LongestRow(per_microbatch[mb]) : longest);
-    }
-  }
+  CutToLongestRows(ReplicaMicrobatches(RowLengths(cs), m, share), each,
+                   {&batch.inputs, &batch.targets});
   if (!each) batch.planned = MetasOf(batch.inputs);
   return absl::OkStatus();
 }

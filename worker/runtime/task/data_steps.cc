@@ -125,17 +125,10 @@ std::vector<DataSteps::Pass> DataSteps::PassesOf(const Batch& batch) const {
     if (want_targets_) pass.targets = ReplicaMicrobatches(batch.targets, m, share);
     pass.planned = MetasOf(pass.inputs);
     if (!batch.row_lengths.defined()) continue;
-    const std::vector<torch::Tensor> lengths = ReplicaMicrobatches(batch.row_lengths, m, share);
-    std::vector<int64_t> widths;
     if (batch.segments.defined()) pass.segments = ReplicaMicrobatches(batch.segments, m, share);
-    // Each microbatch's inputs, targets and segments cut to its longest row, found once.
-    for (std::vector<torch::Tensor>* part : {&pass.inputs, &pass.targets, &pass.segments}) {
-      if (part->empty()) continue;
-      for (size_t mb = 0; mb < part->size(); ++mb) {
-        if (widths.size() <= mb) widths.push_back(LongestRow(lengths[mb]));
-        (*part)[mb] = TrimToWidth((*part)[mb], widths[mb]);
-      }
-    }
+    // Each microbatch's inputs, targets and segments cut to its longest row.
+    CutToLongestRows(ReplicaMicrobatches(batch.row_lengths, m, share), /*each=*/true,
+                     {&pass.inputs, &pass.targets, &pass.segments});
   }
   return passes;
 }

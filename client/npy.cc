@@ -226,49 +226,45 @@ absl::StatusOr<v1::TensorData> ParseNpy(absl::string_view bytes, absl::string_vi
     return absl::InvalidArgumentError(absl::StrCat(name, ": ", why));
   };
   ASSIGN_OR_RETURN(const NpyHeader h, ParseNpyHeader(bytes, name));
-  const HeaderValue descr_value{HeaderValue::kString, h.descr, false, {}};
-  const HeaderValue* descr = &descr_value;
-  const HeaderValue shape_value{HeaderValue::kTuple, "", false, h.shape};
-  const HeaderValue* shape = &shape_value;
-  if (descr->text == "|O") {
+  const std::string& descr = h.descr;
+  if (descr == "|O") {
     return bad(
         "an object array (dtype '|O', pickled): stagectl reads one only as ragged rows of "
         "token ids (`stagectl step --inputs`, client/ragged_rows.h)");
   }
   std::optional<absl::string_view> dtype;
   for (const DType& d : kDTypes) {
-    if (descr->text == d.descr) dtype = d.name;
+    if (descr == d.descr) dtype = d.name;
   }
   if (!dtype.has_value()) {
-    if (!descr->text.empty() && descr->text[0] == '>') {
-      return bad(absl::StrCat("dtype '", descr->text,
+    if (!descr.empty() && descr[0] == '>') {
+      return bad(absl::StrCat("dtype '", descr,
                               "' is big-endian; save a little-endian array (arr.astype('<",
-                              descr->text.substr(1), "'))"));
+                              descr.substr(1), "'))"));
     }
-    return bad(absl::StrCat("dtype '", descr->text,
+    return bad(absl::StrCat("dtype '", descr,
                             "' is not supported (supported: <f4 float32, <f8 float64, <i8 int64, "
                             "<i4 int32)"));
   }
-  if (h.fortran_order && shape->ints.size() >= 2) {
+  if (h.fortran_order && h.shape.size() >= 2) {
     return bad(
         "Fortran-order arrays are not supported; save a C-order array "
         "(np.ascontiguousarray)");
   }
   v1::TensorData out;
   out.set_dtype(std::string(*dtype));
-  for (int64_t d : shape->ints) out.add_shape(d);
-  const absl::string_view data = h.data;
+  for (int64_t d : h.shape) out.add_shape(d);
   int64_t want = rpc::DTypeSize(*dtype);
-  for (int64_t d : shape->ints) {
+  for (int64_t d : h.shape) {
     if (__builtin_mul_overflow(want, d, &want)) return bad("header: the shape is too large");
   }
-  if (static_cast<int64_t>(data.size()) != want) {
+  if (static_cast<int64_t>(h.data.size()) != want) {
     return bad(
-        absl::StrCat(static_cast<int64_t>(data.size()) < want ? "truncated data" : "extra data",
-                     ": ", descr->text, " shape (", absl::StrJoin(shape->ints, ", "), ") needs ",
-                     want, " bytes after the header, the file has ", data.size()));
+        absl::StrCat(static_cast<int64_t>(h.data.size()) < want ? "truncated data" : "extra data",
+                     ": ", descr, " shape (", absl::StrJoin(h.shape, ", "), ") needs ", want,
+                     " bytes after the header, the file has ", h.data.size()));
   }
-  out.set_data(std::string(data));
+  out.set_data(std::string(h.data));
   return out;
 }
 

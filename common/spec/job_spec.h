@@ -289,12 +289,18 @@ struct JobSpec {
 // restart.carry_on, unset meaning "unless placement.shard_optimizer" (RestartSpec::carry_on).
 bool CarriesOn(const JobSpec& spec);
 
+// Whether `data` is token data a decoder trains on from a file: a token file or fine-tuning
+// records (their rows hold token ids, and their targets are counted).
+inline bool IsTokenData(const DataSpec& data) {
+  return data.kind == "tokens" || data.kind == "jsonl";
+}
+
 // The job's training.loss_normalization, resolved: as given, else "tokens" for token data
-// (tokens, jsonl) with the cross_entropy loss, else "microbatches".
+// (IsTokenData) with the cross_entropy loss, else "microbatches".
 inline std::string LossNormalizationOf(const JobSpec& spec) {
   if (!spec.training.loss_normalization.empty()) return spec.training.loss_normalization;
-  const bool token_data = spec.data.kind == "tokens" || spec.data.kind == "jsonl";
-  return token_data && spec.training.loss == "cross_entropy" ? "tokens" : "microbatches";
+  return IsTokenData(spec.data) && spec.training.loss == "cross_entropy" ? "tokens"
+                                                                         : "microbatches";
 }
 
 // Whether schedule.kind asks the coordinator to choose the plan ("auto", in any case).

@@ -116,7 +116,7 @@ void ParseData(Validator& v, const YAML::Node& node, const std::string& path, Da
   }
   data->Uint("seed", &out->seed);
   const Read seq = data->Int("seq", 1, kIntMax, &out->seq);
-  if (seq == Read::kOk && kind != Read::kInvalid && out->kind != "tokens" && out->kind != "jsonl") {
+  if (seq == Read::kOk && kind != Read::kInvalid && !IsTokenData(*out)) {
     v.Error(data->Path("seq"), absl::StrCat("only used by ", path, ".kind tokens or jsonl"));
   }
   const Read dtype = data->Enum("dtype", {"uint16", "uint32"}, &out->dtype);
@@ -124,8 +124,7 @@ void ParseData(Validator& v, const YAML::Node& node, const std::string& path, Da
     v.Error(data->Path("dtype"), absl::StrCat("only used by ", path, ".kind tokens"));
   }
   const Read packing = data->Enum("packing", {"pad", "pack"}, &out->packing);
-  const bool documents = out->kind == "tokens" || out->kind == "jsonl";
-  if (packing == Read::kOk && kind != Read::kInvalid && !documents) {
+  if (packing == Read::kOk && kind != Read::kInvalid && !IsTokenData(*out)) {
     v.Error(data->Path("packing"), absl::StrCat("only used by ", path, ".kind tokens or jsonl"));
   }
   ParseJsonlFields(v, *data, path, kind != Read::kInvalid, out);

@@ -82,7 +82,7 @@ absl::Status CheckSupported(const spec::JobSpec& spec, const PlanOptions& option
                         "'synthetic' data is drawn for a built-in model's sizes and cannot feed a "
                         "TorchScript model (use data.kind tensors or tokens)");
     }
-    if ((kind == "tokens" || kind == "jsonl") && spec.data.seq <= 0) {
+    if (spec::IsTokenData(spec.data) && spec.data.seq <= 0) {
       return FieldError("data.seq",
                         absl::StrCat("required for data.kind ", kind,
                                      " with a TorchScript model (the tokens per row the model "
@@ -100,7 +100,7 @@ absl::Status CheckSupported(const spec::JobSpec& spec, const PlanOptions& option
     // Synthetic data is drawn for the model's sizes; a tensors file (torch.save'd inputs and
     // targets) feeds an MLP, a tokens file feeds a decoder.
     const bool fits =
-        kind == "synthetic" || (decoder ? kind == "tokens" || kind == "jsonl" : kind == "tensors");
+        kind == "synthetic" || (decoder ? spec::IsTokenData(spec.data) : kind == "tensors");
     if (!fits) {
       return FieldError(
           "data.kind",

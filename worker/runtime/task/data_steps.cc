@@ -293,7 +293,7 @@ absl::StatusOr<bool> DataSteps::RunPasses(const std::vector<Pass>& passes, bool 
     out->set_truncated(records.truncated);
     out->set_skipped(records.skipped);
   }
-  if (want_targets_ && (setup.spec.data.kind == "tokens" || setup.spec.data.kind == "jsonl")) {
+  if (want_targets_ && spec::IsTokenData(setup.spec.data)) {
     for (const Pass& pass : passes) {
       for (const torch::Tensor& t : pass.targets) {
         report.set_counted_tokens(report.counted_tokens() + CountedTokens(t));

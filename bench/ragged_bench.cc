@@ -3,11 +3,13 @@
 // stages.
 //
 //   1. The shape header's cost: the same full-window microbatches with dynamic shapes off (the
-//      shapes agreed at set-up) and on (a header ahead of every activation, the receive buffer
-//      allocated when it arrives), steps of the two alternating on the same ranks, for 1F1B,
-//      Interleaved1F1B and ZBVZeroBubble: median step times, and the median of the ratios of
-//      each pair of neighbouring steps (less exposed to the machine's drift than the ratio of
-//      the medians).
+//      shapes agreed at set-up) and on, the header framed with each activation (as on Gloo) or
+//      ahead of it in a message of its own, the value's buffer allocated when the header is in
+//      (as on a transport of exact receives, NCCL, here Gloo told it has no shorter receives),
+//      steps of the three alternating on the same ranks, for 1F1B, Interleaved1F1B and
+//      ZBVZeroBubble: median step times, and the median of the ratios of each step to its
+//      fixed-shape neighbour (less exposed to the machine's drift than the ratio of the
+//      medians).
 //   2. Ragged steps: microbatches of rows of lengths drawn from 1 to seq, each padded to its own
 //      longest row (dynamic shapes), against full windows: the median step time and the
 //      positions computed per second.
@@ -18,6 +20,7 @@
 //
 //   build/bench/ragged_bench [--d-model N] [--layers N] [--heads N] [--seq N] [--vocab N]
 //                            [--batch N] [--microbatches N] [--steps N] [--warmup N]
+//                            [--parts 123]   (which of the three to run)
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
@@ -35,13 +38,14 @@
 #include "absl/time/clock.h"
 #include "bench/bench_support.h"
 #include "common/schedule/build.h"
+#include "tests/support/exact_receives_transport.h"
 #include "worker/model/gpt.h"
+#include "worker/runtime/data/document_rows.h"
 #include "worker/runtime/device/compute_slice.h"
 #include "worker/runtime/device/compute_threads.h"
 #include "worker/runtime/device/cpu_pinning.h"
 #include "worker/runtime/executor/pipeline_executor.h"
 #include "worker/runtime/executor/training_setup.h"
-#include "worker/runtime/data/document_rows.h"
 #include "worker/transport/gloo/factory.h"
 #include "worker/transport/in_memory_store.h"
 
@@ -61,7 +65,12 @@ constexpr absl::Duration kWait = absl::Seconds(120);
 struct Options {
   int64_t d_model = 256, layers = 8, heads = 8, seq = 256, vocab = 512, batch = 16;
   int microbatches = 8, steps = 8, warmup = 2;
+  std::string parts = "123";
 };
+
+// How a variant's executor treats shapes: agreed at set-up, or varying with the header framed
+// with each activation or sent ahead of it.
+enum class Shapes { kFixed, kFramed, kAhead };
 
 stagecoach::spec::BuiltinModel Gpt(const Options& o) {
   stagecoach::spec::BuiltinModel m;
@@ -98,10 +107,10 @@ Batch MakeBatch(const Options& o, bool ragged, uint64_t seed) {
   return b;
 }
 
-// Step times (ms) of `kind`, per variant: variant v runs on an executor with dynamic shapes
-// dynamic[v] over batches batches[v]; the variants' steps alternate on the same ranks.
+// Step times (ms) of `kind`, per variant: variant v runs on an executor that treats shapes as
+// shapes[v] over batches batches[v]; the variants' steps alternate on the same ranks.
 std::vector<std::vector<double>> Measure(sched::ScheduleKind kind, const Options& o,
-                                         const std::vector<bool>& dynamic,
+                                         const std::vector<Shapes>& shapes,
                                          const std::vector<std::vector<Batch>>& batches) {
   sched::ScheduleConfig config;
   config.kind = kind;
@@ -111,7 +120,7 @@ std::vector<std::vector<double>> Measure(sched::ScheduleKind kind, const Options
   const sched::BuiltSchedule built = Value("building the schedule", sched::BuildSchedule(config));
   const int num_stages = static_cast<int>(built.stage_to_rank.size());
   const int layers = static_cast<int>(o.layers) + 3;
-  std::vector<std::vector<double>> ms(dynamic.size());
+  std::vector<std::vector<double>> ms(shapes.size());
   tr::InMemoryStore store;
   std::vector<std::thread> threads;
   for (int rank = 0; rank < kRanks; ++rank) {
@@ -133,6 +142,7 @@ std::vector<std::vector<double>> Measure(sched::ScheduleKind kind, const Options
       gloo.world_size = kRanks;
       gloo.key_prefix = "ragged/";
       auto transport = Value("connecting", tr::CreateGlooTransport(gloo, &store));
+      stagecoach::testing::ExactReceivesTransport exact(transport.get());
       std::vector<std::unique_ptr<stagecoach::model::StageModel>> owned;
       std::map<int, stagecoach::model::StageModel*> stages;
       for (int s = 0; s < num_stages; ++s) {
@@ -143,7 +153,7 @@ std::vector<std::vector<double>> Measure(sched::ScheduleKind kind, const Options
         stages[s] = owned.back().get();
       }
       std::vector<std::unique_ptr<rt::PipelineExecutor>> executors;
-      for (bool d : dynamic) {
+      for (Shapes v : shapes) {
         rt::ExecutorOptions options;
         options.rank = rank;
         options.num_stages = num_stages;
@@ -151,9 +161,9 @@ std::vector<std::vector<double>> Measure(sched::ScheduleKind kind, const Options
         options.stage_to_rank = built.stage_to_rank;
         options.comm_timeout = kWait;
         options.loss = rt::LossKind::kCrossEntropy;
-        options.dynamic_shapes = d;
-        executors.push_back(
-            std::make_unique<rt::PipelineExecutor>(options, transport.get(), stages));
+        options.dynamic_shapes = v != Shapes::kFixed;
+        executors.push_back(std::make_unique<rt::PipelineExecutor>(
+            options, v == Shapes::kAhead ? &exact : transport.get(), stages));
         Check(
             "agreeing shapes",
             executors.back()->AgreeShapes(std::vector<rt::TensorMeta>(
@@ -282,7 +292,8 @@ void PrintFortunes(const Options& base) {
   std::vector<std::vector<Batch>> batches;
   for (const std::string& mode : modes)
     batches.push_back(FortuneBatches(tokens, eos, mode, o, steps));
-  const auto ms = Measure(sched::ScheduleKind::kZBVZeroBubble, o, {false, true, true}, batches);
+  const auto ms = Measure(sched::ScheduleKind::kZBVZeroBubble, o,
+                          {Shapes::kFixed, Shapes::kFramed, Shapes::kFramed}, batches);
   for (size_t v = 0; v < modes.size(); ++v) {
     int64_t counted = 0, positions = 0;
     for (const Batch& b : batches[v]) {
@@ -293,6 +304,49 @@ void PrintFortunes(const Options& base) {
     std::printf("   %-8s %10.1f %14.0f %11.1f%% %14.0f\n", modes[v].c_str(), Median(ms[v]),
                 per_step, 100.0 * (1.0 - static_cast<double>(counted) / positions),
                 per_step / Median(ms[v]) * 1e3);
+  }
+}
+
+// Part 1: full windows with shapes fixed, and varying with the header framed or ahead.
+void PrintHeaderCost(const Options& o, const std::vector<Batch>& full) {
+  std::printf(
+      "1. The shape header's cost: full windows, shapes fixed vs varying (header framed "
+      "with the value, or ahead of it)\n");
+  std::printf("   %-16s %10s %10s %10s %12s %12s\n", "schedule", "fixed_ms", "framed_ms",
+              "ahead_ms", "framed_ratio", "ahead_ratio");
+  using K = sched::ScheduleKind;
+  for (K kind : {K::k1F1B, K::kInterleaved1F1B, K::kZBVZeroBubble}) {
+    const auto ms =
+        Measure(kind, o, {Shapes::kFixed, Shapes::kFramed, Shapes::kAhead}, {full, full, full});
+    std::vector<double> framed, ahead;
+    for (size_t i = 0; i < ms[0].size(); ++i) {
+      framed.push_back(ms[1][i] / ms[0][i]);
+      ahead.push_back(ms[2][i] / ms[0][i]);
+    }
+    std::printf("   %-16s %10.1f %10.1f %10.1f %12.3f %12.3f\n",
+                std::string(sched::ScheduleKindName(kind)).c_str(), Median(ms[0]), Median(ms[1]),
+                Median(ms[2]), Median(framed), Median(ahead));
+  }
+}
+
+// Part 2: ragged microbatches, each padded to its longest row, against full windows.
+void PrintRaggedSteps(const Options& o, const std::vector<Batch>& full,
+                      const std::vector<Batch>& ragged) {
+  using K = sched::ScheduleKind;
+  int64_t ragged_positions = 0;
+  for (const Batch& b : ragged) ragged_positions += b.positions;
+  const double mean_ragged = static_cast<double>(ragged_positions) / ragged.size();
+  std::printf(
+      "\n2. Ragged steps: each microbatch padded to its longest row (lengths 1..%ld uniform), "
+      "%.0f positions a step on average against %ld for full windows\n",
+      o.seq, mean_ragged, o.batch * o.seq);
+  std::printf("   %-16s %10s %10s %14s %14s\n", "schedule", "full_ms", "ragged_ms", "full_pos/s",
+              "ragged_pos/s");
+  for (K kind : {K::k1F1B, K::kZBVZeroBubble}) {
+    const auto ms = Measure(kind, o, {Shapes::kFixed, Shapes::kFramed}, {full, ragged});
+    std::printf("   %-16s %10.1f %10.1f %14.0f %14.0f\n",
+                std::string(sched::ScheduleKindName(kind)).c_str(), Median(ms[0]), Median(ms[1]),
+                o.batch * o.seq / Median(ms[0]) * 1e3, mean_ragged / Median(ms[1]) * 1e3);
   }
 }
 
@@ -310,6 +364,8 @@ int main(int argc, char** argv) {
   app.add_option("--microbatches", o.microbatches)->check(CLI::PositiveNumber);
   app.add_option("--steps", o.steps, "measured steps per variant")->check(CLI::PositiveNumber);
   app.add_option("--warmup", o.warmup)->check(CLI::NonNegativeNumber);
+  app.add_option("--parts", o.parts,
+                 "which parts to run: 1 header cost, 2 ragged steps, 3 documents");
   CLI11_PARSE(app, argc, argv);
   if (o.batch % o.microbatches != 0) {
     std::fprintf(stderr, "--batch must be a multiple of --microbatches\n");
@@ -327,32 +383,8 @@ int main(int argc, char** argv) {
   std::vector<Batch> ragged;
   for (int k = 0; k < 4; ++k) ragged.push_back(MakeBatch(o, true, 10 + k));
 
-  std::printf("1. The shape header's cost: full windows, dynamic shapes off vs on\n");
-  std::printf("   %-16s %10s %10s %12s\n", "schedule", "fixed_ms", "header_ms", "paired_ratio");
-  using K = sched::ScheduleKind;
-  for (K kind : {K::k1F1B, K::kInterleaved1F1B, K::kZBVZeroBubble}) {
-    const auto ms = Measure(kind, o, {false, true}, {full, full});
-    std::vector<double> ratios;
-    for (size_t i = 0; i < ms[0].size(); ++i) ratios.push_back(ms[1][i] / ms[0][i]);
-    std::printf("   %-16s %10.1f %10.1f %12.3f\n",
-                std::string(sched::ScheduleKindName(kind)).c_str(), Median(ms[0]), Median(ms[1]),
-                Median(ratios));
-  }
-  int64_t ragged_positions = 0;
-  for (const Batch& b : ragged) ragged_positions += b.positions;
-  const double mean_ragged = static_cast<double>(ragged_positions) / ragged.size();
-  std::printf(
-      "\n2. Ragged steps: each microbatch padded to its longest row (lengths 1..%ld uniform), "
-      "%.0f positions a step on average against %ld for full windows\n",
-      o.seq, mean_ragged, o.batch * o.seq);
-  std::printf("   %-16s %10s %10s %14s %14s\n", "schedule", "full_ms", "ragged_ms", "full_pos/s",
-              "ragged_pos/s");
-  for (K kind : {K::k1F1B, K::kZBVZeroBubble}) {
-    const auto ms = Measure(kind, o, {false, true}, {full, ragged});
-    std::printf("   %-16s %10.1f %10.1f %14.0f %14.0f\n",
-                std::string(sched::ScheduleKindName(kind)).c_str(), Median(ms[0]), Median(ms[1]),
-                o.batch * o.seq / Median(ms[0]) * 1e3, mean_ragged / Median(ms[1]) * 1e3);
-  }
-  PrintFortunes(o);
+  if (o.parts.find('1') != std::string::npos) PrintHeaderCost(o, full);
+  if (o.parts.find('2') != std::string::npos) PrintRaggedSteps(o, full, ragged);
+  if (o.parts.find('3') != std::string::npos) PrintFortunes(o);
   return 0;
 }

@@ -1,7 +1,8 @@
 // Microbatches whose shapes differ from each other and from the step before, through the
 // pipeline executor (ExecutorOptions::dynamic_shapes): ranks are threads with the real Gloo data
 // plane, stages are the built-in GPT's, token rows of lengths from 1 to seq with padded targets.
-// On every kind of schedule (split I/W, OVERLAP_F_B and recomputation included), two steps of
+// On every kind of schedule (split I/W, OVERLAP_F_B and recomputation included), with the shape
+// header framed with each activation (Gloo) and, on some, ahead of it (as on NCCL), two steps of
 // ragged microbatches give the losses and gradients of the whole model run in one piece on the
 // same microbatches, with the loss the mean of the microbatch means or normalised by the
 // tokens that count. A value larger than planned is refused, naming it; without dynamic shapes,
@@ -18,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/schedule/build.h"
 #include "gtest/gtest.h"
+#include "tests/support/exact_receives_transport.h"
 #include "tests/support/executor_ranks.h"
 #include "worker/model/gpt.h"
 #include "worker/runtime/executor/pipeline_executor.h"
@@ -92,6 +94,9 @@ struct Case {
   int stages_per_rank;
   bool recompute;
   bool tokens;
+  // The shape header ahead of each activation, as on a transport of exact receives (NCCL),
+  // rather than framed with it (Gloo).
+  bool header_ahead = false;
 };
 
 std::vector<RankOutcome> RunPipeline(const Case& c, const std::vector<Batch>& steps) {
@@ -132,6 +137,9 @@ std::vector<RankOutcome> RunPipeline(const Case& c, const std::vector<Batch>& st
       if (!transport.ok()) {
         out.status = transport.status();
         return;
+      }
+      if (c.header_ahead) {
+        *transport = std::make_unique<testing::ExactReceivesTransport>(*std::move(transport));
       }
       ExecutorOptions options;
       options.rank = r;
@@ -246,10 +254,14 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"LoopedBFS", 2, false, false},
                       Case{"InterleavedZeroBubble", 2, false, false},
                       Case{"ZBVZeroBubble", 2, false, true}, Case{"ZBVZeroBubble", 2, true, true},
-                      Case{"DualPipeV", 2, false, false}),
+                      Case{"DualPipeV", 2, false, false},
+                      Case{"1F1B", 1, false, true, /*header_ahead=*/true},
+                      Case{"ZBVZeroBubble", 2, true, true, /*header_ahead=*/true},
+                      Case{"DualPipeV", 2, false, false, /*header_ahead=*/true}),
     [](const ::testing::TestParamInfo<Case>& info) {
       return absl::StrCat(info.param.kind, info.param.recompute ? "_recompute" : "",
-                          info.param.tokens ? "_tokens" : "");
+                          info.param.tokens ? "_tokens" : "",
+                          info.param.header_ahead ? "_header_ahead" : "");
     });
 
 // One rank, the whole model: what the executor accepts as stage 0's input.

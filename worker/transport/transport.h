@@ -74,10 +74,10 @@ class Transport {
                                                      uint64_t tag) = 0;
 
   // Starts receiving a send of at most `max_bytes` bytes from rank `peer` into `data` (as Recv
-  // otherwise): for a value whose size the receiver learns only later (a shape header sent
-  // ahead of it on another tag), so that the receive is posted, and the value travels, before
-  // that. How many bytes arrived the caller learns from that other message; a send of more
-  // fails both sides. Stats count such a receive's `max_bytes`. UNIMPLEMENTED on a backend
+  // otherwise): for a value whose size the receiver does not know when it posts the receive,
+  // so that the value travels as soon as it is sent. How many bytes arrived the caller learns
+  // from the message itself (the pipeline's ragged activations start with a shape header); a
+  // send of more fails both sides. Stats count such a receive's `max_bytes`. UNIMPLEMENTED on a backend
   // without BackendCapabilities::shorter_receives.
   virtual absl::StatusOr<std::unique_ptr<Work>> RecvUpTo(void* data, size_t max_bytes, int peer,
                                                          uint64_t tag) {

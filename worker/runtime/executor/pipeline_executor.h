@@ -47,11 +47,11 @@
 // Varying shapes (ExecutorOptions::dynamic_shapes): the agreed shapes are the largest (those of
 // the spec's batch) and fix each value's dtype, dimensions and whether it carries a gradient; a
 // step's microbatches may be smaller in any size. The producer sends a shape header ahead of each
-// activation (shape_header.h); the consumer's receive posts the header's receive at RECV_F and,
-// once the header is in (at the F that needs the value), allocates the buffer and receives the
-// value. A gradient goes back with the shape of the activation it is for, which both ranks know.
-// The cost: a 80-byte message per activation, and the activation's transfer starts when its
-// consumer needs it rather than when it was posted (bench/ragged_bench).
+// activation (shape_header.h): on Gloo in the value's own message (the consumer posts a receive
+// for the largest value at RECV_F, the value travels at once); on a transport of exact receives
+// (NCCL) as a message ahead, the value's buffer allocated once it is in (at the F that needs
+// it). A gradient goes back with the shape of the activation it is for, which both ranks know.
+// The cost on Gloo: a copy of each activation behind its 80-byte header (bench/ragged_bench).
 #pragma once
 
 #include <torch/types.h>
@@ -326,14 +326,28 @@ class PipelineExecutor {
   const TensorMeta& EdgeMeta(int edge, int microbatch) const;
   // The meta of edge e's value in this step: as sent or received (dynamic_shapes), else agreed.
   const TensorMeta& StepEdgeMeta(int edge, int microbatch, const StepState& state) const;
-  // dynamic_shapes: checks output `t` of edge e against its agreed meta, records its meta for
-  // the step and posts its shape header.
+  // dynamic_shapes: whether activations travel framed with their header (shape_header.h), as
+  // they do on a transport that takes shorter receives; else the header goes ahead.
+  bool FramesValues() const;
+  // dynamic_shapes: checks output `t` of edge e against its agreed meta and records its meta for
+  // the step.
+  absl::StatusOr<TensorMeta> SentMeta(int edge, int microbatch, const torch::Tensor& t,
+                                      const std::string& what, const std::string& where,
+                                      StepState& state);
+  // dynamic_shapes, header ahead: SentMeta, then posts `t`'s shape header (the value follows).
   absl::Status PostShapeHeader(int edge, int microbatch, const torch::Tensor& t,
                                const std::string& what, const std::string& where, StepState& state);
-  // dynamic_shapes: waits for the header of a posted activation receive, then allocates its
-  // buffer and posts the value's receive.
+  // dynamic_shapes, framed: SentMeta, then posts a copy of `t` behind its header.
+  absl::Status PostFramedValue(int edge, int microbatch, const torch::Tensor& t,
+                               const std::string& what, const std::string& where, StepState& state);
+  // dynamic_shapes, header ahead: waits for the header of a posted activation receive, then
+  // allocates its buffer and posts the value's receive.
   absl::Status ReceiveAfterHeader(int edge, int microbatch, const std::string& where,
                                   StepState& state);
+  // A received value's meta (`meta`, or why it could not be read) checked against the agreed
+  // one and recorded for the step; errors name the value and the rank it came from.
+  absl::Status AcceptReceivedMeta(int edge, int microbatch, const std::string& where, int peer,
+                                  absl::StatusOr<TensorMeta> meta, StepState& state);
   uint64_t EdgeTag(bool gradient, int edge, int microbatch) const;
   // "activation of stage c" (the consumer's input) or "output gradient of stage p", with the
   // edge's value indices when the wiring is not a chain.

@@ -190,6 +190,10 @@ absl::Status PipelineExecutor::SendActivations(int s, int mb, const std::string&
     const int ei = static_cast<int>(e);
     const torch::Tensor& value = it->second[edge.output];
     const std::string what = absl::StrCat(EdgeName(false, ei), " microbatch ", mb);
+    if (FramesValues()) {
+      RETURN_IF_ERROR(PostFramedValue(ei, mb, value, what, where, st));
+      continue;
+    }
     if (options_.dynamic_shapes) RETURN_IF_ERROR(PostShapeHeader(ei, mb, value, what, where, st));
     RETURN_IF_ERROR(PostSend(value, StepEdgeMeta(ei, mb, st), RankOf(edge.consumer),
                              EdgeTag(false, ei, mb), what, where, st));

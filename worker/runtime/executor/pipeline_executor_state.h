@@ -49,13 +49,12 @@ struct PendingRecv {
   torch::Tensor buffer;
   std::unique_ptr<transport::Work> work;
   int peer = -1;
-  // dynamic_shapes: the value's shape header on its way. `buffer` and `work` exist once it came,
-  // or from the start where the transport takes shorter receives (Transport::RecvUpTo): then
-  // the value's receive is posted at once for the planned shape, and `shape` (from the header)
-  // is the part of `buffer` the value filled.
+  // dynamic_shapes, header ahead (shape_header.h): the value's shape header on its way;
+  // `buffer` and `work` exist once it came.
   torch::Tensor header;
   std::unique_ptr<transport::Work> header_work;
-  std::optional<std::vector<int64_t>> shape;
+  // dynamic_shapes, framed: `buffer` is the bytes of the header and the largest planned value.
+  bool framed = false;
 };
 
 struct PendingSend {

@@ -29,19 +29,25 @@ absl::Status PipelineExecutor::PostRecv(bool gradient, int e, int mb, const std:
   PendingRecv recv;
   recv.peer = RankOf(gradient ? edges_[e].consumer : edges_[e].producer);
   if (options_.dynamic_shapes && !gradient) {
-    // The value's shape comes first; its buffer is allocated when the header is in.
-    recv.header = torch::empty({kShapeHeaderWords},
-                               torch::TensorOptions(torch::kInt64).device(TransferDevice()));
-    ASSIGN_OR_RETURN(recv.header_work,
-                     transport_->Recv(recv.header.data_ptr(), recv.header.nbytes(), recv.peer,
-                                      ShapeHeaderTag(edges_[e].producer, edges_[e].consumer, mb)));
-    if (transport_->capabilities().shorter_receives) {
-      // The value travels as soon as it is sent, into a buffer of the planned (largest) shape.
+    if (FramesValues()) {
+      // One receive of at most the header and the planned (largest) value: the value travels
+      // as soon as it is sent.
       const TensorMeta& planned = EdgeMeta(e, mb);
-      recv.buffer =
-          torch::empty(planned.shape, torch::TensorOptions(planned.dtype).device(TransferDevice()));
+      int64_t planned_bytes = static_cast<int64_t>(c10::elementSize(planned.dtype));
+      for (int64_t d : planned.shape) planned_bytes *= d;
+      recv.framed = true;
+      recv.buffer = torch::empty({kShapeHeaderBytes + planned_bytes},
+                                 torch::TensorOptions(torch::kUInt8).device(TransferDevice()));
       ASSIGN_OR_RETURN(recv.work, transport_->RecvUpTo(recv.buffer.data_ptr(), recv.buffer.nbytes(),
                                                        recv.peer, EdgeTag(false, e, mb)));
+    } else {
+      // The value's shape comes first; its buffer is allocated when the header is in.
+      recv.header = torch::empty({kShapeHeaderWords},
+                                 torch::TensorOptions(torch::kInt64).device(TransferDevice()));
+      ASSIGN_OR_RETURN(
+          recv.header_work,
+          transport_->Recv(recv.header.data_ptr(), recv.header.nbytes(), recv.peer,
+                           ShapeHeaderTag(edges_[e].producer, edges_[e].consumer, mb)));
     }
     recvs.emplace(key, std::move(recv));
     return absl::OkStatus();
@@ -83,12 +89,12 @@ absl::StatusOr<torch::Tensor> PipelineExecutor::WaitRecv(bool gradient, int e, i
                      " from rank ", it->second.peer, ": ", waited.message()));
   }
   torch::Tensor t = std::move(it->second.buffer);
-  if (it->second.shape.has_value()) {
-    // A receive posted for the planned shape: the value is the start of its buffer.
-    const std::vector<int64_t>& shape = *it->second.shape;
-    int64_t numel = 1;
-    for (int64_t d : shape) numel *= d;
-    t = t.view({-1}).narrow(0, 0, numel).view(shape);
+  if (it->second.framed) {
+    absl::StatusOr<UnframedValue> unframed = UnframeValue(t);
+    RETURN_IF_ERROR(AcceptReceivedMeta(
+        e, mb, where, it->second.peer,
+        unframed.ok() ? absl::StatusOr<TensorMeta>(unframed->meta) : unframed.status(), st));
+    t = std::move(unframed->value);
   }
   st.result.bytes_received_from[it->second.peer] += static_cast<int64_t>(t.nbytes());
   recvs.erase(it);
@@ -109,35 +115,43 @@ absl::Status PipelineExecutor::ReceiveAfterHeader(int e, int mb, const std::stri
                                      " from rank ", recv.peer, ": ", waited.message()));
   }
   recv.header_work.reset();
-  absl::StatusOr<TensorMeta> meta = DecodeShapeHeader(recv.header);
+  RETURN_IF_ERROR(AcceptReceivedMeta(e, mb, where, recv.peer, DecodeShapeHeader(recv.header), st));
+  const TensorMeta& meta = st.step_metas.at(EdgeKey{e, mb});
+  recv.buffer = torch::empty(meta.shape, torch::TensorOptions(meta.dtype).device(TransferDevice()));
+  ASSIGN_OR_RETURN(recv.work, transport_->Recv(recv.buffer.data_ptr(), recv.buffer.nbytes(),
+                                               recv.peer, EdgeTag(false, e, mb)));
+  return absl::OkStatus();
+}
+
+absl::Status PipelineExecutor::AcceptReceivedMeta(int e, int mb, const std::string& where, int peer,
+                                                  absl::StatusOr<TensorMeta> meta, StepState& st) {
+  const std::string what =
+      absl::StrCat(where, ": the ", EdgeName(false, e), " microbatch ", mb, " from rank ", peer);
   if (!meta.ok()) {
-    return absl::Status(meta.status().code(),
-                        absl::StrCat(where, ": the ", what, " from rank ", recv.peer, ": ",
-                                     meta.status().message()));
+    return absl::Status(meta.status().code(), absl::StrCat(what, ": ", meta.status().message()));
   }
   const TensorMeta& agreed = EdgeMeta(e, mb);
-  RETURN_IF_ERROR(
-      FitsPlanned(*meta, agreed, absl::StrCat(where, ": the ", what, " from rank ", recv.peer)));
+  RETURN_IF_ERROR(FitsPlanned(*meta, agreed, what));
   meta->requires_grad = agreed.requires_grad;
-  if (recv.work != nullptr) {
-    recv.shape = meta->shape;  // posted at once for the planned shape (PostRecv)
-  } else {
-    recv.buffer =
-        torch::empty(meta->shape, torch::TensorOptions(meta->dtype).device(TransferDevice()));
-    ASSIGN_OR_RETURN(recv.work, transport_->Recv(recv.buffer.data_ptr(), recv.buffer.nbytes(),
-                                                 recv.peer, EdgeTag(false, e, mb)));
-  }
   st.step_metas[EdgeKey{e, mb}] = *std::move(meta);
   return absl::OkStatus();
+}
+
+absl::StatusOr<TensorMeta> PipelineExecutor::SentMeta(int e, int mb, const torch::Tensor& t,
+                                                      const std::string& what,
+                                                      const std::string& where, StepState& st) {
+  const TensorMeta& agreed = EdgeMeta(e, mb);
+  TensorMeta meta = MetaOf(t);
+  RETURN_IF_ERROR(FitsPlanned(meta, agreed, absl::StrCat(where, ": the ", what)));
+  meta.requires_grad = agreed.requires_grad;
+  st.step_metas[EdgeKey{e, mb}] = meta;
+  return meta;
 }
 
 absl::Status PipelineExecutor::PostShapeHeader(int e, int mb, const torch::Tensor& t,
                                                const std::string& what, const std::string& where,
                                                StepState& st) {
-  const TensorMeta& agreed = EdgeMeta(e, mb);
-  TensorMeta meta = MetaOf(t);
-  RETURN_IF_ERROR(FitsPlanned(meta, agreed, absl::StrCat(where, ": the ", what)));
-  meta.requires_grad = agreed.requires_grad;
+  ASSIGN_OR_RETURN(const TensorMeta meta, SentMeta(e, mb, t, what, where, st));
   PendingSend header;
   ASSIGN_OR_RETURN(header.buffer, EncodeShapeHeader(meta));
   if (TransportTakesDeviceMemory()) header.buffer = header.buffer.to(TransferDevice());
@@ -147,8 +161,27 @@ absl::Status PipelineExecutor::PostShapeHeader(int e, int mb, const torch::Tenso
                    transport_->Send(header.buffer.data_ptr(), header.buffer.nbytes(), peer,
                                     ShapeHeaderTag(edges_[e].producer, edges_[e].consumer, mb)));
   st.sends.push_back(std::move(header));
-  st.step_metas[EdgeKey{e, mb}] = std::move(meta);
   return absl::OkStatus();
+}
+
+absl::Status PipelineExecutor::PostFramedValue(int e, int mb, const torch::Tensor& t,
+                                               const std::string& what, const std::string& where,
+                                               StepState& st) {
+  ASSIGN_OR_RETURN(const TensorMeta meta, SentMeta(e, mb, t, what, where, st));
+  const int peer = RankOf(edges_[e].consumer);
+  PendingSend framed;
+  ASSIGN_OR_RETURN(framed.buffer, FrameWithHeader(t.detach().to(TransferDevice()), meta));
+  framed.what = absl::StrCat(where, ": sending the ", what, " to rank ", peer);
+  ASSIGN_OR_RETURN(framed.work, transport_->Send(framed.buffer.data_ptr(), framed.buffer.nbytes(),
+                                                 peer, EdgeTag(false, e, mb)));
+  st.result.bytes_sent_to[peer] += static_cast<int64_t>(framed.buffer.nbytes()) - kShapeHeaderBytes;
+  // A copy: released once written (ReleaseFinishedSends), not held until its gradient is back.
+  st.sends.push_back(std::move(framed));
+  return absl::OkStatus();
+}
+
+bool PipelineExecutor::FramesValues() const {
+  return options_.dynamic_shapes && transport_->capabilities().shorter_receives;
 }
 
 absl::Status PipelineExecutor::PostSend(const torch::Tensor& t, const TensorMeta& meta, int peer,

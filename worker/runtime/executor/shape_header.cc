@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/util/status_macros.h"
 #include "worker/runtime/executor/message_tags.h"
 
 namespace stagecoach::runtime {
@@ -46,6 +47,38 @@ absl::StatusOr<TensorMeta> DecodeShapeHeader(const torch::Tensor& words) {
     meta.shape.push_back(w[2 + d]);
   }
   return meta;
+}
+
+absl::StatusOr<torch::Tensor> FrameWithHeader(const torch::Tensor& value, const TensorMeta& meta) {
+  ASSIGN_OR_RETURN(torch::Tensor words, EncodeShapeHeader(meta));
+  const torch::Tensor bytes = value.detach().contiguous().view({-1}).view(torch::kUInt8);
+  torch::Tensor frame =
+      torch::empty({kShapeHeaderBytes + bytes.numel()}, bytes.options().dtype(torch::kUInt8));
+  frame.narrow(0, 0, kShapeHeaderBytes).copy_(words.view(torch::kUInt8));
+  frame.narrow(0, kShapeHeaderBytes, bytes.numel()).copy_(bytes);
+  return frame;
+}
+
+absl::StatusOr<UnframedValue> UnframeValue(const torch::Tensor& received) {
+  if (received.scalar_type() != torch::kUInt8 || received.dim() != 1 ||
+      received.numel() < kShapeHeaderBytes) {
+    return absl::DataLossError(absl::StrCat(
+        "a framed value is a byte buffer of at least ", kShapeHeaderBytes, " bytes, got ",
+        c10::toString(received.scalar_type()), " of ", received.numel(), " elements"));
+  }
+  ASSIGN_OR_RETURN(TensorMeta meta,
+                   DecodeShapeHeader(received.narrow(0, 0, kShapeHeaderBytes).view(torch::kInt64)));
+  int64_t numel = 1;
+  for (int64_t d : meta.shape) numel *= d;
+  const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(meta.dtype));
+  if (bytes > received.numel() - kShapeHeaderBytes) {
+    return absl::DataLossError(absl::StrCat(
+        "a shape header describes ", meta.ToString(), " (", bytes, " bytes), more than the ",
+        received.numel() - kShapeHeaderBytes, " bytes received after it"));
+  }
+  torch::Tensor value =
+      received.narrow(0, kShapeHeaderBytes, bytes).view(meta.dtype).view(meta.shape);
+  return UnframedValue{std::move(meta), std::move(value)};
 }
 
 absl::Status FitsPlanned(const TensorMeta& actual, const TensorMeta& planned,

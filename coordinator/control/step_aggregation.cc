@@ -20,6 +20,18 @@ bool OwnsLastStage(const Job& job, int rank) {
   return job.plan.stage_to_rank[job.plan.num_stages - 1] == rank;
 }
 
+// Slice `i`'s values of a report that holds, batch by batch, each of `slices` slices' `m`
+// microbatch values one slice after another.
+template <typename Repeated>
+auto SliceValues(const Repeated& all, int m, int slices, int i) {
+  std::vector<std::decay_t<decltype(all[0])>> out;
+  for (int j = 0; j < all.size() / (m * slices); ++j) {
+    const int from = (j * slices + i) * m;
+    out.insert(out.end(), all.begin() + from, all.begin() + from + m);
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::Status StepAggregator::CheckLocked(const Job& job, const RankSlot& slot,
@@ -50,6 +62,18 @@ absl::Status StepAggregator::CheckLocked(const Job& job, const RankSlot& slot,
         "microbatches (",
         job.spec.eval->batches * job.plan.num_microbatches * slices, ") losses, got ",
         req.eval_microbatch_losses_size()));
+  }
+  if (req.eval_microbatch_tokens_size() != 0 &&
+      req.eval_microbatch_tokens_size() != req.eval_microbatch_losses_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "eval_microbatch_tokens: one count per eval microbatch loss (",
+        req.eval_microbatch_losses_size(), "), got ", req.eval_microbatch_tokens_size()));
+  }
+  for (int64_t tokens : req.eval_microbatch_tokens()) {
+    if (tokens < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("eval_microbatch_tokens: a negative count ", tokens));
+    }
   }
   if (req.action_timings_size() != 0 && req.action_timings_size() != req.executed_actions_size()) {
     return absl::InvalidArgumentError(
@@ -107,14 +131,10 @@ bool StepAggregator::AddLocked(Job& job, RankSlot& slot, const v1::ReportStepReq
       const std::vector<int> slices =
           req.slices().empty() ? std::vector<int>{slot.replica}
                                : std::vector<int>(req.slices().begin(), req.slices().end());
-      const auto& all = req.eval_microbatch_losses();
-      for (size_t i = 0; i < slices.size(); ++i) {
-        std::vector<double>& into = agg.replica_eval_losses[slices[i]];
-        into.clear();
-        for (int j = 0; j < all.size() / (m * static_cast<int>(slices.size())); ++j) {
-          const int from = (j * static_cast<int>(slices.size()) + static_cast<int>(i)) * m;
-          into.insert(into.end(), all.begin() + from, all.begin() + from + m);
-        }
+      const int n = static_cast<int>(slices.size());
+      for (int i = 0; i < n; ++i) {
+        agg.replica_eval_losses[slices[i]] = SliceValues(req.eval_microbatch_losses(), m, n, i);
+        agg.replica_eval_tokens[slices[i]] = SliceValues(req.eval_microbatch_tokens(), m, n, i);
       }
     }
   }
@@ -318,6 +338,26 @@ void StepAggregator::RecordMemoryLocked(Job& job, const StepAggregate& agg,
   }
 }
 
+std::optional<double> StepAggregator::EvalLoss(const StepAggregate& agg) {
+  // Every replica's share of every eval batch. With counts (the loss normalised by tokens):
+  // each microbatch's mean loss weighted by the tokens it counted, over all of them. Without:
+  // batches of equal microbatch counts, so the mean of the batch losses is the mean of all
+  // their microbatch losses.
+  double sum = 0.0;
+  double count = 0;
+  for (const auto& [replica, losses] : agg.replica_eval_losses) {
+    const auto tokens = agg.replica_eval_tokens.find(replica);
+    const bool weighted = tokens != agg.replica_eval_tokens.end() && !tokens->second.empty();
+    for (size_t i = 0; i < losses.size(); ++i) {
+      const double weight = weighted ? static_cast<double>(tokens->second[i]) : 1.0;
+      if (weight > 0) sum += losses[i] * weight;
+      count += weight;
+    }
+  }
+  if (count <= 0) return std::nullopt;
+  return sum / count;
+}
+
 void StepAggregator::RecordRecipeLocked(Job& job, const StepAggregate& agg, int64_t global,
                                         v1::StepCompleted& step) {
   step.set_learning_rate(agg.learning_rate);
@@ -326,17 +366,10 @@ void StepAggregator::RecordRecipeLocked(Job& job, const StepAggregate& agg, int6
   for (int rank : agg.nonfinite_ranks) step.add_nonfinite_ranks(rank);
   job.training.AddStep(global, agg.learning_rate, agg.grad_norm, agg.skipped);
   if (agg.evaluated) {
-    // Every replica's share of every eval batch: batches of equal microbatch counts, so the mean
-    // of the batch losses is the mean of all their microbatch losses.
-    double sum = 0.0;
-    int64_t count = 0;
-    for (const auto& [replica, losses] : agg.replica_eval_losses) {
-      for (double l : losses) sum += l;
-      count += static_cast<int64_t>(losses.size());
-    }
-    if (count > 0) {
-      step.set_eval_loss(sum / static_cast<double>(count));
-      job.training.AddEval(global, step.eval_loss());
+    const std::optional<double> eval_loss = EvalLoss(agg);
+    if (eval_loss.has_value()) {
+      step.set_eval_loss(*eval_loss);
+      job.training.AddEval(global, *eval_loss);
     }
   }
   const int64_t run = job.training.ConsecutiveSkipped();

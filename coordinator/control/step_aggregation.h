@@ -12,6 +12,8 @@
 // carries are checkpoint collection's (checkpoint_collection.h).
 #pragma once
 
+#include <optional>
+
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "coordinator/jobs/job.h"
@@ -65,6 +67,10 @@ class StepAggregator {
   // training.max_skipped_steps skipped steps sets the job's step_failure.
   static void RecordRecipeLocked(Job& job, const StepAggregate& agg, int64_t global,
                                  v1::StepCompleted& step);
+  // The validation loss of a step whose pass ran: the mean of every replica's microbatch losses,
+  // or with their token counts (the loss normalised by tokens) the sum of the counted tokens'
+  // losses over their count. None when nothing was counted.
+  static std::optional<double> EvalLoss(const StepAggregate& agg);
   // The ranks' measured activation peaks: into the event, the job's latest and largest per
   // rank, and the metrics (with the plan's predictions).
   void RecordMemoryLocked(Job& job, const StepAggregate& agg, v1::StepCompleted& step);

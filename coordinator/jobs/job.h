@@ -132,6 +132,8 @@ struct StepAggregate {
   // A validation pass ran after the step: each replica's last stage's microbatch losses.
   bool evaluated = false;
   std::map<int, std::vector<double>> replica_eval_losses;
+  // With the loss normalised by tokens: the tokens each of those microbatches counted.
+  std::map<int, std::vector<int64_t>> replica_eval_tokens;
   // Token data: what each task owning the last stage counted and computed (by task).
   std::map<int, std::pair<int64_t, int64_t>> counted_and_computed;
 };

@@ -7,8 +7,10 @@
 // global batch of the GPT of tests/support/reference_gpt.h, which runs every document of the
 // rows of tests/support/reference_documents.h alone, from the job's own step-0 export, within
 // rtol 1e-5 + atol 1e-6: whatever the microbatches and replicas hold, the step is the whole
-// batch's sum of token losses over its count of tokens. `stagectl watch` shows each step's
-// padding waste as the microbatches' longest rows make it.
+// batch's sum of token losses over its count of tokens. So does a validation pass after the last
+// step (on 2 replicas and on ZBVZeroBubble): the trained reference's loss over the eval batches
+// normalised by their tokens. `stagectl watch` shows each step's padding waste as the
+// microbatches' longest rows make it.
 #include <torch/torch.h>
 
 #include <cmath>
@@ -69,21 +71,31 @@ struct Case {
   int stages;
   int replicas;
   std::string packing = "pad";
+  // A validation pass after the last step on kEvalBatches batches of the same documents drawn
+  // with kEvalSeed.
+  bool eval = false;
 };
+
+constexpr uint64_t kEvalSeed = 77;
+constexpr int64_t kEvalBatches = 2;
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 std::string Spec(const Case& c, const std::string& data, const std::string& ckpt) {
-  return absl::StrCat("name: ", c.name, "\n", "model:\n  builtin: {family: gpt, vocab: ", kVocab,
-                      ", d_model: 16, layers: 2, heads: 2, "
-                      "seq: ",
-                      kSeq, ", seed: 4}\n", "split: {stages: ", c.stages, "}\n",
-                      "schedule: {kind: ", c.schedule, ", microbatches: 4}\n",
-                      "placement: {workers: ", c.workers, ", replicas: ", c.replicas, "}\n",
-                      "training:\n  batch_size: 8\n  steps: ", kSteps, "\n  loss: cross_entropy\n",
-                      "  optimizer: {kind: sgd, lr: 0.1, momentum: 0.9}\n",
-                      "  checkpoint: {dir: ", ckpt, "}\n", "data: {kind: tokens, path: ", data,
-                      ", seed: ", kDataSeed, ", eos: ", kEos, ", packing: ", c.packing, "}\n");
+  return absl::StrCat(
+      "name: ", c.name, "\n", "model:\n  builtin: {family: gpt, vocab: ", kVocab,
+      ", d_model: 16, layers: 2, heads: 2, "
+      "seq: ",
+      kSeq, ", seed: 4}\n", "split: {stages: ", c.stages, "}\n", "schedule: {kind: ", c.schedule,
+      ", microbatches: 4}\n", "placement: {workers: ", c.workers, ", replicas: ", c.replicas, "}\n",
+      "training:\n  batch_size: 8\n  steps: ", kSteps, "\n  loss: cross_entropy\n",
+      "  optimizer: {kind: sgd, lr: 0.1, momentum: 0.9}\n", "  checkpoint: {dir: ", ckpt, "}\n",
+      "data: {kind: tokens, path: ", data, ", seed: ", kDataSeed, ", eos: ", kEos,
+      ", packing: ", c.packing, "}\n",
+      c.eval ? absl::StrCat("eval: {every_steps: ", kSteps, ", batches: ", kEvalBatches,
+                            ", data: {kind: tokens, path: ", data, ", seed: ", kEvalSeed,
+                            ", eos: ", kEos, ", packing: ", c.packing, "}}\n")
+             : "");
 }
 
 // The spec's GPT, unpipelined, from the job's step-0 export in `ckpt` (its `stages` stages).
@@ -156,6 +168,19 @@ TEST_P(RaggedTraining, DocumentRowsTrainLikeOneUnpipelinedStepOnTheWholeBatch) {
   EXPECT_FALSE(torch::equal(LoadAllStageFiles(ckpt, kSteps, c.stages).at("head.weight"),
                             ref.initial.at("head.weight")))
       << "it did not train";
+  if (c.eval) {
+    // The validation pass after the last step: the trained model's loss over the eval batches
+    // (every replica's share) normalised by their tokens, not the mean of microbatch means.
+    std::vector<DocumentBatch> eval_batches;
+    for (int64_t j = 0; j < kEvalBatches; ++j) {
+      eval_batches.push_back(
+          ReferenceDocumentRows(tokens, kEos, c.packing == "pack", 8, kSeq, kEvalSeed, j));
+    }
+    const double want_eval = GptReferenceTokenLoss(ref, want.params, eval_batches);
+    ASSERT_EQ(done.evals_size(), 1);
+    EXPECT_EQ(done.evals(0).global_step(), kSteps - 1);
+    EXPECT_NEAR(done.evals(0).loss(), want_eval, kAtol + kRtol * want_eval);
+  }
 
   // Each microbatch ran padded to its own longest row: `stagectl watch` shows the share of the
   // positions computed that were padding, which a fixed window would not have had so low.
@@ -297,14 +322,14 @@ TEST(FineTuningRecords, OnlyTheResponsesCountAndOverlongRecordsAreSkipped) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Schedules, RaggedTraining,
-                         ::testing::Values(Case{"ragged-1f1b", "1F1B", 2, 2, 1},
-                                           Case{"ragged-interleaved", "Interleaved1F1B", 2, 4, 1},
-                                           Case{"ragged-zbv", "ZBVZeroBubble", 2, 4, 1},
-                                           Case{"ragged-replicas", "1F1B", 2, 2, 2},
-                                           Case{"packed-interleaved", "Interleaved1F1B", 2, 4, 1,
-                                                "pack"},
-                                           Case{"packed-zbv", "ZBVZeroBubble", 2, 4, 1, "pack"},
-                                           Case{"packed-replicas", "1F1B", 2, 2, 2, "pack"}),
+                         ::testing::Values(
+                             Case{"ragged-1f1b", "1F1B", 2, 2, 1},
+                             Case{"ragged-interleaved", "Interleaved1F1B", 2, 4, 1},
+                             Case{"ragged-zbv", "ZBVZeroBubble", 2, 4, 1},
+                             Case{"ragged-replicas", "1F1B", 2, 2, 2, "pad", true},
+                             Case{"packed-interleaved", "Interleaved1F1B", 2, 4, 1, "pack"},
+                             Case{"packed-zbv", "ZBVZeroBubble", 2, 4, 1, "pack", true},
+                             Case{"packed-replicas", "1F1B", 2, 2, 2, "pack"}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            return absl::StrCat(info.param.schedule,
                                                info.param.replicas > 1 ? "_2replicas" : "", "_",

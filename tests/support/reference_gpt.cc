@@ -85,6 +85,43 @@ GptReferenceResult TrainGptReference(const GptReferenceConfig& c) {
   return result;
 }
 
+namespace {
+
+// The sum of every counted position's cross-entropy in `b`, each document of a row run alone;
+// and their count.
+std::pair<torch::Tensor, int64_t> DocumentLossSum(Gpt& gpt, int64_t vocab, const DocumentBatch& b) {
+  torch::Tensor sum = torch::zeros({});
+  for (int64_t r = 0; r < b.inputs.size(0); ++r) {
+    for (int64_t k = 0;; ++k) {
+      const torch::Tensor at = b.segments[r].eq(k).nonzero().flatten();
+      if (at.numel() == 0) break;
+      const int64_t from = at[0].item<int64_t>(), to = at[-1].item<int64_t>() + 1;
+      const torch::Tensor logits =
+          gpt.Forward(b.inputs[r].slice(0, from, to).unsqueeze(0)).reshape({-1, vocab});
+      const torch::Tensor y = b.targets[r].slice(0, from, to);
+      const torch::Tensor counted = y.ne(kReferenceIgnored);
+      const torch::Tensor per_position =
+          -torch::log_softmax(logits, -1).gather(1, y.clamp_min(0).unsqueeze(1)).squeeze(1);
+      sum = sum + per_position.masked_select(counted).sum();
+    }
+  }
+  return {sum, b.targets.ne(kReferenceIgnored).sum().item<int64_t>()};
+}
+
+// The config's model with `params` (by name; with tied, no "head.weight" needed) as its initial
+// parameters.
+GptReferenceConfig WithParams(const GptReferenceConfig& config,
+                              const std::map<std::string, torch::Tensor>& params) {
+  GptReferenceConfig c = config;
+  c.initial.clear();
+  for (const auto& [name, value] : params) {
+    if (!(c.tied && name == "head.weight")) c.initial[name] = value;
+  }
+  return c;
+}
+
+}  // namespace
+
 GptReferenceResult TrainGptReferenceOnBatches(const GptReferenceConfig& c,
                                               const std::vector<DocumentBatch>& batches) {
   Gpt gpt(c);
@@ -100,22 +137,8 @@ GptReferenceResult TrainGptReferenceOnBatches(const GptReferenceConfig& c,
   GptReferenceResult result;
   for (const DocumentBatch& b : batches) {
     opt->zero_grad();
-    torch::Tensor sum = torch::zeros({});
-    for (int64_t r = 0; r < b.inputs.size(0); ++r) {
-      for (int64_t k = 0;; ++k) {
-        const torch::Tensor at = b.segments[r].eq(k).nonzero().flatten();
-        if (at.numel() == 0) break;
-        const int64_t from = at[0].item<int64_t>(), to = at[-1].item<int64_t>() + 1;
-        const torch::Tensor logits =
-            gpt.Forward(b.inputs[r].slice(0, from, to).unsqueeze(0)).reshape({-1, c.vocab});
-        const torch::Tensor y = b.targets[r].slice(0, from, to);
-        const torch::Tensor counted = y.ne(kReferenceIgnored);
-        const torch::Tensor per_position =
-            -torch::log_softmax(logits, -1).gather(1, y.clamp_min(0).unsqueeze(1)).squeeze(1);
-        sum = sum + per_position.masked_select(counted).sum();
-      }
-    }
-    const torch::Tensor loss = sum / b.targets.ne(kReferenceIgnored).sum().to(torch::kFloat32);
+    const auto [sum, count] = DocumentLossSum(gpt, c.vocab, b);
+    const torch::Tensor loss = sum / static_cast<float>(count);
     loss.backward();
     if (c.max_norm.has_value()) {
       result.grad_norms.push_back(torch::nn::utils::clip_grad_norm_(params, *c.max_norm));
@@ -130,13 +153,25 @@ GptReferenceResult TrainGptReferenceOnBatches(const GptReferenceConfig& c,
 std::vector<int64_t> GreedyGptReference(const GptReferenceConfig& config,
                                         const std::map<std::string, torch::Tensor>& params,
                                         const std::vector<int64_t>& prompt, int n) {
-  GptReferenceConfig c = config;
-  c.initial.clear();
-  for (const auto& [name, value] : params) {
-    if (!(c.tied && name == "head.weight")) c.initial[name] = value;
-  }
+  const GptReferenceConfig c = WithParams(config, params);
   Gpt gpt(c);
   return GreedyDecode([&](const torch::Tensor& x) { return gpt.Forward(x); }, prompt, n, c.seq);
+}
+
+double GptReferenceTokenLoss(const GptReferenceConfig& config,
+                             const std::map<std::string, torch::Tensor>& params,
+                             const std::vector<DocumentBatch>& batches) {
+  torch::NoGradGuard no_grad;
+  const GptReferenceConfig c = WithParams(config, params);  // Gpt keeps a reference to it
+  Gpt gpt(c);
+  double sum = 0;
+  int64_t count = 0;
+  for (const DocumentBatch& b : batches) {
+    const auto [batch_sum, batch_count] = DocumentLossSum(gpt, config.vocab, b);
+    sum += batch_sum.item<double>();
+    count += batch_count;
+  }
+  return sum / static_cast<double>(count);
 }
 
 }  // namespace stagecoach::testing

@@ -70,6 +70,14 @@ inline GptReferenceConfig SmallSgdGptReference(int64_t vocab, int64_t seq,
 GptReferenceResult TrainGptReferenceOnBatches(const GptReferenceConfig& config,
                                               const std::vector<DocumentBatch>& batches);
 
+// The loss of the reference model with `params` (by name, as `initial`) over all of `batches`,
+// normalised by tokens: the sum of every counted position's cross-entropy (each document alone,
+// as TrainGptReferenceOnBatches runs them) over their count. What a validation pass of token
+// data reports.
+double GptReferenceTokenLoss(const GptReferenceConfig& config,
+                             const std::map<std::string, torch::Tensor>& params,
+                             const std::vector<DocumentBatch>& batches);
+
 // Greedy decoding by the reference model with `params` (by name, as `initial`; with
 // config.tied, no "head.weight" is needed): `n` tokens after `prompt`, each the argmax (lowest
 // index on ties) of the last position's logits over the last config.seq tokens so far.

@@ -345,6 +345,69 @@ TEST(StepAggregation, TheRecipesSkipsEvalLossesAndARunOfSkippedStepsAreRecorded)
                         "eval.batches x slices x microbatches (8) losses, got 1"));
 }
 
+// The loss normalised by tokens: each eval microbatch's loss weighs by the tokens it counted, so
+// the eval loss is every counted token's loss over their count whatever the replicas' shares.
+TEST(StepAggregation, EvalLossesWithTokenCountsAreTheTokensMeanNotTheMicrobatchesMean) {
+  JobTable table{{}, nullptr};
+  StepAggregator aggregator{nullptr};
+  absl::MutexLock lock(&table.mu());
+  // 2 ranks x 2 replicas, 4 microbatches, eval of 2 batches after every step.
+  Job& job = QueueJob(table, absl::StrCat(Spec(2, ""),
+                                          "placement: {replicas: 2}\n"
+                                          "eval: {every_steps: 1, batches: 2, "
+                                          "data: {seed: 1}}\n"));
+  for (int replica = 0; replica < 2; ++replica) {
+    for (int r = 0; r < 2; ++r) {
+      RankSlot& slot = job.ranks.emplace_back();
+      slot.rank = r;
+      slot.replica = replica;
+    }
+  }
+  // Replica 0: losses 0.5 over 10 tokens each, but one microbatch counted none (loss 0);
+  // replica 1: 1.5 over 30 tokens each.
+  auto report = [](const RankSlot& slot) {
+    v1::ReportStepRequest r;
+    r.set_rank(slot.rank);
+    r.set_replica(slot.replica);
+    r.set_step(0);
+    r.set_learning_rate(0.1);
+    r.set_evaluated(true);
+    if (slot.rank == 1) {
+      for (int mb = 0; mb < 4; ++mb) r.add_microbatch_losses(1.0);
+      for (int i = 0; i < 8; ++i) {
+        const bool none = slot.replica == 0 && i == 3;
+        r.add_eval_microbatch_losses(none ? 0.0 : slot.replica == 0 ? 0.5 : 1.5);
+        r.add_eval_microbatch_tokens(none ? 0 : slot.replica == 0 ? 10 : 30);
+      }
+    }
+    return r;
+  };
+  bool completed = false;
+  for (RankSlot& slot : job.ranks) {
+    const v1::ReportStepRequest r = report(slot);
+    ASSERT_TRUE(aggregator.CheckLocked(job, slot, r).ok());
+    completed = aggregator.AddLocked(job, slot, r, kT0);
+  }
+  ASSERT_TRUE(completed);
+  const v1::StepCompleted done = job.events.Since(0).events.back().step_completed();
+  EXPECT_DOUBLE_EQ(done.eval_loss(), (0.5 * 70 + 1.5 * 240) / 310.0);
+  ASSERT_EQ(job.training.evals.size(), 1u);
+  EXPECT_DOUBLE_EQ(job.training.evals[0].loss(), done.eval_loss());
+
+  // Counts that do not pair with the losses are refused, naming the field.
+  v1::ReportStepRequest odd = report(job.ranks[1]);
+  odd.set_step(1);
+  job.ranks[1].steps_done = 1;
+  odd.mutable_eval_microbatch_tokens()->RemoveLast();
+  EXPECT_THAT(aggregator.CheckLocked(job, job.ranks[1], odd).message(),
+              HasSubstr("eval_microbatch_tokens: one count per eval microbatch loss (8), got 7"));
+  odd = report(job.ranks[1]);
+  odd.set_step(1);
+  odd.set_eval_microbatch_tokens(2, -4);
+  EXPECT_THAT(aggregator.CheckLocked(job, job.ranks[1], odd).message(),
+              HasSubstr("eval_microbatch_tokens: a negative count -4"));
+}
+
 TEST_F(StepAggregationTest, ReportsThatDoNotFitAreRefusedNamingTheField) {
   absl::MutexLock lock(&table_.mu());
   Job& job = *job_;

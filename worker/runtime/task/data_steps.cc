@@ -281,9 +281,10 @@ absl::StatusOr<bool> DataSteps::RunPasses(const std::vector<Pass>& passes, bool 
   if (decision.has_value()) StepReports::AddRecipe(*decision, &report);
   if (evaluator_ != nullptr && evaluator_->DueAfter(global_step)) {
     if (env_.membership != nullptr) evaluator_->SetSlices(env_.membership->slices());
-    ASSIGN_OR_RETURN(const std::vector<double> eval_losses, evaluator_->Run());
+    ASSIGN_OR_RETURN(const Evaluator::Losses eval, evaluator_->Run());
     report.set_evaluated(true);
-    for (double loss : eval_losses) report.add_eval_microbatch_losses(loss);
+    for (double loss : eval.losses) report.add_eval_microbatch_losses(loss);
+    for (int64_t tokens : eval.tokens) report.add_eval_microbatch_tokens(tokens);
   }
   report.set_client_batch(client_batch);
   if (data_ != nullptr && data_->records().read > 0) {

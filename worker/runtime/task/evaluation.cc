@@ -35,6 +35,7 @@ Evaluator::Evaluator(const TaskSetup& setup, ExecutorOptions options,
   actions_ = ForwardActions(setup.actions);
   owns_first_ = setup.stages->Owns(0);
   owns_last_ = setup.stages->Owns(options_.num_stages - 1);
+  by_tokens_ = spec::LossNormalizationOf(setup.spec) == "tokens";
 }
 
 absl::StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(const v1::TaskAssignment& task,
@@ -61,9 +62,9 @@ bool Evaluator::DueAfter(int64_t global_step) const {
   return setup_.spec.eval.has_value() && (global_step + 1) % setup_.spec.eval->every_steps == 0;
 }
 
-absl::StatusOr<std::vector<double>> Evaluator::Run() {
+absl::StatusOr<Evaluator::Losses> Evaluator::Run() {
   const int m = options_.num_microbatches;
-  std::vector<double> losses;
+  Losses out;
   EvaluationMode eval_mode(*setup_.stages);
   torch::NoGradGuard no_grad;
   for (int64_t j = 0; j < setup_.spec.eval->batches; ++j) {
@@ -85,12 +86,16 @@ absl::StatusOr<std::vector<double>> Evaluator::Run() {
                                           segments.empty() ? nullptr : &segments));
       if (!owns_last_) continue;
       for (int mb = 0; mb < m; ++mb) {
-        losses.push_back(
-            ComputeLoss(setup_.loss, result.outputs.at(mb), targets.at(mb)).item<double>());
+        const int64_t counted = by_tokens_ ? CountedTokens(targets.at(mb)) : -1;
+        out.losses.push_back(
+            counted == 0
+                ? 0.0
+                : ComputeLoss(setup_.loss, result.outputs.at(mb), targets.at(mb)).item<double>());
+        if (by_tokens_) out.tokens.push_back(counted);
       }
     }
   }
-  return losses;
+  return out;
 }
 
 }  // namespace stagecoach::runtime

@@ -7,9 +7,12 @@
 // stages in evaluation mode (StageModel::SetTraining(false)) and no gradients. Batch j of a pass
 // is the eval data stream's step j (the same batches every pass), of training.batch_size rows,
 // split like a training batch: into the replicas' shares and each share into the job's
-// microbatches. The job's eval loss is the mean over the passes's batches of each batch's loss
-// (the mean of its microbatches' losses); the coordinator joins the replicas' microbatch losses
-// into it.
+// microbatches. The job's eval loss follows training.loss_normalization: with `microbatches`, the
+// mean over the pass's batches of each batch's loss (the mean of its microbatches' losses); with
+// `tokens` (the default for token data), the sum of every counted token's loss over all the
+// pass's batches divided by their count, so that it does not depend on how the rows were cut
+// into microbatches and replicas. The coordinator joins the replicas' microbatch losses (and
+// counts) into it.
 //
 // Not thread-safe: the task's thread, between steps. The StepEnv's parts must outlive it.
 #pragma once
@@ -40,11 +43,17 @@ class Evaluator {
   // of eval.every_steps.
   bool DueAfter(int64_t global_step) const;
 
-  // Runs one pass. On the rank owning the last stage: eval.batches x microbatches losses, batch
-  // by batch; on the others: empty. With several slices (SetSlices), each batch's slices one
-  // after another: eval.batches x slices x microbatches losses. The executor's errors; a
-  // non-finite loss is reported as it is.
-  absl::StatusOr<std::vector<double>> Run();
+  // What a pass measured on the rank owning the last stage: eval.batches x microbatches losses,
+  // batch by batch (with several slices, SetSlices, each batch's slices one after another:
+  // eval.batches x slices x microbatches); with the loss normalised by tokens, each one's count
+  // of counted targets in `tokens` (loss 0 where it counted none). Empty on the other ranks.
+  struct Losses {
+    std::vector<double> losses;
+    std::vector<int64_t> tokens;
+  };
+
+  // Runs one pass. The executor's errors; a non-finite loss is reported as it is.
+  absl::StatusOr<Losses> Run();
 
   // The replica slices of each batch the pass runs (replica_membership.h); the replica's own
   // until set.
@@ -64,6 +73,7 @@ class Evaluator {
   bool owns_first_ = false;
   bool owns_last_ = false;
   bool shapes_agreed_ = false;
+  bool by_tokens_ = false;  // training.loss_normalization: tokens
 };
 
 }  // namespace stagecoach::runtime

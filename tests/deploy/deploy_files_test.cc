@@ -29,6 +29,7 @@
 #include "tests/support/local_cluster.h"
 #include "tests/support/prometheus_scrape.h"
 #include "tests/support/test_paths.h"
+#include "tests/support/token_files.h"
 
 namespace stagecoach::testing::deploy_files_test {
 namespace {
@@ -194,17 +195,22 @@ TEST(Dashboard, EveryQueriedMetricAndLabelIsExportedByARunningCluster) {
     endpoints.push_back(*address);
   }
 
-  // A tiny training job with 2 data-parallel replicas, clipping and an eval pass, so that
-  // per-job series (the gradient reduction's and the training recipe's among them) and RPC
-  // latencies exist.
-  const std::string spec =
-      c.WriteFile("dash.yaml",
-                  "name: dashboard\n"
-                  "model:\n  builtin: {family: mlp, sizes: [8, 16, 16, 4], seed: 1}\n"
-                  "split: {stages: 2}\nschedule: {kind: 1F1B, microbatches: 2}\n"
-                  "placement: {replicas: 2}\n"
-                  "training: {batch_size: 8, steps: 2, loss: mse, grad_clip: {max_norm: 1}}\n"
-                  "eval: {every_steps: 1, data: {seed: 7}}\n");
+  // A tiny training job on token data (documents packed into rows) with 2 data-parallel
+  // replicas, clipping and an eval pass, so that per-job series (the gradient reduction's, the
+  // training recipe's and the token data's among them) and RPC latencies exist.
+  const std::string tokens = c.WriteFile("tokens.bin", PhraseTokenFile(3, 32, 6, 2, 9, 400));
+  const std::string spec = c.WriteFile(
+      "dash.yaml",
+      absl::StrCat("name: dashboard\n"
+                   "model:\n  builtin: {family: gpt, vocab: 32, d_model: 8, layers: 2, heads: 2, "
+                   "seq: 8, seed: 1}\n"
+                   "split: {stages: 2}\nschedule: {kind: 1F1B, microbatches: 2}\n"
+                   "placement: {replicas: 2}\n"
+                   "training: {batch_size: 8, steps: 2, loss: cross_entropy, "
+                   "grad_clip: {max_norm: 1}}\n"
+                   "data: {kind: tokens, path: ",
+                   tokens, ", eos: 31}\n", "eval: {every_steps: 1, data: {kind: tokens, path: ",
+                   tokens, ", seed: 7, eos: 31}}\n"));
   CommandResult submit = c.Stagectl({"submit", spec, "--wait"});
   ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err << c.Logs();
 

@@ -16,6 +16,9 @@ STAGECOACH_PACKAGES=(
   # SentencePiece tokenizers for stagectl tokens --tokenizer, and Python's binding for the tests'
   # independent check of its ids.
   libsentencepiece-dev python3-sentencepiece
+  # The Python client (python/): gRPC and protobuf for Python, NumPy; pip, venv and setuptools
+  # for the test that installs it with pip.
+  python3-grpcio python3-protobuf python3-numpy python3-pip python3-venv python3-setuptools
   # The demo's text: English prose and quotations under /usr/share/games/fortunes.
   fortunes
   # clang and its libFuzzer runtime build the fuzz targets (scripts/fuzz.sh, tests/fuzz).

@@ -27,7 +27,8 @@ if [ "$BUILD" = "--build" ]; then
     protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev libssl-dev
     libyaml-cpp-dev libgloo-dev libspdlog-dev libcli11-dev nlohmann-json3-dev prometheus-cpp-dev
     libgtest-dev libgmock-dev libbenchmark-dev openssl unzip libsentencepiece-dev
-    python3-sentencepiece)
+    python3-sentencepiece python3-grpcio python3-protobuf python3-pip python3-venv
+    python3-setuptools)
 elif [ -n "$BUILD" ]; then
   log "unknown option $BUILD (expected --build)"
   exit 2

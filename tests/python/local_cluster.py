@@ -92,7 +92,11 @@ class LocalCluster:
         """stagectl of the build tree against this cluster; raises on a non-zero exit."""
         argv = [os.path.join(binary_dir(), "client", "stagectl"), "--coordinator", self.address,
                 *self.client_args, *args]
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            raise RuntimeError(f"{' '.join(argv)} did not end within {timeout:g} s; it said:\n"
+                               f"{e.stdout or ''}{e.stderr or ''}\n{self.logs()}") from None
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(argv)} exited {done.returncode}:\n{done.stdout}"
                                f"{done.stderr}")

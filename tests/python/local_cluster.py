@@ -29,13 +29,17 @@ def binary_dir() -> str:
 class LocalCluster:
     """A coordinator and `workers` workers; `client_token`: the coordinator requires it."""
 
-    def __init__(self, workers: int = 2, client_token: Optional[str] = None):
+    def __init__(self, workers: int = 2, client_token: Optional[str] = None,
+                 metrics: bool = False):
         self.dir = tempfile.mkdtemp(prefix="stagecoach-py-")
         self._procs: List[subprocess.Popen] = []
         self._logs: List[str] = []
+        # With `metrics`: every daemon serves /metrics; their addresses, the coordinator's first.
+        self.metrics: List[str] = []
+        extra = ["--metrics-listen", "127.0.0.1:0"] if metrics else []
         try:
             args = [os.path.join(binary_dir(), "coordinator", "stagecoach-coordinator"),
-                    "--listen", "127.0.0.1:0"]
+                    "--listen", "127.0.0.1:0", *extra]
             self.client_args: List[str] = []
             if client_token is not None:
                 token_file = self.write_file("client.token", client_token + "\n")
@@ -46,7 +50,7 @@ class LocalCluster:
                 self._start(f"worker-{i}", [
                     os.path.join(binary_dir(), "worker", "stagecoach-worker"),
                     "--coordinator", self.address, "--listen", "127.0.0.1:0",
-                    "--name", f"worker-{i}"])
+                    "--name", f"worker-{i}", *extra])
             self._wait_idle(workers, client_token)
         except BaseException:
             self.close()
@@ -59,12 +63,16 @@ class LocalCluster:
         with open(log, "w") as out:
             self._procs.append(subprocess.Popen(list(args), stdout=out, stderr=subprocess.STDOUT,
                                                 start_new_session=True))
+        wants_metrics = "--metrics-listen" in args
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             with open(log) as f:
-                for line in f:
-                    if line.startswith("listening on "):
-                        return line.split()[-1]
+                lines = f.read().splitlines()
+            listening = [l.split()[-1] for l in lines if l.startswith("listening on ")]
+            metrics = [l.split()[-1] for l in lines if l.startswith("metrics on ")]
+            if listening and (metrics or not wants_metrics):
+                self.metrics += metrics[:1]
+                return listening[0]
             if self._procs[-1].poll() is not None:
                 break
             time.sleep(0.02)

@@ -19,6 +19,8 @@ STAGECOACH_PACKAGES=(
   # The Python client (python/): gRPC and protobuf for Python, NumPy; pip, venv and setuptools
   # for the test that installs it with pip.
   python3-grpcio python3-protobuf python3-numpy python3-pip python3-venv python3-setuptools
+  # A real Prometheus (and promtool) for the tests of the dashboard's queries and the alerts.
+  prometheus
   # The demo's text: English prose and quotations under /usr/share/games/fortunes.
   fortunes
   # clang and its libFuzzer runtime build the fuzz targets (scripts/fuzz.sh, tests/fuzz).
@@ -41,6 +43,12 @@ install_packages() {
   export DEBIAN_FRONTEND=noninteractive
   $sudo apt-get update -qq
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # Debian starts a system-wide Prometheus (port 9090) when it installs the package; the tests
+  # start their own, so one installed here is stopped and left disabled.
+  if [[ " ${missing[*]} " == *" prometheus "* ]] && command -v systemctl >/dev/null &&
+    [ -d /run/systemd/system ]; then
+    $sudo systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+  fi
 }
 
 build_tree() {

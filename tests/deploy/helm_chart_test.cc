@@ -734,6 +734,28 @@ TEST_F(HelmChartTest, Monitoring) {
   EXPECT_EQ(
       YAML::Load(cm["data"]["worker.yaml"].as<std::string>())["metrics-listen"].as<std::string>(),
       "0.0.0.0:9091");
+  EXPECT_TRUE(m.OfKind("PrometheusRule").empty()) << "the alerts are off by default";
+}
+
+// metrics.prometheusRule: a PrometheusRule whose groups are files/alerts.yaml's as they are (its
+// {{ $value }} templates left to Prometheus), with the extra labels.
+TEST_F(HelmChartTest, AlertsAsAPrometheusRule) {
+  Manifests m = LintAndRender({"--set", "metrics.prometheusRule.enabled=true", "--set",
+                               "metrics.prometheusRule.labels.release=kube-prometheus"});
+  const auto rules = m.OfKind("PrometheusRule");
+  ASSERT_EQ(rules.size(), 1u);
+  EXPECT_EQ(rules[0]["metadata"]["labels"]["release"].as<std::string>(), "kube-prometheus");
+  const YAML::Node file = YAML::LoadFile(ChartDir() + "/files/alerts.yaml");
+  EXPECT_EQ(YAML::Dump(rules[0]["spec"]["groups"]), YAML::Dump(file["groups"]));
+  std::set<std::string> alerts;
+  for (const auto& rule : rules[0]["spec"]["groups"][0]["rules"]) {
+    alerts.insert(rule["alert"].as<std::string>());
+    EXPECT_NE(rule["annotations"]["summary"].as<std::string>().find("{{"), std::string::npos)
+        << "Helm expanded the alert's own template";
+  }
+  EXPECT_EQ(alerts, (std::set<std::string>{"StagecoachWorkerLost", "StagecoachStepsSkipped",
+                                           "StagecoachGradReductionExposed",
+                                           "StagecoachJobDegraded", "StagecoachJobsRestarting"}));
 }
 
 TEST_F(HelmChartTest, SchemaRefusesUnknownAndMistypedValues) {

@@ -30,7 +30,7 @@ class LocalCluster:
     """A coordinator and `workers` workers; `client_token`: the coordinator requires it."""
 
     def __init__(self, workers: int = 2, client_token: Optional[str] = None,
-                 metrics: bool = False):
+                 metrics: bool = False, coordinator_args: Sequence[str] = ()):
         self.dir = tempfile.mkdtemp(prefix="stagecoach-py-")
         self._procs: List[subprocess.Popen] = []
         self._logs: List[str] = []
@@ -39,7 +39,7 @@ class LocalCluster:
         extra = ["--metrics-listen", "127.0.0.1:0"] if metrics else []
         try:
             args = [os.path.join(binary_dir(), "coordinator", "stagecoach-coordinator"),
-                    "--listen", "127.0.0.1:0", *extra]
+                    "--listen", "127.0.0.1:0", *extra, *coordinator_args]
             self.client_args: List[str] = []
             if client_token is not None:
                 token_file = self.write_file("client.token", client_token + "\n")
@@ -86,6 +86,12 @@ class LocalCluster:
                     return
                 time.sleep(0.05)
         raise RuntimeError(f"{workers} workers did not register:\n{self.logs()}")
+
+    def kill_worker(self, index: int) -> None:
+        """SIGKILLs worker `index` (0-based): it stops heartbeating at once."""
+        p = self._procs[1 + index]
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=10)
 
     def client(self, **kwargs) -> stagecoach.Client:
         return stagecoach.Client(self.address, **kwargs)

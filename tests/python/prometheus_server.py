@@ -51,12 +51,21 @@ class PrometheusServer:
         while time.monotonic() < deadline:
             with open(self.log) as f:
                 found = pattern.search(f.read())
-            if found:
+            if found and self._ready(found.group(1)):
                 return found.group(1)
             if self._proc.poll() is not None:
                 break
             time.sleep(0.05)
         raise RuntimeError(f"prometheus did not start:\n{self.logs()}")
+
+    @staticmethod
+    def _ready(address: str) -> bool:
+        """Whether Prometheus answers /-/ready (it says 503 while its storage starts)."""
+        try:
+            with urllib.request.urlopen(f"http://{address}/-/ready", timeout=5) as reply:
+                return reply.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
 
     def get(self, path: str, params: Optional[Dict[str, str]] = None) -> dict:
         """GET /api/v1/<path>: its `data`; RuntimeError with Prometheus's error otherwise."""

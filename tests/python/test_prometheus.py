@@ -1,14 +1,21 @@
-"""The Grafana dashboard proven against a real Prometheus: Debian's `prometheus` scrapes a live
+"""The Grafana dashboard and the alerts proven against a real Prometheus: Debian's `prometheus` scrapes a live
 cluster (a coordinator and 4 workers) running a 2-replica GPT job on packed token data with the
 training recipe on (clipping, a learning-rate schedule, eval passes), and every query of every
 panel of deploy/grafana/stagecoach-dashboard.json, evaluated through Prometheus's HTTP API, returns
 at least one series. Panels whose data needs an event get it: a failed call for the RPC errors.
-Skipped where the prometheus binary is missing (scripts/test.sh installs it)."""
+The chart's alerting rules (deploy/helm/stagecoach/files/alerts.yaml) pass `promtool check rules`,
+and Prometheus, evaluating them with their `for:` waits shortened, fires the ones a test can
+provoke: steps skipped (a client batch of NaN) and a worker lost (SIGKILL). Skipped where the
+prometheus binary is missing (scripts/test.sh installs it)."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
+import shutil
+import subprocess
 import time
 import unittest
 
@@ -20,6 +27,7 @@ from local_cluster import LocalCluster
 
 SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DASHBOARD = os.path.join(SOURCE, "deploy", "grafana", "stagecoach-dashboard.json")
+ALERTS = os.path.join(SOURCE, "deploy", "helm", "stagecoach", "files", "alerts.yaml")
 
 # Grafana's variables as a query over the last minutes would have them.
 VARIABLES = {"$__rate_interval": "15s", "$__range": "5m", "$__interval": "2s", "$job": ".*",
@@ -93,6 +101,68 @@ class Dashboard(unittest.TestCase):
                 self.assertEqual(empty, [], "panels whose queries Prometheus answers with no "
                                  "series:\n" + "\n".join(f"  {t}: {q}" for t, q in empty) +
                                  "\n" + prom.logs())
+
+
+def firing(prom, alert: str, **labels) -> bool:
+    return any(a["labels"].get("alertname") == alert and a["state"] == "firing"
+               and all(a["labels"].get(k) == v for k, v in labels.items())
+               for a in prom.alerts())
+
+
+def wait_firing(prom, alert: str, timeout: float = 60.0, **labels) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if firing(prom, alert, **labels):
+            return True
+        time.sleep(0.5)
+    return False
+
+
+@unittest.skipUnless(prometheus_server.available(),
+                     "the prometheus binary is missing (Debian's prometheus package; "
+                     "scripts/test.sh installs it)")
+class Alerts(unittest.TestCase):
+    def test_the_rules_check_and_the_provoked_alerts_fire(self):
+        promtool = shutil.which("promtool") or "/usr/bin/promtool"
+        checked = subprocess.run([promtool, "check", "rules", ALERTS], capture_output=True,
+                                 text=True, timeout=60)
+        self.assertEqual(checked.returncode, 0, checked.stdout + checked.stderr)
+        self.assertIn("SUCCESS: 5 rules found", checked.stdout)
+
+        # A short lease, so that a killed worker is lost within seconds.
+        with LocalCluster(workers=3, metrics=True,
+                          coordinator_args=["--lease", "3s", "--heartbeat-interval", "1s"]
+                          ) as cluster:
+            with open(ALERTS) as f:
+                rules = re.sub(r"\bfor: \S+", "for: 0s", f.read())
+            rules_file = cluster.write_file("alerts.yaml", rules)
+            prom = prometheus_server.PrometheusServer(cluster.metrics, cluster.dir, [rules_file])
+            self.addCleanup(prom.close)
+            self.assertEqual(len(prom.get("rules")["groups"][0]["rules"]), 5)
+            with cluster.client() as client:
+                # A non-finite step: a client batch of NaN on a paused job.
+                job = client.submit({
+                    "name": "nan", "model": {"builtin": {"family": "mlp",
+                                                         "sizes": [8, 16, 4], "seed": 1}},
+                    "split": {"stages": 2}, "schedule": {"kind": "1F1B", "microbatches": 2},
+                    "training": {"batch_size": 8, "steps": 4, "loss": "mse"}}, paused=True)
+                job.wait_for_state("PAUSED", timeout=120)
+                x = np.full((8, 8), np.nan, dtype=np.float32)
+                skipped = job.step(x, np.zeros((8, 4), np.float32))
+                self.assertTrue(skipped.loss is None or math.isnan(skipped.loss))
+                self.assertEqual(job.status().raw.skipped_steps, [0])
+                self.assertTrue(wait_firing(prom, "StagecoachStepsSkipped", exported_job=job.id),
+                                f"StagecoachStepsSkipped did not fire: {prom.alerts()}")
+                self.assertFalse(firing(prom, "StagecoachWorkerLost"))
+                job.cancel()
+                # A worker lost: the idle third one killed.
+                busy = {w.name for w in client.workers() if w.state != "IDLE"}
+                cluster.kill_worker(2)
+                self.assertTrue(wait_firing(prom, "StagecoachWorkerLost"),
+                                f"StagecoachWorkerLost did not fire: {prom.alerts()}\n"
+                                f"{cluster.logs()}")
+                self.assertEqual({w.name for w in client.workers() if w.state == "LOST"},
+                                 {"worker-2"}, busy)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@
 #include "coordinator/planning/planner.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/forwarding_transport.h"
 #include "tests/support/process.h"
 #include "tests/support/reference_mlp.h"
 #include "tests/support/stage_files.h"
@@ -762,39 +763,18 @@ TEST(TaskManagerReaping, StatusDoesNotWaitForAFinishedTaskReportingItsEnd) {
 
 // A transport whose Abort blocks until released (a data plane slow to tear down); everything
 // else goes to the real one.
-class SlowAbortTransport : public transport::Transport {
+class SlowAbortTransport : public testing::ForwardingTransport {
  public:
   SlowAbortTransport(std::unique_ptr<transport::Transport> inner, absl::Notification* aborting,
                      absl::Notification* release)
-      : inner_(std::move(inner)), aborting_(aborting), release_(release) {}
-  int rank() const override { return inner_->rank(); }
-  int world_size() const override { return inner_->world_size(); }
-  absl::string_view backend() const override { return inner_->backend(); }
-  const transport::BackendCapabilities& capabilities() const override {
-    return inner_->capabilities();
-  }
-  absl::StatusOr<std::unique_ptr<transport::Work>> Send(const void* data, size_t bytes, int peer,
-                                                        uint64_t tag) override {
-    return inner_->Send(data, bytes, peer, tag);
-  }
-  absl::StatusOr<std::unique_ptr<transport::Work>> Recv(void* data, size_t bytes, int peer,
-                                                        uint64_t tag) override {
-    return inner_->Recv(data, bytes, peer, tag);
-  }
-  absl::StatusOr<std::unique_ptr<transport::Work>> RecvUpTo(void* data, size_t max_bytes, int peer,
-                                                            uint64_t tag) override {
-    return inner_->RecvUpTo(data, max_bytes, peer, tag);
-  }
-  absl::Status Barrier(absl::Duration timeout) override { return inner_->Barrier(timeout); }
+      : ForwardingTransport(std::move(inner)), aborting_(aborting), release_(release) {}
   void Abort() override {
     if (!aborting_->HasBeenNotified()) aborting_->Notify();
     release_->WaitForNotificationWithTimeout(absl::Seconds(30));
-    inner_->Abort();
+    inner().Abort();
   }
-  transport::TransferStats stats() const override { return inner_->stats(); }
 
  private:
-  std::unique_ptr<transport::Transport> inner_;
   absl::Notification* aborting_;
   absl::Notification* release_;
 };

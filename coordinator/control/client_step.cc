@@ -1,5 +1,6 @@
 // StepControl::StepJob: one step of a PAUSED job on a client's batch (training, or
 // forward-only), like PyTorch's schedule.step(x, target=y). See step_control.h.
+#include <algorithm>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -171,6 +172,10 @@ absl::StatusOr<StepControl::ClientStepCall> StepControl::BeginClientStep(
   }
   int failed_rank = -1;
   const absl::Status sent = CallControl(ranks, requests, &failed_rank);
+  const bool refused = absl::IsInvalidArgument(sent) || absl::IsFailedPrecondition(sent);
+  int withdraw_failed = -1;
+  const absl::Status withdrawn =
+      refused ? WithdrawClientStep(call, ranks, failed_rank, &withdraw_failed) : absl::OkStatus();
   absl::MutexLock lock(&deps_.table->mu());
   Job& job = *call.job;
   if (job.attempt != call.attempt || job.state != v1::JOB_STATE_PAUSED) {
@@ -181,13 +186,11 @@ absl::StatusOr<StepControl::ClientStepCall> StepControl::BeginClientStep(
   if (!sent.ok()) {
     job.client_step.reset();
     if (!call.forward_only) job.hold_step = call.global;
-    if (absl::IsInvalidArgument(sent) || absl::IsFailedPrecondition(sent)) {
-      // A rank refused the batch before any ran it (ranks before it hold the request; they
-      // cannot have started, since the step needs every rank): the job stays PAUSED. The
-      // others are told to keep holding where they are.
-      SendControlLocked(job, std::vector<v1::ControlTaskRequest>(job.ranks.size(),
-                                                                 ControlRequest(job, call.global)));
-      return sent;
+    if (refused && withdrawn.ok()) return sent;  // the job stays PAUSED
+    if (refused) {
+      deps_.lifecycle->ControlFailedLocked(job, withdraw_failed, withdrawn,
+                                           absl::StrCat("withdrawing the client step of ", job_id));
+      return withdrawn;
     }
     deps_.lifecycle->ControlFailedLocked(job, failed_rank, sent,
                                          absl::StrCat("client step of ", job_id));
@@ -199,6 +202,28 @@ absl::StatusOr<StepControl::ClientStepCall> StepControl::BeginClientStep(
                                      deps_.clock->Now()));
   }
   return call;
+}
+
+absl::Status StepControl::WithdrawClientStep(const ClientStepCall& call,
+                                             const std::vector<std::pair<int, std::string>>& ranks,
+                                             int refused_rank, int* failed_rank) {
+  // A rank refused the batch: the ranks called before it took it, and may have started it (a
+  // step needs every rank, so none can finish it). They are told to hold where they are before
+  // StepJob returns and the job's control lock is released: sent later, the withdrawal could
+  // reach a rank after a Resume and stop the steps that started.
+  std::vector<std::pair<int, std::string>> took;
+  for (const auto& rank : ranks) {
+    if (rank.first == refused_rank) break;
+    took.push_back(rank);
+  }
+  if (took.empty()) return absl::OkStatus();
+  v1::ControlTaskRequest hold;
+  hold.set_job_id(call.job_id);
+  hold.set_attempt(call.attempt);
+  hold.set_step_limit(call.global);
+  int most = 0;
+  for (const auto& rank : took) most = std::max(most, rank.first + 1);
+  return CallControl(took, std::vector<v1::ControlTaskRequest>(most, hold), failed_rank);
 }
 
 absl::StatusOr<v1::StepJobResponse> StepControl::AwaitClientStep(

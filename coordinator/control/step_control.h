@@ -105,6 +105,11 @@ class StepControl {
   // StepJob's parts (client_step.cc).
   struct ClientStepCall;
   absl::StatusOr<ClientStepCall> BeginClientStep(const v1::StepJobRequest& request);
+  // After `refused_rank` refused the client step, tells the ranks of `ranks` called before it
+  // (they took it) to hold at its step, now and in order (CallControl); no locks held.
+  absl::Status WithdrawClientStep(const ClientStepCall& call,
+                                  const std::vector<std::pair<int, std::string>>& ranks,
+                                  int refused_rank, int* failed_rank);
   absl::StatusOr<v1::StepJobResponse> AwaitClientStep(const ClientStepCall& call,
                                                       absl::Duration timeout,
                                                       const std::function<bool()>& caller_gone);

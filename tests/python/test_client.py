@@ -231,10 +231,10 @@ class Errors(ClusterTest):
             job.step(np.zeros((8, 3), np.float32), np.zeros((8, 4), np.float32))
         self.assertIn("inputs", e.exception.message)
         job.resume()
-        with self.assertRaises(stagecoach.FailedPrecondition):
+        with self.assertRaises(stagecoach.FailedPrecondition):  # RUNNING, or already ended
             job.step(*batch(1))
-        job.cancel()
-        with self.assertRaises(stagecoach.FailedPrecondition):
+        self.assertEqual(job.wait(timeout=TIMEOUT).state, "SUCCEEDED")
+        with self.assertRaises(stagecoach.FailedPrecondition):  # it has ended
             job.cancel()
         with self.assertRaises(stagecoach.InvalidArgument) as e:
             job.step([[1, 2], [3]], None)  # a document of one token has no target

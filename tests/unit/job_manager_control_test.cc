@@ -70,6 +70,46 @@ class JobManagerControlTest : public JobManagerFixture {
   }
 };
 
+// A rank refuses a client batch (rank 1 here, after rank 0 took it): rank 0 is told to hold
+// again before StepJob answers, not by a message sent later that could reach it after a Resume
+// and stop the steps the Resume started (the job then failed, "step_limit 0 is below..."); the
+// rank that refused is told nothing more, and the job stays PAUSED.
+TEST_F(JobManagerControlTest, ARefusedClientStepIsWithdrawnBeforeStepJobAnswers) {
+  Register(1);
+  Register(2);
+  auto id = manager_->SubmitJob(Spec(4), "spec.yaml", /*start_paused=*/true);
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(Eventually([&] { return State(*id) == v1::JOB_STATE_PAUSED; }));
+  workers_.SetControlAnswer(
+      Address(2), [](const v1::ControlTaskRequest& r) -> absl::StatusOr<v1::ControlTaskResponse> {
+        if (r.has_client_step()) return absl::InvalidArgumentError("client_step.targets: no");
+        v1::ControlTaskResponse ok;
+        ok.set_global_steps_done(0);
+        return ok;
+      });
+  v1::StepJobRequest step;
+  step.set_job_id(*id);
+  *step.mutable_inputs() = Floats(8, 4);
+  *step.mutable_targets() = Floats(8, 2);
+  const size_t before = workers_.Controls(Address(2)).size();
+  auto refused = manager_->StepJob(step, absl::Seconds(5));
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+  std::vector<v1::ControlTaskRequest> to0 = workers_.Controls(Address(1));
+  ASSERT_GE(to0.size(), 2u);
+  EXPECT_TRUE(to0[to0.size() - 2].has_client_step());
+  EXPECT_FALSE(to0.back().has_client_step()) << "rank 0 still holds the refused batch";
+  EXPECT_EQ(to0.back().step_limit(), 0);
+  EXPECT_EQ(workers_.Controls(Address(2)).size(), before + 1) << "only the refused request";
+  EXPECT_EQ(State(*id), v1::JOB_STATE_PAUSED);
+
+  ASSERT_TRUE(manager_->ResumeJob(*id).ok());
+  absl::SleepFor(absl::Milliseconds(200));  // a late withdrawal would land here
+  to0 = workers_.Controls(Address(1));
+  EXPECT_EQ(to0.back().step_limit(), 4) << "something reached rank 0 after the resume";
+  EXPECT_EQ(workers_.Controls(Address(2)).back().step_limit(), 4);
+  EXPECT_EQ(State(*id), v1::JOB_STATE_RUNNING);
+}
+
 TEST_F(JobManagerControlTest, PauseRunStepAndResumeSteerTheSameAttempt) {
   const std::string w1 = Register(1), w2 = Register(2);
   auto id = manager_->SubmitJob(Spec(4), "spec.yaml");

@@ -52,6 +52,7 @@ struct Config {
   std::string coordinator_token;
   int threads = 0;  // 0: the CPUs this process may use, shared by the job's ranks on this host
   bool no_pin_threads = false;
+  double debug_slow_actions = 1.0;
 };
 
 void DeclareFlags(sc::daemon::FlagSet& flags, Config* c) {
@@ -78,6 +79,9 @@ void DeclareFlags(sc::daemon::FlagSet& flags, Config* c) {
                 "leave a task's compute threads unpinned (by default they are pinned to CPUs of "
                 "their own when several of the job's ranks share this machine and no cgroup quota "
                 "applies; docs/runtime.md, Threads)");
+  flags.AddDouble("debug-slow-actions", &c->debug_slow_actions, 1.0,
+                  "for tests of straggler detection: make each compute action (F, B, I, W) take "
+                  "this many times as long by sleeping after it (1: off)");
   flags.AddTokenFile("coordinator-token-file", &c->coordinator_token,
                      "file holding the token sent to the coordinator (its --worker-token-file)");
 }
@@ -141,6 +145,11 @@ int main(int argc, char** argv) {
   };
   task_deps.compute_threads = config.threads;
   task_deps.pin_threads = !config.no_pin_threads;
+  task_deps.debug_slow_factor = config.debug_slow_actions;
+  if (config.debug_slow_actions > 1.0) {
+    spdlog::warn("--debug-slow-actions {}: every compute action is slowed down",
+                 config.debug_slow_actions);
+  }
   sc::worker::TaskManager tasks(task_deps);
   sc::worker::WorkerServiceOptions service_options;
   service_options.resolve_file = task_deps.resolve_file;
@@ -165,6 +174,7 @@ int main(int argc, char** argv) {
   session_options.registration.set_device(config.device);
   session_options.token = &session_token;
   session_options.snapshots = &snapshots;
+  session_options.progress = [&tasks] { return tasks.Progress(); };
   for (const std::string& t : task_deps.transports) session_options.registration.add_transports(t);
   session = std::make_unique<sc::worker::CoordinatorSession>(
       session_options, &client, [&tasks] { return tasks.Status().job_id(); },

@@ -2,6 +2,7 @@
 #include "common/daemon/flag_set.h"
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdlib>
 #include <iostream>
 #include <limits>
@@ -138,6 +139,20 @@ FlagSet::Flag& FlagSet::AddInt(const std::string& name, int64_t* into, int64_t m
 FlagSet::Flag& FlagSet::AddInt(const std::string& name, int* into, int64_t min,
                                const std::string& unit, const std::string& help) {
   return Declare(name, help, absl::StrCat(*into), IntoInteger(name, into, min, unit)).handle;
+}
+
+FlagSet::Flag& FlagSet::AddDouble(const std::string& name, double* into, double min,
+                                  const std::string& help) {
+  auto convert = [name, into, min](const std::string& text) {
+    double value = 0;
+    if (!absl::SimpleAtod(text, &value) || !std::isfinite(value)) {
+      return ValueError(name, "must be a number", text);
+    }
+    if (value < min) return ValueError(name, absl::StrCat("must be at least ", min), text);
+    *into = value;
+    return absl::OkStatus();
+  };
+  return Declare(name, help, absl::StrCat(*into), std::move(convert)).handle;
 }
 
 FlagSet::Flag& FlagSet::AddBool(const std::string& name, bool* into, const std::string& help) {

@@ -62,6 +62,8 @@ class FlagSet {
                const std::string& help);
   Flag& AddInt(const std::string& name, int* into, int64_t min, const std::string& unit,
                const std::string& help);
+  // A finite number >= `min` (e.g. a ratio: 1.25).
+  Flag& AddDouble(const std::string& name, double* into, double min, const std::string& help);
   // A switch: present on the command line, or true/false (yes/no, on/off, 1/0) in the file.
   Flag& AddBool(const std::string& name, bool* into, const std::string& help);
   // HOST:PORT (rpc::ParseHostPort); port 0 asks for a free port.

@@ -111,6 +111,10 @@ void CoordinatorSession::Loop() {
       if (options_.snapshots != nullptr) {
         for (std::string& job : options_.snapshots->Jobs()) request.add_snapshot_jobs(job);
       }
+      if (options_.progress) {
+        std::optional<v1::RankProgress> progress = options_.progress();
+        if (progress.has_value()) *request.mutable_progress() = *std::move(progress);
+      }
       absl::StatusOr<v1::HeartbeatResponse> answer = client_->Heartbeat(request);
       const absl::Status beat = answer.status();
       if (answer.ok() && options_.snapshots != nullptr) {

@@ -8,6 +8,7 @@
 #include <grpcpp/server_context.h>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -53,6 +54,9 @@ struct SessionOptions {
   // The worker's in-memory snapshots: each heartbeat says which jobs' it holds, and the answer
   // says which steps to keep (HeartbeatResponse.snapshot_keep_from). May be null.
   runtime::SnapshotStore* snapshots = nullptr;
+  // The running task's progress beacon, sent with each heartbeat (HeartbeatRequest.progress);
+  // unset (or returning nullopt): none is sent.
+  std::function<std::optional<v1::RankProgress>()> progress;
 };
 
 // Thread-safe.

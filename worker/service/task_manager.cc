@@ -134,6 +134,7 @@ absl::Status TaskManager::Launch(const v1::TaskAssignment& task, std::thread& fi
   deps.settle_step = deps_.settle_step;
   deps.snapshot_store = deps_.snapshot_store;
   deps.report_snapshot = deps_.report_snapshot;
+  deps.debug_slow_factor = deps_.debug_slow_factor;
   runner_ = std::make_unique<runtime::TaskRunner>(task, std::move(deps));
   running_ = true;
   runtime::TaskRunner* runner = runner_.get();
@@ -260,6 +261,12 @@ v1::GetWorkerStatusResponse TaskManager::Status() {
     out.set_rank(-1);
   }
   return out;
+}
+
+std::optional<v1::RankProgress> TaskManager::Progress() {
+  absl::MutexLock lock(&mu_);
+  if (!running_) return std::nullopt;
+  return runner_->Progress();
 }
 
 }  // namespace stagecoach::worker

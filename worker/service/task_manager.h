@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -45,6 +46,8 @@ struct TaskManagerDeps {
   // Pin the task's compute threads where worker/runtime/device/cpu_pinning.h's policy allows (the
   // worker's default; --no-pin-threads clears it).
   bool pin_threads = true;
+  // TaskRunnerDeps::debug_slow_factor (--debug-slow-actions).
+  double debug_slow_factor = 1.0;
 };
 
 // Thread-safe.
@@ -82,6 +85,9 @@ class TaskManager {
   void StopAll(const std::string& reason, absl::Duration timeout);
 
   v1::GetWorkerStatusResponse Status();
+
+  // The running task's progress beacon (TaskRunner::Progress); unset when no task runs.
+  std::optional<v1::RankProgress> Progress();
 
  private:
   // The running task of `job_id` and `attempt`; FAILED_PRECONDITION naming what runs instead.

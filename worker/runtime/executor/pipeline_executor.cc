@@ -197,8 +197,14 @@ absl::Status PipelineExecutor::RunActions(const std::vector<Action>& actions, St
   for (const Action& action : actions) {
     state.action_wait = absl::ZeroDuration();
     const absl::Duration start = absl::Now() - state.step_start;
+    if (options_.progress != nullptr) options_.progress->BeginAction(action.ToString());
     RETURN_IF_ERROR(Execute(action, state));
+    if (options_.debug_slow_factor > 1.0 && schedule::IsCompute(action.type)) {
+      const absl::Duration own = absl::Now() - state.step_start - start - state.action_wait;
+      absl::SleepFor(own * (options_.debug_slow_factor - 1.0));
+    }
     ActionTiming timing{start, absl::Now() - state.step_start, state.action_wait};
+    if (options_.progress != nullptr) options_.progress->EndAction(timing.wait);
     RETURN_IF_ERROR(ReleaseFinishedSends(state));
     if (schedule::IsCompute(action.type)) busy += timing.end - timing.start - timing.wait;
     state.result.executed.push_back(action.ToString());

@@ -70,6 +70,7 @@
 #include "worker/model/precision.h"
 #include "worker/model/stage_model.h"
 #include "worker/runtime/device/counting_allocator.h"
+#include "worker/runtime/executor/progress_beacon.h"
 #include "worker/runtime/executor/training_setup.h"
 #include "worker/transport/transport.h"
 
@@ -124,6 +125,14 @@ struct ExecutorOptions {
   // value is held to fit its agreed shape (same dtype and dimensions, no size larger) instead
   // of to equal it. Off, shapes are the agreed ones and no header is sent.
   bool dynamic_shapes = false;
+  // When set, the executor marks each action it runs, each wait on another rank and the wait
+  // for its sends at the step's end (RANK_PHASE_SENDS) in it (progress_beacon.h); RunStep does
+  // not begin or end the step there (its caller does).
+  ProgressBeacon* progress = nullptr;
+  // The worker's --debug-slow-actions (tests of the straggler rule): each compute action
+  // (F, B, I, W, OVERLAP_F_B) is made this many times as long as its own work (its waits for
+  // data excluded) by sleeping after it. 1: off.
+  double debug_slow_factor = 1.0;
 };
 
 // Shape and dtype of one tensor crossing a stage boundary.

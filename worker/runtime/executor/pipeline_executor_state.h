@@ -61,6 +61,8 @@ struct PendingSend {
   torch::Tensor buffer;  // keeps the bytes alive until the send completed
   std::unique_ptr<transport::Work> work;
   std::string what;
+  int peer = -1;  // for the progress beacon's wait
+  uint64_t tag = 0;
 };
 
 // Runs `fn`, turning LibTorch exceptions into a Status prefixed with `where`.

@@ -80,7 +80,13 @@ absl::StatusOr<torch::Tensor> PipelineExecutor::WaitRecv(bool gradient, int e, i
   }
   if (it->second.header_work != nullptr) RETURN_IF_ERROR(ReceiveAfterHeader(e, mb, where, st));
   const absl::Time before = absl::Now();
+  if (options_.progress != nullptr) {
+    options_.progress->BeginWait(gradient ? "RECV_B" : "RECV_F",
+                                 gradient ? edge.producer : edge.consumer, mb, it->second.peer,
+                                 EdgeTag(gradient, e, mb));
+  }
   absl::Status waited = it->second.work->Wait(options_.comm_timeout);
+  if (options_.progress != nullptr) options_.progress->EndWait();
   st.action_wait += absl::Now() - before;
   if (!waited.ok()) {
     return absl::Status(
@@ -107,7 +113,12 @@ absl::Status PipelineExecutor::ReceiveAfterHeader(int e, int mb, const std::stri
   PendingRecv& recv = st.activation_recvs.at(EdgeKey{e, mb});
   const std::string what = absl::StrCat(EdgeName(false, e), " microbatch ", mb);
   const absl::Time before = absl::Now();
+  if (options_.progress != nullptr) {
+    options_.progress->BeginWait("RECV_F header", edges_[e].consumer, mb, recv.peer,
+                                 ShapeHeaderTag(edges_[e].producer, edges_[e].consumer, mb));
+  }
   absl::Status waited = recv.header_work->Wait(options_.comm_timeout);
+  if (options_.progress != nullptr) options_.progress->EndWait();
   st.action_wait += absl::Now() - before;
   if (!waited.ok()) {
     return absl::Status(waited.code(),
@@ -157,6 +168,8 @@ absl::Status PipelineExecutor::PostShapeHeader(int e, int mb, const torch::Tenso
   if (TransportTakesDeviceMemory()) header.buffer = header.buffer.to(TransferDevice());
   const int peer = RankOf(edges_[e].consumer);
   header.what = absl::StrCat(where, ": sending the shape header of the ", what, " to rank ", peer);
+  header.peer = peer;
+  header.tag = ShapeHeaderTag(edges_[e].producer, edges_[e].consumer, mb);
   ASSIGN_OR_RETURN(header.work,
                    transport_->Send(header.buffer.data_ptr(), header.buffer.nbytes(), peer,
                                     ShapeHeaderTag(edges_[e].producer, edges_[e].consumer, mb)));
@@ -172,6 +185,8 @@ absl::Status PipelineExecutor::PostFramedValue(int e, int mb, const torch::Tenso
   PendingSend framed;
   ASSIGN_OR_RETURN(framed.buffer, FrameWithHeader(t.detach().to(TransferDevice()), meta));
   framed.what = absl::StrCat(where, ": sending the ", what, " to rank ", peer);
+  framed.peer = peer;
+  framed.tag = EdgeTag(false, e, mb);
   ASSIGN_OR_RETURN(framed.work, transport_->Send(framed.buffer.data_ptr(), framed.buffer.nbytes(),
                                                  peer, EdgeTag(false, e, mb)));
   st.result.bytes_sent_to[peer] += static_cast<int64_t>(framed.buffer.nbytes()) - kShapeHeaderBytes;
@@ -199,6 +214,8 @@ absl::Status PipelineExecutor::PostSend(const torch::Tensor& t, const TensorMeta
   }
   pending.buffer = pending.buffer.contiguous();
   pending.what = absl::StrCat(where, ": sending the ", what, " to rank ", peer);
+  pending.peer = peer;
+  pending.tag = tag;
   ASSIGN_OR_RETURN(pending.work,
                    transport_->Send(pending.buffer.data_ptr(), pending.buffer.nbytes(), peer, tag));
   st.result.bytes_sent_to[peer] += static_cast<int64_t>(pending.buffer.nbytes());
@@ -243,14 +260,17 @@ absl::Status PipelineExecutor::ReleaseFinishedSends(StepState& st) {
 }
 
 absl::Status PipelineExecutor::WaitSends(StepState& st) {
-  for (PendingSend& send : st.sends) {
+  if (options_.progress != nullptr) options_.progress->SetPhase(v1::RANK_PHASE_SENDS);
+  auto wait = [&](PendingSend& send) {
+    if (options_.progress != nullptr && !send.work->Done()) {
+      options_.progress->BeginWait("SEND", -1, -1, send.peer, send.tag);
+    }
     const absl::Status sent = send.work->Wait(options_.comm_timeout);
-    if (!sent.ok()) return SendFailed(options_.rank, send, sent);
-  }
-  for (auto& [key, send] : st.activation_sends) {
-    const absl::Status sent = send.work->Wait(options_.comm_timeout);
-    if (!sent.ok()) return SendFailed(options_.rank, send, sent);
-  }
+    if (options_.progress != nullptr) options_.progress->EndWait();
+    return sent.ok() ? sent : SendFailed(options_.rank, send, sent);
+  };
+  for (PendingSend& send : st.sends) RETURN_IF_ERROR(wait(send));
+  for (auto& [key, send] : st.activation_sends) RETURN_IF_ERROR(wait(send));
   return absl::OkStatus();
 }
 

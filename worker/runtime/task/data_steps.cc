@@ -71,6 +71,8 @@ DataSteps::DataSteps(const StepEnv& env) : env_(env), stall_(StepStallFromEnviro
   // Rows of documents run padded to their microbatch's longest row.
   options_.dynamic_shapes = !setup.spec.data.packing.empty() && !setup.inference;
   if (setup.device.is_cpu()) options_.memory_counter = env.memory_counter;
+  options_.progress = env.progress;
+  options_.debug_slow_factor = env.debug_slow_factor;
   if (env.reducer != nullptr) {
     options_.on_gradients_ready = [reducer = env.reducer](int stage) {
       reducer->StageReady(stage);
@@ -229,6 +231,7 @@ absl::StatusOr<bool> DataSteps::RunPasses(const std::vector<Pass>& passes, bool 
                  options_.rank, global_step, absl::FormatDuration(stall_->duration));
     absl::SleepFor(stall_->duration);
   }
+  if (env_.progress != nullptr) env_.progress->BeginStep(global_step);
   if (!setup.forward_only) ClearGradients(*setup.optimizer);
   if (setup.shards != nullptr) setup.shards->ClearStageGradients();
   if (env_.rollback != nullptr) env_.rollback->Take();
@@ -257,12 +260,14 @@ absl::StatusOr<bool> DataSteps::RunPasses(const std::vector<Pass>& passes, bool 
   }
   std::optional<ReductionReport> reduction;
   if (!setup.forward_only) {
+    if (env_.reducer != nullptr) Mark(v1::RANK_PHASE_REDUCTION);
     ASSIGN_OR_RETURN(const bool settled, ReduceAndSettle(result, step, global_step, &reduction));
     if (!settled) return false;
   }
   // The step's bytes: the pipeline's and the tied copies' (not the job reduction's few).
   const transport::TransferStats pipeline_end = env_.transport->stats();
   std::optional<RecipeDecision> decision;
+  if (!setup.forward_only) Mark(v1::RANK_PHASE_OPTIMIZER);
   if (env_.recipe != nullptr) {
     ASSIGN_OR_RETURN(decision, env_.recipe->Prepare(global_step, *setup.optimizer));
   }
@@ -280,6 +285,7 @@ absl::StatusOr<bool> DataSteps::RunPasses(const std::vector<Pass>& passes, bool 
   if (reduction.has_value()) StepReports::AddReduction(*reduction, mark, &report);
   if (decision.has_value()) StepReports::AddRecipe(*decision, &report);
   if (evaluator_ != nullptr && evaluator_->DueAfter(global_step)) {
+    Mark(v1::RANK_PHASE_EVAL);
     if (env_.membership != nullptr) evaluator_->SetSlices(env_.membership->slices());
     ASSIGN_OR_RETURN(const Evaluator::Losses eval, evaluator_->Run());
     report.set_evaluated(true);
@@ -306,9 +312,13 @@ absl::StatusOr<bool> DataSteps::RunPasses(const std::vector<Pass>& passes, bool 
     for (int slice : env_.membership->slices()) report.add_slices(slice);
   }
   const StepGate::StepEnd end = env_.gate->EndCountedStep();
+  Mark(v1::RANK_PHASE_CHECKPOINT);
   RETURN_IF_ERROR(env_.checkpoints->AfterStep(end.steps_done, end.checkpoint_requested, &report));
   env_.reports->Send(report);
   if (env_.snapshots != nullptr) RETURN_IF_ERROR(env_.snapshots->AfterStep(end.steps_done));
+  if (env_.progress != nullptr) {
+    env_.progress->SetPhase(v1::RANK_PHASE_BETWEEN_STEPS, global_step + 1);
+  }
   env_.steps_done->store(step + 1);
   // A healed replica joins after this step, at once (not at the next step, which a pause may
   // put off while its replacements wait in the group's rendezvous).

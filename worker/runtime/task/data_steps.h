@@ -66,6 +66,10 @@ struct StepEnv {
   // or run again over several slices; else both null.
   ReplicaMembership* membership = nullptr;
   StepRollback* rollback = nullptr;
+  // Marked with the step's phases here and its actions and waits by the executor; may be null.
+  ProgressBeacon* progress = nullptr;
+  // ExecutorOptions::debug_slow_factor (the worker's --debug-slow-actions).
+  double debug_slow_factor = 1.0;
 };
 
 // The shapes and dtypes of stage 0's microbatches, for PipelineExecutor::AgreeShapes (empty on
@@ -111,6 +115,10 @@ class DataSteps {
 
  private:
   explicit DataSteps(const StepEnv& env);
+  // Marks the step's phase in env_.progress, if any.
+  void Mark(v1::RankPhase phase) {
+    if (env_.progress != nullptr) env_.progress->SetPhase(phase);
+  }
 
   // One slice of the global batch: stage 0's and the last stage's microbatches, on their ranks,
   // and the shapes planned for stage 0's (rows of documents run padded to their microbatch's

@@ -103,6 +103,7 @@ TaskRunner::TaskRunner(v1::TaskAssignment task, TaskRunnerDeps deps)
     : task_(std::move(task)),
       deps_(std::move(deps)),
       gate_(GateOptions(task_)),
+      progress_(task_.job_id(), task_.attempt(), task_.rank(), task_.replica()),
       decode_sessions_(std::make_unique<DecodeSessions>()),
       store_(std::make_unique<CancellableStore>(deps_.store)) {}
 
@@ -444,6 +445,7 @@ absl::Status TaskRunner::RunOnDataPlane(TaskSetup& setup, transport::Transport& 
                       deps_.reporter);
   absl::StatusOr<TrainingParts> parts = MakeTrainingParts(task_, setup, transport, group);
   if (!parts.ok()) return AbortDataPlane(transport, group, parts.status());
+  if (parts->job_reduction != nullptr) parts->job_reduction->set_progress(&progress_);
   CheckpointStepsOptions checkpoint_options;
   checkpoint_options.dir = setup.forward_only ? "" : setup.spec.training.checkpoint.dir;
   checkpoint_options.every_steps = setup.spec.training.checkpoint.every_steps;
@@ -498,7 +500,9 @@ absl::Status TaskRunner::RunOnDataPlane(TaskSetup& setup, transport::Transport& 
                     parts->tied.get(),
                     deps_.memory_counter,
                     membership.get(),
-                    rollback.get()};
+                    rollback.get(),
+                    &progress_,
+                    deps_.debug_slow_factor};
   absl::StatusOr<std::unique_ptr<DataSteps>> data = DataSteps::Create(env);
   if (!data.ok()) return AbortDataPlane(transport, group, data.status());
   if (task_.has_join() && membership != nullptr) {

@@ -45,6 +45,7 @@
 #include "stagecoach/v1/worker.pb.h"
 #include "worker/collectives/collectives.h"
 #include "worker/runtime/executor/message_tags.h"
+#include "worker/runtime/executor/progress_beacon.h"
 #include "worker/runtime/snapshot/snapshot_store.h"
 #include "worker/runtime/task/step_gate.h"
 #include "worker/runtime/training/replica_membership.h"
@@ -148,6 +149,8 @@ struct TaskRunnerDeps {
   // task) and CoordinatorService.ReportSnapshot.
   SnapshotStore* snapshot_store = nullptr;
   SnapshotReporter report_snapshot;
+  // The worker's --debug-slow-actions (ExecutorOptions::debug_slow_factor); 1: off.
+  double debug_slow_factor = 1.0;
 };
 
 class TaskRunner {
@@ -196,6 +199,10 @@ class TaskRunner {
   // does not hold or has no stages yet; INVALID_ARGUMENT naming the field. Thread-safe.
   absl::StatusOr<v1::DecodeResponse> Decode(const v1::DecodeRequest& request);
 
+  // What the task's rank is doing now (executor/progress_beacon.h), for the worker's heartbeat.
+  // Thread-safe.
+  v1::RankProgress Progress() const { return progress_.Read(); }
+
   const v1::TaskAssignment& task() const { return task_; }
   int64_t steps_done() const { return steps_done_.load(); }
 
@@ -236,6 +243,8 @@ class TaskRunner {
   // The task's count of counted steps.
   std::atomic<int64_t> steps_done_{0};
   StepGate gate_;
+  // Marked by the executor and the step parts (StepEnv::progress); read by Progress.
+  ProgressBeacon progress_;
 
   // Guards what Stop and ControlTask reach of the task's thread's objects. Taken before the
   // gate's lock, never across a wait.

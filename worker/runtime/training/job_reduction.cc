@@ -24,14 +24,20 @@ absl::Status JobReduction::SendTo(const torch::Tensor& t, int peer, int edge, in
   const uint64_t tag = MessageTag(Payload::kJobReduction, edge, direction);
   auto work = transport_->Send(t.data_ptr(), t.nbytes(), peer, tag);
   if (!work.ok()) return Annotate(work.status(), "sending to", peer);
-  return Annotate((*work)->Wait(timeout_), "sending to", peer);
+  if (progress_ != nullptr) progress_->BeginWait("JOB_REDUCTION send", -1, -1, peer, tag);
+  const absl::Status sent = (*work)->Wait(timeout_);
+  if (progress_ != nullptr) progress_->EndWait();
+  return Annotate(sent, "sending to", peer);
 }
 
 absl::Status JobReduction::RecvFrom(torch::Tensor& t, int peer, int edge, int direction) {
   const uint64_t tag = MessageTag(Payload::kJobReduction, edge, direction);
   auto work = transport_->Recv(t.data_ptr(), t.nbytes(), peer, tag);
   if (!work.ok()) return Annotate(work.status(), "receiving from", peer);
-  return Annotate((*work)->Wait(timeout_), "receiving from", peer);
+  if (progress_ != nullptr) progress_->BeginWait("JOB_REDUCTION receive", -1, -1, peer, tag);
+  const absl::Status received = (*work)->Wait(timeout_);
+  if (progress_ != nullptr) progress_->EndWait();
+  return Annotate(received, "receiving from", peer);
 }
 
 absl::StatusOr<std::vector<double>> JobReduction::SumOverRanks(const std::vector<double>& values) {

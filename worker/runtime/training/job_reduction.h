@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "worker/runtime/executor/progress_beacon.h"
 #include "worker/transport/transport.h"
 
 namespace stagecoach::runtime {
@@ -35,6 +36,10 @@ class JobReduction {
   // what was being passed; DEADLINE_EXCEEDED after the timeout.
   absl::StatusOr<std::vector<double>> SumOverRanks(const std::vector<double>& values);
 
+  // Marks each wait on a neighbour in `progress` ("JOB_REDUCTION" sends and receives, with the
+  // peer and tag), so that a stall there names the rank it waits on. May be null.
+  void set_progress(ProgressBeacon* progress) { progress_ = progress; }
+
  private:
   // Sends `t` to `peer` / receives into `t` from `peer` on the edge's tag, and waits.
   absl::Status SendTo(const torch::Tensor& t, int peer, int edge, int direction);
@@ -43,6 +48,7 @@ class JobReduction {
   transport::Transport* const transport_;
   const torch::Device device_;
   const absl::Duration timeout_;
+  ProgressBeacon* progress_ = nullptr;
 };
 
 }  // namespace stagecoach::runtime

@@ -97,6 +97,7 @@ void JobManager::Tick() {
     spdlog::info("{} dropped from the job table (retention)", id);
   }
   ScheduleLocked();
+  DiagnoseJobsLocked(now);
   UpdateStateMetricsLocked();
 }
 
@@ -335,10 +336,10 @@ absl::StatusOr<v1::GetStepTraceResponse> JobManager::GetStepTrace(const std::str
   ASSIGN_OR_RETURN(Job * job, table_.FindOrErrorLocked(job_id));
   v1::GetStepTraceResponse response;
   int64_t traced = -1;
-  ASSIGN_OR_RETURN(
-      std::string trace,
-      job->traces.Trace(global_step, job->plan.num_tasks(),
-                        absl::StrCat(job->id, " (", job->plan.schedule_name, ")"), &traced));
+  ASSIGN_OR_RETURN(std::string trace,
+                   job->traces.Trace(global_step, job->plan.num_tasks(),
+                                     absl::StrCat(job->id, " (", job->plan.schedule_name, ")"),
+                                     &traced, job->id));
   response.set_global_step(traced);
   response.set_trace_json(std::move(trace));
   response.set_first_kept_step(job->traces.first_kept());
@@ -441,6 +442,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
 
 absl::StatusOr<v1::HeartbeatResponse> JobManager::Heartbeat(const v1::HeartbeatRequest& req) {
   RETURN_IF_ERROR(registry_.Heartbeat(req.worker_id(), deps_.clock->Now(), req.session_token()));
+  if (req.has_progress()) RecordProgress(req.worker_id(), req.progress());
   if (req.snapshot_jobs().empty()) return v1::HeartbeatResponse();
   return SnapshotKeepFrom(req.snapshot_jobs());
 }

@@ -76,6 +76,11 @@ struct JobManagerOptions {
   // Longest a task holds at a step boundary (a PAUSED job) before it gives up and fails
   // (TaskAssignment.hold_timeout).
   absl::Duration hold_timeout = absl::Hours(24);
+  // The stall rule (--stall-after; coordinator/diagnosis/stall_rule.h): its silent_after is set
+  // from heartbeat_interval by the daemon. And the straggler rule (--straggler-threshold,
+  // --straggler-window; straggler_rule.h).
+  StallOptions stall;
+  StragglerOptions stragglers;
   // Retention of finished jobs (SUCCEEDED, FAILED, CANCELLED), in memory and in the job table
   // on disk: at most `retain_finished_jobs` of them (the most recently finished), none that
   // finished longer than `retain_finished_for` ago (--retain-finished-jobs,
@@ -217,6 +222,9 @@ class JobManager : private LifecycleHooks {
   // The measured Chrome trace of a completed step; -1 for the latest (GetStepTrace).
   absl::StatusOr<v1::GetStepTraceResponse> GetStepTrace(const std::string& job_id,
                                                         int64_t global_step);
+  // What each rank of the job is doing now, its stall and stragglers (DiagnoseJob;
+  // job_manager_diagnosis.cc). NOT_FOUND for an unknown job.
+  absl::StatusOr<v1::DiagnoseJobResponse> DiagnoseJob(const std::string& job_id);
   // FAILED_PRECONDITION when the job has already ended.
   absl::StatusOr<v1::Job> CancelJob(const std::string& job_id, const std::string& reason);
   // Waits up to `timeout` for events with sequence >= from_sequence; returns those (possibly
@@ -284,6 +292,15 @@ class JobManager : private LifecycleHooks {
       const google::protobuf::RepeatedPtrField<std::string>& jobs);
   // Sets the metrics' job and worker counts from the current table (when deps_.metrics).
   void UpdateStateMetricsLocked();
+  // Diagnosis (job_manager_diagnosis.cc): a heartbeat's progress beacon into its job; the
+  // job's diagnosis started for its current attempt; the stall rule's inputs; and the tick's
+  // pass over the running jobs (their STALLED condition, its events and metric).
+  void RecordProgress(const std::string& worker_id, const v1::RankProgress& progress);
+  void EnsureDiagnosisLocked(Job& job);
+  // With `heartbeats`, each rank's worker's latest heartbeat too (a registry lookup per rank:
+  // only to describe the ranks, not to decide whether the step stalled).
+  StallInputs StallInputsLocked(const Job& job, bool heartbeats) const;
+  void DiagnoseJobsLocked(absl::Time now);
 
   const JobManagerOptions options_;
   const JobManagerDeps deps_;

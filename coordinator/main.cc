@@ -64,6 +64,8 @@ struct Config {
   std::string link_bandwidth = "2GB";
   // --max-plan-memory as given ("" : a quarter of the machine's memory).
   std::string max_plan_memory;
+  // --stall-after as given ("": 5x the median step, at least 30 s).
+  std::string stall_after;
 };
 
 void DeclareFlags(sc::daemon::FlagSet& flags, Config* c) {
@@ -114,6 +116,19 @@ void DeclareFlags(sc::daemon::FlagSet& flags, Config* c) {
                  absl::StrCat("admission limit: the most ", limit.what,
                               " a job spec may ask for (docs/spec.md, Limits)"));
   }
+  flags.AddString("stall-after", &c->stall_after,
+                  "a running job whose step has run this long is STALLED, and its ranks are "
+                  "named with what they wait on (default: 5x the median step, at least 30s)");
+  flags.AddDouble("straggler-threshold", &c->jobs.stragglers.threshold, 1.0,
+                  "a rank whose compute is this many times its peers' (median over the "
+                  "straggler window) is straggling");
+  flags.AddInt("straggler-window", &c->jobs.stragglers.window, 1, "steps",
+               "the fewest steps over which a rank's pace against its peers is taken (their "
+               "median)");
+  flags.AddDuration("straggler-min-window", &c->jobs.stragglers.min_window,
+                    "the least time over which a rank's pace is taken: the steps completed in "
+                    "it count too (CPU time-sharing slows a rank for stretches of many short "
+                    "steps)");
   flags.AddTokenFile(
       "client-token-file", &c->auth.client_token,
       "require the token in this file as 'authorization: Bearer' on client RPCs (stagectl)");
@@ -128,6 +143,16 @@ absl::Status Validate(Config* c) {
         ") must be at most half of --lease (", absl::FormatDuration(c->jobs.lease), ")"));
   }
   if (!c->data_dir.empty()) c->artifacts.dir = c->data_dir + "/artifacts";
+  if (!c->stall_after.empty()) {
+    absl::Duration bound;
+    if (!absl::ParseDuration(c->stall_after, &bound) || bound <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--stall-after: must be a positive duration like 30s or 5m, got: ", c->stall_after));
+    }
+    c->jobs.stall.stall_after = bound;
+  }
+  // A beacon rides on every heartbeat: a rank unheard for 2.5 intervals has missed two.
+  c->jobs.stall.silent_after = c->jobs.heartbeat_interval * 2.5;
   if (c->max_plan_memory.empty()) {
     c->jobs.max_plan_memory_bytes = sc::MachineMemoryBytes() / 4;
   } else {

@@ -115,7 +115,11 @@ class TraceBuilder {
 
   // Appends one event to the traceEvents array. Events are written as they are made rather than
   // kept as one document: traces of large schedules hold millions of them.
-  void Emit(const json& event) {
+  void Emit(json event) {
+    if (!options_.step_id.empty()) {
+      const std::string ph = event.value("ph", "");
+      if (ph != "M" && ph != "C") event["args"]["step_id"] = options_.step_id;
+    }
     if (!events_.empty()) events_ += ',';
     events_ += event.dump();
   }
@@ -264,6 +268,7 @@ class TraceBuilder {
                  {"num_ranks", num_ranks_},
                  {"end", end_}};
     if (!options_.title.empty()) data["title"] = options_.title;
+    if (!options_.step_id.empty()) data["step_id"] = options_.step_id;
     return data;
   }
 

@@ -36,6 +36,10 @@ struct ChromeTraceOptions {
   double microseconds_per_unit = 1000;
   // Stored as otherData.title; left out when empty.
   std::string title;
+  // When set, every event but metadata and counters carries args "step_id" with it, and
+  // otherData "step_id": the events of one step from every rank share one id (a measured step's
+  // "job-3/step-12"), so that traces merged or filtered elsewhere still line the step up.
+  std::string step_id;
   // Process names by rank (row of the timeline); "Rank r" where empty or missing.
   std::vector<std::string> process_names;
   // Spans drawn on a track of their own per rank (tid 1000, named `span_track`), e.g. the

@@ -11,6 +11,7 @@
 #include "common/rpc/time_conversion.h"
 #include "common/util/logging.h"
 #include "common/util/status_macros.h"
+#include "coordinator/diagnosis/straggler_rule.h"
 #include "coordinator/lifecycle/failure_investigation.h"
 
 namespace stagecoach::coordinator {
@@ -111,6 +112,10 @@ bool StepAggregator::AddLocked(Job& job, RankSlot& slot, const v1::ReportStepReq
                           rpc::FromProtoTimestamp(req.step_start_time()),
                           {req.reduction().buckets().begin(), req.reduction().buckets().end()},
                           req.bubble_ratio()};
+    if (job.diagnosis.attempt() == job.attempt) {
+      job.diagnosis.stragglers().Add(global, timing.rank,
+                                     SampleStep(timing.actions, timing.timings));
+    }
     job.traces.Add(global, std::move(timing));
   }
   StepAggregate& agg = job.partial_steps[req.step()];
@@ -310,6 +315,33 @@ void StepAggregator::CompleteStepLocked(Job& job, int64_t step_index, absl::Time
     job.client_step->done = true;
   }
   job.AddEvent(std::move(event), now);
+  RecordDiagnosisLocked(job, global, now);
+}
+
+void StepAggregator::RecordDiagnosisLocked(Job& job, int64_t global, absl::Time now) {
+  job.diagnosis.StepCompleted(now);
+  if (job.diagnosis.attempt() != job.attempt) return;
+  for (v1::StragglerEvent& change : job.diagnosis.stragglers().Complete(global, now)) {
+    v1::RankStraggler& s = *change.mutable_straggler();
+    const int task = job.plan.TaskIndex(s.replica(), s.rank());
+    if (task < static_cast<int>(job.ranks.size())) s.set_worker_id(job.ranks[task].worker_id);
+    if (change.straggling()) {
+      spdlog::warn(
+          "{}: replica {} rank {} ({}) is straggling: its compute is {:.2f}x its peers' "
+          "over the latest {} steps",
+          job.id, s.replica(), s.rank(), s.worker_id(), s.ratio(), s.window_steps());
+    } else {
+      spdlog::info("{}: replica {} rank {} is back on pace ({:.2f}x its peers')", job.id,
+                   s.replica(), s.rank(), s.ratio());
+    }
+    v1::JobEvent event;
+    *event.mutable_straggler() = std::move(change);
+    job.AddEvent(std::move(event), now);
+  }
+  if (metrics_ != nullptr) {
+    metrics_->Diagnosis(job.id, job.diagnosis.stall().has_value(),
+                        job.diagnosis.stragglers().Pace());
+  }
 }
 
 void StepAggregator::RecordMemoryLocked(Job& job, const StepAggregate& agg,

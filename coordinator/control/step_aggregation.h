@@ -74,6 +74,9 @@ class StepAggregator {
   // The ranks' measured activation peaks: into the event, the job's latest and largest per
   // rank, and the metrics (with the plan's predictions).
   void RecordMemoryLocked(Job& job, const StepAggregate& agg, v1::StepCompleted& step);
+  // The diagnosis's part (coordinator/diagnosis/): the step's duration for the stall bound, the
+  // straggler rule over the step's compute, its events and the ranks' pace metrics.
+  void RecordDiagnosisLocked(Job& job, int64_t global, absl::Time now);
 
   CoordinatorMetrics* const metrics_;
 };

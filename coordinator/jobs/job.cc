@@ -162,6 +162,7 @@ void Job::ToProto(v1::Job* out, const HistoryWindow& window) const {
   const bool whole = window.steps < 0;
   training.ToProto(out, base_step + first, whole ? INT64_MAX : base_step + end);
   if (data_records.has_value()) *out->mutable_data_records() = *data_records;
+  DiagnosisToProto(out);
   out->set_num_stages(plan.num_stages);
   out->set_num_ranks(plan.num_ranks);
   out->set_replicas(plan.replicas);
@@ -209,6 +210,18 @@ void Job::ToProto(v1::Job* out, const HistoryWindow& window) const {
   out->set_global_steps_done(global_done());
   out->set_pause_at_global_step(hold_step >= 0 ? hold_step : 0);
   out->set_attempt(attempt);
+}
+
+void Job::DiagnosisToProto(v1::Job* out) const {
+  if (state == v1::JOB_STATE_RUNNING && diagnosis.stall().has_value()) {
+    *out->mutable_stall() = *diagnosis.stall();
+  }
+  for (v1::RankStraggler& s : diagnosis.stragglers().Stragglers()) {
+    const size_t task = static_cast<size_t>(plan.TaskIndex(s.replica(), s.rank()));
+    if (task < ranks.size()) s.set_worker_id(ranks[task].worker_id);
+    *out->add_stragglers() = std::move(s);
+  }
+  for (const v1::RankPace& pace : diagnosis.stragglers().Pace()) *out->add_pace() = pace;
 }
 
 void Job::ToRecord(v1::Job* out, const HistoryWindow& window) const {

@@ -55,6 +55,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/spec/job_spec.h"
+#include "coordinator/diagnosis/job_diagnosis.h"
 #include "coordinator/jobs/event_log.h"
 #include "coordinator/jobs/rank_balance.h"
 #include "coordinator/jobs/replica_health.h"
@@ -322,6 +323,8 @@ struct Job {
   StepTraceStore traces;
   // The latest traced step replayed (BalanceToProto), kept until a later step is traced.
   mutable MeasuredBalance balance;
+  // Its ranks' progress beacons, stall condition and stragglers (coordinator/diagnosis/).
+  JobDiagnosis diagnosis;
 
   // Serialises the job's step control (StepControl): held across calls to its workers and a
   // client step's wait, never with the job table's lock held, so a stuck job delays only its
@@ -353,6 +356,8 @@ struct Job {
   void ToProto(v1::Job* out, const HistoryWindow& window = HistoryWindow::All()) const;
   // Job.memory: the plan's predicted memory per rank and what the workers measured.
   void MemoryToProto(v1::Job* out) const;
+  // Job.stall (while RUNNING), stragglers and pace from `diagnosis`.
+  void DiagnosisToProto(v1::Job* out) const;
   // The job as GetJob returns it (with `window`) and, whole, as the job table stores it:
   // ToProto plus the plan's layers and stages.
   void ToRecord(v1::Job* out, const HistoryWindow& window = HistoryWindow::All()) const;

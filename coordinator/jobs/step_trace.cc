@@ -116,7 +116,8 @@ std::vector<schedule::Message> PairMessages(
 }  // namespace
 
 absl::StatusOr<std::string> MeasuredStepTrace(const std::vector<RankStepTiming>& ranks,
-                                              const std::string& title) {
+                                              const std::string& title,
+                                              const std::string& step_id) {
   int num_ranks = 0;
   absl::Time base = absl::InfiniteFuture();
   for (const RankStepTiming& r : ranks) {
@@ -165,6 +166,7 @@ absl::StatusOr<std::string> MeasuredStepTrace(const std::vector<RankStepTiming>&
   schedule::ChromeTraceOptions options;
   options.microseconds_per_unit = 1;
   options.title = title;
+  options.step_id = step_id;
   for (const RankStepTiming& r : ranks) {
     if (!r.label.empty()) {
       options.process_names.resize(num_ranks);
@@ -208,8 +210,8 @@ const std::map<int, RankStepTiming>* StepTraceStore::LatestComplete(int num_rank
 }
 
 absl::StatusOr<std::string> StepTraceStore::Trace(int64_t global_step, int num_ranks,
-                                                  const std::string& title,
-                                                  int64_t* traced_step) const {
+                                                  const std::string& title, int64_t* traced_step,
+                                                  const std::string& job_id) const {
   const std::string kept =
       steps_.empty() ? std::string("no steps are kept")
                      : absl::StrCat("steps ", first_kept(), "..", last_kept(), " are kept");
@@ -249,7 +251,9 @@ absl::StatusOr<std::string> StepTraceStore::Trace(int64_t global_step, int num_r
   for (const auto& [r, timing] : found->second) {
     if (r < num_ranks) ranks.push_back(timing);
   }
-  ASSIGN_OR_RETURN(std::string trace, MeasuredStepTrace(ranks, title));
+  const std::string step_id =
+      absl::StrCat(job_id, job_id.empty() ? "" : "/", "step-", found->first);
+  ASSIGN_OR_RETURN(std::string trace, MeasuredStepTrace(ranks, title, step_id));
   if (traced_step != nullptr) *traced_step = found->first;
   return trace;
 }

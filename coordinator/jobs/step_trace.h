@@ -53,8 +53,10 @@ struct RankStepTiming {
 // INVALID_ARGUMENT naming the rank (and action) when a rank is negative or listed twice, its
 // actions and timings differ in length, an action does not parse, or a timing ends before it
 // starts.
+// With `step_id` every event of the step carries it (ChromeTraceOptions::step_id).
 absl::StatusOr<std::string> MeasuredStepTrace(const std::vector<RankStepTiming>& ranks,
-                                              const std::string& title);
+                                              const std::string& title,
+                                              const std::string& step_id = "");
 
 // Keeps the per-rank timings of the latest `capacity` steps (global step -> ranks), for a job's
 // GetStepTrace. Not thread-safe: its owner (the job manager) serialises calls. Copyable and
@@ -74,8 +76,10 @@ class StepTraceStore {
   // NOT_FOUND when the step is not kept, lacks a rank's report, or (for -1) no kept step is
   // complete; the message names the kept range ("steps 3..66 are kept"). INVALID_ARGUMENT as
   // MeasuredStepTrace.
+  // Every event carries the step's id: "<job_id>/step-<global step>" ("step-<n>" without a
+  // job id).
   absl::StatusOr<std::string> Trace(int64_t global_step, int num_ranks, const std::string& title,
-                                    int64_t* traced_step) const;
+                                    int64_t* traced_step, const std::string& job_id = "") const;
 
   // The latest kept step that ranks 0 .. num_ranks-1 all reported, and its reports by rank;
   // nullptr (and *step -1) when none is.

@@ -128,6 +128,19 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
                             .Name("stagecoach_job_healthy_replicas")
                             .Help("Data-parallel replicas carrying the job")
                             .Register(registry)),
+      stalled_(prometheus::BuildGauge()
+                   .Name("stagecoach_job_stalled")
+                   .Help("1 while the job's step has run past its stall bound (STALLED)")
+                   .Register(registry)),
+      pace_(prometheus::BuildGauge()
+                .Name("stagecoach_rank_pace")
+                .Help("A rank's compute per step over the median of its peers' with the same "
+                      "work (median over the straggler window; 1: on pace)")
+                .Register(registry)),
+      straggling_(prometheus::BuildGauge()
+                      .Name("stagecoach_rank_straggling")
+                      .Help("1 while the rank is persistently slower than its peers")
+                      .Register(registry)),
       bytes_(prometheus::BuildCounter()
                  .Name("stagecoach_data_plane_bytes_total")
                  .Help("Data-plane bytes the workers reported, by direction")
@@ -211,6 +224,11 @@ void CoordinatorMetrics::StepCompleted(const std::string& job_id, absl::Duration
     for (prometheus::Gauge* g : old.predicted_memory) predicted_memory_.Remove(g);
     if (old.degraded != nullptr) degraded_.Remove(old.degraded);
     if (old.healthy_replicas != nullptr) healthy_replicas_.Remove(old.healthy_replicas);
+    if (old.stalled != nullptr) stalled_.Remove(old.stalled);
+    for (auto& [key, gauges] : old.pace) {
+      pace_.Remove(gauges.first);
+      straggling_.Remove(gauges.second);
+    }
     series_.erase(oldest);
   }
 }
@@ -226,6 +244,27 @@ void CoordinatorMetrics::ReplicaHealth(const std::string& job_id, int healthy, i
   }
   s.degraded->Set(healthy < replicas ? 1.0 : 0.0);
   s.healthy_replicas->Set(healthy);
+}
+
+void CoordinatorMetrics::Diagnosis(const std::string& job_id, bool stalled,
+                                   const std::vector<v1::RankPace>& pace) {
+  absl::MutexLock lock(&mu_);
+  auto it = series_.find(job_id);
+  if (it == series_.end()) return;
+  JobSeries& s = it->second;
+  if (s.stalled == nullptr) s.stalled = &stalled_.Add({{"job", job_id}});
+  s.stalled->Set(stalled ? 1.0 : 0.0);
+  for (const v1::RankPace& p : pace) {
+    auto [g, added] = s.pace.try_emplace({p.replica(), p.rank()});
+    if (added) {
+      const std::map<std::string, std::string> labels = {{"job", job_id},
+                                                         {"rank", absl::StrCat(p.rank())},
+                                                         {"replica", absl::StrCat(p.replica())}};
+      g->second = {&pace_.Add(labels), &straggling_.Add(labels)};
+    }
+    g->second.first->Set(p.ratio());
+    g->second.second->Set(p.straggling() ? 1.0 : 0.0);
+  }
 }
 
 void CoordinatorMetrics::RankMemory(const std::string& job_id, const std::vector<int64_t>& measured,

@@ -24,6 +24,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "stagecoach/v1/diagnosis.pb.h"
 #include "stagecoach/v1/types.pb.h"
 
 namespace stagecoach::coordinator {
@@ -78,6 +79,12 @@ class CoordinatorMetrics {
   // on, docs/recovery.md). Kept with the job's other series (after its StepCompleted: nothing
   // for a job that has none).
   void ReplicaHealth(const std::string& job_id, int healthy, int replicas);
+  // The diagnosis of `job_id` (coordinator/diagnosis/): stagecoach_job_stalled{job} (1 while the
+  // job is STALLED) and, for each rank with peers of the same work, stagecoach_rank_pace{job,
+  // rank, replica} (its compute over its peers' median, over the straggler window) and
+  // stagecoach_rank_straggling{job, rank, replica} (1 while it straggles). Kept with the job's
+  // other series (nothing for a job that has none yet: before its first completed step).
+  void Diagnosis(const std::string& job_id, bool stalled, const std::vector<v1::RankPace>& pace);
   // What failures cost (recovery_metrics.h).
   RecoveryMetrics& recovery() { return recovery_; }
 
@@ -103,6 +110,9 @@ class CoordinatorMetrics {
     std::vector<prometheus::Gauge*> predicted_memory;  // index = rank
     prometheus::Gauge* degraded = nullptr;             // with replicas; null until first set
     prometheus::Gauge* healthy_replicas = nullptr;
+    prometheus::Gauge* stalled = nullptr;  // null until first set (Diagnosis)
+    // By (replica, rank): its pace and straggling gauges.
+    std::map<std::pair<int, int>, std::pair<prometheus::Gauge*, prometheus::Gauge*>> pace;
   };
 
   prometheus::Family<prometheus::Gauge>& jobs_;
@@ -123,6 +133,9 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& predicted_memory_;
   prometheus::Family<prometheus::Gauge>& degraded_;
   prometheus::Family<prometheus::Gauge>& healthy_replicas_;
+  prometheus::Family<prometheus::Gauge>& stalled_;
+  prometheus::Family<prometheus::Gauge>& pace_;
+  prometheus::Family<prometheus::Gauge>& straggling_;
   prometheus::Family<prometheus::Counter>& bytes_;
   prometheus::Counter& bytes_sent_;
   prometheus::Counter& bytes_received_;

@@ -284,6 +284,16 @@ grpc::Status CoordinatorServiceImpl::GetStepTrace(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
+grpc::Status CoordinatorServiceImpl::DiagnoseJob(grpc::ServerContext* ctx,
+                                                 const v1::DiagnoseJobRequest* req,
+                                                 v1::DiagnoseJobResponse* resp) {
+  if (auto s = RequiredId(req->job_id(), "job_id"); !s.ok()) return s;
+  auto out = jobs_->DiagnoseJob(req->job_id());
+  if (!out.ok()) return ToGrpcStatus(out.status());
+  *resp = *std::move(out);
+  return grpc::Status::OK;
+}
+
 grpc::Status CoordinatorServiceImpl::RegisterWorker(grpc::ServerContext* ctx,
                                                     const v1::RegisterWorkerRequest* req,
                                                     v1::RegisterWorkerResponse* resp) {

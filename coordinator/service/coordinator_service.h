@@ -77,6 +77,8 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
                               v1::GetJobScheduleResponse* resp) override;
   grpc::Status GetStepTrace(grpc::ServerContext* ctx, const v1::GetStepTraceRequest* req,
                             v1::GetStepTraceResponse* resp) override;
+  grpc::Status DiagnoseJob(grpc::ServerContext* ctx, const v1::DiagnoseJobRequest* req,
+                           v1::DiagnoseJobResponse* resp) override;
   grpc::Status RegisterWorker(grpc::ServerContext* ctx, const v1::RegisterWorkerRequest* req,
                               v1::RegisterWorkerResponse* resp) override;
   grpc::Status Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,

@@ -198,6 +198,14 @@ WorkerRecord* WorkerRegistry::MutableLocked(const std::string& id) {
   return nullptr;
 }
 
+absl::Time WorkerRegistry::LastHeartbeat(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [n, w] : workers_) {
+    if (w.id == id) return w.last_heartbeat;
+  }
+  return absl::InfinitePast();
+}
+
 std::vector<WorkerRecord> WorkerRegistry::All() const {
   absl::MutexLock lock(&mu_);
   std::vector<WorkerRecord> out;

@@ -101,6 +101,8 @@ class WorkerRegistry {
 
   // nullopt when unknown.
   std::optional<WorkerRecord> Find(const std::string& id) const;
+  // When the worker's latest heartbeat (or registration) arrived; InfinitePast for an unknown id.
+  absl::Time LastHeartbeat(const std::string& id) const;
 
   // Every worker, in registration order.
   std::vector<WorkerRecord> All() const;

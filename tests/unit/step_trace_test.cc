@@ -268,7 +268,7 @@ TEST(StepTraceStore, KeepsTheLatestStepsAndTracesTheLatestCompleteOne) {
   auto latest = store.Trace(-1, 2, "latest", &traced);
   ASSERT_TRUE(latest.ok()) << latest.status();
   EXPECT_EQ(traced, 4);
-  EXPECT_EQ(*latest, *MeasuredStepTrace(TwoRanks(), "latest"));
+  EXPECT_EQ(*latest, *MeasuredStepTrace(TwoRanks(), "latest", "step-4"));
 
   auto incomplete = store.Trace(5, 2, "", &traced);
   EXPECT_EQ(incomplete.status().code(), absl::StatusCode::kNotFound);
@@ -284,9 +284,19 @@ TEST(StepTraceStore, KeepsTheLatestStepsAndTracesTheLatestCompleteOne) {
   store.Add(0, TwoRanks()[0]);
   EXPECT_EQ(store.first_kept(), 3);
 
-  auto explicit_step = store.Trace(3, 2, "", &traced);
+  auto explicit_step = store.Trace(3, 2, "", &traced, "job-9");
   ASSERT_TRUE(explicit_step.ok()) << explicit_step.status();
   EXPECT_EQ(traced, 3);
+  // One id on every event of the step, whichever rank's: the step lines up across ranks.
+  const nlohmann::json trace = nlohmann::json::parse(*explicit_step);
+  EXPECT_EQ(trace["otherData"]["step_id"], "job-9/step-3");
+  int tagged = 0;
+  for (const nlohmann::json& e : trace["traceEvents"]) {
+    if (e["ph"] == "M") continue;
+    EXPECT_EQ(e["args"]["step_id"], "job-9/step-3") << e.dump();
+    ++tagged;
+  }
+  EXPECT_GT(tagged, 4);
 
   // Copies are independent; a restart from step 3 forgets 4 and 5.
   StepTraceStore copy = store;

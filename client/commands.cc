@@ -19,6 +19,7 @@
 #include "absl/strings/strip.h"
 #include "client/npy.h"
 #include "client/spec_text.h"
+#include "client/render/render_diagnosis.h"
 #include "client/render/watch.h"
 #include "common/rpc/channel.h"
 #include "common/rpc/tensor_data.h"
@@ -494,6 +495,15 @@ int Commands::Trace(const std::string& job_id, int64_t global_step, const std::s
                absl::StrCat(job_id, " step ", resp.global_step(), ": trace written to ", out_path,
                             " (", util::FormatBytes(bytes), "); steps ", resp.first_kept_step(),
                             "..", resp.last_kept_step(), " kept\n"));
+}
+
+int Commands::Diagnose(const std::string& job_id, int timeline) {
+  v1::DiagnoseJobRequest req;
+  req.set_job_id(job_id);
+  v1::DiagnoseJobResponse resp;
+  grpc::Status status = Call(&v1::CoordinatorService::Stub::DiagnoseJob, req, &resp);
+  if (!status.ok()) return RpcError(status, absl::StrCat("diagnose ", job_id));
+  return Print(ProtoJson(resp), DiagnoseText(resp, timeline));
 }
 
 }  // namespace stagecoach::client

@@ -111,6 +111,9 @@ class Commands {
   // the step and the range of steps still kept (json/yaml: {job_id, global_step,
   // first_kept_step, last_kept_step, out, bytes}).
   int Trace(const std::string& job_id, int64_t global_step, const std::string& out_path);
+  // `stagectl diagnose JOB`: what each rank does now, its recent actions, the job's stall and
+  // stragglers (DiagnoseJob).
+  int Diagnose(const std::string& job_id, int timeline);
   // Asks a running job for a checkpoint now and prints the step it is taken after and its
   // directory (table: "step N: DIR"; json/yaml: {job_id, step, directory}). The checkpoint is
   // complete once `status` lists it.

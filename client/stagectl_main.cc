@@ -255,6 +255,16 @@ int main(int argc, char** argv) {
   trace->add_option("JOB", job_id, "job id")->required();
   trace->add_option("--step", trace_step, "global step to trace (default -1: the latest)");
   trace->add_option("--out", trace_out, "the trace JSON file to write")->required();
+  int diagnose_timeline = 8;
+  auto* diagnose = app.add_subcommand(
+      "diagnose",
+      "what each rank of a job is doing now (its action, the peer and tag it waits on) with its "
+      "recent actions, and the job's stall and stragglers");
+  diagnose->add_option("JOB", job_id, "job id")->required();
+  diagnose
+      ->add_option("--timeline", diagnose_timeline,
+                   "recent actions shown per rank (at most 32; default 8)")
+      ->check(CLI::Range(0, 32));
   std::string infer_input, infer_out, infer_timeout = "5m";
   auto* infer = app.add_subcommand(
       "infer", "run the spec's model forward-only on a batch (.npy) and return the outputs");
@@ -417,6 +427,7 @@ int main(int argc, char** argv) {
   if (run->parsed()) return commands.RunSteps(job_id, run_steps);
   if (step->parsed()) return commands.Step(job_id, step_options);
   if (trace->parsed()) return commands.Trace(job_id, trace_step, trace_out);
+  if (diagnose->parsed()) return commands.Diagnose(job_id, diagnose_timeline);
   if (schedule->parsed()) return commands.JobSchedule(schedule_job, sched.lowered, sched.out_path);
   if (infer->parsed()) {
     absl::Duration timeout;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/render/render_balance.h"
+#include "client/render/render_diagnosis.h"
 #include "client/render/render_memory.h"
 #include "client/render/render_plan.h"
 #include "client/render/render_recovery.h"
@@ -195,6 +196,13 @@ nlohmann::json JobJson(const v1::Job& job) {
   out["history_first_step"] = job.history_first_step();
   out["missing_loss_steps"] =
       std::vector<int64_t>(job.missing_loss_steps().begin(), job.missing_loss_steps().end());
+  if (job.has_stall()) out["stall"] = ProtoJson(job.stall());
+  if (job.stragglers_size() > 0 || job.pace_size() > 0) {
+    out["stragglers"] = nlohmann::json::array();
+    for (const v1::RankStraggler& s : job.stragglers()) out["stragglers"].push_back(ProtoJson(s));
+    out["pace"] = nlohmann::json::array();
+    for (const v1::RankPace& p : job.pace()) out["pace"].push_back(ProtoJson(p));
+  }
   if (job.has_data_records()) {
     out["data_records"] = {{"read", job.data_records().read()},
                            {"truncated", job.data_records().truncated()},
@@ -499,6 +507,7 @@ std::string JobDetails(const v1::Job& j) {
   }
   out << "\n";
   out << RecoveryLines(j);
+  out << DiagnosisLines(j);
   out << "Steps:     " << j.steps_done() << "/" << j.steps_total() << " (global step "
       << j.global_steps_done() << ")\n";
   if (j.pause_at_global_step() > 0 && !IsFinalState(j.state())) {

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "client/render/render.h"
 #include "client/render/render_balance.h"
+#include "client/render/render_diagnosis.h"
 #include "common/rpc/time_conversion.h"
 #include "common/util/byte_size.h"
 
@@ -200,6 +201,11 @@ std::string NoticeLine(const v1::JobEvent& event, absl::TimeZone zone) {
   if (event.has_replica_lost()) return ReplicaLostLine(event, zone);
   if (event.has_replica_healed()) return ReplicaHealedLine(event, zone);
   if (event.has_snapshot_taken()) return SnapshotTakenLine(event, zone);
+  if (event.has_stalled() || event.has_stall_ended() || event.has_straggler()) {
+    std::string line = DiagnosisEventLine(event, zone);
+    if (!line.empty() && line.back() == '\n') line.pop_back();
+    return line;
+  }
   return DroppedLine(event.events_dropped());
 }
 
@@ -272,6 +278,8 @@ nlohmann::json EventJson(const v1::JobEvent& event) {
     out["bytes"] = taken.bytes();
     out["ranks"] = taken.ranks();
     out["copies"] = taken.copies();
+  } else if (event.has_stalled() || event.has_stall_ended() || event.has_straggler()) {
+    for (auto& [key, value] : DiagnosisEventJson(event).items()) out[key] = value;
   } else if (event.has_events_dropped()) {
     out["event"] = "events_dropped";
     out["from_sequence"] = event.events_dropped().from_sequence();

@@ -164,13 +164,14 @@ absl::Status LocalCluster::RestartCoordinator() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<int> LocalCluster::AddWorker() {
+absl::StatusOr<int> LocalCluster::AddWorker(const std::vector<std::string>& extra_args) {
   const int index = static_cast<int>(workers_.size());
   std::vector<std::string> args = launcher_;
   args.insert(args.end(),
               {DaemonBinary(kWorkerPath), "--coordinator", coordinator_address_, "--listen",
                "127.0.0.1:0", "--name", absl::StrCat("worker-", index), "--log-level", log_level_});
   args.insert(args.end(), worker_args_.begin(), worker_args_.end());
+  args.insert(args.end(), extra_args.begin(), extra_args.end());
   auto worker = ChildProcess::Start(args, absl::StrCat(dir(), "/worker-", index, ".log"));
   if (!worker.ok()) return worker.status();
   auto address = ListeningAddress(**worker);

@@ -56,8 +56,9 @@ class LocalCluster {
   const std::string& coordinator_address() const { return coordinator_address_; }
   const std::string& dir() const { return dir_.path(); }
 
-  // Starts one more worker; returns its index.
-  absl::StatusOr<int> AddWorker();
+  // Starts one more worker (with `extra_args` after ClusterOptions::worker_args); returns its
+  // index.
+  absl::StatusOr<int> AddWorker(const std::vector<std::string>& extra_args = {});
   ChildProcess& worker(int i) { return *workers_[i]; }
   // The coordinator process (its stdout after the "listening on" line is the test's to read).
   ChildProcess& coordinator() { return *coordinator_; }

@@ -16,16 +16,18 @@ from stagecoach.errors import (Aborted, Cancelled, DeadlineExceeded, FailedPreco
                                InvalidArgument, InvalidSpec, JobFailed, NotFound,
                                PermissionDenied, ResourceExhausted, StagecoachError,
                                Unauthenticated, Unavailable)
+from stagecoach.diagnosis import Diagnosis, RankDiagnosis, Stall, Straggler
 from stagecoach.events import (Event, EventsDropped, Failure, JobStatus, PlanCandidate,
-                               ReplicaHealed, ReplicaLost, SnapshotTaken, StateChanged,
-                               StepCompleted, StepResult, Worker)
+                               ReplicaHealed, ReplicaLost, SnapshotTaken, Stalled, StateChanged,
+                               StepCompleted, StepResult, Straggling, Worker)
 from stagecoach.job import Job
 from stagecoach.vocab import CharVocabulary
 
 __all__ = [
-    "Aborted", "Cancelled", "CharVocabulary", "Client", "DeadlineExceeded", "Event",
+    "Aborted", "Cancelled", "CharVocabulary", "Client", "DeadlineExceeded", "Diagnosis", "Event",
     "EventsDropped", "FailedPrecondition", "Failure", "InvalidArgument", "InvalidSpec", "Job",
     "JobFailed", "JobStatus", "NotFound", "PermissionDenied", "PlanCandidate", "ReplicaHealed",
-    "ReplicaLost", "ResourceExhausted", "SnapshotTaken", "StagecoachError", "StateChanged",
-    "StepCompleted", "StepResult", "TLS", "Unauthenticated", "Unavailable", "Worker",
+    "RankDiagnosis", "ReplicaLost", "ResourceExhausted", "SnapshotTaken", "Stall", "Stalled",
+    "StagecoachError", "StateChanged", "StepCompleted", "StepResult", "Straggler", "Straggling",
+    "TLS", "Unauthenticated", "Unavailable", "Worker",
 ]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 from stagecoach.v1 import types_pb2
 
@@ -164,8 +164,32 @@ class SnapshotTaken(Event):
     bytes: int
 
 
+@dataclass
+class Stalled(Event):
+    """A step ran past the stall bound (`ended` False), or the stalled step completed
+    (`ended` True, `running` its whole time). `summaries` say what each rank was doing, by
+    "replica/rank"."""
+
+    global_step: int
+    running: float
+    bound: float
+    ended: bool
+    summaries: Dict[str, str]
+
+
+@dataclass
+class Straggling(Event):
+    """A rank started (`straggling` True) or stopped straggling behind its peers."""
+
+    rank: int
+    replica: int
+    worker_id: str
+    ratio: float
+    straggling: bool
+
+
 AnyEvent = Union[StateChanged, StepCompleted, EventsDropped, ReplicaLost, ReplicaHealed,
-                 SnapshotTaken, Event]
+                 SnapshotTaken, Stalled, Straggling, Event]
 
 
 def event_from_proto(e: types_pb2.JobEvent) -> AnyEvent:
@@ -199,6 +223,15 @@ def event_from_proto(e: types_pb2.JobEvent) -> AnyEvent:
     if kind == "snapshot_taken":
         return SnapshotTaken(**head, global_step=e.snapshot_taken.global_step,
                              bytes=e.snapshot_taken.bytes)
+    if kind in ("stalled", "stall_ended"):
+        s = getattr(e, kind).stall
+        return Stalled(**head, global_step=s.global_step, running=_seconds(s.running),
+                       bound=_seconds(s.bound), ended=kind == "stall_ended",
+                       summaries={f"{r.replica}/{r.rank}": r.summary for r in s.ranks})
+    if kind == "straggler":
+        s = e.straggler.straggler
+        return Straggling(**head, rank=s.rank, replica=s.replica, worker_id=s.worker_id,
+                          ratio=s.ratio, straggling=e.straggler.straggling)
     return Event(**head)
 
 

@@ -14,6 +14,7 @@ from stagecoach.v1 import coordinator_pb2, generation_pb2
 
 if TYPE_CHECKING:
     from stagecoach.client import Client
+    from stagecoach.diagnosis import Diagnosis
 
 Prompt = Union[str, Sequence[int], Sequence[Sequence[int]]]
 
@@ -34,6 +35,14 @@ class Job:
         reply = self._rpc.call("GetJob", coordinator_pb2.GetJobRequest(
             job_id=self.id, history_all=history), self._client.timeout)
         return JobStatus.from_proto(reply.job)
+
+    def diagnose(self) -> "Diagnosis":
+        """What each rank is doing now (its action, the peer and tag it waits on, its latest
+        actions), the job's stall and its stragglers (``stagectl diagnose``)."""
+        from stagecoach.diagnosis import Diagnosis
+        reply = self._rpc.call("DiagnoseJob", coordinator_pb2.DiagnoseJobRequest(job_id=self.id),
+                               self._client.timeout)
+        return Diagnosis.from_proto(reply)
 
     def watch(self, from_sequence: int = 0, timeout: Optional[float] = None
               ) -> Iterator[AnyEvent]:

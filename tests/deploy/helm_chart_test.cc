@@ -753,7 +753,8 @@ TEST_F(HelmChartTest, AlertsAsAPrometheusRule) {
     EXPECT_NE(rule["annotations"]["summary"].as<std::string>().find("{{"), std::string::npos)
         << "Helm expanded the alert's own template";
   }
-  EXPECT_EQ(alerts, (std::set<std::string>{"StagecoachWorkerLost", "StagecoachStepsSkipped",
+  EXPECT_EQ(alerts, (std::set<std::string>{"StagecoachJobStalled", "StagecoachRankStraggling",
+                                           "StagecoachWorkerLost", "StagecoachStepsSkipped",
                                            "StagecoachGradReductionExposed",
                                            "StagecoachJobDegraded", "StagecoachJobsRestarting"}));
 }

@@ -87,6 +87,11 @@ class LocalCluster:
                 time.sleep(0.05)
         raise RuntimeError(f"{workers} workers did not register:\n{self.logs()}")
 
+    def freeze_worker(self, index: int, frozen: bool = True) -> None:
+        """SIGSTOPs (or with frozen=False SIGCONTs) worker `index`: alive but silent."""
+        p = self._procs[1 + index]
+        os.killpg(p.pid, signal.SIGSTOP if frozen else signal.SIGCONT)
+
     def kill_worker(self, index: int) -> None:
         """SIGKILLs worker `index` (0-based): it stops heartbeating at once."""
         p = self._procs[1 + index]

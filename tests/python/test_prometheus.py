@@ -127,18 +127,19 @@ class Alerts(unittest.TestCase):
         checked = subprocess.run([promtool, "check", "rules", ALERTS], capture_output=True,
                                  text=True, timeout=60)
         self.assertEqual(checked.returncode, 0, checked.stdout + checked.stderr)
-        self.assertIn("SUCCESS: 5 rules found", checked.stdout)
+        self.assertIn("SUCCESS: 7 rules found", checked.stdout)
 
-        # A short lease, so that a killed worker is lost within seconds.
+        # A short lease, so that a killed worker is lost within seconds, and a shorter stall
+        # bound, so that a frozen one stalls its job well before.
         with LocalCluster(workers=3, metrics=True,
-                          coordinator_args=["--lease", "3s", "--heartbeat-interval", "1s"]
-                          ) as cluster:
+                          coordinator_args=["--lease", "10s", "--heartbeat-interval", "1s",
+                                            "--stall-after", "2s"]) as cluster:
             with open(ALERTS) as f:
                 rules = re.sub(r"\bfor: \S+", "for: 0s", f.read())
             rules_file = cluster.write_file("alerts.yaml", rules)
             prom = prometheus_server.PrometheusServer(cluster.metrics, cluster.dir, [rules_file])
             self.addCleanup(prom.close)
-            self.assertEqual(len(prom.get("rules")["groups"][0]["rules"]), 5)
+            self.assertEqual(len(prom.get("rules")["groups"][0]["rules"]), 7)
             with cluster.client() as client:
                 # A non-finite step: a client batch of NaN on a paused job.
                 job = client.submit({
@@ -155,6 +156,7 @@ class Alerts(unittest.TestCase):
                                 f"StagecoachStepsSkipped did not fire: {prom.alerts()}")
                 self.assertFalse(firing(prom, "StagecoachWorkerLost"))
                 job.cancel()
+                self.provoke_a_stall(cluster, client, prom)
                 # A worker lost: the idle third one killed.
                 busy = {w.name for w in client.workers() if w.state != "IDLE"}
                 cluster.kill_worker(2)
@@ -163,6 +165,39 @@ class Alerts(unittest.TestCase):
                                 f"{cluster.logs()}")
                 self.assertEqual({w.name for w in client.workers() if w.state == "LOST"},
                                  {"worker-2"}, busy)
+
+
+    def provoke_a_stall(self, cluster, client, prom) -> None:
+        """A frozen rank (SIGSTOP): the job is STALLED, its diagnosis names the rank, and
+        StagecoachJobStalled fires; thawed, the job trains on."""
+        job = client.submit({
+            "name": "stall", "model": {"builtin": {"family": "mlp", "sizes": [8, 16, 4],
+                                                   "seed": 1}},
+            "split": {"stages": 2}, "schedule": {"kind": "1F1B", "microbatches": 2},
+            "training": {"batch_size": 8, "steps": 1000000, "loss": "mse"}})
+        deadline = time.monotonic() + 120
+        while job.status().global_step < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        holder = next(w for w in client.workers() if w.job_id == job.id and w.rank == 0)
+        frozen = int(holder.name.split("-")[1])
+        cluster.freeze_worker(frozen)
+        try:
+            self.assertTrue(wait_firing(prom, "StagecoachJobStalled", timeout=30,
+                                        exported_job=job.id),
+                            f"StagecoachJobStalled did not fire: {prom.alerts()}\n"
+                            f"{cluster.logs()}")
+            diagnosis = job.diagnose()
+            self.assertIsNotNone(diagnosis.stall)
+            self.assertIn("silent for", diagnosis.stall.ranks[0].summary)
+            self.assertIn(f"rank 0 ({holder.address})", diagnosis.stall.ranks[1].summary)
+        finally:
+            cluster.freeze_worker(frozen, False)
+        at = job.status().global_step
+        deadline = time.monotonic() + 60
+        while job.status().global_step < at + 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self.assertIsNone(job.diagnose().stall)
+        job.cancel()
 
 
 if __name__ == "__main__":

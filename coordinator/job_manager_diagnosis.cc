@@ -67,7 +67,9 @@ StallInputs JobManager::StallInputsLocked(const Job& job, bool heartbeats) const
     view.replica = slot.replica;
     view.worker_id = slot.worker_id;
     view.address = slot.worker_address;
-    view.progress = job.diagnosis.progress(static_cast<int>(task));
+    const std::optional<v1::RankProgress>& progress =
+        job.diagnosis.progress(static_cast<int>(task));
+    view.progress = progress.has_value() ? &*progress : nullptr;
     view.received = job.diagnosis.received(static_cast<int>(task));
     if (heartbeats) view.last_heartbeat = registry_.LastHeartbeat(slot.worker_id);
     in.ranks.push_back(std::move(view));

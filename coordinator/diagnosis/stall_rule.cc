@@ -120,7 +120,7 @@ absl::Duration StallBound(const StallOptions& options,
 std::optional<absl::Duration> StepRunning(const StallInputs& in, absl::Time now) {
   std::optional<absl::Time> earliest;
   for (const RankView& r : in.ranks) {
-    if (!r.progress.has_value()) continue;
+    if (r.progress == nullptr) continue;
     const v1::RankProgress& p = *r.progress;
     if (p.phase() == v1::RANK_PHASE_SETUP) return std::nullopt;
     // A rank may be a step (or, with its reports in flight, a few) ahead of the steps the
@@ -138,7 +138,7 @@ std::string SummarizeRank(const RankView& rank, const std::vector<RankView>& all
   const absl::Duration silent = now - std::max(rank.received, rank.last_heartbeat);
   const bool heard =
       rank.received != absl::InfinitePast() || rank.last_heartbeat != absl::InfinitePast();
-  if (!rank.progress.has_value()) {
+  if (rank.progress == nullptr) {
     if (heard && silent > options.silent_after) {
       return absl::StrCat("silent for ", Seconds(silent),
                           " (no heartbeat); no progress beacon from it in this attempt");
@@ -162,7 +162,7 @@ std::vector<v1::RankDiagnosis> DiagnoseRanks(const std::vector<RankView>& ranks,
     d.set_replica(r.replica);
     d.set_worker_id(r.worker_id);
     d.set_address(r.address);
-    if (r.progress.has_value()) {
+    if (r.progress != nullptr) {
       *d.mutable_progress() = *r.progress;
       *d.mutable_beacon_age() = rpc::ToProtoDuration(now - r.received);
     }

@@ -43,8 +43,10 @@ struct RankView {
   int replica = 0;
   std::string worker_id;
   std::string address;
-  // Its latest beacon of the job's current attempt, and when it arrived.
-  std::optional<v1::RankProgress> progress;
+  // Its latest beacon of the job's current attempt (null: none), and when it arrived. Not owned:
+  // the job's diagnosis holds it, and a RankView lives only while the job table's lock is held,
+  // so that the tick's pass over every running job copies no beacon.
+  const v1::RankProgress* progress = nullptr;
   absl::Time received = absl::InfinitePast();
   // Its worker's latest heartbeat (with or without a beacon); InfinitePast when not known. A
   // rank is silent when neither arrived for StallOptions::silent_after.

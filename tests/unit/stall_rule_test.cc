@@ -3,6 +3,8 @@
 // long since they arrived.
 #include "coordinator/diagnosis/stall_rule.h"
 
+#include <deque>
+
 #include "absl/strings/str_cat.h"
 #include "common/rpc/time_conversion.h"
 #include "coordinator/diagnosis/job_diagnosis.h"
@@ -40,12 +42,19 @@ v1::RankProgress Waiting(int rank, int64_t step, absl::Duration elapsed, const c
   return p;
 }
 
+// A beacon kept for the rest of the test (a RankView does not own its beacon).
+const v1::RankProgress* Keep(v1::RankProgress p) {
+  static std::deque<v1::RankProgress> kept;
+  kept.push_back(std::move(p));
+  return &kept.back();
+}
+
 RankView View(int rank, std::optional<v1::RankProgress> p, absl::Time received) {
   RankView v;
   v.rank = rank;
   v.worker_id = absl::StrCat("w-", rank);
   v.address = absl::StrCat("host-", rank, ":4100", rank);
-  v.progress = std::move(p);
+  v.progress = p.has_value() ? Keep(*std::move(p)) : nullptr;
   v.received = received;
   return v;
 }
@@ -73,9 +82,10 @@ TEST(StallRule, AStepPastItsBoundNamesEachRanksActionPeerAndWait) {
   const absl::Time now = kT0 + absl::Seconds(45);
   // Rank 1 began the step 44 s ago (as of its beacon 1 s ago) and waits on rank 0's activation
   // for 40 s; rank 0 was frozen mid-forward: its last beacon is 38 s old.
-  in.ranks.push_back(View(0, InStep(0, 12, absl::Seconds(2)), now - absl::Seconds(38)));
-  in.ranks[0].progress->set_action("0F5");
-  in.ranks[0].progress->set_action_elapsed_us(1'500'000);
+  v1::RankProgress frozen = InStep(0, 12, absl::Seconds(2));
+  frozen.set_action("0F5");
+  frozen.set_action_elapsed_us(1'500'000);
+  in.ranks.push_back(View(0, frozen, now - absl::Seconds(38)));
   in.ranks.push_back(View(1,
                           Waiting(1, 12, absl::Seconds(43), "RECV_F", 1, 5, 0, absl::Seconds(40)),
                           now - absl::Seconds(1)));
@@ -178,7 +188,7 @@ TEST(StallRule, ARankFrozenBeforeItsFirstBeaconIsSilentByItsHeartbeats) {
             "silent for 9.0 s (no heartbeat); no progress beacon from it in this attempt");
   EXPECT_EQ(SummarizeRank(all[1], all, options, now), "no progress beacon yet");
   // A beacon older than the latest heartbeat: heard from, not silent.
-  all[1].progress = InStep(1, 3, absl::Seconds(1));
+  all[1].progress = Keep(InStep(1, 3, absl::Seconds(1)));
   all[1].received = now - absl::Seconds(20);
   EXPECT_THAT(SummarizeRank(all[1], all, options, now), ::testing::StartsWith("between actions"));
 }

@@ -13,7 +13,6 @@ void JobDiagnosis::StartAttempt(int attempt, std::vector<std::string> work_keys,
   progress_.assign(tasks, std::nullopt);
   received_.assign(tasks, absl::InfinitePast());
   stragglers_ = StragglerWatch(stragglers, std::move(work_keys), num_ranks);
-  step_began_ = running_ ? step_began_ : absl::InfinitePast();
 }
 
 void JobDiagnosis::Record(int task, const v1::RankProgress& progress, absl::Time now) {

@@ -197,7 +197,8 @@ absl::Status PipelineExecutor::RunActions(const std::vector<Action>& actions, St
   for (const Action& action : actions) {
     state.action_wait = absl::ZeroDuration();
     const absl::Duration start = absl::Now() - state.step_start;
-    if (options_.progress != nullptr) options_.progress->BeginAction(action.ToString());
+    std::string name = action.ToString();  // for the beacon and the step's report
+    if (options_.progress != nullptr) options_.progress->BeginAction(name);
     RETURN_IF_ERROR(Execute(action, state));
     if (options_.debug_slow_factor > 1.0 && schedule::IsCompute(action.type)) {
       const absl::Duration own = absl::Now() - state.step_start - start - state.action_wait;
@@ -207,7 +208,7 @@ absl::Status PipelineExecutor::RunActions(const std::vector<Action>& actions, St
     if (options_.progress != nullptr) options_.progress->EndAction(timing.wait);
     RETURN_IF_ERROR(ReleaseFinishedSends(state));
     if (schedule::IsCompute(action.type)) busy += timing.end - timing.start - timing.wait;
-    state.result.executed.push_back(action.ToString());
+    state.result.executed.push_back(std::move(name));
     state.result.timings.push_back(timing);
   }
   return absl::OkStatus();

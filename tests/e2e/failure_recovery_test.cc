@@ -490,8 +490,17 @@ TEST_F(FailureRecovery, AnAsynchronousCheckpointKilledMidWriteLeavesThePreviousO
   ASSERT_EQ(listed->state(), v1::JOB_STATE_RUNNING) << History(*listed) << c.Logs();
   const v1::JobCheckpoint first = listed->checkpoints(0);
   ASSERT_EQ(first.step(), 2);
-  // Training went on while step 2 was written: step 4's write (stalled) is under way now.
-  EXPECT_GE(listed->global_steps_done(), 4) << "the step loop waited for the write";
+  // Training went on while step 2 was written: step 3 was reported before step 2's files were
+  // durable (a synchronous write reports step 2 with its files, so step 3 would come later).
+  // Step 4's report is sent only once step 2's write is drained and step 4's snapshot is handed
+  // to the writer, so it may arrive just after the checkpoint: wait for it, then step 4's write
+  // (stalled) is under way.
+  EXPECT_GE(listed->global_steps_done(), 3) << "the step loop waited for the write";
+  listed = c.WaitForJob(
+      id, [](const v1::Job& j) { return IsFinal(j) || j.global_steps_done() >= 4; },
+      absl::Seconds(30));
+  ASSERT_TRUE(listed.ok()) << listed.status() << c.Logs();
+  ASSERT_EQ(listed->state(), v1::JOB_STATE_RUNNING) << History(*listed) << c.Logs();
   c.worker(c.WorkerIndex(listed->ranks(1).worker_id())).Signal(SIGKILL);
   auto failed = c.WaitForJob(id, IsFinal, absl::Seconds(90));
   ASSERT_TRUE(failed.ok()) << failed.status() << c.Logs();

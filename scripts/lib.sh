@@ -21,6 +21,9 @@ STAGECOACH_PACKAGES=(
   python3-grpcio python3-protobuf python3-numpy python3-pip python3-venv python3-setuptools
   # A real Prometheus (and promtool) for the tests of the dashboard's queries and the alerts.
   prometheus
+  # Hosts as network namespaces for the netns tests and scripts/netns_cluster.sh: ip and tc,
+  # unshare (a host name per host), ethtool (the packet relay's links without offloads).
+  iproute2 util-linux ethtool
   # The demo's text: English prose and quotations under /usr/share/games/fortunes.
   fortunes
   # clang and its libFuzzer runtime build the fuzz targets (scripts/fuzz.sh, tests/fuzz).

@@ -64,9 +64,17 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
   std::unique_ptr<LocalCluster> c(new LocalCluster());
   c->daemon_binary_dir_ = options.daemon_binary_dir;
   c->launcher_ = options.launcher;
-  std::vector<std::string> coordinator_args = c->launcher_;
+  c->worker_hosts_ = options.worker_hosts;
+  if (!options.worker_hosts.empty() &&
+      options.worker_hosts.size() < static_cast<size_t>(options.workers)) {
+    return absl::InvalidArgumentError(absl::StrCat(options.workers, " workers but ",
+                                                   options.worker_hosts.size(), " worker hosts"));
+  }
+  std::vector<std::string> coordinator_args = options.coordinator_host.launcher;
+  coordinator_args.insert(coordinator_args.end(), c->launcher_.begin(), c->launcher_.end());
   coordinator_args.insert(coordinator_args.end(),
-                          {c->DaemonBinary(kCoordinatorPath), "--listen", "127.0.0.1:0"});
+                          {c->DaemonBinary(kCoordinatorPath), "--listen",
+                           absl::StrCat(options.coordinator_host.address, ":0")});
   for (const auto& [flag, value] : {std::pair{"--lease", options.lease},
                                     {"--heartbeat-interval", options.heartbeat_interval},
                                     {"--comm-timeout", options.comm_timeout},
@@ -166,10 +174,19 @@ absl::Status LocalCluster::RestartCoordinator() {
 
 absl::StatusOr<int> LocalCluster::AddWorker(const std::vector<std::string>& extra_args) {
   const int index = static_cast<int>(workers_.size());
-  std::vector<std::string> args = launcher_;
-  args.insert(args.end(),
-              {DaemonBinary(kWorkerPath), "--coordinator", coordinator_address_, "--listen",
-               "127.0.0.1:0", "--name", absl::StrCat("worker-", index), "--log-level", log_level_});
+  DaemonHost host;
+  if (!worker_hosts_.empty()) {
+    if (static_cast<size_t>(index) >= worker_hosts_.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("worker ", index, " has no host (", worker_hosts_.size(), " hosts)"));
+    }
+    host = worker_hosts_[index];
+  }
+  std::vector<std::string> args = host.launcher;
+  args.insert(args.end(), launcher_.begin(), launcher_.end());
+  args.insert(args.end(), {DaemonBinary(kWorkerPath), "--coordinator", coordinator_address_,
+                           "--listen", absl::StrCat(host.address, ":0"), "--name",
+                           absl::StrCat("worker-", index), "--log-level", log_level_});
   args.insert(args.end(), worker_args_.begin(), worker_args_.end());
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   auto worker = ChildProcess::Start(args, absl::StrCat(dir(), "/worker-", index, ".log"));

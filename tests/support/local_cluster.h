@@ -15,6 +15,13 @@
 
 namespace stagecoach::testing {
 
+// Where a daemon runs: the command line before its own (a host in a network namespace:
+// tests/support/netns/hosts.h's Launcher) and the address it listens on and is reached at.
+struct DaemonHost {
+  std::vector<std::string> launcher;
+  std::string address = "127.0.0.1";
+};
+
 struct ClusterOptions {
   int workers = 2;
   std::string lease = "3s";
@@ -45,6 +52,11 @@ struct ClusterOptions {
   // stagectl is always this build's.
   std::string daemon_binary_dir;
   std::vector<std::string> launcher;
+
+  // Where the coordinator runs, and worker i (worker_hosts[i]: as many as workers, and those
+  // added later); empty: on this machine's loopback. A host's launcher goes before `launcher`.
+  DaemonHost coordinator_host;
+  std::vector<DaemonHost> worker_hosts;
 };
 
 class LocalCluster {
@@ -56,8 +68,8 @@ class LocalCluster {
   const std::string& coordinator_address() const { return coordinator_address_; }
   const std::string& dir() const { return dir_.path(); }
 
-  // Starts one more worker (with `extra_args` after ClusterOptions::worker_args); returns its
-  // index.
+  // Starts one more worker (with `extra_args` after ClusterOptions::worker_args) on its
+  // ClusterOptions::worker_hosts entry; returns its index.
   absl::StatusOr<int> AddWorker(const std::vector<std::string>& extra_args = {});
   ChildProcess& worker(int i) { return *workers_[i]; }
   // The coordinator process (its stdout after the "listening on" line is the test's to read).
@@ -118,6 +130,7 @@ class LocalCluster {
   std::string log_level_;
   std::string daemon_binary_dir_;           // ClusterOptions::daemon_binary_dir
   std::vector<std::string> launcher_;       // ClusterOptions::launcher
+  std::vector<DaemonHost> worker_hosts_;    // ClusterOptions::worker_hosts
   std::vector<std::string> stagectl_args_;  // TLS and token flags
 };
 

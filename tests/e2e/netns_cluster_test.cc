@@ -166,5 +166,152 @@ TEST_F(NetnsCluster, FourHostsWithLatencyAndGigabitLinksTrainToTheLoopbackLosses
   EXPECT_EQ(hosts.size(), 4u);
 }
 
+// Waits for the job to have run `steps` steps; fails the test if it ended first.
+v1::Job WaitForSteps(LocalCluster& c, const std::string& id, int64_t steps) {
+  auto job = c.WaitForJob(
+      id, [steps](const v1::Job& j) { return IsFinal(j) || j.global_steps_done() >= steps; },
+      absl::Seconds(90));
+  EXPECT_TRUE(job.ok()) << job.status() << c.Logs();
+  if (!job.ok()) return v1::Job();
+  EXPECT_EQ(job->state(), v1::JOB_STATE_RUNNING) << History(*job) << c.Logs();
+  return *job;
+}
+
+TEST_F(NetnsCluster, ALinkCutMidStepIsFoundWithinTheLeaseAndTheJobRestartsWithUnchangedLosses) {
+  Job job;
+  job.stages = 2;
+  job.steps = 40;
+  job.max_restarts = 1;
+  job.checkpoint_dir = "set below";
+  const std::vector<double> loopback = LoopbackLosses(job);
+  ASSERT_EQ(loopback.size(), static_cast<size_t>(job.steps));
+  StartCluster(3, LinkShape{}, false, Options(3));  // two ranks and a spare
+  ASSERT_NE(cluster_, nullptr);
+  job.checkpoint_dir = cluster_->dir() + "/ckpt";
+  auto id = cluster_->Submit(SpecYaml(job));
+  ASSERT_TRUE(id.ok()) << id.status();
+  const v1::Job running = WaitForSteps(*cluster_, *id, 6);
+  ASSERT_EQ(running.ranks_size(), 2);
+  const std::string cut_worker = running.ranks(1).worker_id();
+  const int host = HostOf(cut_worker);
+  ASSERT_GE(host, 1);
+  const absl::Time cut_at = absl::Now();
+  ASSERT_TRUE(hosts_->Cut(host, CutKind::kLinkDown).ok());
+  std::cerr << "cut " << hosts_->name(host) << "'s link (" << cut_worker << ", rank 1) after "
+            << running.global_steps_done() << " steps\n";
+
+  auto done = cluster_->WaitForJob(*id, IsFinal, absl::Seconds(120));
+  ASSERT_TRUE(done.ok()) << done.status() << cluster_->Logs();
+  ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << History(*done) << cluster_->Logs();
+  EXPECT_EQ(done->restarts(), 1) << History(*done);
+  const int restarting = FindState(*done, v1::JOB_STATE_RESTARTING);
+  ASSERT_GE(restarting, 0) << History(*done);
+  EXPECT_THAT(done->history(restarting).reason(), HasSubstr(cut_worker));
+  // Found lost by its lease (3 s from its last heartbeat, which came before the cut), with a
+  // margin for the coordinator's tick.
+  const absl::Duration found = EnteredAt(*done, v1::JOB_STATE_RESTARTING) - cut_at;
+  std::cerr << "found after " << absl::FormatDuration(found) << "\n";
+  EXPECT_LT(found, absl::Seconds(3) + absl::Seconds(2)) << History(*done);
+  for (const v1::RankStatus& r : done->ranks()) EXPECT_NE(r.worker_id(), cut_worker);
+  ExpectLosses(*done, loopback);
+}
+
+TEST_F(NetnsCluster, APartitionedCoordinatorNeitherLosesNorRepeatsAStepWhenItHeals) {
+  Job job;
+  job.stages = 2;
+  job.steps = 150;
+  const std::vector<double> loopback = LoopbackLosses(job);
+  ASSERT_EQ(loopback.size(), static_cast<size_t>(job.steps));
+  ClusterOptions options = Options(2);
+  options.lease = "10s";  // longer than the partition and TCP's retransmission after it
+  StartCluster(2, LinkShape{}, /*droppable=*/true, options);
+  ASSERT_NE(cluster_, nullptr);
+  auto id = cluster_->Submit(SpecYaml(job));
+  ASSERT_TRUE(id.ok()) << id.status();
+  const v1::Job before = WaitForSteps(*cluster_, *id, 5);
+  // The coordinator's host drops every packet: the workers (and this test) cannot reach it, it
+  // cannot reach them, and the workers still reach each other.
+  ASSERT_TRUE(hosts_->Cut(0, CutKind::kDrop).ok());
+  absl::SleepFor(absl::Seconds(3));
+  ASSERT_TRUE(hosts_->Heal(0).ok());
+  auto healed = cluster_->GetJob(*id);
+  ASSERT_TRUE(healed.ok()) << healed.status();
+  std::cerr << "partitioned the coordinator for 3 s after " << before.global_steps_done()
+            << " steps; " << healed->global_steps_done() << " steps reported once healed\n";
+
+  auto done = cluster_->WaitForJob(*id, IsFinal, absl::Seconds(120));
+  ASSERT_TRUE(done.ok()) << done.status() << cluster_->Logs();
+  ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << History(*done) << cluster_->Logs();
+  EXPECT_EQ(done->attempt(), 1) << History(*done);
+  EXPECT_EQ(done->restarts(), 0) << History(*done);
+  EXPECT_EQ(done->global_steps_done(), job.steps);
+  ExpectLosses(*done, loopback);
+  EXPECT_GT(hosts_->relay_counters().cut + (hosts_->latency_by() == "netem" ? 1 : 0), 0)
+      << "the partition dropped nothing";
+}
+
+// Longer than the lease: the coordinator finds both workers lost and restarts the job (its
+// policy) once they are back; steps after the checkpoint run again, and the job's losses are
+// still one per step, equal to the loopback run's.
+TEST_F(NetnsCluster, APartitionLongerThanTheLeaseRestartsFromTheCheckpointWithEveryStepOnce) {
+  Job job;
+  job.stages = 2;
+  job.steps = 150;
+  job.max_restarts = 1;
+  job.checkpoint_dir = "set below";
+  const std::vector<double> loopback = LoopbackLosses(job);
+  ASSERT_EQ(loopback.size(), static_cast<size_t>(job.steps));
+  StartCluster(2, LinkShape{}, /*droppable=*/true, Options(2));
+  ASSERT_NE(cluster_, nullptr);
+  job.checkpoint_dir = cluster_->dir() + "/ckpt";
+  auto id = cluster_->Submit(SpecYaml(job));
+  ASSERT_TRUE(id.ok()) << id.status();
+  const v1::Job before = WaitForSteps(*cluster_, *id, 9);
+  ASSERT_TRUE(hosts_->Cut(0, CutKind::kDrop).ok());
+  absl::SleepFor(absl::Seconds(6));  // twice the lease
+  ASSERT_TRUE(hosts_->Heal(0).ok());
+  std::cerr << "partitioned the coordinator for 6 s after " << before.global_steps_done()
+            << " steps\n";
+  auto done = cluster_->WaitForJob(*id, IsFinal, absl::Seconds(120));
+  ASSERT_TRUE(done.ok()) << done.status() << cluster_->Logs();
+  ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << History(*done) << cluster_->Logs();
+  EXPECT_EQ(done->restarts(), 1) << History(*done);
+  EXPECT_EQ(done->global_steps_done(), job.steps);
+  ExpectLosses(*done, loopback);
+  if (HasFailure()) std::cerr << History(*done) << "\n" << cluster_->Logs();
+}
+
+TEST_F(NetnsCluster, OnePercentPacketLossChangesNoLoss) {
+  Job job;
+  job.stages = 2;
+  job.steps = 40;
+  const std::vector<double> loopback = LoopbackLosses(job);
+  ASSERT_EQ(loopback.size(), static_cast<size_t>(job.steps));
+  // The same switch for both runs (the relay where there is no netem), first without loss.
+  StartCluster(2, LinkShape{}, /*droppable=*/true, Options(2));
+  ASSERT_NE(cluster_, nullptr);
+  absl::Duration took[2];
+  for (int lossy = 0; lossy < 2; ++lossy) {
+    if (lossy == 1) {
+      // 0.5% on each link: 1% between two hosts.
+      for (int h = 0; h < hosts_->size(); ++h) {
+        ASSERT_TRUE(hosts_->Shape(h, LinkShape{0, absl::ZeroDuration(), 0.005}).ok());
+      }
+    }
+    const absl::Time start = absl::Now();
+    auto done = RunToEnd(*cluster_, job, absl::Seconds(180));
+    ASSERT_TRUE(done.ok()) << done.status() << cluster_->Logs();
+    ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << History(*done) << cluster_->Logs();
+    took[lossy] = absl::Now() - start;
+    ExpectLosses(*done, loopback);
+  }
+  // How much slower is a figure to read, not to assert (timing depends on this machine's load).
+  std::cerr << "submit to end: " << absl::FormatDuration(took[0]) << " without loss, "
+            << absl::FormatDuration(took[1]) << " with 1% loss\n";
+  if (hosts_->latency_by() == "relay") {
+    EXPECT_GT(hosts_->relay_counters().lost, 0) << "no packet was lost";
+  }
+}
+
 }  // namespace
 }  // namespace stagecoach::testing::netns_cluster_test

@@ -469,6 +469,7 @@ absl::Status JobManager::ReportStep(const v1::ReportStepRequest& req) {
                                                         req.rank(), req.replica()));
   if (req.forward_only_step()) return aggregator_.AddForwardOnlyLocked(*job, *slot, req);
   if (req.checkpoint_only()) return ReportCheckpointOnlyLocked(*job, *slot, req);
+  if (StepAggregator::IsCountedAlready(*slot, req)) return absl::OkStatus();
   RETURN_IF_ERROR(aggregator_.CheckLocked(*job, *slot, req));
   RETURN_IF_ERROR(ValidateCheckpointReport(*job, req));
   const bool completed = aggregator_.AddLocked(*job, *slot, req, deps_.clock->Now());

@@ -5,10 +5,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint/layout.h"
-#include "common/util/status_macros.h"
-#include "coordinator/checkpoints/hf_export_index.h"
 #include "common/util/logging.h"
 #include "common/util/sha256.h"
+#include "common/util/status_macros.h"
+#include "coordinator/checkpoints/hf_export_index.h"
 
 namespace stagecoach::coordinator {
 namespace {
@@ -55,8 +55,18 @@ absl::Status ValidateCheckpointReport(const Job& job, const v1::ReportStepReques
 std::optional<PendingManifest> AddReportedFilesLocked(Job& job, const v1::ReportStepRequest& req) {
   if (req.checkpoint_files_size() == 0) return std::nullopt;
   const int64_t step = job.attempt_base + req.step() + 1;
+  // A report sent again after its answer was lost (the worker retries unanswered calls) adds
+  // nothing: its checkpoint is recorded already, or its files are listed already.
+  for (const v1::JobCheckpoint& c : job.checkpoints) {
+    if (c.step() == step) return std::nullopt;
+  }
   auto& stages = job.checkpoint_files[step];
-  for (const v1::StageCheckpointFile& f : req.checkpoint_files()) stages[f.stage()].push_back(f);
+  for (const v1::StageCheckpointFile& f : req.checkpoint_files()) {
+    std::vector<v1::StageCheckpointFile>& listed = stages[f.stage()];
+    const bool known = std::any_of(listed.begin(), listed.end(),
+                                   [&](const auto& g) { return g.file() == f.file(); });
+    if (!known) listed.push_back(f);
+  }
   if (static_cast<int>(stages.size()) < job.plan.num_stages) return std::nullopt;
   // With ZeRO-1 every replica adds its optimizer shard of each stage to replica 0's two files.
   if (job.spec.placement.shard_optimizer && job.plan.replicas > 1) {

@@ -33,6 +33,13 @@ class StepAggregator {
   absl::Status CheckLocked(const Job& job, const RankSlot& slot,
                            const v1::ReportStepRequest& req) const;
 
+  // A step report sent again after its answer was lost (a worker's reporter retries the calls
+  // that got no answer, worker/service/async_task_reporter.h): its step is one the rank already
+  // reported, so it is counted once and the report changes nothing.
+  static bool IsCountedAlready(const RankSlot& slot, const v1::ReportStepRequest& req) {
+    return req.step() >= 0 && req.step() < slot.steps_done;
+  }
+
   // Records a checked report; returns true when it completed its step (see the file comment).
   // A step is complete once every rank of the healthy replicas (ReplicaHealth) reported it.
   bool AddLocked(Job& job, RankSlot& slot, const v1::ReportStepRequest& req, absl::Time now);

@@ -1,8 +1,10 @@
 // AsyncTaskReporter (worker/service/async_task_reporter.h): step reports leave the caller at
 // once and reach the next reporter in order; a task's end waits for its steps; a full queue and
-// a queue that does not drain are bounded by the timeout.
+// a queue that does not drain are bounded by the timeout; a call that got no answer is sent
+// again (in order, for a bounded time), one the coordinator refused is not.
 #include "worker/service/async_task_reporter.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -25,13 +27,16 @@ class RecordingReporter : public runtime::TaskReporter {
     released_.WaitForNotification();
     absl::MutexLock lock(&mu_);
     seen_.push_back("step " + std::to_string(report.step()));
-    return report.step() == fail_step_ ? absl::UnavailableError("coordinator away")
-                                       : absl::OkStatus();
+    if (report.step() != fail_step_ || fail_times_ == 0) return absl::OkStatus();
+    if (fail_times_ > 0) --fail_times_;
+    return fail_with_;
   }
   absl::Status ReportTaskEnd(const v1::ReportTaskEndRequest&) override {
     absl::MutexLock lock(&mu_);
     seen_.push_back("end");
-    return absl::OkStatus();
+    if (end_fails_ == 0) return absl::OkStatus();
+    --end_fails_;
+    return absl::UnavailableError("coordinator away");
   }
   void Release() { released_.Notify(); }
   // Until a step report reached ReportStep (and waits there for Release).
@@ -42,7 +47,11 @@ class RecordingReporter : public runtime::TaskReporter {
     absl::MutexLock lock(&mu_);
     return seen_;
   }
+  // Step `fail_step_`'s report fails `fail_times_` times (-1: always) with `fail_with_`.
   int fail_step_ = -1;
+  int fail_times_ = -1;
+  absl::Status fail_with_ = absl::InvalidArgumentError("step: refused");
+  int end_fails_ = 0;  // the task's end fails this many times (UNAVAILABLE)
 
  private:
   absl::Notification entered_, released_;
@@ -100,6 +109,47 @@ TEST(AsyncTaskReporter, ARefusedReportIsLoggedAndTheNextOnesStillGo) {
   for (int s = 0; s < 3; ++s) ASSERT_TRUE(reporter.ReportStep(Step(s)).ok());
   ASSERT_TRUE(reporter.ReportTaskEnd(v1::ReportTaskEndRequest()).ok());
   EXPECT_THAT(next.seen(), ElementsAre("step 0", "step 1", "step 2", "end"));
+}
+
+AsyncTaskReporterOptions QuickRetries() {
+  AsyncTaskReporterOptions options;
+  options.first_retry = absl::Milliseconds(1);
+  options.max_retry_wait = absl::Milliseconds(2);
+  return options;
+}
+
+TEST(AsyncTaskReporter, AnUnansweredReportIsSentAgainUntilAnsweredAndTheOrderHolds) {
+  for (const absl::Status& unanswered :
+       {absl::UnavailableError("connect failed"), absl::DeadlineExceededError("no answer")}) {
+    RecordingReporter next;
+    next.fail_step_ = 1;
+    next.fail_times_ = 2;
+    next.fail_with_ = unanswered;
+    next.end_fails_ = 1;
+    next.Release();
+    AsyncTaskReporter reporter(&next, QuickRetries());
+    for (int s = 0; s < 3; ++s) ASSERT_TRUE(reporter.ReportStep(Step(s)).ok());
+    ASSERT_TRUE(reporter.ReportTaskEnd(v1::ReportTaskEndRequest()).ok());
+    EXPECT_THAT(next.seen(),
+                ElementsAre("step 0", "step 1", "step 1", "step 1", "step 2", "end", "end"))
+        << unanswered;
+  }
+}
+
+TEST(AsyncTaskReporter, AReportStillUnansweredAfterRetryForIsDroppedAndTheNextOnesGo) {
+  RecordingReporter next;
+  next.fail_step_ = 1;
+  next.fail_with_ = absl::UnavailableError("partitioned");
+  next.Release();
+  AsyncTaskReporterOptions options = QuickRetries();
+  options.retry_for = absl::Milliseconds(50);
+  AsyncTaskReporter reporter(&next, options);
+  for (int s = 0; s < 3; ++s) ASSERT_TRUE(reporter.ReportStep(Step(s)).ok());
+  ASSERT_TRUE(reporter.ReportTaskEnd(v1::ReportTaskEndRequest()).ok());
+  const std::vector<std::string> seen = next.seen();
+  ASSERT_GE(seen.size(), 5u);
+  EXPECT_GT(std::count(seen.begin(), seen.end(), "step 1"), 2);
+  EXPECT_THAT(std::vector<std::string>(seen.end() - 2, seen.end()), ElementsAre("step 2", "end"));
 }
 
 TEST(AsyncTaskReporter, DestroyingItForwardsWhatIsQueued) {

@@ -150,6 +150,28 @@ TEST_F(JobManagerTest, StepsCompleteWhenEveryRankReportedAndTheJobSucceeds) {
   }
 }
 
+// A worker's reporter sends a report again when its call got no answer (a partition); when the
+// coordinator had taken it, the second one is the same report and counts nothing.
+TEST_F(JobManagerTest, AStepReportSentAgainAfterItsAnswerWasLostCountsOnce) {
+  const std::string w1 = Register(1), w2 = Register(2);
+  auto id = manager_->SubmitJob(Spec(2, "1F1B", 3), "spec.yaml");
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(Eventually([&] { return State(*id) == v1::JOB_STATE_RUNNING; }));
+  ASSERT_TRUE(Step(*id, w2, 1, 0, {1.0, 2.0, 3.0, 6.0}).ok());
+  ASSERT_TRUE(Step(*id, w2, 1, 0, {1.0, 2.0, 3.0, 6.0}).ok()) << "sent again";
+  ASSERT_TRUE(Step(*id, w1, 0, 0).ok());
+  ASSERT_TRUE(Step(*id, w1, 0, 0).ok()) << "sent again";
+  ASSERT_TRUE(Step(*id, w2, 1, 0, {9.0, 9.0, 9.0, 9.0}).ok()) << "sent again, late";
+  EXPECT_EQ(Job(*id).steps_done(), 1);
+  EXPECT_THAT(Job(*id).losses(), ElementsAre(3.0));
+  EXPECT_EQ(Job(*id).ranks(0).bytes_sent(), 100) << "counted twice";
+  ASSERT_TRUE(Step(*id, w1, 0, 1).ok());
+  ASSERT_TRUE(Step(*id, w2, 1, 1, {0.5, 0.5, 0.5, 0.5}).ok());
+  EXPECT_THAT(Job(*id).losses(), ElementsAre(3.0, 0.5));
+  // A step ahead of the rank's count is still refused.
+  EXPECT_TRUE(absl::IsInvalidArgument(Step(*id, w1, 0, 5)));
+}
+
 TEST_F(JobManagerTest, JobsArePlacedInSubmissionOrder) {
   Register(1);
   Register(2);

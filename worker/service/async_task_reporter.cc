@@ -49,7 +49,21 @@ absl::Status AsyncTaskReporter::ReportTaskEnd(const v1::ReportTaskEndRequest& re
                        queue_.size() + (sending_ ? 1 : 0), " step reports to be sent"));
     }
   }
-  return next_->ReportTaskEnd(report);
+  return SendWithRetries([&] { return next_->ReportTaskEnd(report); });
+}
+
+absl::Status AsyncTaskReporter::SendWithRetries(const std::function<absl::Status()>& send) {
+  const absl::Time give_up = absl::Now() + options_.retry_for;
+  absl::Duration wait = options_.first_retry;
+  for (;;) {
+    absl::Status sent = send();
+    const bool unanswered = absl::IsUnavailable(sent) || absl::IsDeadlineExceeded(sent);
+    if (!unanswered || absl::Now() + wait > give_up) return sent;
+    absl::MutexLock lock(&mu_);
+    auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
+    if (mu_.AwaitWithTimeout(absl::Condition(&stopping), wait)) return sent;
+    wait = std::min(wait * 2, options_.max_retry_wait);
+  }
 }
 
 void AsyncTaskReporter::Loop() {
@@ -65,7 +79,7 @@ void AsyncTaskReporter::Loop() {
       queue_.pop_front();
       sending_ = true;
     }
-    const absl::Status sent = next_->ReportStep(report);
+    const absl::Status sent = SendWithRetries([&] { return next_->ReportStep(report); });
     if (!sent.ok()) {
       spdlog::warn("{} rank {}: reporting step {}: {}", report.job_id(), report.rank(),
                    report.step(), sent.message());

@@ -15,12 +15,19 @@
 //    bounded by `timeout`: a queue that does not drain in time (the coordinator stopped
 //    answering, each call then takes its own deadline) gives DEADLINE_EXCEEDED naming what was
 //    waiting, and the report is not queued.
+//  - A report whose call gets no answer (UNAVAILABLE, DEADLINE_EXCEEDED: the coordinator is
+//    unreachable, e.g. partitioned, or restarting) is sent again, after 100 ms doubling to 2 s,
+//    for up to `retry_for` since its first call; the reports after it wait, so the order holds.
+//    A report the coordinator answered (taken or refused) is never sent again. The coordinator
+//    takes a report sent again after its answer was lost as the same report (it counts each step
+//    of a rank once). ReportTaskEnd is retried the same way.
 //  - The destructor forwards what is queued (bounded by `timeout`), then stops the thread.
 // Thread-safe.
 #pragma once
 
 #include <cstddef>
 #include <deque>
+#include <functional>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
@@ -33,6 +40,9 @@ namespace stagecoach::worker {
 struct AsyncTaskReporterOptions {
   size_t max_pending = 64;
   absl::Duration timeout = absl::Seconds(30);
+  absl::Duration retry_for = absl::Minutes(2);
+  absl::Duration first_retry = absl::Milliseconds(100);
+  absl::Duration max_retry_wait = absl::Seconds(2);
 };
 
 class AsyncTaskReporter : public runtime::TaskReporter {
@@ -46,6 +56,9 @@ class AsyncTaskReporter : public runtime::TaskReporter {
 
  private:
   void Loop();
+  // Calls `send` until the coordinator answers, `retry_for` passes or the reporter stops (see
+  // the contract); the last call's status.
+  absl::Status SendWithRetries(const std::function<absl::Status()>& send);
   bool Drained() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.empty() && !sending_; }
 
   runtime::TaskReporter* const next_;

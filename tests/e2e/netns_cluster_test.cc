@@ -8,7 +8,10 @@
 //     the loopback run's;
 //   - the coordinator's host partitioned (its packets dropped, the workers alive and training)
 //     for less than the lease, then healed: the job runs every step once (no restart, as many
-//     losses as steps, equal to the loopback run's);
+//     losses as steps, equal to the loopback run's), also when the partition outlasts a
+//     worker's call deadline (10 s), so that reports sent during it fail and are sent again;
+//   - partitioned for longer than the lease: both workers lost, the job restarts from its
+//     checkpoint once they are back, and its losses are still one per step, equal;
 //   - 1% packet loss between hosts: the job is slower, its losses unchanged.
 // Every test says what made the latency and the loss (netem or the test's packet relay).
 // Needs root (label netns); skipped, naming why, where namespaces cannot be made.
@@ -126,6 +129,10 @@ class NetnsCluster : public ::testing::Test {
     cluster_ = *std::move(cluster);
   }
 
+  // Runs a job, partitions the coordinator's host for `partition` and heals it; the job must
+  // run every step once.
+  void RunPartition(absl::Duration partition, const std::string& lease);
+
   // The host index a worker id runs on (worker i on host i+1).
   int HostOf(const std::string& worker_id) { return cluster_->WorkerIndex(worker_id) + 1; }
 
@@ -217,13 +224,23 @@ TEST_F(NetnsCluster, ALinkCutMidStepIsFoundWithinTheLeaseAndTheJobRestartsWithUn
 }
 
 TEST_F(NetnsCluster, APartitionedCoordinatorNeitherLosesNorRepeatsAStepWhenItHeals) {
+  RunPartition(absl::Seconds(3), "10s");
+}
+
+// Longer than a worker's call deadline (10 s): the calls made during the partition fail, and
+// what they carried must still arrive.
+TEST_F(NetnsCluster, APartitionLongerThanACallDeadlineLosesNoStepReport) {
+  RunPartition(absl::Seconds(14), "40s");
+}
+
+void NetnsCluster::RunPartition(absl::Duration partition, const std::string& lease) {
   Job job;
   job.stages = 2;
   job.steps = 150;
   const std::vector<double> loopback = LoopbackLosses(job);
   ASSERT_EQ(loopback.size(), static_cast<size_t>(job.steps));
   ClusterOptions options = Options(2);
-  options.lease = "10s";  // longer than the partition and TCP's retransmission after it
+  options.lease = lease;  // longer than the partition and TCP's retransmissions after it
   StartCluster(2, LinkShape{}, /*droppable=*/true, options);
   ASSERT_NE(cluster_, nullptr);
   auto id = cluster_->Submit(SpecYaml(job));
@@ -232,12 +249,13 @@ TEST_F(NetnsCluster, APartitionedCoordinatorNeitherLosesNorRepeatsAStepWhenItHea
   // The coordinator's host drops every packet: the workers (and this test) cannot reach it, it
   // cannot reach them, and the workers still reach each other.
   ASSERT_TRUE(hosts_->Cut(0, CutKind::kDrop).ok());
-  absl::SleepFor(absl::Seconds(3));
+  absl::SleepFor(partition);
   ASSERT_TRUE(hosts_->Heal(0).ok());
   auto healed = cluster_->GetJob(*id);
   ASSERT_TRUE(healed.ok()) << healed.status();
-  std::cerr << "partitioned the coordinator for 3 s after " << before.global_steps_done()
-            << " steps; " << healed->global_steps_done() << " steps reported once healed\n";
+  std::cerr << "partitioned the coordinator for " << absl::FormatDuration(partition) << " after "
+            << before.global_steps_done() << " steps; " << healed->global_steps_done()
+            << " steps reported once healed\n";
 
   auto done = cluster_->WaitForJob(*id, IsFinal, absl::Seconds(120));
   ASSERT_TRUE(done.ok()) << done.status() << cluster_->Logs();

@@ -35,16 +35,15 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const std::string& name,
                                                      const std::vector<std::string>& transports,
                                                      absl::Time now) {
   absl::MutexLock lock(&mu_);
-  for (auto it = workers_.begin(); it != workers_.end();) {
-    if (it->second.address != address) {
-      ++it;
-      continue;
-    }
-    if (it->second.state != v1::WORKER_STATE_LOST) {
+  if (auto at = by_address_.find(address); at != by_address_.end()) {
+    const WorkerRecord& old = workers_.at(at->second);
+    if (old.state != v1::WORKER_STATE_LOST) {
       return absl::AlreadyExistsError(
-          absl::StrCat("worker ", it->second.id, " is already registered at ", address));
+          absl::StrCat("worker ", old.id, " is already registered at ", address));
     }
-    it = workers_.erase(it);
+    by_id_.erase(old.id);
+    workers_.erase(at->second);
+    by_address_.erase(at);
   }
   const int64_t n = next_id_++;
   WorkerRecord& w = workers_[n];
@@ -55,6 +54,8 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const std::string& name,
   w.transports = transports;
   w.state = v1::WORKER_STATE_IDLE;
   w.last_heartbeat = now;
+  by_id_[w.id] = n;
+  by_address_[address] = n;
   return w.id;
 }
 
@@ -185,25 +186,33 @@ bool WorkerRegistry::AnyBusyWith(const std::string& job_id) const {
 
 std::optional<WorkerRecord> WorkerRegistry::Find(const std::string& id) const {
   absl::MutexLock lock(&mu_);
-  for (const auto& [n, w] : workers_) {
-    if (w.id == id) return w;
-  }
-  return std::nullopt;
+  const WorkerRecord* w = FindLocked(id);
+  if (w == nullptr) return std::nullopt;
+  return *w;
+}
+
+const WorkerRecord* WorkerRegistry::FindLocked(const std::string& id) const {
+  const auto n = by_id_.find(id);
+  if (n == by_id_.end()) return nullptr;
+  const auto it = workers_.find(n->second);
+  return it == workers_.end() ? nullptr : &it->second;
 }
 
 WorkerRecord* WorkerRegistry::MutableLocked(const std::string& id) {
-  for (auto& [n, w] : workers_) {
-    if (w.id == id) return &w;
-  }
-  return nullptr;
+  return const_cast<WorkerRecord*>(FindLocked(id));
 }
 
 absl::Time WorkerRegistry::LastHeartbeat(const std::string& id) const {
   absl::MutexLock lock(&mu_);
-  for (const auto& [n, w] : workers_) {
-    if (w.id == id) return w.last_heartbeat;
-  }
-  return absl::InfinitePast();
+  const WorkerRecord* w = FindLocked(id);
+  return w == nullptr ? absl::InfinitePast() : w->last_heartbeat;
+}
+
+std::map<v1::WorkerState, int> WorkerRegistry::Counts() const {
+  absl::MutexLock lock(&mu_);
+  std::map<v1::WorkerState, int> counts;
+  for (const auto& [n, w] : workers_) ++counts[w.state];
+  return counts;
 }
 
 std::vector<WorkerRecord> WorkerRegistry::All() const {

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -51,6 +52,10 @@ bool DeviceMatches(const std::string& placement_device, const std::string& worke
 // lock, so no job work, disk write or remote call ever delays a worker's lease. Callers holding
 // the job table's lock may call it (lock order: job table, then registry). Records are returned
 // as copies.
+//
+// Cost: a call on one worker (Register, Heartbeat, Find, LastHeartbeat, Assign, Release,
+// MarkLost, Reserve, SetSessionToken) takes constant time whatever the fleet's size; those on
+// every worker (Idle, All, Counts, ExpireLeases, Unreserve, AnyBusyWith) are linear.
 class WorkerRegistry {
  public:
   explicit WorkerRegistry(absl::Duration lease) : lease_(lease) {}
@@ -106,15 +111,22 @@ class WorkerRegistry {
 
   // Every worker, in registration order.
   std::vector<WorkerRecord> All() const;
+  // How many workers are in each state (states with none are left out), without copying them.
+  std::map<v1::WorkerState, int> Counts() const;
 
  private:
   WorkerRecord* MutableLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  const WorkerRecord* FindLocked(const std::string& id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const absl::Duration lease_;
   mutable absl::Mutex mu_;
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   // Keyed by registration number so that iteration is in registration order.
   std::map<int64_t, WorkerRecord> workers_ ABSL_GUARDED_BY(mu_);
+  // The registration number of each entry of workers_ by its id and by its address (an address
+  // has at most one entry: a live one refuses another, a LOST one is dropped by it).
+  absl::flat_hash_map<std::string, int64_t> by_id_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, int64_t> by_address_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace stagecoach::coordinator

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "coordinator/jobs/job.h"
 #include "coordinator/workers/kv_store.h"
 #include "coordinator/workers/worker_registry.h"
@@ -111,6 +112,58 @@ TEST(WorkerRegistry, AssignAndReleaseAndDeviceMatching) {
   EXPECT_EQ(registry.Idle("cuda", "gloo").size(), 2u);
   EXPECT_TRUE(DeviceMatches("cuda", "cuda:3"));
   (void)gpu;
+}
+
+// The registry finds a worker by id and by address through indexes of its own (issue 43: a
+// heartbeat must not scan the fleet); they must follow every registration, replacement and loss.
+TEST(WorkerRegistry, EveryWorkerOfAFleetIsFoundByIdAfterReplacements) {
+  WorkerRegistry registry(absl::Seconds(3));
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 300; ++i) {
+    auto id = registry.Register(absl::StrCat("w", i), absl::StrCat("h:", 7000 + i), "cpu", {}, t0);
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids.push_back(*id);
+  }
+  // Every third worker is lost and comes back at its address under a new id.
+  for (int i = 0; i < 300; i += 3) {
+    ASSERT_TRUE(registry.MarkLost(ids[i], "gone"));
+    auto again = registry.Register("back", absl::StrCat("h:", 7000 + i), "cpu", {}, t0);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(registry.Find(ids[i]), std::nullopt) << "the replaced entry is gone";
+    EXPECT_TRUE(absl::IsNotFound(registry.Heartbeat(ids[i], t0)));
+    EXPECT_EQ(registry.LastHeartbeat(ids[i]), absl::InfinitePast());
+    ids[i] = *again;
+  }
+  const absl::Time t1 = t0 + absl::Seconds(1);
+  for (int i = 0; i < 300; ++i) {
+    ASSERT_TRUE(registry.Heartbeat(ids[i], t1).ok()) << ids[i];
+    const std::optional<WorkerRecord> w = registry.Find(ids[i]);
+    ASSERT_TRUE(w.has_value()) << ids[i];
+    EXPECT_EQ(w->address, absl::StrCat("h:", 7000 + i));
+    EXPECT_EQ(registry.LastHeartbeat(ids[i]), t1);
+  }
+  EXPECT_EQ(registry.All().size(), 300u) << "one entry per address";
+  EXPECT_TRUE(absl::IsAlreadyExists(registry.Register("dup", "h:7001", "cpu", {}, t1).status()));
+  EXPECT_TRUE(absl::IsNotFound(registry.Heartbeat("w-100000", t1)));
+  EXPECT_TRUE(absl::IsFailedPrecondition(registry.Assign("w-100000", "job-1", 0)));
+}
+
+TEST(WorkerRegistry, CountsWorkersByStateWithoutListingThem) {
+  WorkerRegistry registry(absl::Seconds(3));
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  EXPECT_TRUE(registry.Counts().empty());
+  auto a = registry.Register("a", "h:1", "cpu", {}, t0);
+  auto b = registry.Register("b", "h:2", "cpu", {}, t0);
+  auto c = registry.Register("c", "h:3", "cpu", {}, t0);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  ASSERT_TRUE(registry.Assign(*a, "job-1", 0).ok());
+  ASSERT_TRUE(registry.MarkLost(*b, "gone"));
+  const std::map<v1::WorkerState, int> counts = registry.Counts();
+  EXPECT_EQ(counts.size(), 3u);
+  EXPECT_EQ(counts.at(v1::WORKER_STATE_IDLE), 1);
+  EXPECT_EQ(counts.at(v1::WORKER_STATE_BUSY), 1);
+  EXPECT_EQ(counts.at(v1::WORKER_STATE_LOST), 1);
 }
 
 TEST(JobStateMachine, OnlyTheDiagramsTransitionsAreAllowed) {

@@ -47,6 +47,19 @@ struct Job {
   int max_restarts = -1;       // restart.max_restarts, or no restart section
 };
 
+// Two stages, `steps` steps; `restartable`: restart.max_restarts 1 and checkpoints (their
+// directory set once the cluster has one).
+Job TwoStages(int steps, bool restartable) {
+  Job j;
+  j.stages = 2;
+  j.steps = steps;
+  if (restartable) {
+    j.max_restarts = 1;
+    j.checkpoint_dir = "set below";
+  }
+  return j;
+}
+
 // An MLP cut into `stages` on synthetic data with AdamW.
 std::string SpecYaml(const Job& j) {
   std::string yaml = absl::StrCat(
@@ -185,11 +198,7 @@ v1::Job WaitForSteps(LocalCluster& c, const std::string& id, int64_t steps) {
 }
 
 TEST_F(NetnsCluster, ALinkCutMidStepIsFoundWithinTheLeaseAndTheJobRestartsWithUnchangedLosses) {
-  Job job;
-  job.stages = 2;
-  job.steps = 40;
-  job.max_restarts = 1;
-  job.checkpoint_dir = "set below";
+  Job job = TwoStages(40, /*restartable=*/true);
   const std::vector<double> loopback = LoopbackLosses(job);
   ASSERT_EQ(loopback.size(), static_cast<size_t>(job.steps));
   StartCluster(3, LinkShape{}, false, Options(3));  // two ranks and a spare
@@ -234,9 +243,7 @@ TEST_F(NetnsCluster, APartitionLongerThanACallDeadlineLosesNoStepReport) {
 }
 
 void NetnsCluster::RunPartition(absl::Duration partition, const std::string& lease) {
-  Job job;
-  job.stages = 2;
-  job.steps = 150;
+  const Job job = TwoStages(150, /*restartable=*/false);
   const std::vector<double> loopback = LoopbackLosses(job);
   ASSERT_EQ(loopback.size(), static_cast<size_t>(job.steps));
   ClusterOptions options = Options(2);
@@ -272,11 +279,7 @@ void NetnsCluster::RunPartition(absl::Duration partition, const std::string& lea
 // policy) once they are back; steps after the checkpoint run again, and the job's losses are
 // still one per step, equal to the loopback run's.
 TEST_F(NetnsCluster, APartitionLongerThanTheLeaseRestartsFromTheCheckpointWithEveryStepOnce) {
-  Job job;
-  job.stages = 2;
-  job.steps = 150;
-  job.max_restarts = 1;
-  job.checkpoint_dir = "set below";
+  Job job = TwoStages(150, /*restartable=*/true);
   const std::vector<double> loopback = LoopbackLosses(job);
   ASSERT_EQ(loopback.size(), static_cast<size_t>(job.steps));
   StartCluster(2, LinkShape{}, /*droppable=*/true, Options(2));
@@ -300,9 +303,7 @@ TEST_F(NetnsCluster, APartitionLongerThanTheLeaseRestartsFromTheCheckpointWithEv
 }
 
 TEST_F(NetnsCluster, OnePercentPacketLossChangesNoLoss) {
-  Job job;
-  job.stages = 2;
-  job.steps = 40;
+  const Job job = TwoStages(40, /*restartable=*/false);
   const std::vector<double> loopback = LoopbackLosses(job);
   ASSERT_EQ(loopback.size(), static_cast<size_t>(job.steps));
   // The same switch for both runs (the relay where there is no netem), first without loss.

@@ -156,6 +156,16 @@ absl::Status NetnsHosts::EnterOwnNetworkNamespace() {
   return Run({"ip", "link", "set", "lo", "up"});
 }
 
+absl::Status NetnsHosts::Probe() {
+  const std::string probe = absl::StrCat(kPrefix, getpid(), "-probe");
+  RETURN_IF_ERROR(Run({"ip", "netns", "add", probe}));
+  absl::Status veth =
+      Run({"ip", "link", "add", "sc-probe", "type", "veth", "peer", "name", "p0", "netns", probe});
+  (void)Run({"ip", "link", "del", "sc-probe"});
+  DeleteNamespace(probe);
+  return veth;
+}
+
 absl::StatusOr<std::unique_ptr<NetnsHosts>> NetnsHosts::Create(const HostsOptions& options) {
   RETURN_IF_ERROR(Available());
   if (options.names.empty() || options.names.size() > 200) {

@@ -62,6 +62,9 @@ class NetnsHosts {
   // Moves this process into a network namespace of its own (with its loopback up). Call it before
   // any thread exists: threads started earlier stay in the namespace they had.
   static absl::Status EnterOwnNetworkNamespace();
+  // After EnterOwnNetworkNamespace: OK when a named namespace and a veth pair can be made here
+  // (made and deleted again), otherwise what refused.
+  static absl::Status Probe();
 
   static absl::StatusOr<std::unique_ptr<NetnsHosts>> Create(const HostsOptions& options);
   ~NetnsHosts();

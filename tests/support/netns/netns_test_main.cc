@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   if (!listing) {
     absl::Status status = netns::NetnsHosts::Available();
     if (status.ok()) status = netns::NetnsHosts::EnterOwnNetworkNamespace();
+    if (status.ok()) status = netns::NetnsHosts::Probe();
     netns::Precondition() = status;
   }
   ::testing::InitGoogleTest(&argc, argv);

@@ -53,6 +53,7 @@ struct Flags {
   int channels = 4;
   int register_threads = 8;
   int heartbeat_threads = 2;
+  bool no_progress = false;
   std::string coordinator =
       std::string(STAGECOACH_BINARY_DIR) + "/coordinator/stagecoach-coordinator";
   std::string log;
@@ -311,6 +312,7 @@ int RunBench(const Flags& f) {
   options.channels = f.channels;
   options.register_threads = f.register_threads;
   options.heartbeat_threads = f.heartbeat_threads;
+  options.send_progress = !f.no_progress;
   auto fleet = bench::Value("fakes", bench::FakeFleet::Start(options));
   const absl::Time start = absl::Now();
   const Latencies registration = bench::Value("registration", fleet->RegisterAll());
@@ -368,6 +370,8 @@ int main(int argc, char** argv) {
   app.add_option("--heartbeat-threads", f.heartbeat_threads)->check(CLI::Range(1, 64));
   app.add_option("--register-threads", f.register_threads)->check(CLI::Range(1, 256));
   app.add_option("--coordinator", f.coordinator, "stagecoach-coordinator binary");
+  app.add_flag("--no-progress", f.no_progress,
+               "busy fakes send no progress beacon (what the beacons cost the coordinator)");
   app.add_option("--log", f.log, "the coordinator's log (stderr)");
   CLI11_PARSE(app, argc, argv);
   if (f.ranks % f.pipeline != 0) {

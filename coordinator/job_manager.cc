@@ -187,8 +187,8 @@ absl::StatusOr<SearchedPlans> JobManager::SearchPlans(const std::string& spec_ya
   return admission_.SearchPlans(spec_yaml, origin, memory_limit_bytes, caller_gone);
 }
 
-absl::StatusOr<v1::DescribeModelResponse> JobManager::DescribeModel(
-    const std::string& torchscript, const std::string& device) {
+absl::StatusOr<v1::DescribeModelResponse> JobManager::DescribeModel(const std::string& torchscript,
+                                                                    const std::string& device) {
   return admission_.DescribeModel(torchscript, device);
 }
 
@@ -320,12 +320,12 @@ absl::StatusOr<v1::GetJobScheduleResponse> JobManager::GetJobSchedule(const std:
   absl::MutexLock lock(&table_.mu());
   ASSIGN_OR_RETURN(Job * job, table_.FindOrErrorLocked(job_id));
   if (job->actions_released) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        job_id, " is ", JobStateName(job->state),
-        ": a job's action lists are released when it ends (and not kept on disk); "
-        "`stagectl schedule --kind ",
-        job->plan.schedule_name, " --ranks ", job->plan.num_ranks, " --microbatches ",
-        job->plan.num_microbatches, "` generates its schedule again"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(job_id, " is ", JobStateName(job->state),
+                     ": a job's action lists are released when it ends (and not kept on disk); "
+                     "`stagectl schedule --kind ",
+                     job->plan.schedule_name, " --ranks ", job->plan.num_ranks, " --microbatches ",
+                     job->plan.num_microbatches, "` generates its schedule again"));
   }
   return ScheduleView(job->plan);
 }
@@ -442,7 +442,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
 
 absl::StatusOr<v1::HeartbeatResponse> JobManager::Heartbeat(const v1::HeartbeatRequest& req) {
   RETURN_IF_ERROR(registry_.Heartbeat(req.worker_id(), deps_.clock->Now(), req.session_token()));
-  if (req.has_progress()) RecordProgress(req.worker_id(), req.progress());
+  // Left for the tick: a heartbeat never waits for the job table's lock.
+  if (req.has_progress()) progress_inbox_.Post(req.worker_id(), req.progress(), deps_.clock->Now());
   if (req.snapshot_jobs().empty()) return v1::HeartbeatResponse();
   return SnapshotKeepFrom(req.snapshot_jobs());
 }

@@ -33,6 +33,7 @@
 #include "coordinator/control/step_aggregation.h"
 #include "coordinator/control/step_control.h"
 #include "coordinator/control/step_settlement.h"
+#include "coordinator/diagnosis/progress_inbox.h"
 #include "coordinator/jobs/job.h"
 #include "coordinator/jobs/job_store.h"
 #include "coordinator/jobs/job_table.h"
@@ -292,10 +293,10 @@ class JobManager : private LifecycleHooks {
       const google::protobuf::RepeatedPtrField<std::string>& jobs);
   // Sets the metrics' job and worker counts from the current table (when deps_.metrics).
   void UpdateStateMetricsLocked();
-  // Diagnosis (job_manager_diagnosis.cc): a heartbeat's progress beacon into its job; the
-  // job's diagnosis started for its current attempt; the stall rule's inputs; and the tick's
-  // pass over the running jobs (their STALLED condition, its events and metric).
-  void RecordProgress(const std::string& worker_id, const v1::RankProgress& progress);
+  // Diagnosis (job_manager_diagnosis.cc): the beacons heartbeats left in progress_inbox_ into
+  // their jobs; the job's diagnosis started for its current attempt; the stall rule's inputs;
+  // and the tick's pass over the running jobs (their STALLED condition, its events and metric).
+  void TakeProgressLocked();
   void EnsureDiagnosisLocked(Job& job);
   // With `heartbeats`, each rank's worker's latest heartbeat too (a registry lookup per rank:
   // only to describe the ranks, not to decide whether the step stalled).
@@ -305,6 +306,7 @@ class JobManager : private LifecycleHooks {
   const JobManagerOptions options_;
   const JobManagerDeps deps_;
   WorkerRegistry registry_;
+  ProgressInbox progress_inbox_;       // heartbeats' beacons, taken on each tick
   std::unique_ptr<JobWriter> writer_;  // with deps.store; outlives the table
   JobTable table_;
   Admission admission_;

@@ -41,18 +41,19 @@ void JobManager::EnsureDiagnosisLocked(Job& job) {
                              options_.stragglers);
 }
 
-void JobManager::RecordProgress(const std::string& worker_id, const v1::RankProgress& progress) {
-  const absl::Time now = deps_.clock->Now();
-  absl::MutexLock lock(&table_.mu());
-  Job* job = table_.FindLocked(progress.job_id());
-  if (job == nullptr || IsFinal(job->state)) return;
-  EnsureDiagnosisLocked(*job);
-  const int task = job->plan.TaskIndex(progress.replica(), progress.rank());
-  if (progress.rank() < 0 || progress.rank() >= job->plan.num_ranks || task < 0 ||
-      task >= static_cast<int>(job->ranks.size()) || job->ranks[task].worker_id != worker_id) {
-    return;  // not this attempt's placement (a stale task still winding down)
+void JobManager::TakeProgressLocked() {
+  for (ProgressInbox::Posted& p : progress_inbox_.Take()) {
+    const v1::RankProgress& progress = p.progress;
+    Job* job = table_.FindLocked(progress.job_id());
+    if (job == nullptr || IsFinal(job->state)) continue;
+    EnsureDiagnosisLocked(*job);
+    const int task = job->plan.TaskIndex(progress.replica(), progress.rank());
+    if (progress.rank() < 0 || progress.rank() >= job->plan.num_ranks || task < 0 ||
+        task >= static_cast<int>(job->ranks.size()) || job->ranks[task].worker_id != p.worker_id) {
+      continue;  // not this attempt's placement (a stale task still winding down)
+    }
+    job->diagnosis.Record(task, progress, p.received);
   }
-  job->diagnosis.Record(task, progress, now);
 }
 
 StallInputs JobManager::StallInputsLocked(const Job& job, bool heartbeats) const {
@@ -78,6 +79,7 @@ StallInputs JobManager::StallInputsLocked(const Job& job, bool heartbeats) const
 }
 
 void JobManager::DiagnoseJobsLocked(absl::Time now) {
+  TakeProgressLocked();
   for (Job* job : table_.AllLocked()) {
     if (IsFinal(job->state) && !job->diagnosis.stall().has_value()) continue;
     EnsureDiagnosisLocked(*job);
@@ -122,6 +124,7 @@ void JobManager::DiagnoseJobsLocked(absl::Time now) {
 absl::StatusOr<v1::DiagnoseJobResponse> JobManager::DiagnoseJob(const std::string& job_id) {
   const absl::Time now = deps_.clock->Now();
   absl::MutexLock lock(&table_.mu());
+  TakeProgressLocked();
   ASSIGN_OR_RETURN(Job * job, table_.FindOrErrorLocked(job_id));
   v1::DiagnoseJobResponse out;
   out.set_job_id(job->id);

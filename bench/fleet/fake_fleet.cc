@@ -289,6 +289,8 @@ void FakeFleet::SendHeartbeat(int i) {
     call->req.set_session_token(fake.token);
     if (!fake.job_id.empty()) {
       call->req.set_job_id(fake.job_id);
+    }
+    if (!fake.job_id.empty() && options_.send_progress) {
       v1::RankProgress* progress = call->req.mutable_progress();
       progress->set_job_id(fake.job_id);
       progress->set_attempt(fake.attempt);

@@ -47,6 +47,8 @@ struct FakeFleetOptions {
   int heartbeat_threads = 2;
   // Deadline of every call to the coordinator.
   absl::Duration rpc_timeout = absl::Seconds(10);
+  // A fake holding a task sends a progress beacon with each heartbeat, as a real worker does.
+  bool send_progress = true;
 };
 
 // What the fakes saw, for the bench's checks.

@@ -3,11 +3,14 @@
 // long since they arrived.
 #include "coordinator/diagnosis/stall_rule.h"
 
+#include <algorithm>
 #include <deque>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc/time_conversion.h"
 #include "coordinator/diagnosis/job_diagnosis.h"
+#include "coordinator/diagnosis/progress_inbox.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -232,6 +235,34 @@ TEST(JobDiagnosis, StepDurationsCountOnlyWhileRunningAndStallEventsMarkBothEnds)
   std::optional<v1::JobEvent> ended = d.SetStall(std::nullopt, kT0 + absl::Seconds(240));
   ASSERT_TRUE(ended.has_value() && ended->has_stall_ended());
   EXPECT_EQ(rpc::FromProtoDuration(ended->stall_ended().stall().running()), absl::Seconds(40));
+}
+
+// Heartbeats leave beacons in the inbox; the tick takes the latest of each worker and job once.
+TEST(ProgressInbox, KeepsTheLatestBeaconOfEachWorkerAndJobUntilTaken) {
+  ProgressInbox inbox;
+  v1::RankProgress a;
+  a.set_job_id("job-1");
+  a.set_rank(0);
+  a.set_global_step(3);
+  inbox.Post("w-1", a, kT0);
+  a.set_global_step(5);
+  inbox.Post("w-1", a, kT0 + absl::Seconds(1));
+  v1::RankProgress b = a;
+  b.set_job_id("job-2");
+  inbox.Post("w-1", b, kT0 + absl::Seconds(2));
+  inbox.Post("w-2", a, kT0 + absl::Seconds(3));
+  std::vector<ProgressInbox::Posted> taken = inbox.Take();
+  ASSERT_EQ(taken.size(), 3u);
+  std::sort(taken.begin(), taken.end(), [](const auto& x, const auto& y) {
+    return std::tie(x.worker_id, x.progress.job_id()) < std::tie(y.worker_id, y.progress.job_id());
+  });
+  EXPECT_EQ(taken[0].worker_id, "w-1");
+  EXPECT_EQ(taken[0].progress.job_id(), "job-1");
+  EXPECT_EQ(taken[0].progress.global_step(), 5) << "the latest";
+  EXPECT_EQ(taken[0].received, kT0 + absl::Seconds(1));
+  EXPECT_EQ(taken[1].progress.job_id(), "job-2");
+  EXPECT_EQ(taken[2].worker_id, "w-2");
+  EXPECT_TRUE(inbox.Take().empty()) << "taken once";
 }
 
 }  // namespace

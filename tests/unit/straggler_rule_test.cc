@@ -65,7 +65,9 @@ TEST(StragglerWatch, ARankPersistentlySlowerThanItsPeersIsNamedOnceTheWindowIsFu
     watch.Add(step, 2, Sample(1.6, 3.2));  // replica 1 rank 0: 1.6x
     watch.Add(step, 3, Sample(1.0, 2.0));
     events = watch.Complete(step, At(step));
-    if (step < 3) EXPECT_TRUE(events.empty()) << "step " << step << ": the window is not full";
+    if (step < 3) {
+      EXPECT_TRUE(events.empty()) << "step " << step << ": the window is not full";
+    }
   }
   // With two peers each is the other's median: the slow one is 1.6x, the other 1/1.6 (on pace).
   ASSERT_EQ(events.size(), 1u);

@@ -157,7 +157,7 @@ void EndOldest(bench::FakeFleet& fleet, std::deque<std::string>& running, absl::
   running.pop_front();
   bench::Check("ending " + id, fleet.EndTasks(id));
   std::string reason;
-  while (JobState(fleet.stub(0), id, &reason) != sc::v1::JOB_STATE_SUCCEEDED) {
+  while (JobState(fleet.client(), id, &reason) != sc::v1::JOB_STATE_SUCCEEDED) {
     if (absl::Now() > deadline) {
       bench::Fail("ending " + id, absl::DeadlineExceededError(reason));
     }
@@ -178,13 +178,13 @@ Placed PlaceJobs(const Flags& f, bench::FakeFleet& fleet, absl::Duration timeout
     // after every submission (a job's time would include the later ones' SubmitJob calls).
     if (next < f.jobs && static_cast<int>(in_flight.size() + running.size()) < capacity) {
       const absl::Time submitted = absl::Now();
-      in_flight.emplace_back(Submit(fleet.stub(next), spec), submitted);
+      in_flight.emplace_back(Submit(fleet.client(), spec), submitted);
       out.submit.Add(absl::Now() - submitted);
       ++next;
     }
     for (auto it = in_flight.begin(); it != in_flight.end();) {
       std::string reason;
-      const sc::v1::JobState state = JobState(fleet.stub(done), it->first, &reason);
+      const sc::v1::JobState state = JobState(fleet.client(), it->first, &reason);
       if (state == sc::v1::JOB_STATE_RUNNING) {
         out.to_running.Add(absl::Now() - it->second);
         running.push_back(it->first);
@@ -241,19 +241,19 @@ ReadLatencies MeasureReads(const Flags& f, bench::FakeFleet& fleet,
     sc::v1::GetJobRequest req;
     req.set_job_id(jobs[i % jobs.size()]);
     sc::v1::GetJobResponse resp;
-    check("GetJob", fleet.stub(i)->GetJob(&ctx, req, &resp));
+    check("GetJob", fleet.client()->GetJob(&ctx, req, &resp));
   });
   out.list_jobs = Time(f.calls, [&](int i) {
     grpc::ClientContext ctx;
     context(ctx);
     sc::v1::ListJobsResponse resp;
-    check("ListJobs", fleet.stub(i)->ListJobs(&ctx, {}, &resp));
+    check("ListJobs", fleet.client()->ListJobs(&ctx, {}, &resp));
   });
   out.list_workers = Time(std::max(1, f.calls / 10), [&](int i) {
     grpc::ClientContext ctx;
     context(ctx);
     sc::v1::ListWorkersResponse resp;
-    check("ListWorkers", fleet.stub(i)->ListWorkers(&ctx, {}, &resp));
+    check("ListWorkers", fleet.client()->ListWorkers(&ctx, {}, &resp));
     if (resp.workers_size() != f.workers) {
       bench::Fail("ListWorkers",
                   absl::InternalError(absl::StrCat(resp.workers_size(), " workers")));

@@ -153,13 +153,18 @@ absl::StatusOr<std::unique_ptr<FakeFleet>> FakeFleet::Start(const FakeFleetOptio
   if (fleet->server_ == nullptr || fleet->port_ == 0) {
     return absl::InternalError("the fakes' WorkerService could not listen on 0.0.0.0:0");
   }
-  for (int c = 0; c < options.channels; ++c) {
+  for (int c = 0; c <= options.channels; ++c) {  // the last one is the client's
     grpc::ChannelArguments args;
     // A pool of its own: otherwise channels to one target share one connection.
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-    fleet->stubs_.push_back(v1::CoordinatorService::NewStub(
-        grpc::CreateCustomChannel(options.coordinator, grpc::InsecureChannelCredentials(), args)));
+    auto stub = v1::CoordinatorService::NewStub(
+        grpc::CreateCustomChannel(options.coordinator, grpc::InsecureChannelCredentials(), args));
+    if (c < options.channels) {
+      fleet->stubs_.push_back(std::move(stub));
+    } else {
+      fleet->client_ = std::move(stub);
+    }
   }
   return fleet;
 }

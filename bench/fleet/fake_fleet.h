@@ -81,6 +81,9 @@ class FakeFleet {
   FleetCounters Counters() const;
   int port() const { return port_; }
   v1::CoordinatorService::Stub* stub(int i) const { return stubs_[i % stubs_.size()].get(); }
+  // A channel of its own for the bench's client calls (submit, status, list), as stagectl would
+  // have: a stalled client call then cannot hold up the fakes' heartbeats, nor they it.
+  v1::CoordinatorService::Stub* client() const { return client_.get(); }
 
  private:
   struct Fake;
@@ -101,6 +104,7 @@ class FakeFleet {
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
   std::vector<std::unique_ptr<v1::CoordinatorService::Stub>> stubs_;
+  std::unique_ptr<v1::CoordinatorService::Stub> client_;
 
   mutable absl::Mutex mu_;
   std::vector<Fake> fakes_ ABSL_GUARDED_BY(mu_);

@@ -35,27 +35,20 @@ std::string Tool(const std::string& name) {
   return "";
 }
 
-absl::Status Run(std::vector<std::string> argv) {
-  const std::string tool = Tool(argv[0]);
-  if (tool.empty()) return absl::NotFoundError(absl::StrCat("'", argv[0], "' is not installed"));
-  argv[0] = tool;
-  CommandResult r = RunCommand(argv, kCommandTimeout);
-  if (r.exit_code == 0) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("'", absl::StrJoin(argv, " "), "' exited with ",
-                                          r.exit_code, ": ", absl::StripAsciiWhitespace(r.err)));
-}
-
+// Runs the tool (found by Tool) to completion: its stdout, or an error naming the command.
 absl::StatusOr<std::string> Output(std::vector<std::string> argv) {
   const std::string tool = Tool(argv[0]);
   if (tool.empty()) return absl::NotFoundError(absl::StrCat("'", argv[0], "' is not installed"));
   argv[0] = tool;
   CommandResult r = RunCommand(argv, kCommandTimeout);
   if (r.exit_code != 0) {
-    return absl::InternalError(
-        absl::StrCat("'", absl::StrJoin(argv, " "), "' exited with ", r.exit_code, ": ", r.err));
+    return absl::InternalError(absl::StrCat("'", absl::StrJoin(argv, " "), "' exited with ",
+                                            r.exit_code, ": ", absl::StripAsciiWhitespace(r.err)));
   }
   return r.out;
 }
+
+absl::Status Run(std::vector<std::string> argv) { return Output(std::move(argv)).status(); }
 
 // Kills what runs in the namespace, then deletes it.
 void DeleteNamespace(const std::string& netns) {

@@ -203,6 +203,27 @@ TEST_F(NetnsHostsTest, ADaemonRunsUnderItsHostsNameAndAddress) {
   EXPECT_NE(r.out.find("10.77.0.2/24"), std::string::npos) << r.out;
 }
 
+TEST_F(NetnsHostsTest, BadHostNamesAndLinkShapesAreRefusedNamingWhat) {
+  HostsOptions options;
+  options.names = {"host-a", "bad name"};
+  auto refused = NetnsHosts::Create(options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("bad host name 'bad name'"), std::string::npos)
+      << refused.status();
+  auto hosts = Make(LinkShape{}, false);
+  ASSERT_NE(hosts, nullptr);
+  const absl::Status shape = hosts->Shape(0, LinkShape{0, absl::ZeroDuration(), 2.0});
+  EXPECT_EQ(shape.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(shape.message().find("host 'host-a'"), std::string::npos) << shape;
+  // Latency on the kernel's bridge, made without the relay: refused, saying what is needed.
+  const absl::Status latency = hosts->Shape(0, LinkShape{0, absl::Milliseconds(1), 0});
+  if (hosts->latency_by() == "none") {
+    EXPECT_EQ(latency.code(), absl::StatusCode::kFailedPrecondition) << latency;
+    EXPECT_NE(latency.message().find("droppable"), std::string::npos) << latency;
+  }
+}
+
 TEST_F(NetnsHostsTest, NamespacesOfAProcessThatDiedAreDeletedByTheNextCreate) {
   int dead = 4000000;
   while (kill(dead, 0) == 0 || errno != ESRCH) ++dead;

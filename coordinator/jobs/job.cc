@@ -131,7 +131,7 @@ void Job::MemoryToProto(v1::Job* out) const {
   }
 }
 
-void Job::ToProto(v1::Job* out, const HistoryWindow& window) const {
+void Job::ToProto(v1::Job* out, const HistoryWindow& window, Detail detail) const {
   out->set_id(id);
   out->set_name(spec.name);
   out->set_state(state);
@@ -171,6 +171,25 @@ void Job::ToProto(v1::Job* out, const HistoryWindow& window) const {
   out->set_split(plan.split);
   MemoryToProto(out);
   if (plan_choice.has_value()) *out->mutable_plan_choice() = *plan_choice;
+  RanksToProto(out, detail == Detail::kFull);
+  out->set_healthy_replicas(replica_health.carry_on() ? replica_health.healthy() : plan.replicas);
+  for (int lost : replica_health.lost()) out->add_lost_replicas(lost);
+  out->set_healing_replica(replica_health.healing());
+  if (snapshots.latest().has_value()) *out->mutable_snapshot() = *snapshots.latest();
+  for (const std::string& id : spare_workers) out->add_spare_workers(id);
+  if (detail == Detail::kFull) out->set_spec_yaml(spec_yaml);
+  *out->mutable_created_time() = rpc::ToProtoTimestamp(created);
+  for (const v1::JobCheckpoint& c : checkpoints) *out->add_checkpoints() = c;
+  if (resumed_from.has_value()) *out->mutable_resumed_from() = *resumed_from;
+  out->set_restarts(restarts);
+  out->set_max_restarts(spec.restart.max_restarts);
+  if (failure.has_value()) *out->mutable_failure() = *failure;
+  out->set_global_steps_done(global_done());
+  out->set_pause_at_global_step(hold_step >= 0 ? hold_step : 0);
+  out->set_attempt(attempt);
+}
+
+void Job::RanksToProto(v1::Job* out, bool actions) const {
   for (const RankSlot& slot : ranks) {
     v1::RankStatus* r = out->add_ranks();
     r->set_rank(slot.rank);
@@ -182,8 +201,10 @@ void Job::ToProto(v1::Job* out, const HistoryWindow& window) const {
     }
     r->set_worker_id(slot.worker_id);
     for (int s : slot.stages) r->add_stages(s);
-    for (const auto& a : slot.actions) r->add_assigned_actions(a);
-    for (const auto& a : slot.executed_actions) r->add_executed_actions(a);
+    if (actions) {
+      for (const auto& a : slot.actions) r->add_assigned_actions(a);
+      for (const auto& a : slot.executed_actions) r->add_executed_actions(a);
+    }
     r->set_steps_done(slot.steps_done);
     r->set_bytes_sent(slot.bytes_sent);
     r->set_bytes_received(slot.bytes_received);
@@ -195,21 +216,6 @@ void Job::ToProto(v1::Job* out, const HistoryWindow& window) const {
     r->set_parameters(slot.parameters);
     r->set_replica_lost(slot.replica_lost);
   }
-  out->set_healthy_replicas(replica_health.carry_on() ? replica_health.healthy() : plan.replicas);
-  for (int lost : replica_health.lost()) out->add_lost_replicas(lost);
-  out->set_healing_replica(replica_health.healing());
-  if (snapshots.latest().has_value()) *out->mutable_snapshot() = *snapshots.latest();
-  for (const std::string& id : spare_workers) out->add_spare_workers(id);
-  out->set_spec_yaml(spec_yaml);
-  *out->mutable_created_time() = rpc::ToProtoTimestamp(created);
-  for (const v1::JobCheckpoint& c : checkpoints) *out->add_checkpoints() = c;
-  if (resumed_from.has_value()) *out->mutable_resumed_from() = *resumed_from;
-  out->set_restarts(restarts);
-  out->set_max_restarts(spec.restart.max_restarts);
-  if (failure.has_value()) *out->mutable_failure() = *failure;
-  out->set_global_steps_done(global_done());
-  out->set_pause_at_global_step(hold_step >= 0 ? hold_step : 0);
-  out->set_attempt(attempt);
 }
 
 void Job::DiagnosisToProto(v1::Job* out) const {
@@ -256,12 +262,7 @@ void Job::BalanceToProto(v1::Job* out) const {
 
 void Job::ToSummary(v1::Job* out) const {
   // The latest step's loss only (the list's LOSS column), no transitions.
-  ToProto(out, HistoryWindow{0, 1, 0, true});
-  out->clear_spec_yaml();
-  for (v1::RankStatus& rank : *out->mutable_ranks()) {
-    rank.clear_assigned_actions();
-    rank.clear_executed_actions();
-  }
+  ToProto(out, HistoryWindow{0, 1, 0, true}, Detail::kSummary);
 }
 
 }  // namespace stagecoach::coordinator

@@ -351,9 +351,15 @@ struct Job {
   // Key prefix of the current attempt in the rendezvous store.
   std::string RendezvousPrefix() const;
 
+  // What ToProto writes besides the history window: everything, or a ListJobs row's parts
+  // (neither the spec text nor the ranks' action lists, which grow with the job).
+  enum class Detail { kFull, kSummary };
   // The job (state, steps, ranks and their counters, spec, checkpoints) with the part of its
   // history `window` selects.
-  void ToProto(v1::Job* out, const HistoryWindow& window = HistoryWindow::All()) const;
+  void ToProto(v1::Job* out, const HistoryWindow& window = HistoryWindow::All(),
+               Detail detail = Detail::kFull) const;
+  // Job.ranks: each rank's slot, with its assigned and executed actions when `actions`.
+  void RanksToProto(v1::Job* out, bool actions) const;
   // Job.memory: the plan's predicted memory per rank and what the workers measured.
   void MemoryToProto(v1::Job* out) const;
   // Job.stall (while RUNNING), stragglers and pace from `diagnosis`.

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/metrics/metrics.h"
 #include "common/metrics/process_metrics.h"
 #include "common/process/crash_report.h"
@@ -50,6 +51,11 @@ Daemon::Daemon(DaemonInfo info)
                  info_.tls_require_client_cert_help);
   flags_.AddInt("max-message-bytes", &shared_.max_message_bytes, 4096, "bytes",
                 "largest gRPC message sent or accepted, in bytes");
+  flags_.AddBool("debug-lock-order", &shared_.debug_lock_order,
+                 "check the order in which every lock (the daemon's and gRPC's) is taken and "
+                 "abort, naming both, when two are ever taken in opposite orders (Abseil's "
+                 "deadlock detection: one process-wide graph of locks, several percent of the "
+                 "daemon's CPU; the tests turn it on)");
 }
 
 Daemon::~Daemon() { StopServing(); }
@@ -80,6 +86,11 @@ std::optional<int> Daemon::Configure(int argc, char** argv,
 
 absl::Status Daemon::Prepare() {
   if (absl::Status s = InitLogging(info_.name, shared_.log_level); !s.ok()) return s;
+  // Debian builds Abseil without NDEBUG, which leaves its deadlock detection on: every lock
+  // taken while another is held updates a graph of locks under one process-wide lock. The
+  // top entry of the coordinator's profile at 4,096 workers (docs/fleet.md); kept for tests.
+  absl::SetMutexDeadlockDetectionMode(shared_.debug_lock_order ? absl::OnDeadlockCycle::kAbort
+                                                               : absl::OnDeadlockCycle::kIgnore);
   auto server_credentials = rpc::MakeServerCredentials(shared_.tls);
   if (!server_credentials.ok()) return server_credentials.status();
   auto channel_credentials = rpc::MakeChannelCredentials(shared_.tls);

@@ -2,7 +2,8 @@
 // objects and runs (DESIGN.md "Command-line contract"):
 //   - the shared flags, declared once: --listen, --config, --check-config, --log-level,
 //     --metrics-listen, --health-listen, --tls-cert, --tls-key, --tls-ca, --tls-server-name,
-//     --tls-require-client-cert, --max-message-bytes (FlagSet: command line and YAML file);
+//     --tls-require-client-cert, --max-message-bytes, --debug-lock-order (FlagSet: command line
+//     and YAML file);
 //   - logging, TLS server and channel credentials, the Prometheus registry with build info;
 //   - serving: the gRPC server, "listening on HOST:PORT" as the first line of stdout, then
 //     "metrics on HOST:PORT" (/metrics), then "health on HOST:PORT" (plaintext health checks);
@@ -65,6 +66,8 @@ struct SharedFlags {
   std::optional<rpc::HostPort> metrics_listen;  // none: no /metrics endpoint
   std::optional<rpc::HostPort> health_listen;   // none: health checks on --listen only
   bool check_config = false;
+  // Abseil's lock-order checking (absl::SetMutexDeadlockDetectionMode): off unless asked for.
+  bool debug_lock_order = false;
   rpc::TlsFiles tls;
   std::string tls_server_name;
   int max_message_bytes = rpc::kMaxMessageBytes;

@@ -81,6 +81,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
                                     {"--log-level", options.log_level}}) {
     coordinator_args.insert(coordinator_args.end(), {flag, value});
   }
+  // Tests check the lock order the daemons take their locks in (off in production).
+  coordinator_args.push_back("--debug-lock-order");
   // Security flags: the daemons' TLS, the tokens; the same for the cluster's calls and stagectl.
   std::vector<std::string> daemon_tls;
   if (!options.tls_ca.empty()) {
@@ -186,7 +188,8 @@ absl::StatusOr<int> LocalCluster::AddWorker(const std::vector<std::string>& extr
   args.insert(args.end(), launcher_.begin(), launcher_.end());
   args.insert(args.end(), {DaemonBinary(kWorkerPath), "--coordinator", coordinator_address_,
                            "--listen", absl::StrCat(host.address, ":0"), "--name",
-                           absl::StrCat("worker-", index), "--log-level", log_level_});
+                           absl::StrCat("worker-", index), "--log-level", log_level_,
+                           "--debug-lock-order"});
   args.insert(args.end(), worker_args_.begin(), worker_args_.end());
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   auto worker = ChildProcess::Start(args, absl::StrCat(dir(), "/worker-", index, ".log"));

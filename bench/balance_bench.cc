@@ -94,6 +94,7 @@ int main(int argc, char** argv) {
       {"old-model", 4, "split: {stages: 4}"},
       {"after", 8, "split: {stages: 4}"}};
   sc::testing::ClusterOptions options;
+  options.check_lock_order = false;
   options.workers = 2;
   options.log_level = "info";
   auto cluster = sc::bench::Value("starting a cluster", sc::testing::LocalCluster::Start(options));

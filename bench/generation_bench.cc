@@ -168,6 +168,7 @@ int main(int argc, char** argv) {
   }
   if (o.pipeline) {
     sc::testing::ClusterOptions options;
+    options.check_lock_order = false;
     options.workers = 2;
     auto cluster = sc::bench::Value("starting a cluster", sc::testing::LocalCluster::Start(options));
     const std::string job =

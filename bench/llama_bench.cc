@@ -129,6 +129,7 @@ int main(int argc, char** argv) {
               Builtin(o).c_str(), probe.model.builtin->decoder->NumParameters() / 1e6, o.batch,
               o.seq, o.batch * o.seq, o.microbatches, o.steps - o.warmup, o.warmup, cores);
   sc::testing::ClusterOptions options;
+  options.check_lock_order = false;
   options.workers = 2;
   auto cluster = sc::bench::Value("starting a cluster", sc::testing::LocalCluster::Start(options));
   std::printf("%-10s %-10s %12s %12s %10s\n", "PRECISION", "RUN", "STEP s", "TOKENS/s", "x PLAIN");

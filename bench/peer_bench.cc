@@ -286,6 +286,7 @@ std::vector<Stack> StartStacks(const Options& o, const TorchSide& torch, const s
   std::vector<Stack> stacks;
   for (absl::string_view name : absl::StrSplit(o.stacks, ',', absl::SkipEmpty())) {
     sc::testing::ClusterOptions options;
+    options.check_lock_order = false;
     options.workers = 2;
     options.worker_args = {"--threads", absl::StrCat(o.threads)};
     options.log_level = o.log_level;

@@ -111,6 +111,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   sc::testing::ClusterOptions options;
+  options.check_lock_order = false;
   options.workers = workers;
   options.coordinator_args = coordinator_args;
   auto cluster = sc::bench::Value("cluster", sc::testing::LocalCluster::Start(options));

@@ -37,6 +37,7 @@ std::string Spec(int stages, int microbatches) {
 std::unique_ptr<st::LocalCluster> Coordinator(const std::vector<std::string>& extra,
                                               std::string* metrics) {
   st::ClusterOptions options;
+  options.check_lock_order = false;
   options.workers = 0;
   options.log_level = "info";
   options.coordinator_args = {"--metrics-listen", "127.0.0.1:0"};

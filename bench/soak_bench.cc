@@ -116,6 +116,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   sc::testing::ClusterOptions options;
+  options.check_lock_order = false;
   options.workers = 2;
   // With a job table on disk, as a production coordinator runs.
   const std::string data_dir = absl::StrCat("/tmp/soak-bench-", getpid());

@@ -91,6 +91,7 @@ int main(int argc, char** argv) {
   }
 
   sc::testing::ClusterOptions options;
+  options.check_lock_order = false;
   options.workers = o.ranks;
   options.comm_timeout = "600s";
   auto cluster = sc::bench::Value("cluster", sc::testing::LocalCluster::Start(options));

@@ -81,8 +81,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
                                     {"--log-level", options.log_level}}) {
     coordinator_args.insert(coordinator_args.end(), {flag, value});
   }
-  // Tests check the lock order the daemons take their locks in (off in production).
-  coordinator_args.push_back("--debug-lock-order");
+  if (options.check_lock_order) coordinator_args.push_back("--debug-lock-order");
   // Security flags: the daemons' TLS, the tokens; the same for the cluster's calls and stagectl.
   std::vector<std::string> daemon_tls;
   if (!options.tls_ca.empty()) {
@@ -98,6 +97,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
   coordinator_args.insert(coordinator_args.end(), daemon_tls.begin(), daemon_tls.end());
   c->worker_args_ = daemon_tls;
   c->log_level_ = options.log_level;
+  c->check_lock_order_ = options.check_lock_order;
   if (!options.client_token_file.empty()) {
     coordinator_args.insert(coordinator_args.end(),
                             {"--client-token-file", options.client_token_file});
@@ -188,8 +188,8 @@ absl::StatusOr<int> LocalCluster::AddWorker(const std::vector<std::string>& extr
   args.insert(args.end(), launcher_.begin(), launcher_.end());
   args.insert(args.end(), {DaemonBinary(kWorkerPath), "--coordinator", coordinator_address_,
                            "--listen", absl::StrCat(host.address, ":0"), "--name",
-                           absl::StrCat("worker-", index), "--log-level", log_level_,
-                           "--debug-lock-order"});
+                           absl::StrCat("worker-", index), "--log-level", log_level_});
+  if (check_lock_order_) args.push_back("--debug-lock-order");
   args.insert(args.end(), worker_args_.begin(), worker_args_.end());
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   auto worker = ChildProcess::Start(args, absl::StrCat(dir(), "/worker-", index, ".log"));

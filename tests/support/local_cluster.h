@@ -29,6 +29,9 @@ struct ClusterOptions {
   std::string comm_timeout = "30s";
   // Every daemon's --log-level (benchmarks measure at the default, info).
   std::string log_level = "debug";
+  // --debug-lock-order on every daemon: tests abort on a lock-order cycle; benchmarks measure
+  // the daemons as they run in production, without it.
+  bool check_lock_order = true;
   // Extra flags for every worker, e.g. {"--device", "cuda:0"}.
   std::vector<std::string> worker_args;
   // Extra flags for the coordinator, e.g. {"--metrics-listen", "127.0.0.1:0"}.
@@ -128,6 +131,7 @@ class LocalCluster {
   std::unique_ptr<v1::CoordinatorService::Stub> stub_;
   std::vector<std::string> worker_args_;
   std::string log_level_;
+  bool check_lock_order_ = true;
   std::string daemon_binary_dir_;           // ClusterOptions::daemon_binary_dir
   std::vector<std::string> launcher_;       // ClusterOptions::launcher
   std::vector<DaemonHost> worker_hosts_;    // ClusterOptions::worker_hosts

@@ -3,6 +3,8 @@
 // the environment, the environment over the destination's default; every error names the flag,
 // or the file and the key.
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -10,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
+#include "common/daemon/daemon.h"
 #include "common/daemon/flag_set.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -225,6 +229,67 @@ TEST_F(FlagSetTest, HelpIsShownAndNothingIsSet) {
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(*parsed, FlagSet::Outcome::kHelpShown);
   EXPECT_EQ(v_.lease, absl::Seconds(10));
+}
+
+// Takes two locks in one order, then in the other: a lock-order cycle Abseil's deadlock
+// detection reports (and aborts on, in kAbort mode).
+void LockInOppositeOrders() {
+  absl::Mutex a;
+  absl::Mutex b;
+  {
+    absl::MutexLock first(&a);
+    absl::MutexLock second(&b);
+  }
+  {
+    absl::MutexLock first(&b);
+    absl::MutexLock second(&a);
+  }
+}
+
+// Configures a daemon (in a death test's child: Configure blocks the termination signals) with
+// --check-config and `extra`, then takes two locks in opposite orders and exits 0.
+void ConfigureThenLockInOppositeOrders(const std::vector<std::string>& extra) {
+  DaemonInfo info;
+  info.name = "lock-order-test";
+  info.description = "a daemon for the test";
+  info.default_listen = "127.0.0.1:0";
+  Daemon daemon(info);
+  std::vector<std::string> args = {"stagecoach-lock-order-test", "--check-config", "--log-level",
+                                   "off"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  const std::optional<int> configured =
+      daemon.Configure(static_cast<int>(argv.size()), argv.data());
+  if (configured != 0) _exit(3);  // --check-config: "configuration ok", 0
+  LockInOppositeOrders();
+  _exit(0);
+}
+
+// Whether this Abseil was built with its deadlock detection (not with NDEBUG): a child that
+// asks for it and takes two locks in opposite orders dies.
+bool AbseilDetectsLockOrderCycles() {
+  const pid_t child = fork();
+  if (child == 0) {
+    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kAbort);
+    LockInOppositeOrders();
+    _exit(0);
+  }
+  int status = 0;
+  if (child < 0 || waitpid(child, &status, 0) != child) return false;
+  return !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+// Off by default (the checks cost the coordinator half its placement speed at 4,096 workers,
+// docs/fleet.md); --debug-lock-order turns them on, and a cycle then aborts naming it.
+TEST(DebugLockOrderFlag, OnlyWithTheFlagDoesALockOrderCycleAbortTheDaemon) {
+  if (!AbseilDetectsLockOrderCycles()) {
+    GTEST_SKIP() << "this Abseil was built without its deadlock detection (NDEBUG)";
+  }
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(ConfigureThenLockInOppositeOrders({}), ::testing::ExitedWithCode(0), "");
+  EXPECT_DEATH(ConfigureThenLockInOppositeOrders({"--debug-lock-order"}),
+               "Potential Mutex deadlock");
 }
 
 }  // namespace

@@ -81,23 +81,24 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
                                     {"--log-level", options.log_level}}) {
     coordinator_args.insert(coordinator_args.end(), {flag, value});
   }
-  if (options.check_lock_order) coordinator_args.push_back("--debug-lock-order");
-  // Security flags: the daemons' TLS, the tokens; the same for the cluster's calls and stagectl.
-  std::vector<std::string> daemon_tls;
+  // Flags of both daemons: the lock-order checks; TLS, and the same for the cluster's calls and
+  // stagectl (the tokens follow).
+  std::vector<std::string> daemon_args;
+  if (options.check_lock_order) daemon_args.push_back("--debug-lock-order");
   if (!options.tls_ca.empty()) {
-    daemon_tls = {"--tls-ca",  options.tls_ca,        "--tls-cert", options.tls_server_cert,
-                  "--tls-key", options.tls_server_key};
-    if (options.tls_require_client_cert) daemon_tls.push_back("--tls-require-client-cert");
+    daemon_args.insert(daemon_args.end(),
+                       {"--tls-ca", options.tls_ca, "--tls-cert", options.tls_server_cert,
+                        "--tls-key", options.tls_server_key});
+    if (options.tls_require_client_cert) daemon_args.push_back("--tls-require-client-cert");
     c->stagectl_args_ = {"--tls-ca", options.tls_ca};
     if (!options.tls_client_cert.empty()) {
       c->stagectl_args_.insert(c->stagectl_args_.end(), {"--tls-cert", options.tls_client_cert,
                                                          "--tls-key", options.tls_client_key});
     }
   }
-  coordinator_args.insert(coordinator_args.end(), daemon_tls.begin(), daemon_tls.end());
-  c->worker_args_ = daemon_tls;
+  coordinator_args.insert(coordinator_args.end(), daemon_args.begin(), daemon_args.end());
+  c->worker_args_ = daemon_args;
   c->log_level_ = options.log_level;
-  c->check_lock_order_ = options.check_lock_order;
   if (!options.client_token_file.empty()) {
     coordinator_args.insert(coordinator_args.end(),
                             {"--client-token-file", options.client_token_file});
@@ -189,7 +190,6 @@ absl::StatusOr<int> LocalCluster::AddWorker(const std::vector<std::string>& extr
   args.insert(args.end(), {DaemonBinary(kWorkerPath), "--coordinator", coordinator_address_,
                            "--listen", absl::StrCat(host.address, ":0"), "--name",
                            absl::StrCat("worker-", index), "--log-level", log_level_});
-  if (check_lock_order_) args.push_back("--debug-lock-order");
   args.insert(args.end(), worker_args_.begin(), worker_args_.end());
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   auto worker = ChildProcess::Start(args, absl::StrCat(dir(), "/worker-", index, ".log"));

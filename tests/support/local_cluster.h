@@ -131,7 +131,6 @@ class LocalCluster {
   std::unique_ptr<v1::CoordinatorService::Stub> stub_;
   std::vector<std::string> worker_args_;
   std::string log_level_;
-  bool check_lock_order_ = true;
   std::string daemon_binary_dir_;           // ClusterOptions::daemon_binary_dir
   std::vector<std::string> launcher_;       // ClusterOptions::launcher
   std::vector<DaemonHost> worker_hosts_;    // ClusterOptions::worker_hosts

@@ -34,9 +34,9 @@ struct BuiltinModel {
   // same parameters torch.manual_seed(seed) and PyTorch's default init would give).
   uint64_t seed = 0;
   // gpt and llama: the token embedding and the output head are one parameter
-  // (TiedEmbeddingName in builtin_model.h is head.weight). When they sit on different stages each holds a copy and their gradients are
-  // summed between the two after the step's backward and replica reduction, before the
-  // optimizer step, so the copies stay identical.
+  // (TiedEmbeddingName in builtin_model.h is head.weight). When they sit on different stages each
+  // holds a copy and their gradients are summed between the two after the step's backward and
+  // replica reduction, before the optimizer step, so the copies stay identical.
   bool tie_embeddings = false;
   // llama: the decoder's configuration under Hugging Face's config.json names (its
   // tie_word_embeddings is tie_embeddings above). Set exactly for family llama.
@@ -95,6 +95,12 @@ struct ScheduleSpec {
   std::string csv_format = "compute_only";
 };
 
+// ZeRO's levels: what the data-parallel replicas shard (PlacementSpec::shard). Ordered: each
+// level shards what the one before does and more.
+enum class ShardLevel { kNone = 0, kOptimizer = 1, kGradients = 2, kParameters = 3 };
+// "none", "optimizer", "gradients", "parameters".
+const char* ShardLevelName(ShardLevel level);
+
 struct PlacementSpec {
   // Workers (ranks) the job needs. 0 means "not given": derived from split.stages.
   int workers = 0;
@@ -109,9 +115,19 @@ struct PlacementSpec {
   // The global batch is split into replicas x schedule.microbatches microbatches; replica r
   // runs microbatches [r*M, (r+1)*M), and each stage's gradients are averaged over the replicas.
   int replicas = 1;
-  // ZeRO-1: each replica keeps 1/replicas of its stages' optimizer state; gradients are
-  // reduce-scattered and parameters all-gathered instead of all-reduced.
-  bool shard_optimizer = false;
+  // placement.shard (docs/sharding.md): what of each stage the replicas keep only 1/replicas of.
+  // kOptimizer (ZeRO-1, also placement.shard_optimizer: true): the optimizer state; gradients
+  // are reduce-scattered and the stepped parameters all-gathered instead of all-reduced.
+  // kGradients (ZeRO-2): also the gradients, freed in full once reduce-scattered. kParameters
+  // (ZeRO-3): also the parameters, gathered at each UNSHARD and freed at each RESHARD. Only with
+  // replicas > 1; kNone otherwise.
+  ShardLevel shard = ShardLevel::kNone;
+  // placement.unshard, with shard: parameters. "step": a stage's parameters stay gathered from
+  // its first use in a step to the step's end (one all-gather per stage and step); "stage":
+  // gathered for each run of the stage's actions, and the next stage's gather starts while the
+  // current one computes (less memory, more all-gathers where a rank's stages alternate).
+  std::string unshard = "step";
+  bool shards() const { return shard != ShardLevel::kNone; }
   // Start a stage's gradient reduction at its REDUCE_GRAD, on a communication thread, while the
   // rank goes on with the rest of its actions (true); false reduces every stage after the step.
   bool overlap_reduction = true;
@@ -288,6 +304,10 @@ struct JobSpec {
 // Whether a job of `spec` carries on without a lost replica: placement.replicas > 1 and
 // restart.carry_on, unset meaning "unless placement.shard_optimizer" (RestartSpec::carry_on).
 bool CarriesOn(const JobSpec& spec);
+
+// Whether the job's stages keep their parameters sharded across replicas: placement.shard:
+// parameters with placement.replicas > 1.
+bool ShardsParameters(const JobSpec& spec);
 
 // Whether `data` is token data a decoder trains on from a file: a token file or fine-tuning
 // records (their rows hold token ids, and their targets are counted).

@@ -50,8 +50,7 @@ constexpr size_t kMaxNameLength = 63;
 
 const std::vector<std::string>& TopLevelKeys() {
   static const auto* keys = new std::vector<std::string>{
-      "name",     "model", "split", "schedule", "placement",
-      "training", "data",  "restart", "eval"};
+      "name", "model", "split", "schedule", "placement", "training", "data", "restart", "eval"};
   return *keys;
 }
 
@@ -74,10 +73,12 @@ class SpecParser {
     recipe_fields::ParseData(v_, top->Get("data"), "data", &spec_.data);
     ParseRestart(top->Get("restart"));
     recipe_fields::ParseEval(v_, top->Get("eval"), &spec_.eval);
-    if (builtin_ok_ && spec_.model.builtin->tie_embeddings && spec_.placement.shard_optimizer) {
+    if (builtin_ok_ && spec_.model.builtin->tie_embeddings && spec_.placement.shards()) {
       v_.Error("model.builtin.tie_embeddings",
-               "not supported with placement.shard_optimizer (the tied copies' gradients would "
-               "be sharded differently on their two stages)");
+               absl::StrCat(
+                   "not supported with placement.shard: ", ShardLevelName(spec_.placement.shard),
+                   " (the tied copies' gradients would be sharded differently on their "
+                   "two stages)"));
     }
     const int64_t replicas = spec_.placement.replicas;
     if (microbatches_ok_ && batch_size_ok_ && replicas == 1 &&
@@ -198,8 +199,9 @@ class SpecParser {
             const std::string suggestion = layer_count <= kMaxSuggestionCandidates
                                                ? Suggestion(name, BuiltinLayerNames(*builtin))
                                                : "";
-            v_.Error(point_path, absl::StrCat("not a layer of the builtin model (its layers: ",
-                                              DescribeBuiltinLayerNames(*builtin), ")", suggestion));
+            v_.Error(point_path,
+                     absl::StrCat("not a layer of the builtin model (its layers: ",
+                                  DescribeBuiltinLayerNames(*builtin), ")", suggestion));
             continue;
           }
           spec_.split.points[name] = value.Scalar();
@@ -242,9 +244,10 @@ class SpecParser {
   }
 
   void ParsePlacement(const YAML::Node& node) {
-    auto placement = v_.Open(node, "placement",
-                             {"workers", "device", "style", "transport", "replicas",
-                              "shard_optimizer", "overlap_reduction", "memory_limit", "spares"});
+    auto placement =
+        v_.Open(node, "placement",
+                {"workers", "device", "style", "transport", "replicas", "shard", "shard_optimizer",
+                 "unshard", "overlap_reduction", "memory_limit", "spares"});
     if (!placement) return;
     std::string memory_limit;
     if (placement->String("memory_limit", &memory_limit) == Read::kOk) {
@@ -260,7 +263,7 @@ class SpecParser {
     placement->Int("workers", 1, kIntMax, &spec_.placement.workers);
     placement->Int("replicas", 1, kMaxReplicas, &spec_.placement.replicas);
     placement->Int("spares", 0, kMaxSpares, &spec_.placement.spares);
-    placement->Bool("shard_optimizer", &spec_.placement.shard_optimizer);
+    ParseShard(*placement);
     placement->Bool("overlap_reduction", &spec_.placement.overlap_reduction);
     const Read device = placement->Enum("device", {"cpu", "cuda"}, &spec_.placement.device);
     placement->Enum("style", {"loop", "v"}, &spec_.placement.style);
@@ -273,6 +276,37 @@ class SpecParser {
       const absl::Status usable =
           backends.CheckDevice(spec_.placement.transport, spec_.placement.device);
       if (!usable.ok()) v_.Error(placement->Path("transport"), usable.message());
+    }
+  }
+
+  // placement.shard, its synonym shard_optimizer, and placement.unshard.
+  void ParseShard(const Fields& placement) {
+    PlacementSpec& out = spec_.placement;
+    std::string level;
+    const Read shard =
+        placement.Enum("shard", {"none", "optimizer", "gradients", "parameters"}, &level);
+    if (shard == Read::kOk) {
+      for (ShardLevel l : {ShardLevel::kNone, ShardLevel::kOptimizer, ShardLevel::kGradients,
+                           ShardLevel::kParameters}) {
+        if (level == ShardLevelName(l)) out.shard = l;
+      }
+    }
+    bool optimizer = false;
+    if (placement.Bool("shard_optimizer", &optimizer) == Read::kOk) {
+      if (shard == Read::kAbsent) {
+        out.shard = optimizer ? ShardLevel::kOptimizer : ShardLevel::kNone;
+      } else if (shard == Read::kOk && optimizer != (out.shard == ShardLevel::kOptimizer)) {
+        v_.Error(placement.Path("shard_optimizer"),
+                 absl::StrCat(optimizer ? "true" : "false", " contradicts placement.shard: ", level,
+                              " (shard_optimizer: true is another name for shard: optimizer; "
+                              "give one of them)"));
+      }
+    }
+    if (placement.Enum("unshard", {"step", "stage"}, &out.unshard) == Read::kOk &&
+        shard != Read::kInvalid && out.shard != ShardLevel::kParameters) {
+      v_.Error(placement.Path("unshard"),
+               absl::StrCat("only with placement.shard: parameters (the parameters of shard: ",
+                            ShardLevelName(out.shard), " are never gathered for a stage's use)"));
     }
   }
 
@@ -426,10 +460,12 @@ class SpecParser {
     bool carry_on = false;
     if (restart->Bool("carry_on", &carry_on) == Read::kOk) {
       spec_.restart.carry_on = carry_on;
-      if (carry_on && spec_.placement.shard_optimizer) {
+      if (carry_on && spec_.placement.shards()) {
         v_.Error(restart->Path("carry_on"),
-                 "not supported with placement.shard_optimizer: a lost replica's shard of the "
-                 "optimizer state exists nowhere else (the job restarts from its checkpoint)");
+                 absl::StrCat(
+                     "not supported with placement.shard: ", ShardLevelName(spec_.placement.shard),
+                     ": a lost replica's shard of the optimizer state exists nowhere "
+                     "else (the job restarts from its checkpoint)"));
       }
     }
   }
@@ -505,7 +541,25 @@ absl::Status Invalid(absl::string_view message) { return absl::InvalidArgumentEr
 
 bool CarriesOn(const JobSpec& spec) {
   if (spec.placement.replicas <= 1) return false;
-  return spec.restart.carry_on.value_or(!spec.placement.shard_optimizer);
+  return spec.restart.carry_on.value_or(!spec.placement.shards());
+}
+
+bool ShardsParameters(const JobSpec& spec) {
+  return spec.placement.shard == ShardLevel::kParameters && spec.placement.replicas > 1;
+}
+
+const char* ShardLevelName(ShardLevel level) {
+  switch (level) {
+    case ShardLevel::kNone:
+      return "none";
+    case ShardLevel::kOptimizer:
+      return "optimizer";
+    case ShardLevel::kGradients:
+      return "gradients";
+    case ShardLevel::kParameters:
+      return "parameters";
+  }
+  return "none";
 }
 
 absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view yaml_text, absl::string_view origin) {

@@ -69,7 +69,7 @@ std::optional<PendingManifest> AddReportedFilesLocked(Job& job, const v1::Report
   }
   if (static_cast<int>(stages.size()) < job.plan.num_stages) return std::nullopt;
   // With ZeRO-1 every replica adds its optimizer shard of each stage to replica 0's two files.
-  if (job.spec.placement.shard_optimizer && job.plan.replicas > 1) {
+  if (job.spec.placement.shards() && job.plan.replicas > 1) {
     for (const auto& [s, files] : stages) {
       const bool has_parameters = job.plan.stages[s].parameters > 0;
       if (static_cast<int>(files.size()) < 2 + (has_parameters ? job.plan.replicas : 0)) {

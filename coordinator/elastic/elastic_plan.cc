@@ -38,8 +38,10 @@ spec::SpecOverrides OverridesFor(const spec::JobSpec& own_spec, const Plan& own,
   if (spec::IsAutoSchedule(own_spec.schedule))
     o.set.emplace_back("schedule.kind", own.schedule_name);
   if (layout.replicas == 1) {
-    // Both mean something only with replicas (and the parser refuses them without).
+    // They mean something only with replicas (and carry_on is refused without).
     o.remove.push_back("placement.shard_optimizer");
+    o.remove.push_back("placement.shard");
+    o.remove.push_back("placement.unshard");
     o.remove.push_back("restart.carry_on");
   }
   return o;

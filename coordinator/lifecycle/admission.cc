@@ -6,8 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/rpc/tensor_data.h"
-#include "common/spec/spec_overrides.h"
 #include "common/spec/hf_model_spec.h"
+#include "common/spec/spec_overrides.h"
 #include "common/spec/spec_parser.h"
 #include "common/util/byte_size.h"
 #include "common/util/logging.h"
@@ -166,24 +166,23 @@ absl::StatusOr<v1::InspectModelResponse> Admission::InspectOnWorker(
   return inspected;
 }
 
-absl::StatusOr<v1::DescribeModelResponse> Admission::DescribeModel(
-    const std::string& torchscript, const std::string& device) {
+absl::StatusOr<v1::DescribeModelResponse> Admission::DescribeModel(const std::string& torchscript,
+                                                                   const std::string& device) {
   // The smallest spec that names the model; the worker reads only its model section.
   spec::SpecOverrides overrides;
   overrides.set = {{"model.torchscript", torchscript}};
   if (!device.empty()) overrides.set.emplace_back("placement.device", device);
   ASSIGN_OR_RETURN(const std::string spec_yaml,
                    spec::ApplySpecOverrides(kDescribeSpec, "the model to describe", overrides));
-  ASSIGN_OR_RETURN(const spec::JobSpec spec,
-                   spec::ReadJobSpec(spec_yaml, "the model to describe"));
+  ASSIGN_OR_RETURN(const spec::JobSpec spec, spec::ReadJobSpec(spec_yaml, "the model to describe"));
   RETURN_IF_ERROR(spec::CheckSpecLimits(spec, options_.limits));
   v1::InspectModelRequest request;
   request.set_spec_yaml(spec_yaml);
   v1::DescribeModelResponse out;
   std::string worker;
-  ASSIGN_OR_RETURN(v1::InspectModelResponse inspected,
-                   InspectOnWorker(spec.placement.device, request, "inspect model.torchscript",
-                                   &worker));
+  ASSIGN_OR_RETURN(
+      v1::InspectModelResponse inspected,
+      InspectOnWorker(spec.placement.device, request, "inspect model.torchscript", &worker));
   *out.mutable_layers() = std::move(*inspected.mutable_layers());
   *out.mutable_split_candidates() = std::move(*inspected.mutable_split_candidates());
   out.set_sequential(inspected.sequential());
@@ -235,8 +234,8 @@ absl::StatusOr<std::vector<v1::LayerInfo>> Admission::DefaultSplit(spec::JobSpec
   if (!profiled.ok()) {
     refused = std::string(profiled.status().message());
   } else if (profiled->size() != builtin.size()) {
-    refused = absl::StrCat("the profile has ", profiled->size(), " layers, the model ",
-                           builtin.size());
+    refused =
+        absl::StrCat("the profile has ", profiled->size(), " layers, the model ", builtin.size());
   }
   if (!refused.empty()) {
     // The user asked for no profile: plan without one, and say why.
@@ -361,7 +360,8 @@ absl::StatusOr<std::vector<LayerProfile>> Admission::SearchProfiles(const spec::
   for (int m : profiled) {
     spec::SpecOverrides overrides;
     overrides.set = {{"schedule.microbatches", absl::StrCat(static_cast<int64_t>(m) * replicas)}};
-    overrides.remove = {"placement.replicas", "placement.shard_optimizer"};
+    overrides.remove = {"placement.replicas", "placement.shard_optimizer", "placement.shard",
+                        "placement.unshard"};
     ASSIGN_OR_RETURN(std::string inspect_yaml,
                      spec::ApplySpecOverrides(spec_yaml, origin, overrides));
     LayerProfile profile;

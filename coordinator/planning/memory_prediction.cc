@@ -36,8 +36,8 @@ void SetWeightPending(const Plan& plan, const StagePlan& stage, bool recompute,
     // gradient computed straight into .grad adds none, a bias's is computed apart.
     m.weight_transient = 0;
     for (int l = stage.first_layer; l < stage.end_layer; ++l) {
-      m.weight_transient = std::max(
-          m.weight_transient, static_cast<double>(plan.layers[l].weight_transient_bytes()));
+      m.weight_transient = std::max(m.weight_transient,
+                                    static_cast<double>(plan.layers[l].weight_transient_bytes()));
     }
   }
   if (has_measured && !recompute) {
@@ -60,7 +60,7 @@ void SetWeightPending(const Plan& plan, const StagePlan& stage, bool recompute,
 schedule::MemoryModel StageMemoryModel(const spec::JobSpec& spec, const Plan& plan) {
   schedule::MemoryModel model;
   const bool recompute = spec.training.activation_checkpointing == "full";
-  const int shards = spec.placement.shard_optimizer ? std::max(1, plan.replicas) : 1;
+  const int shards = spec.placement.shards() ? std::max(1, plan.replicas) : 1;
   for (const StagePlan& stage : plan.stages) {
     schedule::StageMemory m;
     m.parameters = kBytesPerParameter * static_cast<double>(stage.parameters);

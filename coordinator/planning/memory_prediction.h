@@ -21,7 +21,8 @@ namespace stagecoach::coordinator {
 //  - parameters and gradients: 4 bytes per parameter each (fp32, bf16 jobs included: their
 //    master weights are fp32);
 //  - optimizer state: schedule::OptimizerStateBytes for training.optimizer (SGD with momentum
-//    keeps one buffer, AdamW two), divided over the replicas with placement.shard_optimizer;
+//    keeps one buffer, AdamW two), divided over the replicas with placement.shard: optimizer
+//    or more;
 //  - activations: the sum of its layers' activation_bytes; with activation_checkpointing full,
 //    only its output (it keeps its inputs, counted as receive buffers) and the rest as the
 //    backward's transient (rebuilt by the recomputation);

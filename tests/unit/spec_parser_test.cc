@@ -13,8 +13,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/golden.h"
-#include "tests/unit/spec_test_util.h"
 #include "tests/support/test_paths.h"
+#include "tests/unit/spec_test_util.h"
 
 namespace stagecoach::spec::spec_parser_test {
 namespace {
@@ -186,14 +186,49 @@ training: {batch_size: 4}
 TEST(SpecParserTest, DataParallelPlacement) {
   const JobSpec plain = Parsed(kBase);
   EXPECT_EQ(plain.placement.replicas, 1);
-  EXPECT_FALSE(plain.placement.shard_optimizer);
+  EXPECT_EQ(plain.placement.shard, ShardLevel::kNone);
+  EXPECT_FALSE(plain.placement.shards());
   EXPECT_TRUE(plain.placement.overlap_reduction);
   const JobSpec dp = Parsed(Edit(kBase, "  workers: 2\n",
                                  "  workers: 2\n  replicas: 2\n  shard_optimizer: true\n"
                                  "  overlap_reduction: false\n"));
   EXPECT_EQ(dp.placement.replicas, 2);
-  EXPECT_TRUE(dp.placement.shard_optimizer);
+  EXPECT_EQ(dp.placement.shard, ShardLevel::kOptimizer);
   EXPECT_FALSE(dp.placement.overlap_reduction);
+  EXPECT_FALSE(ShardsParameters(dp));
+}
+
+TEST(SpecParserTest, ShardLevels) {
+  auto with = [](const std::string& lines) {
+    return Edit(kBase, "  workers: 2\n", absl::StrCat("  workers: 2\n  replicas: 2\n", lines));
+  };
+  EXPECT_EQ(Parsed(with("  shard: none\n")).placement.shard, ShardLevel::kNone);
+  EXPECT_EQ(Parsed(with("  shard: optimizer\n")).placement.shard, ShardLevel::kOptimizer);
+  EXPECT_EQ(Parsed(with("  shard: gradients\n")).placement.shard, ShardLevel::kGradients);
+  const JobSpec zero3 = Parsed(with("  shard: parameters\n"));
+  EXPECT_EQ(zero3.placement.shard, ShardLevel::kParameters);
+  EXPECT_EQ(zero3.placement.unshard, "step");
+  EXPECT_TRUE(ShardsParameters(zero3));
+  EXPECT_EQ(Parsed(with("  shard: parameters\n  unshard: stage\n")).placement.unshard, "stage");
+  // The synonym agrees with shard, or is an error.
+  EXPECT_EQ(Parsed(with("  shard: optimizer\n  shard_optimizer: true\n")).placement.shard,
+            ShardLevel::kOptimizer);
+  EXPECT_EQ(Parsed(with("  shard: gradients\n  shard_optimizer: false\n")).placement.shard,
+            ShardLevel::kGradients)
+      << "false only says it is not exactly the optimizer level";
+  EXPECT_THAT(Errors(with("  shard: gradients\n  shard_optimizer: true\n")),
+              ElementsAre("placement.shard_optimizer: true contradicts placement.shard: gradients "
+                          "(shard_optimizer: true is another name for shard: optimizer; give one "
+                          "of them)"));
+  EXPECT_THAT(Errors(with("  shard: everything\n")), ElementsAre(HasSubstr("placement.shard: ")));
+  EXPECT_THAT(Errors(with("  shard: gradients\n  unshard: stage\n")),
+              ElementsAre("placement.unshard: only with placement.shard: parameters (the "
+                          "parameters of shard: gradients are never gathered for a stage's use)"));
+  EXPECT_THAT(Errors(with("  shard: parameters\n  unshard: layer\n")),
+              ElementsAre(HasSubstr("placement.unshard: ")));
+  // One replica: nothing is sharded.
+  EXPECT_FALSE(ShardsParameters(
+      Parsed(Edit(kBase, "  workers: 2\n", "  workers: 2\n  shard: parameters\n"))));
 }
 
 TEST(SpecParserTest, DataParallelPlacementErrors) {
@@ -363,7 +398,7 @@ TEST(SpecParserTest, CarryOnIsOnWithReplicasUnlessTheOptimizerIsSharded) {
                                        "  workers: 2\n  replicas: 2\n  shard_optimizer: true"),
                                   "restart: {carry_on: true}\n")),
               ElementsAre(HasSubstr("restart.carry_on: not supported with "
-                                    "placement.shard_optimizer")));
+                                    "placement.shard: optimizer")));
 }
 
 TEST(SpecParserTest, SnapshotsAndSpares) {
@@ -399,8 +434,8 @@ TEST(SpecParserTest, UnknownKeysInEveryNestedMapping) {
                           "did you mean 'policy'?"));
   EXPECT_THAT(Errors(Edit(kBase, "  workers: 2", "  workers: 2\n  gpus: 2")),
               ElementsAre("placement.gpus: unknown key (valid keys: workers, device, style, "
-                          "transport, replicas, shard_optimizer, overlap_reduction, "
-                          "memory_limit, spares)"));
+                          "transport, replicas, shard, shard_optimizer, unshard, "
+                          "overlap_reduction, memory_limit, spares)"));
   EXPECT_THAT(
       Errors(Edit(kBase, "  kind: synthetic", "  kind: synthetic\n  seeed: 1")),
       ElementsAre("data.seeed: unknown key (valid keys: kind, path, seed, seq, dtype, packing, "
@@ -408,10 +443,11 @@ TEST(SpecParserTest, UnknownKeysInEveryNestedMapping) {
   EXPECT_THAT(Errors(absl::StrCat(kBase, "restart: {max_restart: 1}\n")),
               ElementsAre("restart.max_restart: unknown key (valid keys: max_restarts, carry_on, "
                           "elastic, min_workers, wait); did you mean 'max_restarts'?"));
-  EXPECT_THAT(Errors(Edit(kBase, "  builtin:", "  bultin:")),
-              ElementsAre("model.bultin: unknown key (valid keys: torchscript, builtin, hf); did you "
-                          "mean 'builtin'?",
-                          "model: exactly one of 'torchscript', 'builtin' or 'hf' is required"));
+  EXPECT_THAT(
+      Errors(Edit(kBase, "  builtin:", "  bultin:")),
+      ElementsAre("model.bultin: unknown key (valid keys: torchscript, builtin, hf); did you "
+                  "mean 'builtin'?",
+                  "model: exactly one of 'torchscript', 'builtin' or 'hf' is required"));
 }
 
 TEST(SpecParserTest, DuplicateKey) {

@@ -174,7 +174,7 @@ TEST(SpecRecipeTest, RecomputationAndTiedEmbeddings) {
               ElementsAre("model.builtin.tie_embeddings: not a key of family mlp"));
   EXPECT_THAT(Errors(Edit(gpt, "  workers: 2\n", "  workers: 2\n  shard_optimizer: true\n")),
               ElementsAre(HasSubstr("model.builtin.tie_embeddings: not supported with "
-                                    "placement.shard_optimizer")));
+                                    "placement.shard: optimizer")));
 }
 
 TEST(SpecRecipeTest, EvalErrorsNameTheField) {

@@ -99,7 +99,8 @@ absl::StatusOr<Prepared> Generate(const ScheduleCommandOptions& o, Failure& fail
                    {"microbatches", config.num_microbatches}};
 
   sched::LoweringOptions lowering;
-  lowering.max_active_stages = o.max_active_stages;
+  lowering.max_active_stages =
+      o.unshard.empty() ? o.max_active_stages : sched::UnshardWindow(o.unshard, p.num_stages);
   auto built = sched::BuildSchedule(config, lowering);
   if (!built.ok()) {
     failure = {kInvalid, std::string(built.status().message())};
@@ -135,7 +136,10 @@ absl::StatusOr<Prepared> ReadCsv(const ScheduleCommandOptions& o, Failure& failu
   text << in.rdbuf();
   sched::CsvLoadOptions load;
   load.source = o.csv_path;
-  load.max_active_stages = o.max_active_stages;
+  // A window of every stage for "step": the file's stage count is not known yet.
+  load.max_active_stages =
+      o.unshard.empty() ? o.max_active_stages : sched::UnshardWindow(o.unshard, 1 << 20);
+  load.sharded_parameters = !o.unshard.empty();
   if (o.microbatches > 0) load.num_microbatches = o.microbatches;
   auto loaded = sched::LoadScheduleCsv(text.str(), *format, load);
   if (!loaded.ok()) {
@@ -392,6 +396,9 @@ int RunSchedule(const ScheduleCommandOptions& o, std::ostream& out, std::ostream
                  "validated"});
   }
   if (o.max_active_stages < 0) return fail({kUsage, "--max-active-stages must be >= 0"});
+  if (!o.unshard.empty() && o.unshard != "step" && o.unshard != "stage") {
+    return fail({kUsage, "--unshard must be step or stage, got '" + o.unshard + "'"});
+  }
   Failure failure{kInvalid, ""};
   auto output = ChooseOutput(o, failure);
   if (!output.ok()) return fail(failure);

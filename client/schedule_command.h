@@ -33,6 +33,10 @@ struct ScheduleCommandOptions {
   bool lowered = false;
   // Lowering: UNSHARD/RESHARD window; 0 leaves the pass out.
   int max_active_stages = 3;
+  // Lowering as a job with placement.shard: parameters and this placement.unshard ("step" or
+  // "stage") lowers: replaces max_active_stages, and the lowered lists are validated as running
+  // on sharded parameters. Empty: max_active_stages, unvalidated pairing.
+  std::string unshard;
   // CSV mode: print only a one-line verdict.
   bool validate = false;
 

@@ -311,6 +311,10 @@ int main(int argc, char** argv) {
   schedule->add_option("--max-active-stages", sched.max_active_stages,
                        "lowering: stages kept unsharded at once (default 3, PyTorch's); 0 leaves "
                        "UNSHARD/RESHARD out");
+  schedule->add_option("--unshard", sched.unshard,
+                       "lower as a job with placement.shard: parameters and this "
+                       "placement.unshard (step|stage) does, checking that every compute action "
+                       "runs on gathered parameters (replaces --max-active-stages)");
   schedule->add_flag("--validate", sched.validate,
                      "with --csv: only check the file and print a one-line verdict");
   schedule->add_flag("--simulate", sched.simulate,

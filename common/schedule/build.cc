@@ -19,6 +19,9 @@ absl::StatusOr<BuiltSchedule> BuildSchedule(const ScheduleConfig& config,
                    StageToRank(num_stages, config.num_ranks, DefaultMappingStyle(config.kind)));
   ValidationOptions validation;
   validation.has_backward = HasBackward(config.kind);
+  // The pass's UNSHARDs and RESHARDs pair up and surround every compute action.
+  ValidationOptions lowered_validation = validation;
+  lowered_validation.sharded_parameters = lowering.max_active_stages > 0;
   auto bug = [&](const absl::Status& status) {
     return absl::InternalError(absl::StrCat("the generated ", ScheduleKindName(config.kind),
                                             " schedule is invalid: ", status.message()));
@@ -29,8 +32,8 @@ absl::StatusOr<BuiltSchedule> BuildSchedule(const ScheduleConfig& config,
   auto lowered = LowerSchedule(built.compute, built.stage_to_rank, num_stages, m, lowering);
   if (!lowered.ok()) return bug(lowered.status());
   built.lowered = *std::move(lowered);
-  absl::Status valid =
-      ValidateLoweredSchedule(built.lowered, built.stage_to_rank, num_stages, m, validation);
+  absl::Status valid = ValidateLoweredSchedule(built.lowered, built.stage_to_rank, num_stages, m,
+                                               lowered_validation);
   if (!valid.ok()) return bug(valid);
   return built;
 }

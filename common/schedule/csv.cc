@@ -291,6 +291,7 @@ absl::StatusOr<LoadedSchedule> LoadScheduleCsv(absl::string_view text, CsvFormat
                      InferStageToRank(loaded.order, loaded.num_stages, source));
     loaded.lowered = loaded.order;
   }
+  validation.sharded_parameters = options.sharded_parameters;
   absl::Status valid = ValidateLoweredSchedule(
       loaded.lowered, loaded.stage_to_rank, loaded.num_stages, loaded.num_microbatches, validation);
   if (!valid.ok()) {

@@ -74,6 +74,9 @@ struct CsvLoadOptions {
   bool has_backward = true;
   // Lowering of a compute_only file (LowerSchedule).
   int max_active_stages = 3;
+  // The lowered lists run on sharded parameters (ValidationOptions::sharded_parameters): a
+  // compute_comms file must UNSHARD and RESHARD its stages itself.
+  bool sharded_parameters = false;
   // Names the file in errors, e.g. "my_schedule.csv".
   std::string source = "schedule CSV";
   // What the file (and num_stages / num_microbatches above) may hold.

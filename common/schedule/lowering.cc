@@ -307,6 +307,12 @@ RankActions AddUnshardReshard(const RankActions& actions, int max_active_stages)
   return out;
 }
 
+int UnshardWindow(absl::string_view unshard, int num_stages) {
+  if (unshard == "step") return std::max(num_stages, 1);
+  if (unshard == "stage") return 2;
+  return 0;
+}
+
 RankActions MergeBackward(const RankActions& actions) {
   std::vector<const Action*> entries;
   for (const std::optional<Action>& action : actions) {

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/schedule/action.h"
 
 namespace stagecoach::schedule {
@@ -26,6 +27,16 @@ RankActions AddReduceGrad(const RankActions& actions, int num_microbatches);
 // actions times the stages per rank (PyTorch rescans the rest of the list for every action).
 // max_active_stages >= 1.
 RankActions AddUnshardReshard(const RankActions& actions, int max_active_stages);
+
+// AddUnshardReshard's window for placement.unshard when stages keep their parameters sharded
+// (placement.shard: parameters), for a schedule of `num_stages` stages:
+//  - "step": all of them. Every stage of the rank is UNSHARDed before the rank's first action
+//    of the step, so all its all-gathers start at once, and RESHARDed after its own last action;
+//  - "stage": 2, the stage of the current action and the next other one the rank's list
+//    touches: that one's all-gather starts while this one computes, and a stage is released as
+//    soon as two others come before its next use (one all-gather per run of a stage's actions).
+// Anything else: 0 (no UNSHARD/RESHARD).
+int UnshardWindow(absl::string_view unshard, int num_stages);
 
 // PyTorch's _merge_bw for one rank: drops idle slots and merges an I directly followed by the W
 // of the same stage and microbatch into one B.

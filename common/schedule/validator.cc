@@ -27,13 +27,15 @@ constexpr absl::string_view kLocationPayload = "type.stagecoach.dev/schedule-err
 class ComputeChecker {
  public:
   ComputeChecker(const PipelineOrder& order, int num_stages, int num_microbatches,
-                 const std::vector<int>* expected_stage_to_rank, bool has_backward)
+                 const std::vector<int>* expected_stage_to_rank, bool has_backward,
+                 bool sharded = false)
       : order_(order),
         report_(order),
         num_stages_(num_stages),
         num_microbatches_(num_microbatches),
         expected_(expected_stage_to_rank),
         has_backward_(has_backward),
+        sharded_(sharded),
         stages_(num_stages),
         done_(num_stages, num_microbatches, 0),
         stage_to_rank_(num_stages, -1) {}
@@ -52,6 +54,12 @@ class ComputeChecker {
     for (int s = 0; s < num_stages_; ++s) {
       const StageState& st = stages_[s];
       const int f = st.f, b = st.b, i = st.i, w = st.w;
+      if (sharded_ && st.unsharded) {
+        return report_.Whole(absl::StrCat("Stage ", s,
+                                          "'s parameters are still gathered at the end of the "
+                                          "step (no RESHARD after its last UNSHARD)"),
+                             stage_to_rank_[s]);
+      }
       if (f != num_microbatches_) {
         return report_.Whole(absl::StrCat("Got ", f, " F microbatches for stage ", s, ", expected ",
                                           num_microbatches_),
@@ -80,7 +88,32 @@ class ComputeChecker {
     int f = 0, b = 0, i = 0, w = 0;
     int backwards_done = 0;  // B and W so far
     bool reduced = false;
+    bool unsharded = false;  // between an UNSHARD and the next RESHARD
   };
+
+  // With sharded parameters: UNSHARD and RESHARD alternate per stage, and compute runs between
+  // them.
+  absl::Status CheckSharding(const Action& leaf, const std::string& name, size_t rank,
+                             size_t step) {
+    StageState& st = stages_[leaf.stage];
+    if (leaf.type == ActionType::kUnshard || leaf.type == ActionType::kReshard) {
+      const bool unshard = leaf.type == ActionType::kUnshard;
+      if (st.unsharded == unshard) {
+        return report_.AtStep(
+            rank, step,
+            absl::StrCat(name, ": stage ", leaf.stage, "'s parameters are ",
+                         unshard ? "gathered already (UNSHARD twice without a RESHARD)"
+                                 : "not gathered (RESHARD without an UNSHARD)"));
+      }
+      st.unsharded = unshard;
+    } else if (IsLeafCompute(leaf.type) && !st.unsharded) {
+      return report_.AtStep(rank, step,
+                            absl::StrCat(name, " runs while stage ", leaf.stage,
+                                         "'s parameters are sharded (no UNSHARD before it since "
+                                         "the stage's last RESHARD)"));
+    }
+    return absl::OkStatus();
+  }
 
   bool Done(ActionType type, int stage, int mb) const { return done_(type, stage, mb) != 0; }
 
@@ -115,6 +148,10 @@ class ComputeChecker {
                             absl::StrCat(what, " for stage ", s, ", microbatch ", mb, " (", name,
                                          ") runs a second time"));
     };
+    if (sharded_) {
+      absl::Status sharding = CheckSharding(leaf, name, rank, step);
+      if (!sharding.ok()) return sharding;
+    }
     const bool backward =
         leaf.type == ActionType::kFullBackward || leaf.type == ActionType::kBackwardInput ||
         leaf.type == ActionType::kBackwardWeight || leaf.type == ActionType::kReduceGrad;
@@ -211,6 +248,7 @@ class ComputeChecker {
   const int num_microbatches_;
   const std::vector<int>* expected_;
   const bool has_backward_;
+  const bool sharded_;
   std::vector<StageState> stages_;
   internal::ActionTable<uint8_t> done_;
   std::vector<int> stage_to_rank_;
@@ -278,9 +316,9 @@ absl::Status ValidateLoweredSchedule(const PipelineOrder& lowered,
                                                      num_ranks, " ranks"));
     }
   }
-  auto inferred =
-      ComputeChecker(lowered, num_stages, num_microbatches, &stage_to_rank, options.has_backward)
-          .Run();
+  auto inferred = ComputeChecker(lowered, num_stages, num_microbatches, &stage_to_rank,
+                                 options.has_backward, options.sharded_parameters)
+                      .Run();
   if (!inferred.ok()) return inferred.status();
   status = internal::CheckComms(lowered, stage_to_rank, num_microbatches);
   if (!status.ok()) return status;

@@ -18,6 +18,10 @@ struct ValidationOptions {
   // False for forward-only (inference) schedules: every stage runs F for each microbatch, and
   // B, I, W and REDUCE_GRAD are errors.
   bool has_backward = true;
+  // ValidateLoweredSchedule only: the stages' parameters live sharded (placement.shard:
+  // parameters), so per stage UNSHARD and RESHARD alternate, starting with UNSHARD and ending
+  // with RESHARD, and every F, I, B and W of a stage runs between an UNSHARD and its RESHARD.
+  bool sharded_parameters = false;
 };
 
 // Checks a compute schedule (F, I, B, W, OVERLAP_F_B, idle slots, and the per-stage UNSHARD,

@@ -150,7 +150,9 @@ absl::Status PlanFileSchedule(const spec::JobSpec& spec, const StageRequest& req
   schedule::CsvLoadOptions options;
   options.source = file;
   options.num_microbatches = m;
-  options.max_active_stages = 0;  // unsharded stages, as for generated schedules
+  // UNSHARD/RESHARD only where the stages' parameters are sharded, as for generated schedules.
+  options.max_active_stages = UnshardWindowOf(spec, static_cast<int>(layers));
+  options.sharded_parameters = options.max_active_stages > 0;
 
   // A first read for what the spec must agree with: rows, stages, microbatches, backward.
   auto rows = schedule::ParseScheduleCsv(text);

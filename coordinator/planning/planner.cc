@@ -29,6 +29,11 @@ absl::Status FieldError(absl::string_view field, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
 }
 
+int UnshardWindowOf(const spec::JobSpec& spec, int num_stages) {
+  if (!spec::ShardsParameters(spec)) return 0;
+  return schedule::UnshardWindow(spec.placement.unshard, num_stages);
+}
+
 std::vector<StagePlan> StagesFor(const std::vector<int>& firsts,
                                  const std::vector<v1::LayerInfo>& layers) {
   std::vector<StagePlan> stages;
@@ -301,14 +306,14 @@ absl::Status PlanGeneratedSchedule(const spec::JobSpec& spec, const StageRequest
   RETURN_IF_ERROR(CheckStagesFitLayers(plan->num_stages, layers, request));
   RETURN_IF_ERROR(CheckScheduleSize(*plan, request, limits));
 
-  // Generate, lower and validate. Unsharded stages: no UNSHARD/RESHARD.
+  // Generate, lower and validate. UNSHARD/RESHARD only where the stages' parameters are sharded.
   schedule::ScheduleConfig config;
   config.kind = plan->kind;
   config.num_ranks = plan->num_ranks;
   config.stages_per_rank = plan->stages_per_rank;
   config.num_microbatches = plan->num_microbatches;
   schedule::LoweringOptions lowering;
-  lowering.max_active_stages = 0;
+  lowering.max_active_stages = planning::UnshardWindowOf(spec, plan->num_stages);
   auto built = schedule::BuildSchedule(config, lowering);
   if (!built.ok()) {
     if (built.status().code() != absl::StatusCode::kInvalidArgument) return built.status();
@@ -382,9 +387,9 @@ absl::StatusOr<LayerRun> LayersOf(const std::string& name, const std::map<std::s
     }
   }
   if (inside.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", name, "' is not a layer of the model (its ", layers.size(),
-                     " layers: ", DescribeLayers(layers), ")"));
+    return absl::InvalidArgumentError(absl::StrCat("'", name, "' is not a layer of the model (its ",
+                                                   layers.size(),
+                                                   " layers: ", DescribeLayers(layers), ")"));
   }
   for (size_t k = 1; k < inside.size(); ++k) {
     if (inside[k] != inside[k - 1] + 1) {

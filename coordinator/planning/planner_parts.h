@@ -17,6 +17,11 @@ namespace stagecoach::coordinator::planning {
 // INVALID_ARGUMENT "<field>: <why>".
 absl::Status FieldError(absl::string_view field, absl::string_view why);
 
+// The window of AddUnshardReshard for the spec's lists (schedule::UnshardWindow of
+// placement.unshard) when its stages keep their parameters sharded (spec::ShardsParameters), else
+// 0: no UNSHARD/RESHARD.
+int UnshardWindowOf(const spec::JobSpec& spec, int num_stages);
+
 // How many stages the spec asks for, and which field says so (for errors): split.stages, or
 // the stages split.points make. 0 when neither says (placement.workers or the schedule decide).
 struct StageRequest {

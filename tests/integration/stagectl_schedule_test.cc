@@ -195,6 +195,31 @@ TEST(StagectlSchedule, PredictedMemoryInGridJsonAndChromeTrace) {
                                  "--activation-bytes (1048576) and cannot exceed it"));
 }
 
+// --unshard lowers as a job whose stages keep their parameters sharded does, and checks a file
+// as running on them.
+TEST(StagectlSchedule, UnshardLowersAndChecksForShardedParameters) {
+  CommandResult r =
+      Stagectl({"schedule", "--kind", "Interleaved1F1B", "--ranks", "1", "--stages-per-rank", "3",
+                "--microbatches", "2", "--lowered", "--unshard", "step", "--format", "csv"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out,
+            "0UNSHARD,1UNSHARD,2UNSHARD,0F0,1F0,2F0,2B0,0F1,1B0,1F1,0B0,2F1,2B1,2REDUCE_GRAD,"
+            "2RESHARD,1B1,1REDUCE_GRAD,1RESHARD,0B1,0REDUCE_GRAD,0RESHARD\n");
+  // PyTorch's lowered files UNSHARD and RESHARD every stage around its actions...
+  r = Stagectl({"schedule", "--csv", GoldenDir() + "/ZBVZeroBubble_r2_s2_m4.comms.csv", "--format",
+                "compute_comms", "--unshard", "step", "--validate"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  // ... its send/recv-only files do not.
+  r = Stagectl({"schedule", "--csv", GoldenDir() + "/ZBVZeroBubble_r4_s2_m8.sendrecv_only.csv",
+                "--format", "compute_comms", "--unshard", "stage", "--validate"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("0F0 runs while stage 0's parameters are sharded (no UNSHARD"));
+  r = Stagectl(
+      {"schedule", "--kind", "GPipe", "--ranks", "2", "--microbatches", "2", "--unshard", "layer"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--unshard must be step or stage, got 'layer'"));
+}
+
 TEST(StagectlSchedule, UsageAndConstraintErrors) {
   struct Case {
     std::vector<std::string> args;

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/schedule/build.h"
 #include "common/schedule/csv.h"
 #include "common/schedule/generators.h"
 #include "common/schedule/lowering.h"
@@ -176,6 +177,37 @@ TEST(LowerSchedule, ReproducesGoldenCommsListsFromGoldenComputeLists) {
       EXPECT_NE(action->type, ActionType::kReshard);
     }
   }
+}
+
+// placement.unshard's two windows on one rank of three stages (Interleaved1F1B, 2 microbatches;
+// compute order 0F0 1F0 2F0 2B0 0F1 1B0 1F1 0B0 2F1 2B1 1B1 0B1), action by action.
+TEST(UnshardWindow, StepGathersEachStageOnceAndStageKeepsTwoAtATime) {
+  EXPECT_EQ(UnshardWindow("step", 3), 3);
+  EXPECT_EQ(UnshardWindow("stage", 3), 2);
+  EXPECT_EQ(UnshardWindow("", 3), 0);
+  ScheduleConfig config;
+  config.kind = ScheduleKind::kInterleaved1F1B;
+  config.num_ranks = 1;
+  config.stages_per_rank = 3;
+  config.num_microbatches = 2;
+  auto lowered = [&](const std::string& unshard) {
+    LoweringOptions options;
+    options.max_active_stages = UnshardWindow(unshard, 3);
+    auto built = BuildSchedule(config, options);  // validated as running on sharded parameters
+    EXPECT_TRUE(built.ok()) << built.status();
+    return built.ok() ? FormatScheduleCsv(built->lowered) : std::string();
+  };
+  // Every stage gathered before the first action, each released after its last.
+  EXPECT_EQ(lowered("step"),
+            "0UNSHARD,1UNSHARD,2UNSHARD,0F0,1F0,2F0,2B0,0F1,1B0,1F1,0B0,2F1,2B1,2REDUCE_GRAD,"
+            "2RESHARD,1B1,1REDUCE_GRAD,1RESHARD,0B1,0REDUCE_GRAD,0RESHARD\n");
+  // The current stage and the next other one: before 1F0 the window is {1, 2}, so stage 0 goes
+  // and stage 2's gather starts while 1F0 computes; stage 0 comes back before 2F0 (the window
+  // {2, 0} of 2F0 2B0 0F1), and so on: 9 all-gathers instead of 3.
+  EXPECT_EQ(lowered("stage"),
+            "0UNSHARD,1UNSHARD,0F0,0RESHARD,2UNSHARD,1F0,1RESHARD,0UNSHARD,2F0,2B0,2RESHARD,"
+            "1UNSHARD,0F1,1B0,1F1,1RESHARD,2UNSHARD,0B0,0RESHARD,1UNSHARD,2F1,2B1,2REDUCE_GRAD,"
+            "2RESHARD,0UNSHARD,1B1,1REDUCE_GRAD,1RESHARD,0B1,0REDUCE_GRAD,0RESHARD\n");
 }
 
 // The two sendrecv_only files are the compute list passed through the send/recv pass alone.

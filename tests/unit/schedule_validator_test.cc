@@ -302,6 +302,56 @@ TEST(ValidateLoweredSchedule, AcceptsLoweredGPipe) {
   EXPECT_TRUE(ValidateLoweredSchedule(lowered, {0, 1}, 2, 2).ok());
 }
 
+// Lowered() with each rank's stage gathered before its first action and released after its last.
+PipelineOrder ShardedLowered() {
+  PipelineOrder lowered = Lowered();
+  for (int r = 0; r < 2; ++r) {
+    lowered[r].insert(lowered[r].begin(), Action::Make(r, ActionType::kUnshard));
+    lowered[r].push_back(Action::Make(r, ActionType::kReshard));
+  }
+  return lowered;
+}
+
+TEST(ValidateLoweredSchedule, ShardedParametersAreGatheredAroundEveryComputeAction) {
+  ValidationOptions sharded;
+  sharded.sharded_parameters = true;
+  EXPECT_TRUE(ValidateLoweredSchedule(ShardedLowered(), {0, 1}, 2, 2, sharded).ok());
+  // Unsharded stages take any UNSHARD/RESHARD, or none.
+  EXPECT_TRUE(ValidateLoweredSchedule(Lowered(), {0, 1}, 2, 2).ok());
+  PipelineOrder unpaired = ShardedLowered();
+  unpaired[0].pop_back();
+  EXPECT_TRUE(ValidateLoweredSchedule(unpaired, {0, 1}, 2, 2).ok());
+
+  ExpectStepError(ValidateLoweredSchedule(Lowered(), {0, 1}, 2, 2, sharded),
+                  "Rank 0, step 0: 0F0 runs while stage 0's parameters are sharded (no UNSHARD "
+                  "before it since the stage's last RESHARD)",
+                  0);
+  // Released between the forwards and the backwards: 0UNSHARD,0F0,0SEND_F0,0F1,0RESHARD,...
+  PipelineOrder early = ShardedLowered();
+  early[0].insert(early[0].begin() + 4, Action::Make(0, ActionType::kReshard));
+  ExpectStepError(ValidateLoweredSchedule(early, {0, 1}, 2, 2, sharded),
+                  "Rank 0, step 7: 0B0 runs while stage 0's parameters are sharded (no UNSHARD "
+                  "before it since the stage's last RESHARD)",
+                  7);
+  PipelineOrder twice = ShardedLowered();
+  twice[1].insert(twice[1].begin() + 1, Action::Make(1, ActionType::kUnshard));
+  ExpectStepError(ValidateLoweredSchedule(twice, {0, 1}, 2, 2, sharded),
+                  "Rank 1, step 1: 1UNSHARD: stage 1's parameters are gathered already (UNSHARD "
+                  "twice without a RESHARD)",
+                  1);
+  PipelineOrder released = ShardedLowered();
+  released[1].insert(released[1].begin(), Action::Make(1, ActionType::kReshard));
+  ExpectStepError(ValidateLoweredSchedule(released, {0, 1}, 2, 2, sharded),
+                  "Rank 1, step 0: 1RESHARD: stage 1's parameters are not gathered (RESHARD "
+                  "without an UNSHARD)",
+                  0);
+  const absl::Status kept = ValidateLoweredSchedule(unpaired, {0, 1}, 2, 2, sharded);
+  ASSERT_FALSE(kept.ok());
+  EXPECT_THAT(std::string(kept.message()),
+              HasSubstr("Stage 0's parameters are still gathered at the end of the step (no "
+                        "RESHARD after its last UNSHARD)"));
+}
+
 TEST(ValidateLoweredSchedule, ComputeRulesStillApply) {
   PipelineOrder lowered = Lowered();
   lowered[1].erase(lowered[1].begin() + 8);  // 1REDUCE_GRAD

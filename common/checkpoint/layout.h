@@ -51,7 +51,7 @@ std::string StageStateFileName(int stage);
 std::string StageExportFileName(int stage);
 
 // "stage-<s>.optimizer-<k>-of-<D>.pt": replica k's ZeRO-1 optimizer shard of stage `stage`
-// among D (worker/runtime/training/zero_shards.h).
+// among D (worker/runtime/sharding/zero_shards.h).
 std::string OptimizerShardFileName(int stage, int replica, int replicas);
 
 // A shard file's stage, replica and replica count; nullopt for any other name (canonical

@@ -56,6 +56,14 @@ void CountingCpuAllocator::copy_data(void* dest, const void* src, std::size_t co
 }
 #endif
 
+int64_t CountingCpuAllocator::CountedBytes(const c10::Storage& storage) {
+  const c10::DataPtr& data = storage.data_ptr();
+  if (data.get() == nullptr || data.get_deleter() != &CountingCpuAllocator::Release) return -1;
+  const auto* header =
+      reinterpret_cast<const Header*>(static_cast<const char*>(data.get_context()) - kHeaderBytes);
+  return header->bytes;
+}
+
 c10::DeleterFnPtr CountingCpuAllocator::raw_deleter() const {
   return &CountingCpuAllocator::Release;
 }

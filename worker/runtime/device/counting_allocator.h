@@ -11,6 +11,7 @@
 #pragma once
 
 #include <c10/core/Allocator.h>
+#include <c10/core/Storage.h>
 
 #include <atomic>
 #include <cstddef>
@@ -32,6 +33,10 @@ class CountingCpuAllocator final : public c10::Allocator {
   int64_t peak_bytes() const { return peak_.load(std::memory_order_relaxed); }
   // Starts a new peak at the current live bytes.
   void ResetPeak() { peak_.store(live_bytes(), std::memory_order_relaxed); }
+  // The bytes counted for the allocation behind `storage` (the whole block, shared by every
+  // tensor that views part of it), or -1 when it is not one of this allocator's (allocated
+  // before Install, by another allocator, or on another device).
+  static int64_t CountedBytes(const c10::Storage& storage);
 
   // The data pointer is also the context (raw_allocate and raw_deallocate work); each block
   // carries a 64-byte header in front, not counted.

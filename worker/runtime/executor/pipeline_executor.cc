@@ -290,6 +290,7 @@ absl::Status PipelineExecutor::Execute(const Action& action, StepState& st) {
       return PostGradientRecvs(s, mb, where, st);
 
     case ActionType::kForward:
+      RETURN_IF_ERROR(AwaitStage(s, where, st));
       return Forward(s, mb, where, st);
 
     case ActionType::kSendF:
@@ -301,12 +302,15 @@ absl::Status PipelineExecutor::Execute(const Action& action, StepState& st) {
       return SendActivations(s, mb, where, st);
 
     case ActionType::kFullBackward:
+      RETURN_IF_ERROR(AwaitStage(s, where, st));
       return Backward(s, mb, /*split=*/false, where, st);
 
     case ActionType::kBackwardInput:
+      RETURN_IF_ERROR(AwaitStage(s, where, st));
       return Backward(s, mb, /*split=*/true, where, st);
 
     case ActionType::kBackwardWeight:
+      RETURN_IF_ERROR(AwaitStage(s, where, st));
       return BackwardWeight(s, mb, where, st);
 
     case ActionType::kSendB:
@@ -320,14 +324,25 @@ absl::Status PipelineExecutor::Execute(const Action& action, StepState& st) {
       return ReduceGrad(s);
 
     case ActionType::kUnshard:
+      if (options_.sharding != nullptr) options_.sharding->Unshard(s);
+      return absl::OkStatus();  // without sharding the parameters are always whole
+
     case ActionType::kReshard:
-      return absl::OkStatus();  // stages are not sharded: their parameters are always whole
+      if (options_.sharding == nullptr) return absl::OkStatus();
+      return options_.sharding->Reshard(s, where);
 
     default:
       return absl::UnimplementedError(absl::StrCat(where, ": action type ",
                                                    schedule::ActionTypeName(action.type),
                                                    " is not supported by this worker"));
   }
+}
+
+absl::Status PipelineExecutor::AwaitStage(int stage, const std::string& where, StepState& st) {
+  if (options_.sharding == nullptr) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const absl::Duration waited, options_.sharding->AwaitGathered(stage, where));
+  st.action_wait += waited;
+  return absl::OkStatus();
 }
 
 absl::Status PipelineExecutor::ExecuteOverlap(const Action& action, const std::string& where,

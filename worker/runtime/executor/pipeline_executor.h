@@ -30,7 +30,10 @@
 //               each microbatch's backward with 1/m, unless scale_grads is off; or those of
 //               the token-normalised loss, TokenNormalization): calls
 //               on_gradients_ready(s) (the reduction across data-parallel replicas starts there)
-//   UNSHARD s, RESHARD s  nothing: stages are not sharded
+//   UNSHARD s   with ExecutorOptions::sharding (placement.shard: parameters), starts gathering
+//               stage s's parameters; F, I, B and W of s first wait until they are whole
+//   RESHARD s   with sharding, frees stage s's gathered parameters (stage_sharding.h); without
+//               it both do nothing
 // An activation's send is released once the gradient for it came back (the consumer has used
 // it, so the send is complete); the other sends are waited for at the end of the step (a
 // transport cannot test a send without waiting). Every wait is bounded by comm_timeout and its
@@ -71,6 +74,7 @@
 #include "worker/model/stage_model.h"
 #include "worker/runtime/device/counting_allocator.h"
 #include "worker/runtime/executor/progress_beacon.h"
+#include "worker/runtime/executor/stage_sharding.h"
 #include "worker/runtime/executor/training_setup.h"
 #include "worker/transport/transport.h"
 
@@ -129,6 +133,10 @@ struct ExecutorOptions {
   // for its sends at the step's end (RANK_PHASE_SENDS) in it (progress_beacon.h); RunStep does
   // not begin or end the step there (its caller does).
   ProgressBeacon* progress = nullptr;
+  // With placement.shard: parameters, what UNSHARD and RESHARD do (stage_sharding.h); the
+  // shape probes run on its placeholders. Null: the stages' parameters are always whole. Must
+  // outlive the executor.
+  StageSharding* sharding = nullptr;
   // The worker's --debug-slow-actions (tests of the straggler rule): each compute action
   // (F, B, I, W, OVERLAP_F_B) is made this many times as long as its own work (its waits for
   // data excluded) by sleeping after it. 1: off.
@@ -263,6 +271,8 @@ class PipelineExecutor {
   absl::Status Execute(const schedule::Action& action, StepState& state);
   absl::Status ExecuteOverlap(const schedule::Action& action, const std::string& where,
                               StepState& state);
+  // With sharding: waits until stage `stage`'s parameters are gathered, as the action's wait.
+  absl::Status AwaitStage(int stage, const std::string& where, StepState& state);
   // Whether this rank can run `action` at all (its stage, microbatch, kind of step).
   absl::Status CheckAction(const schedule::Action& action, const std::string& where) const;
 

@@ -5,6 +5,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/util/status_macros.h"
@@ -190,6 +191,11 @@ absl::Status PipelineExecutor::OutputMetas(int s, const std::vector<std::vector<
           // Training probes record autograd, to learn which outputs carry a gradient back (the
           // graph is dropped with the probe's values). The probe leaves no trace on the stage.
           torch::AutoGradMode grad_mode(!options_.forward_only);
+          // A sharded stage probes with placeholder parameters of their shapes.
+          const std::function<void()> release = options_.sharding != nullptr
+                                                    ? options_.sharding->Placeholders(s)
+                                                    : std::function<void()>([] {});
+          const absl::Cleanup put_back = [&release] { release(); };
           SideEffectGuard no_trace(*stages_.at(s), options_.device);
           std::vector<torch::Tensor> probes;
           for (const TensorMeta& meta : in[mb]) {

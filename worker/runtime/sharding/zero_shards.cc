@@ -1,4 +1,4 @@
-#include "worker/runtime/training/zero_shards.h"
+#include "worker/runtime/sharding/zero_shards.h"
 
 #include <torch/torch.h>
 
@@ -159,26 +159,27 @@ absl::Status InstallFlatInShard(const StateFields& flat, int stage,
 
 ShardLayout ZeroShards::LayoutOf(const Layout& layout) {
   ShardLayout out;
-  for (size_t i = 0; i < layout.params.size(); ++i) {
-    out.emplace_back(layout.names[i], layout.params[i].sizes().vec());
-  }
+  for (size_t i = 0; i < layout.params.size(); ++i) out.emplace_back(layout.names[i], layout.shapes[i]);
   return out;
 }
 
 absl::StatusOr<std::unique_ptr<ZeroShards>> ZeroShards::Create(
-    const std::map<int, model::StageModel*>& stages, int replica, int replicas) {
-  std::unique_ptr<ZeroShards> out(new ZeroShards(replica, replicas));
+    const std::map<int, model::StageModel*>& stages, int replica, int replicas,
+    spec::ShardLevel level) {
+  std::unique_ptr<ZeroShards> out(new ZeroShards(replica, replicas, level));
   for (const auto& [s, stage] : stages) {
     Layout& layout = out->layouts_[s];
     for (auto& [name, p] : stage->NamedParameters()) {
       if (!p.is_floating_point() ||
           (!layout.params.empty() && p.scalar_type() != layout.params.front().scalar_type())) {
         return absl::InvalidArgumentError(
-            absl::StrCat("placement.shard_optimizer: stage ", s, " parameter '", name,
+            absl::StrCat("placement.shard: ", spec::ShardLevelName(level), ": stage ", s,
+                         " parameter '", name,
                          "' is not of the stage's one floating dtype"));
       }
       layout.params.push_back(p);
       layout.names.push_back(name);
+      layout.shapes.push_back(p.sizes().vec());
       layout.numel += p.numel();
     }
     if (layout.params.empty()) continue;
@@ -187,6 +188,14 @@ absl::StatusOr<std::unique_ptr<ZeroShards>> ZeroShards::Create(
     layout.shard.set_requires_grad(true);
   }
   out->LoadShards();
+  return out;
+}
+
+std::vector<int> ZeroShards::stages() const {
+  std::vector<int> out;
+  for (const auto& [s, layout] : layouts_) {
+    if (layout.shard.defined()) out.push_back(s);
+  }
   return out;
 }
 
@@ -226,25 +235,36 @@ torch::Tensor ZeroShards::FlatGradients(int stage, torch::Device device) const {
 void ZeroShards::SetShardGradient(int stage, const torch::Tensor& grad) {
   torch::Tensor& shard = layouts_.at(stage).shard;
   shard.mutable_grad() = grad.to(shard.options().requires_grad(false));
+  if (level_ < spec::ShardLevel::kGradients) return;
+  for (torch::Tensor& p : layouts_.at(stage).params) p.mutable_grad() = torch::Tensor();
+}
+
+absl::StatusOr<torch::Tensor> ZeroShards::AllGatherShards(int stage,
+                                                          collectives::Collectives& group,
+                                                          absl::Duration timeout) {
+  torch::NoGradGuard no_grad;
+  const Layout& layout = layouts_.at(stage);
+  const int64_t c = layout.shard.numel();
+  const torch::Device device =
+      group.takes_device_memory() ? layout.shard.device() : torch::Device(torch::kCPU);
+  torch::Tensor mine = layout.shard.detach().to(device).contiguous();
+  torch::Tensor all = torch::empty({c * replicas_}, mine.options());
+  const collectives::DataType dtype = mine.scalar_type() == torch::kFloat64
+                                          ? collectives::DataType::kFloat64
+                                          : collectives::DataType::kFloat32;
+  absl::Status gathered = group.AllGather(mine.data_ptr(), all.data_ptr(), c, dtype, timeout);
+  if (!gathered.ok()) {
+    return absl::Status(gathered.code(), absl::StrCat("gathering the parameters of stage ", stage,
+                                                      ": ", gathered.message()));
+  }
+  return all;
 }
 
 absl::Status ZeroShards::GatherParameters(collectives::Collectives& group, absl::Duration timeout) {
   torch::NoGradGuard no_grad;
   for (auto& [s, layout] : layouts_) {
     if (!layout.shard.defined()) continue;
-    const int64_t c = layout.shard.numel();
-    const torch::Device device =
-        group.takes_device_memory() ? layout.shard.device() : torch::Device(torch::kCPU);
-    torch::Tensor mine = layout.shard.detach().to(device).contiguous();
-    torch::Tensor all = torch::empty({c * replicas_}, mine.options());
-    const collectives::DataType dtype = mine.scalar_type() == torch::kFloat64
-                                            ? collectives::DataType::kFloat64
-                                            : collectives::DataType::kFloat32;
-    absl::Status gathered = group.AllGather(mine.data_ptr(), all.data_ptr(), c, dtype, timeout);
-    if (!gathered.ok()) {
-      return absl::Status(gathered.code(), absl::StrCat("gathering the parameters of stage ", s,
-                                                        ": ", gathered.message()));
-    }
+    ASSIGN_OR_RETURN(const torch::Tensor all, AllGatherShards(s, group, timeout));
     int64_t offset = 0;
     for (torch::Tensor& p : layout.params) {
       p.copy_(all.narrow(0, offset, p.numel()).view_as(p));
@@ -252,6 +272,41 @@ absl::Status ZeroShards::GatherParameters(collectives::Collectives& group, absl:
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status ZeroShards::GatherStage(int stage, collectives::Collectives& group,
+                                     absl::Duration timeout) {
+  Layout& layout = layouts_.at(stage);
+  if (!layout.shard.defined()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(torch::Tensor all, AllGatherShards(stage, group, timeout));
+  all = all.to(layout.shard.device());
+  int64_t offset = 0;
+  for (size_t i = 0; i < layout.params.size(); ++i) {
+    const int64_t n = c10::multiply_integers(layout.shapes[i]);
+    layout.params[i].set_data(all.narrow(0, offset, n).view(layout.shapes[i]));
+    offset += n;
+  }
+  return absl::OkStatus();
+}
+
+int64_t ZeroShards::gathered_bytes(int stage) const {
+  const Layout& layout = layouts_.at(stage);
+  if (!layout.shard.defined()) return 0;
+  return layout.shard.numel() * replicas_ * static_cast<int64_t>(layout.shard.element_size());
+}
+
+void ZeroShards::ReleaseStage(int stage) {
+  for (torch::Tensor& p : layouts_.at(stage).params) {
+    p.set_data(torch::empty({0}, p.options().requires_grad(false)));
+  }
+}
+
+void ZeroShards::FillPlaceholders(int stage) {
+  Layout& layout = layouts_.at(stage);
+  for (size_t i = 0; i < layout.params.size(); ++i) {
+    torch::Tensor& p = layout.params[i];
+    p.set_data(torch::zeros(layout.shapes[i], p.options().requires_grad(false)));
+  }
 }
 
 absl::StatusOr<std::vector<StateSnapshot>> ZeroShards::SnapshotShardFiles(

@@ -1,4 +1,5 @@
-// ZeRO-1 (placement.shard_optimizer) for one rank's stages, with D data-parallel replicas.
+// ZeRO's shards (placement.shard: optimizer, gradients, parameters) of one rank's stages, with D
+// data-parallel replicas.
 //
 // Each stage's parameters, flattened in their order (N elements, one floating dtype), are padded
 // with zeros to P = D * c elements; replica k owns elements [k*c, (k+1)*c): its shard. The
@@ -13,6 +14,14 @@
 // The padding elements have zero gradients and stay zero under SGD and AdamW. Parameters
 // without a gradient in a step count as zero gradient (a plain optimizer would skip them).
 //
+// Level gradients (ZeRO-2): SetShardGradient also frees the stage's full gradients, so between
+// steps a replica holds only the shard's. Level parameters (ZeRO-3): besides, the stage's
+// parameters hold no memory between uses (ReleaseStage: each becomes an empty tensor of its
+// dtype, device and autograd identity); GatherStage all-gathers the shards into one new flat
+// buffer and makes each parameter a view of its part, so the gathered copy is freed when the
+// last view goes (ReleaseStage, and the autograd graphs that saved one). Step 3 is then left
+// out: the next GatherStage spreads the stepped shards. The parameters' shapes are kept here.
+//
 // Checkpoints: every replica writes its shard of each stage as a training-state file
 // "stage-<s>.optimizer-<k>-of-<D>.pt" holding the shard's values and optimizer state under the
 // name "shard" and the stage's parameter names and shapes in order under "shard_layout"
@@ -21,8 +30,9 @@
 // holds — D' shard files, or a plain stage-<s>.pt's per-parameter state — and installs it for
 // this task: into its shard for any replica count, or per parameter without sharding.
 //
-// Not thread-safe: the task's thread, except FlatGradients and SetShardGradient, which the
-// communication thread calls for a stage the task's thread no longer touches in that step.
+// Not thread-safe: the task's thread, except FlatGradients, SetShardGradient and GatherStage,
+// which the communication thread calls for a stage the task's thread does not touch meanwhile.
+// Stages are independent: calls for different stages may run on different threads at once.
 #pragma once
 
 #include <torch/optim/optimizer.h>
@@ -53,7 +63,8 @@ class ZeroShards {
   // `replicas`, initialised from the parameters. INVALID_ARGUMENT when a stage's parameters are
   // not all of one floating dtype.
   static absl::StatusOr<std::unique_ptr<ZeroShards>> Create(
-      const std::map<int, model::StageModel*>& stages, int replica, int replicas);
+      const std::map<int, model::StageModel*>& stages, int replica, int replicas,
+      spec::ShardLevel level = spec::ShardLevel::kOptimizer);
 
   // The tensors the optimizer steps, one per stage in stage order.
   std::vector<torch::Tensor> ShardParameters() const;
@@ -63,6 +74,9 @@ class ZeroShards {
   int64_t stage_numel(int stage) const { return layouts_.at(stage).numel; }
   int replica() const { return replica_; }
   int replicas() const { return replicas_; }
+  spec::ShardLevel level() const { return level_; }
+  // The stages that have parameters, in order.
+  std::vector<int> stages() const;
 
   // Copies the parameters into the shards (after a restore changed them).
   void LoadShards();
@@ -70,10 +84,22 @@ class ZeroShards {
   void ClearStageGradients();
   // Stage `stage`'s gradients, flattened and padded to D * c elements, on `device`.
   torch::Tensor FlatGradients(int stage, torch::Device device) const;
-  // The reduce-scattered gradient of the shard (c elements).
+  // The reduce-scattered gradient of the shard (c elements); from level gradients on, the
+  // stage's parameters' gradients are freed.
   void SetShardGradient(int stage, const torch::Tensor& grad);
   // All-gathers every stage's shards into its parameters. The group's errors, naming the stage.
   absl::Status GatherParameters(collectives::Collectives& group, absl::Duration timeout);
+
+  // Level parameters. All-gathers stage `stage`'s shards into a new flat buffer (D * c
+  // elements, on the shards' device) and makes the parameters views of it; the group's errors,
+  // naming the stage. Payload bytes of that buffer: gathered_bytes.
+  absl::Status GatherStage(int stage, collectives::Collectives& group, absl::Duration timeout);
+  int64_t gathered_bytes(int stage) const;
+  // Makes the stage's parameters empty (the gathered copy goes once nothing else holds it).
+  void ReleaseStage(int stage);
+  // Gives the stage's parameters zeros of their shapes (a probe of the stage's output shapes
+  // needs their shapes, not their values); ReleaseStage takes them back.
+  void FillPlaceholders(int stage);
 
   // This replica's shard file of every stage after `global_step` steps, copied for writing
   // (checkpoint.h's WriteSnapshot): the shard's values, its state in `optimizer`, the layout.
@@ -83,15 +109,22 @@ class ZeroShards {
  private:
   struct Layout {
     std::vector<torch::Tensor> params;
-    std::vector<std::string> names;  // the parameters' names, in order
+    std::vector<std::string> names;              // the parameters' names, in order
+    std::vector<std::vector<int64_t>> shapes;    // their shapes (level parameters empties them)
     int64_t numel = 0;
     torch::Tensor shard;  // leaf, c elements, the parameters' dtype and device
   };
-  ZeroShards(int replica, int replicas) : replica_(replica), replicas_(replicas) {}
+  ZeroShards(int replica, int replicas, spec::ShardLevel level)
+      : replica_(replica), replicas_(replicas), level_(level) {}
   static ShardLayout LayoutOf(const Layout& layout);
+  // All-gathers the stage's shards: D * c elements on the group's memory (device memory for a
+  // device-memory group, else the CPU).
+  absl::StatusOr<torch::Tensor> AllGatherShards(int stage, collectives::Collectives& group,
+                                                absl::Duration timeout);
 
   const int replica_;
   const int replicas_;
+  const spec::ShardLevel level_;
   std::map<int, Layout> layouts_;
 };
 

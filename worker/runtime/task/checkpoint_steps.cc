@@ -30,12 +30,14 @@ absl::Duration StallFromEnvironment() {
 CheckpointSteps::CheckpointSteps(CheckpointStepsOptions options,
                                  const std::map<int, model::StageModel*>& stages,
                                  const torch::optim::Optimizer* optimizer,
-                                 const StepReports* reports, const ZeroShards* shards)
+                                 const StepReports* reports, const ZeroShards* shards,
+                                 ParameterGathering* gathering)
     : options_(std::move(options)),
       stages_(stages),
       optimizer_(optimizer),
       reports_(reports),
       shards_(shards),
+      gathering_(gathering),
       stall_(StallFromEnvironment()),
       background_(absl::StrCat("rank ", options_.rank, "'s asynchronous checkpoint"),
                   options_.write_timeout) {}
@@ -122,9 +124,19 @@ absl::Status CheckpointSteps::AfterStep(int64_t global_steps, bool requested,
                                         v1::ReportStepRequest* report) {
   const bool every = options_.every_steps > 0 && global_steps % options_.every_steps == 0;
   if (dir_.empty() || !(requested || every)) return absl::OkStatus();
-  if (options_.digests) AddDigests(report);
-  if (!(writer_ || shards_ != nullptr)) return absl::OkStatus();
-  return Write(global_steps, report, options_.async);
+  return WithWholeParameters([&]() -> absl::Status {
+    if (options_.digests) AddDigests(report);
+    if (!(writer_ || shards_ != nullptr)) return absl::OkStatus();
+    return Write(global_steps, report, options_.async);
+  });
+}
+
+absl::Status CheckpointSteps::WithWholeParameters(const std::function<absl::Status()>& write) {
+  if (gathering_ == nullptr) return write();
+  RETURN_IF_ERROR(gathering_->GatherAll());
+  const absl::Status written = write();
+  gathering_->ReleaseAll();
+  return written;
 }
 
 absl::Status CheckpointSteps::AtHold(int64_t global_steps, int64_t task_step) {
@@ -136,7 +148,8 @@ absl::Status CheckpointSteps::AtHold(int64_t global_steps, int64_t task_step) {
   RETURN_IF_ERROR(background_.Drain());
   if (!(writer_ || shards_ != nullptr) || last_ == global_steps) return absl::OkStatus();
   v1::ReportStepRequest report = reports_->CheckpointOnly(task_step, global_steps);
-  RETURN_IF_ERROR(Write(global_steps, &report, /*async=*/false));
+  RETURN_IF_ERROR(WithWholeParameters(
+      [&]() -> absl::Status { return Write(global_steps, &report, /*async=*/false); }));
   reports_->Send(report);
   return absl::OkStatus();
 }

@@ -32,6 +32,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -42,8 +43,9 @@
 #include "worker/model/stage_model.h"
 #include "worker/runtime/checkpoint/background_writer.h"
 #include "worker/runtime/checkpoint/checkpoint.h"
+#include "worker/runtime/sharding/parameter_gathering.h"
+#include "worker/runtime/sharding/zero_shards.h"
 #include "worker/runtime/task/step_reports.h"
-#include "worker/runtime/training/zero_shards.h"
 
 namespace stagecoach::runtime {
 
@@ -73,10 +75,12 @@ struct CheckpointStepsOptions {
 
 class CheckpointSteps {
  public:
-  // `shards`: the task's ZeRO-1 shards (every replica writes its shard files), or null.
+  // `shards`: the task's ZeRO shards (every replica writes its shard files), or null.
+  // `gathering` (placement.shard: parameters): the stages' parameters are gathered for each
+  // checkpoint (its files and digests) and released after it, on every replica; or null.
   CheckpointSteps(CheckpointStepsOptions options, const std::map<int, model::StageModel*>& stages,
                   const torch::optim::Optimizer* optimizer, const StepReports* reports,
-                  const ZeroShards* shards = nullptr);
+                  const ZeroShards* shards = nullptr, ParameterGathering* gathering = nullptr);
 
   // After a counted step that brought the timeline to `global_steps` steps (`requested`: one of
   // the requested checkpoint steps): writes the checkpoint when due and lists its files in
@@ -112,6 +116,9 @@ class CheckpointSteps {
 
   // The digests of the stages' parameters, into `report`.
   void AddDigests(v1::ReportStepRequest* report) const;
+  // Runs `write` with every stage's parameters whole (gathered first with gathering_, released
+  // after); the gather's error, else write's.
+  absl::Status WithWholeParameters(const std::function<absl::Status()>& write);
 
   // options_.omitted's entry for `stage`, or "".
   std::string Omitted(int stage) const {
@@ -126,6 +133,7 @@ class CheckpointSteps {
   const torch::optim::Optimizer* optimizer_;
   const StepReports* reports_;
   const ZeroShards* shards_;
+  ParameterGathering* const gathering_;
   // The global step of the latest checkpoint this task wrote.
   int64_t last_ = -1;
   // STAGECOACH_FAULT_CHECKPOINT_STALL_MS.

@@ -12,6 +12,7 @@
 #include "common/util/logging.h"
 #include "common/util/status_macros.h"
 #include "worker/runtime/data/document_rows.h"
+#include "worker/runtime/sharding/held_memory.h"
 
 namespace stagecoach::runtime {
 namespace {
@@ -73,6 +74,7 @@ DataSteps::DataSteps(const StepEnv& env) : env_(env), stall_(StepStallFromEnviro
   if (setup.device.is_cpu()) options_.memory_counter = env.memory_counter;
   options_.progress = env.progress;
   options_.debug_slow_factor = env.debug_slow_factor;
+  options_.sharding = env.gathering;
   if (env.reducer != nullptr) {
     options_.on_gradients_ready = [reducer = env.reducer](int stage) {
       reducer->StageReady(stage);
@@ -236,6 +238,7 @@ absl::StatusOr<bool> DataSteps::RunPasses(const std::vector<Pass>& passes, bool 
   if (setup.shards != nullptr) setup.shards->ClearStageGradients();
   if (env_.rollback != nullptr) env_.rollback->Take();
   if (env_.reducer != nullptr) env_.reducer->BeginStep(mark.start, several);
+  if (env_.gathering != nullptr) env_.gathering->BeginStep(mark.start);
   StepResult result;
   for (size_t i = 0; i < passes.size(); ++i) {
     // Each slice from the step's start, with its own shapes (the last slices may hold a row
@@ -283,11 +286,17 @@ absl::StatusOr<bool> DataSteps::RunPasses(const std::vector<Pass>& passes, bool 
   v1::ReportStepRequest report =
       env_.reports->Step(result, mark, step, global_step + 1, pipeline_end);
   if (reduction.has_value()) StepReports::AddReduction(*reduction, mark, &report);
+  if (env_.gathering != nullptr) {
+    StepReports::AddGathers(env_.gathering->Report(), mark, &report);
+  }
   if (decision.has_value()) StepReports::AddRecipe(*decision, &report);
   if (evaluator_ != nullptr && evaluator_->DueAfter(global_step)) {
     Mark(v1::RANK_PHASE_EVAL);
     if (env_.membership != nullptr) evaluator_->SetSlices(env_.membership->slices());
+    // Evaluation's forwards need whole parameters; every replica evaluates at this step.
+    if (env_.gathering != nullptr) RETURN_IF_ERROR(env_.gathering->GatherAll());
     ASSIGN_OR_RETURN(const Evaluator::Losses eval, evaluator_->Run());
+    if (env_.gathering != nullptr) env_.gathering->ReleaseAll();
     report.set_evaluated(true);
     for (double loss : eval.losses) report.add_eval_microbatch_losses(loss);
     for (int64_t tokens : eval.tokens) report.add_eval_microbatch_tokens(tokens);
@@ -314,6 +323,11 @@ absl::StatusOr<bool> DataSteps::RunPasses(const std::vector<Pass>& passes, bool 
   const StepGate::StepEnd end = env_.gate->EndCountedStep();
   Mark(v1::RANK_PHASE_CHECKPOINT);
   RETURN_IF_ERROR(env_.checkpoints->AfterStep(end.steps_done, end.checkpoint_requested, &report));
+  if (env_.memory_counter != nullptr && setup.device.is_cpu()) {
+    const HeldMemory held = MeasureHeldMemory(setup.stages->by_index, setup.shards.get());
+    report.set_held_parameter_bytes(held.parameter_bytes);
+    report.set_held_gradient_bytes(held.gradient_bytes);
+  }
   env_.reports->Send(report);
   if (env_.snapshots != nullptr) RETURN_IF_ERROR(env_.snapshots->AfterStep(end.steps_done));
   if (env_.progress != nullptr) {

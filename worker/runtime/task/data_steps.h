@@ -21,7 +21,9 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "stagecoach/v1/types.pb.h"
+#include "worker/runtime/data/training_data.h"
 #include "worker/runtime/executor/pipeline_executor.h"
+#include "worker/runtime/sharding/parameter_gathering.h"
 #include "worker/runtime/snapshot/snapshot_steps.h"
 #include "worker/runtime/task/checkpoint_steps.h"
 #include "worker/runtime/task/evaluation.h"
@@ -33,7 +35,6 @@
 #include "worker/runtime/training/step_recipe.h"
 #include "worker/runtime/training/step_rollback.h"
 #include "worker/runtime/training/tied_parameters.h"
-#include "worker/runtime/data/training_data.h"
 
 namespace stagecoach::runtime {
 
@@ -70,6 +71,9 @@ struct StepEnv {
   ProgressBeacon* progress = nullptr;
   // ExecutorOptions::debug_slow_factor (the worker's --debug-slow-actions).
   double debug_slow_factor = 1.0;
+  // With placement.shard: parameters and replicas: what UNSHARD and RESHARD do; the
+  // checkpoints and evaluations gather every stage around them. Else null.
+  ParameterGathering* gathering = nullptr;
 };
 
 // The shapes and dtypes of stage 0's microbatches, for PipelineExecutor::AgreeShapes (empty on

@@ -36,9 +36,9 @@ v1::ReportStepRequest StepReports::Header(int64_t step, int64_t global_step) con
   return report;
 }
 
-v1::ReportStepRequest StepReports::Step(const StepResult& result, const StepMark& mark,
-                                        int64_t step, int64_t global_step,
-                                        std::optional<transport::TransferStats> pipeline_end) const {
+v1::ReportStepRequest StepReports::Step(
+    const StepResult& result, const StepMark& mark, int64_t step, int64_t global_step,
+    std::optional<transport::TransferStats> pipeline_end) const {
   const transport::TransferStats after = pipeline_end.value_or(transport_->stats());
   v1::ReportStepRequest report = Header(step, global_step);
   for (double l : result.microbatch_losses) report.add_microbatch_losses(l);
@@ -87,6 +87,21 @@ void StepReports::AddReduction(const ReductionReport& reduction, const StepMark&
     bucket->set_bytes(b.bytes);
     *bucket->mutable_start() = rpc::ToProtoDuration(b.start - shift);
     *bucket->mutable_end() = rpc::ToProtoDuration(b.end - shift);
+  }
+}
+
+void StepReports::AddGathers(const GatherReport& gathers, const StepMark& mark,
+                             v1::ReportStepRequest* report) {
+  v1::GradientReduction* out = report->mutable_reduction();
+  *out->mutable_gather_waited() = rpc::ToProtoDuration(gathers.waited);
+  out->set_gather_hidden_ratio(gathers.hidden_ratio);
+  const absl::Duration shift = rpc::FromProtoTimestamp(report->step_start_time()) - mark.start;
+  for (const GatherTiming& g : gathers.gathers) {
+    v1::ReductionBucket* gather = out->add_gathers();
+    gather->set_stage(g.stage);
+    gather->set_bytes(g.bytes);
+    *gather->mutable_start() = rpc::ToProtoDuration(g.start - shift);
+    *gather->mutable_end() = rpc::ToProtoDuration(g.end - shift);
   }
 }
 

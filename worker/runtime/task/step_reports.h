@@ -15,6 +15,7 @@
 #include "stagecoach/v1/coordinator.pb.h"
 #include "stagecoach/v1/types.pb.h"
 #include "worker/runtime/executor/pipeline_executor.h"
+#include "worker/runtime/sharding/parameter_gathering.h"
 #include "worker/runtime/task/task_runner.h"
 #include "worker/runtime/training/gradient_reduction.h"
 #include "worker/runtime/training/step_recipe.h"
@@ -54,6 +55,10 @@ class StepReports {
   // its report, with bucket times moved to the report's step start.
   static void AddReduction(const ReductionReport& reduction, const StepMark& mark,
                            v1::ReportStepRequest* report);
+  // Adds a step's all-gathers of sharded parameters (placement.shard: parameters) to its
+  // report's reduction, times moved as AddReduction's.
+  static void AddGathers(const GatherReport& gathers, const StepMark& mark,
+                         v1::ReportStepRequest* report);
 
   // A checkpoint_only report (a checkpoint written while holding at `global_step`).
   v1::ReportStepRequest CheckpointOnly(int64_t step, int64_t global_step) const;

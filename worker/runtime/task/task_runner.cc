@@ -156,9 +156,8 @@ absl::StatusOr<v1::DecodeResponse> TaskRunner::Decode(const v1::DecodeRequest& r
   const std::string who =
       absl::StrCat(task_.job_id(), " attempt ", task_.attempt(), " rank ", task_.rank());
   if (request.job_id() != task_.job_id() || request.attempt() != task_.attempt()) {
-    return absl::FailedPreconditionError(absl::StrCat("this task is ", who, ", not ",
-                                                      request.job_id(), " attempt ",
-                                                      request.attempt()));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this task is ", who, ", not ", request.job_id(), " attempt ", request.attempt()));
   }
   v1::DecodeResponse response;
   if (request.end_session()) {
@@ -174,28 +173,28 @@ absl::StatusOr<v1::DecodeResponse> TaskRunner::Decode(const v1::DecodeRequest& r
   step.starts.assign(request.starts().begin(), request.starts().end());
   step.last_position_only = request.last_position_only();
   ASSIGN_OR_RETURN(step.inputs, FromTensorData(request.inputs(), "inputs"));
-  const std::string what = absl::StrCat("decoding step of session ", request.session(),
-                                        " on stage ", request.stage());
+  const std::string what =
+      absl::StrCat("decoding step of session ", request.session(), " on stage ", request.stage());
   RETURN_IF_ERROR(gate_.RunHeld(
-             [&]() -> absl::Status {
-               std::shared_ptr<TaskStages> stages;
-               {
-                 absl::MutexLock lock(&mu_);
-                 stages = held_stages_;
-               }
-               if (stages == nullptr || !stages->Owns(request.stage())) {
-                 return absl::FailedPreconditionError(absl::StrCat(
-                     who, " does not run stage ", request.stage(),
-                     stages == nullptr ? " (it has no stages: set-up or its end)" : ""));
-               }
-               ASSIGN_OR_RETURN(DecodeStepResult result,
-                                decode_sessions_->Run(step, *stages->by_index.at(request.stage()),
-                                                      stages->precision, stages->device));
-               ASSIGN_OR_RETURN(*response.mutable_outputs(), ToTensorData(result.outputs));
-               response.set_cache_bytes(result.cache_bytes);
-               return absl::OkStatus();
-             },
-             what));
+      [&]() -> absl::Status {
+        std::shared_ptr<TaskStages> stages;
+        {
+          absl::MutexLock lock(&mu_);
+          stages = held_stages_;
+        }
+        if (stages == nullptr || !stages->Owns(request.stage())) {
+          return absl::FailedPreconditionError(
+              absl::StrCat(who, " does not run stage ", request.stage(),
+                           stages == nullptr ? " (it has no stages: set-up or its end)" : ""));
+        }
+        ASSIGN_OR_RETURN(DecodeStepResult result,
+                         decode_sessions_->Run(step, *stages->by_index.at(request.stage()),
+                                               stages->precision, stages->device));
+        ASSIGN_OR_RETURN(*response.mutable_outputs(), ToTensorData(result.outputs));
+        response.set_cache_bytes(result.cache_bytes);
+        return absl::OkStatus();
+      },
+      what));
   return response;
 }
 
@@ -325,8 +324,7 @@ absl::Status TaskRunner::ConnectSnapshots(TaskSetup& setup) {
         task_.job_id(), " rank ", task_.rank(), ": this worker keeps no in-memory snapshots"));
   }
   // What an earlier attempt left after this one's start is not this attempt's state.
-  deps_.snapshot_store->DropAfter(task_.job_id(),
-                                  task_.has_resume() ? task_.resume().step() : 0);
+  deps_.snapshot_store->DropAfter(task_.job_id(), task_.has_resume() ? task_.resume().step() : 0);
   const absl::Duration timeout = rpc::FromProtoDuration(task_.comm_timeout());
   if (task_.world_size() > 1) {
     TransportRequest request;
@@ -458,7 +456,7 @@ absl::Status TaskRunner::RunOnDataPlane(TaskSetup& setup, transport::Transport& 
   checkpoint_options.hf_part_bytes = checkpoint::kHfShardBytes;
   checkpoint_options.async = setup.spec.training.checkpoint.async;
   CheckpointSteps checkpoints(checkpoint_options, setup.stages->by_index, setup.optimizer.get(),
-                              &reports, setup.shards.get());
+                              &reports, setup.shards.get(), parts->gathering.get());
   std::unique_ptr<StepRollback> rollback;
   std::unique_ptr<ReplicaMembership> membership;
   if (task_.settle_steps() && parts->reducer != nullptr) {
@@ -502,7 +500,8 @@ absl::Status TaskRunner::RunOnDataPlane(TaskSetup& setup, transport::Transport& 
                     membership.get(),
                     rollback.get(),
                     &progress_,
-                    deps_.debug_slow_factor};
+                    deps_.debug_slow_factor,
+                    parts->gathering.get()};
   absl::StatusOr<std::unique_ptr<DataSteps>> data = DataSteps::Create(env);
   if (!data.ok()) return AbortDataPlane(transport, group, data.status());
   if (task_.has_join() && membership != nullptr) {

@@ -15,10 +15,10 @@
 #include "worker/model/builtin_stage.h"
 #include "worker/runtime/checkpoint/checkpoint.h"
 #include "worker/runtime/device/device.h"
+#include "worker/runtime/sharding/zero_shards.h"
 #include "worker/runtime/task/client_steps.h"
 #include "worker/runtime/training/resume_by_name.h"
 #include "worker/runtime/training/tied_parameters.h"
-#include "worker/runtime/training/zero_shards.h"
 
 namespace stagecoach::runtime {
 namespace {
@@ -53,8 +53,7 @@ absl::Status BuildTorchScriptStages(const v1::TaskAssignment& task, const spec::
                    Resolve(deps, "model.torchscript", *spec.model.torchscript));
   // The planned layers name the nested modules whose calls the plan opened.
   const std::vector<std::string> planned(task.layer_names().begin(), task.layer_names().end());
-  ASSIGN_OR_RETURN(out.script,
-                   model::TorchScriptModel::Load(path, "model.torchscript", planned));
+  ASSIGN_OR_RETURN(out.script, model::TorchScriptModel::Load(path, "model.torchscript", planned));
   std::vector<std::string> names;
   for (const model::ModelLayer& layer : out.script->layers()) names.push_back(layer.name);
   if (!planned.empty() && planned != names) {
@@ -232,10 +231,10 @@ absl::StatusOr<TaskSetup> SetUpTask(const v1::TaskAssignment& task, const TaskRu
   setup.skips = SkipPairs(setup.stages->wiring);
   std::vector<torch::Tensor> parameters;
   const ReplicaShare share = ShareOf(task);
-  if (setup.spec.placement.shard_optimizer && share.replicas > 1 && !setup.forward_only) {
-    // ZeRO-1: the optimizer steps this replica's shards of the stages' flat parameters.
-    ASSIGN_OR_RETURN(setup.shards,
-                     ZeroShards::Create(setup.stages->by_index, share.replica, share.replicas));
+  if (setup.spec.placement.shards() && share.replicas > 1 && !setup.forward_only) {
+    // ZeRO: the optimizer steps this replica's shards of the stages' flat parameters.
+    ASSIGN_OR_RETURN(setup.shards, ZeroShards::Create(setup.stages->by_index, share.replica,
+                                                      share.replicas, setup.spec.placement.shard));
     parameters = setup.shards->ShardParameters();
   } else {
     for (auto& [s, stage] : setup.stages->by_index) {

@@ -27,11 +27,11 @@
 #include "worker/model/stage_model.h"
 #include "worker/model/torchscript_model.h"
 #include "worker/runtime/checkpoint/state_file.h"
+#include "worker/runtime/data/training_data.h"
 #include "worker/runtime/executor/message_tags.h"
 #include "worker/runtime/executor/training_setup.h"
+#include "worker/runtime/sharding/zero_shards.h"
 #include "worker/runtime/task/task_runner.h"
-#include "worker/runtime/data/training_data.h"
-#include "worker/runtime/training/zero_shards.h"
 
 namespace stagecoach::runtime {
 
@@ -65,8 +65,8 @@ struct TaskSetup {
   std::shared_ptr<TaskStages> stages;
   // Producer -> consumer stage pairs that are not adjacent (skip connections).
   std::vector<SkipPair> skips;
-  // With placement.shard_optimizer and replicas (ZeRO-1): the shards the optimizer steps
-  // instead of the stages' parameters; else null.
+  // With placement.shard and replicas (ZeRO 1 to 3): the shards the optimizer steps instead of
+  // the stages' parameters; else null.
   std::unique_ptr<ZeroShards> shards;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   // Global steps done when the task starts: the resumed checkpoint's step, else 0.

@@ -22,14 +22,19 @@ absl::StatusOr<TrainingParts> MakeTrainingParts(const v1::TaskAssignment& task,
     parts.comm = std::make_unique<WorkQueue>(1);
     parts.reducer =
         std::make_unique<GradientReducer>(options, group, setup.stages->by_index, parts.comm.get());
+    if (group != nullptr && setup.shards != nullptr &&
+        setup.shards->level() == spec::ShardLevel::kParameters) {
+      // From here on the stages' parameters are released until their first UNSHARD.
+      parts.gathering = std::make_unique<ParameterGathering>(setup.shards.get(), group,
+                                                             parts.comm.get(), timeout);
+    }
   }
   if (setup.forward_only) return parts;
   if (const std::optional<TiedPair> pair = TiedPairOf(setup.spec, task.num_stages())) {
     const std::vector<int> stage_to_rank(task.stage_to_rank().begin(), task.stage_to_rank().end());
-    ASSIGN_OR_RETURN(parts.tied,
-                     TiedGradients::Create(*pair, stage_to_rank, task.rank(),
-                                           setup.stages->by_index, &transport, setup.device,
-                                           timeout));
+    ASSIGN_OR_RETURN(
+        parts.tied, TiedGradients::Create(*pair, stage_to_rank, task.rank(), setup.stages->by_index,
+                                          &transport, setup.device, timeout));
   }
   StepRecipeOptions options;
   options.training = setup.spec.training;

@@ -4,7 +4,8 @@
 // training recipe (learning rate, global norm, clipping, skipping) with its job-wide reduction.
 // DataSteps::RunCounted uses them in that order.
 //
-// Members are destroyed in reverse order: the reducer before its communication thread.
+// Members are destroyed in reverse order: the reducer and the gathering before their
+// communication thread.
 #pragma once
 
 #include <memory>
@@ -13,6 +14,7 @@
 #include "common/util/work_queue.h"
 #include "stagecoach/v1/types.pb.h"
 #include "worker/collectives/collectives.h"
+#include "worker/runtime/sharding/parameter_gathering.h"
 #include "worker/runtime/task/task_setup.h"
 #include "worker/runtime/training/gradient_reduction.h"
 #include "worker/runtime/training/job_reduction.h"
@@ -26,6 +28,9 @@ struct TrainingParts {
   // With replicas (`group` given): the reduction of the rank's stages' gradients.
   std::unique_ptr<WorkQueue> comm;
   std::unique_ptr<GradientReducer> reducer;
+  // placement.shard: parameters with replicas: the stages' parameters gathered at UNSHARD and
+  // released at RESHARD, on the reducer's communication thread. Null otherwise.
+  std::unique_ptr<ParameterGathering> gathering;
   // Training tasks: the job reduction on the pipeline's transport, the tied copies' sum (when
   // this rank holds one), the recipe. Null for forward-only tasks.
   std::unique_ptr<JobReduction> job_reduction;

@@ -176,7 +176,10 @@ absl::Status GradientReducer::ReduceScatterStage(int stage) {
 }
 
 absl::Status GradientReducer::GatherParameters(ReductionReport& report) {
-  if (options_.shards == nullptr) return absl::OkStatus();
+  // Sharded parameters are gathered at their next UNSHARD instead (parameter_gathering.h).
+  if (options_.shards == nullptr || options_.shards->level() == spec::ShardLevel::kParameters) {
+    return absl::OkStatus();
+  }
   const collectives::CollectiveStats before = group_->stats();
   absl::Status gathered = options_.shards->GatherParameters(*group_, options_.timeout);
   if (!gathered.ok()) {

@@ -38,7 +38,7 @@
 #include "common/util/executor.h"
 #include "worker/collectives/collectives.h"
 #include "worker/model/stage_model.h"
-#include "worker/runtime/training/zero_shards.h"
+#include "worker/runtime/sharding/zero_shards.h"
 
 namespace stagecoach::runtime {
 
@@ -49,9 +49,10 @@ struct GradientReductionOptions {
   int64_t bucket_bytes = int64_t{4} << 20;
   // Bound on each collective call and on Finish's wait.
   absl::Duration timeout = absl::Seconds(60);
-  // ZeRO-1 (placement.shard_optimizer): each stage's gradients are reduce-scattered into its
-  // shard (one call per stage) instead of all-reduced in buckets, and GatherParameters spreads
-  // the stepped shards; null without sharding. Must outlive the reducer.
+  // placement.shard: each stage's gradients are reduce-scattered into its shard (one call per
+  // stage) instead of all-reduced in buckets (from level gradients on, the full gradients are
+  // freed then), and GatherParameters spreads the stepped shards (levels optimizer and
+  // gradients); null without sharding. Must outlive the reducer.
   ZeroShards* shards = nullptr;
 };
 
@@ -105,8 +106,9 @@ class GradientReducer {
   absl::StatusOr<ReductionReport> Finish();
 
   // With shards, after the optimizer stepped them: all-gathers the stages' parameters
-  // (ZeroShards::GatherParameters) on the calling thread, adding its bytes to `report`. The
-  // group's errors (the group is then aborted).
+  // (ZeroShards::GatherParameters) on the calling thread, adding its bytes to `report`; nothing
+  // at level parameters (the next UNSHARD gathers them). The group's errors (the group is then
+  // aborted).
   absl::Status GatherParameters(ReductionReport& report);
 
   // After the step: every stage's buffers become replica 0's on every replica

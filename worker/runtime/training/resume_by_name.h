@@ -16,8 +16,8 @@
 #include "stagecoach/v1/types.pb.h"
 #include "worker/model/stage_model.h"
 #include "worker/runtime/checkpoint/state_file.h"
+#include "worker/runtime/sharding/zero_shards.h"
 #include "worker/runtime/training/tied_parameters.h"
-#include "worker/runtime/training/zero_shards.h"
 
 namespace stagecoach::runtime {
 

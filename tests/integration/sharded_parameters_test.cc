@@ -1,0 +1,245 @@
+// ZeRO's shards below the task, on real collectives (the ring over Gloo, two replicas as
+// threads): ZeroShards at levels gradients and parameters, and ParameterGathering as the
+// executor drives it through UNSHARD and RESHARD. What the stage holds is read from the
+// counting allocator (sharding/held_memory.h), not computed from shapes.
+#include <torch/torch.h>
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/spec/job_spec.h"
+#include "common/util/work_queue.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/collectives/ring/factory.h"
+#include "worker/model/mlp.h"
+#include "worker/runtime/device/counting_allocator.h"
+#include "worker/runtime/sharding/held_memory.h"
+#include "worker/runtime/sharding/parameter_gathering.h"
+#include "worker/runtime/sharding/zero_shards.h"
+#include "worker/transport/gloo/factory.h"
+#include "worker/transport/in_memory_store.h"
+
+namespace stagecoach::runtime::sharded_parameters_test {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kReplicas = 2;
+// 6x10 + 10 + 10x3 + 3 = 103 parameters: an odd count, so the shards hold c = 52 elements and
+// the last replica's ends in one element of padding.
+constexpr int64_t kParameters = 103;
+constexpr int64_t kShard = 52;
+constexpr int64_t kFloat = 4;
+
+spec::BuiltinModel Mlp() {
+  spec::BuiltinModel m;
+  m.family = "mlp";
+  m.sizes = {6, 10, 3};
+  m.seed = 5;
+  return m;
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<collectives::Collectives>>> RingGroup() {
+  static std::atomic<int> groups{0};
+  const std::string prefix = absl::StrCat("sharded", groups++, "/");
+  transport::InMemoryStore store;
+  std::vector<absl::StatusOr<std::unique_ptr<collectives::Collectives>>> made(kReplicas);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kReplicas; ++rank) {
+    threads.emplace_back([&, rank] {
+      transport::GlooOptions options;
+      options.rank = rank;
+      options.world_size = kReplicas;
+      options.key_prefix = prefix;
+      options.connect_timeout = absl::Seconds(20);
+      auto t = transport::CreateGlooTransport(options, &store);
+      made[rank] = t.ok() ? collectives::CreateRingCollectives(*std::move(t))
+                          : absl::StatusOr<std::unique_ptr<collectives::Collectives>>(t.status());
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  std::vector<std::unique_ptr<collectives::Collectives>> group;
+  for (auto& m : made) {
+    if (!m.ok()) return m.status();
+    group.push_back(*std::move(m));
+  }
+  return group;
+}
+
+// One replica's stage (the whole MLP) and its shards.
+struct Replica {
+  std::unique_ptr<model::StageModel> stage;
+  std::map<int, model::StageModel*> stages;
+  std::unique_ptr<ZeroShards> shards;
+};
+
+class ShardedParametersTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CountingCpuAllocator::Install();  // before the stages are built, so their memory counts
+  }
+
+  // Both replicas' stages at `level`; the parameters as built, by name, in `whole`.
+  void Build(spec::ShardLevel level, std::map<std::string, torch::Tensor>* whole = nullptr) {
+    for (int k = 0; k < kReplicas; ++k) {
+      auto stage = model::BuildMlpStage(Mlp(), 0, 2);
+      ASSERT_TRUE(stage.ok()) << stage.status();
+      replicas_[k].stage = *std::move(stage);
+      replicas_[k].stages = {{0, replicas_[k].stage.get()}};
+      auto shards = ZeroShards::Create(replicas_[k].stages, k, kReplicas, level);
+      ASSERT_TRUE(shards.ok()) << shards.status();
+      replicas_[k].shards = *std::move(shards);
+    }
+    if (whole != nullptr) {
+      for (const auto& [name, p] : replicas_[0].stage->NamedParameters()) {
+        (*whole)[name] = p.detach().clone();
+      }
+    }
+  }
+
+  // Runs fn(k) for both replicas at once (their collectives meet).
+  static void OnBothReplicas(const std::function<void(int)>& fn) {
+    std::vector<std::thread> threads;
+    for (int k = 0; k < kReplicas; ++k) threads.emplace_back(fn, k);
+    for (std::thread& t : threads) t.join();
+  }
+
+  HeldMemory Held(int k) const {
+    return MeasureHeldMemory(replicas_[k].stages, replicas_[k].shards.get());
+  }
+
+  Replica replicas_[kReplicas];
+};
+
+TEST_F(ShardedParametersTest, UnshardGathersTheWholeParametersAndReshardFreesThem) {
+  std::map<std::string, torch::Tensor> whole;
+  Build(spec::ShardLevel::kParameters, &whole);
+  auto group = RingGroup();
+  ASSERT_TRUE(group.ok()) << group.status();
+  WorkQueue comm[kReplicas] = {WorkQueue(1), WorkQueue(1)};
+  std::unique_ptr<ParameterGathering> gathering[kReplicas];
+  for (int k = 0; k < kReplicas; ++k) {
+    gathering[k] = std::make_unique<ParameterGathering>(
+        replicas_[k].shards.get(), (*group)[k].get(), &comm[k], absl::Seconds(20));
+    // Released at once: the parameters hold nothing, the shard c elements.
+    for (const torch::Tensor& p : replicas_[k].stage->Parameters()) EXPECT_EQ(p.numel(), 0);
+    EXPECT_EQ(Held(k).parameter_bytes, kShard * kFloat) << "replica " << k;
+    EXPECT_EQ(Held(k).gradient_bytes, 0);
+  }
+  absl::Status status[kReplicas];
+  OnBothReplicas([&](int k) {
+    gathering[k]->BeginStep(absl::Now());
+    gathering[k]->Unshard(0);
+    status[k] = gathering[k]->AwaitGathered(0, "test UNSHARD").status();
+  });
+  for (int k = 0; k < kReplicas; ++k) {
+    ASSERT_TRUE(status[k].ok()) << status[k];
+    for (const auto& [name, p] : replicas_[k].stage->NamedParameters()) {
+      EXPECT_TRUE(torch::equal(p, whole.at(name))) << "replica " << k << " " << name;
+    }
+    // The shard and one gathered buffer of both replicas' shards (the padding included).
+    EXPECT_EQ(Held(k).parameter_bytes, (kShard + kReplicas * kShard) * kFloat);
+    const GatherReport report = gathering[k]->Report();
+    ASSERT_EQ(report.gathers.size(), 1u);
+    EXPECT_EQ(report.gathers[0].stage, 0);
+    EXPECT_EQ(report.gathers[0].bytes, kReplicas * kShard * kFloat);
+    EXPECT_GE(report.hidden_ratio, 0.0);
+    EXPECT_LE(report.hidden_ratio, 1.0);
+    ASSERT_TRUE(gathering[k]->Reshard(0, "test RESHARD").ok());
+    for (const torch::Tensor& p : replicas_[k].stage->Parameters()) EXPECT_EQ(p.numel(), 0);
+    EXPECT_EQ(Held(k).parameter_bytes, kShard * kFloat);
+  }
+  // Between steps (a checkpoint, an evaluation): every stage at once, and back.
+  OnBothReplicas([&](int k) { status[k] = gathering[k]->GatherAll(); });
+  for (int k = 0; k < kReplicas; ++k) {
+    ASSERT_TRUE(status[k].ok()) << status[k];
+    for (const auto& [name, p] : replicas_[k].stage->NamedParameters()) {
+      EXPECT_TRUE(torch::equal(p, whole.at(name))) << name;
+    }
+    gathering[k]->ReleaseAll();
+    EXPECT_EQ(Held(k).parameter_bytes, kShard * kFloat);
+  }
+}
+
+TEST_F(ShardedParametersTest, ComputeOnAShardedStageAndAStrayReshardAreRefused) {
+  Build(spec::ShardLevel::kParameters);
+  auto group = RingGroup();
+  ASSERT_TRUE(group.ok()) << group.status();
+  WorkQueue comm(1);
+  ParameterGathering gathering(replicas_[0].shards.get(), (*group)[0].get(), &comm,
+                               absl::Seconds(20));
+  const absl::StatusOr<absl::Duration> waited = gathering.AwaitGathered(0, "rank 0, action 0F0");
+  EXPECT_EQ(waited.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(waited.status().message(),
+            "rank 0, action 0F0: stage 0's parameters are sharded (no UNSHARD since its last "
+            "RESHARD)");
+  const absl::Status reshard = gathering.Reshard(0, "rank 0, action 0RESHARD");
+  EXPECT_EQ(reshard.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(reshard.message(),
+            "rank 0, action 0RESHARD: stage 0's parameters are not gathered (no UNSHARD)");
+  // A stage this rank does not hold has nothing to gather.
+  EXPECT_TRUE(gathering.AwaitGathered(7, "rank 0, action 7F0").ok());
+}
+
+TEST_F(ShardedParametersTest, PlaceholdersGiveTheShapesUntilPutBack) {
+  std::map<std::string, torch::Tensor> whole;
+  Build(spec::ShardLevel::kParameters, &whole);
+  auto group = RingGroup();
+  ASSERT_TRUE(group.ok()) << group.status();
+  WorkQueue comm(1);
+  ParameterGathering gathering(replicas_[0].shards.get(), (*group)[0].get(), &comm,
+                               absl::Seconds(20));
+  const std::function<void()> put_back = gathering.Placeholders(0);
+  for (const auto& [name, p] : replicas_[0].stage->NamedParameters()) {
+    EXPECT_EQ(p.sizes(), whole.at(name).sizes()) << name;
+    EXPECT_EQ(p.abs().sum().item<float>(), 0.0f) << name;
+    EXPECT_TRUE(p.requires_grad()) << name;
+  }
+  put_back();
+  for (const torch::Tensor& p : replicas_[0].stage->Parameters()) EXPECT_EQ(p.numel(), 0);
+}
+
+TEST_F(ShardedParametersTest, ALateReplicaFailsTheGatherWithinTheTimeoutNamingTheAction) {
+  Build(spec::ShardLevel::kParameters);
+  auto group = RingGroup();
+  ASSERT_TRUE(group.ok()) << group.status();
+  WorkQueue comm(1);
+  ParameterGathering gathering(replicas_[0].shards.get(), (*group)[0].get(), &comm,
+                               absl::Milliseconds(500));
+  // Replica 1 never gathers.
+  gathering.Unshard(0);
+  const absl::Time start = absl::Now();
+  const absl::StatusOr<absl::Duration> waited = gathering.AwaitGathered(0, "rank 0, action 0F0");
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  ASSERT_FALSE(waited.ok());
+  EXPECT_THAT(std::string(waited.status().message()), HasSubstr("rank 0, action 0F0: "));
+  EXPECT_THAT(std::string(waited.status().message()), HasSubstr("stage 0"));
+}
+
+TEST_F(ShardedParametersTest, FromLevelGradientsTheReduceScatteredShardFreesTheFullGradients) {
+  for (spec::ShardLevel level : {spec::ShardLevel::kOptimizer, spec::ShardLevel::kGradients}) {
+    SCOPED_TRACE(spec::ShardLevelName(level));
+    Build(level);
+    ZeroShards& shards = *replicas_[0].shards;
+    for (torch::Tensor& p : replicas_[0].stage->Parameters()) {
+      p.mutable_grad() = torch::ones_like(p);
+    }
+    EXPECT_EQ(Held(0).gradient_bytes, kParameters * kFloat);
+    shards.SetShardGradient(0, torch::full({kShard}, 2.0f));
+    const bool freed = level >= spec::ShardLevel::kGradients;
+    for (const torch::Tensor& p : replicas_[0].stage->Parameters()) {
+      EXPECT_EQ(p.grad().defined(), !freed);
+    }
+    EXPECT_EQ(Held(0).gradient_bytes, (freed ? 0 : kParameters * kFloat) + kShard * kFloat);
+  }
+}
+
+}  // namespace
+}  // namespace stagecoach::runtime::sharded_parameters_test

@@ -1,8 +1,11 @@
 #include "common/schedule/chrome_trace.h"
 
 #include <algorithm>
+#include <map>
+#include <set>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -15,7 +18,6 @@ using nlohmann::json;
 
 constexpr int kComputeTid = 0;
 constexpr int kFirstCommTid = 1;
-
 
 const char* Category(ActionType type) {
   switch (type) {
@@ -234,17 +236,20 @@ class TraceBuilder {
   // The extra track's spans (ChromeTraceOptions::spans), with its thread's name on each rank
   // that has one.
   void AddSpans() {
-    constexpr int kSpanTid = 1000;
-    std::vector<bool> named(num_ranks_, false);
+    constexpr int kFirstSpanTid = 1000;
+    std::map<std::string, int> tids;      // track -> its thread
+    std::set<std::pair<int, int>> named;  // (rank, thread)
     for (const TraceSpan& span : options_.spans) {
       if (!HasRank(span.rank)) continue;
-      if (!named[span.rank]) {
-        AddMetadata("thread_name", span.rank, kSpanTid, {{"name", options_.span_track}});
-        AddMetadata("thread_sort_index", span.rank, kSpanTid, {{"sort_index", kSpanTid}});
-        named[span.rank] = true;
+      const std::string& track = span.track.empty() ? options_.span_track : span.track;
+      const int tid =
+          tids.emplace(track, kFirstSpanTid + static_cast<int>(tids.size())).first->second;
+      if (named.insert({span.rank, tid}).second) {
+        AddMetadata("thread_name", span.rank, tid, {{"name", track}});
+        AddMetadata("thread_sort_index", span.rank, tid, {{"sort_index", tid}});
       }
       end_ = std::max(end_, span.end);
-      AddComplete(span.name, "collective", span.rank, kSpanTid, span.start, span.end,
+      AddComplete(span.name, "collective", span.rank, tid, span.start, span.end,
                   {{"bytes", span.bytes}});
     }
   }

@@ -19,6 +19,9 @@ struct TraceSpan {
   double start = 0;
   double end = 0;
   int64_t bytes = 0;
+  // The track it is drawn on; empty: ChromeTraceOptions::span_track. Each track is a thread of
+  // its own (tid 1000, 1001, ... in the order the tracks first appear).
+  std::string track;
 };
 
 // A counter drawn as a track of a rank's process (ph "C"), e.g. the memory model's live bytes.

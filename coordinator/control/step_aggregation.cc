@@ -76,6 +76,11 @@ absl::Status StepAggregator::CheckLocked(const Job& job, const RankSlot& slot,
           absl::StrCat("eval_microbatch_tokens: a negative count ", tokens));
     }
   }
+  if (req.held_parameter_bytes() < 0 || req.held_gradient_bytes() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("held_parameter_bytes / held_gradient_bytes: negative (",
+                     req.held_parameter_bytes(), " / ", req.held_gradient_bytes(), ")"));
+  }
   if (req.action_timings_size() != 0 && req.action_timings_size() != req.executed_actions_size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("action_timings: expected one per executed action (",
@@ -98,7 +103,10 @@ bool StepAggregator::AddLocked(Job& job, RankSlot& slot, const v1::ReportStepReq
   if (req.has_reduction()) {
     slot.reduction_bytes_sent += req.reduction().bytes_sent();
     slot.reduction_hidden_ratio = req.reduction().hidden_ratio();
+    slot.gather_hidden_ratio = req.reduction().gather_hidden_ratio();
   }
+  slot.held_parameter_bytes = req.held_parameter_bytes();
+  slot.held_gradient_bytes = req.held_gradient_bytes();
   slot.executed_actions.assign(req.executed_actions().begin(), req.executed_actions().end());
   const int64_t global = job.attempt_base + req.step();  // the step's number in the timeline
   if (req.action_timings_size() > 0) {
@@ -111,7 +119,8 @@ bool StepAggregator::AddLocked(Job& job, RankSlot& slot, const v1::ReportStepReq
                           {req.action_timings().begin(), req.action_timings().end()},
                           rpc::FromProtoTimestamp(req.step_start_time()),
                           {req.reduction().buckets().begin(), req.reduction().buckets().end()},
-                          req.bubble_ratio()};
+                          req.bubble_ratio(),
+                          {req.reduction().gathers().begin(), req.reduction().gathers().end()}};
     if (job.diagnosis.attempt() == job.attempt) {
       job.diagnosis.stragglers().Add(global, timing.rank,
                                      SampleStep(timing.actions, timing.timings));
@@ -295,12 +304,11 @@ void StepAggregator::CompleteStepLocked(Job& job, int64_t step_index, absl::Time
           job.plan.replicas);
     }
     if (!forward_only) {
-      metrics_->RecipeStep(job.id, step->learning_rate(),
-                           step->has_grad_norm() ? std::optional<double>(step->grad_norm())
-                                                 : std::nullopt,
-                           step->skipped(),
-                           step->has_eval_loss() ? std::optional<double>(step->eval_loss())
-                                                 : std::nullopt);
+      metrics_->RecipeStep(
+          job.id, step->learning_rate(),
+          step->has_grad_norm() ? std::optional<double>(step->grad_norm()) : std::nullopt,
+          step->skipped(),
+          step->has_eval_loss() ? std::optional<double>(step->eval_loss()) : std::nullopt);
     }
     if (computed > 0) {
       metrics_->TokenStep(job.id, step->tokens_per_second(), step->padding_waste());
@@ -406,11 +414,11 @@ void StepAggregator::RecordRecipeLocked(Job& job, const StepAggregate& agg, int6
   }
   const int64_t run = job.training.ConsecutiveSkipped();
   if (run >= job.spec.training.max_skipped_steps && job.step_failure.empty()) {
-    job.step_failure = absl::StrCat(
-        run, " steps in a row (global steps ", global - run + 1, " to ", global,
-        ") were skipped for non-finite gradients, the last on pipeline rank(s) ",
-        absl::StrJoin(agg.nonfinite_ranks, ", "), " (training.max_skipped_steps: ",
-        job.spec.training.max_skipped_steps, ")");
+    job.step_failure =
+        absl::StrCat(run, " steps in a row (global steps ", global - run + 1, " to ", global,
+                     ") were skipped for non-finite gradients, the last on pipeline rank(s) ",
+                     absl::StrJoin(agg.nonfinite_ranks, ", "),
+                     " (training.max_skipped_steps: ", job.spec.training.max_skipped_steps, ")");
   }
 }
 

@@ -196,6 +196,9 @@ void Job::RanksToProto(v1::Job* out, bool actions) const {
     r->set_replica(slot.replica);
     r->set_reduction_bytes_sent(slot.reduction_bytes_sent);
     r->set_reduction_hidden_ratio(slot.reduction_hidden_ratio);
+    r->set_gather_hidden_ratio(slot.gather_hidden_ratio);
+    r->set_held_parameter_bytes(slot.held_parameter_bytes);
+    r->set_held_gradient_bytes(slot.held_gradient_bytes);
     for (const auto& [stage, digest] : slot.parameter_digests) {
       (*r->mutable_parameter_digests())[stage] = digest;
     }

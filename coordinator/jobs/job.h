@@ -96,6 +96,9 @@ struct RankSlot {
   int64_t parameters = 0;                        // held by the rank's worker, as reported
   int64_t reduction_bytes_sent = 0;              // by its data-parallel group, over all steps
   double reduction_hidden_ratio = 0.0;           // of its latest step
+  double gather_hidden_ratio = 0.0;              // of its latest step's all-gathers (ZeRO-3)
+  int64_t held_parameter_bytes = 0;              // after its latest step, measured
+  int64_t held_gradient_bytes = 0;               // after its latest step, measured
   std::map<int, std::string> parameter_digests;  // latest reported, by stage
   bool task_ended = false;                       // ReportTaskEnd received, or the task was stopped
   bool replica_lost = false;  // its replica left the job (it carries on: ReplicaHealth)
@@ -116,8 +119,8 @@ struct StepAggregate {
   // Every microbatch's loss in global microbatch order (replica by replica), once complete.
   std::vector<double> microbatch_losses;
   absl::Duration slowest = absl::ZeroDuration();
-  std::vector<double> bubble_ratios;  // indexed by task (Plan::TaskIndex)
-  std::vector<double> hidden_ratios;  // of the gradient reduction, by task; with replicas
+  std::vector<double> bubble_ratios;           // indexed by task (Plan::TaskIndex)
+  std::vector<double> hidden_ratios;           // of the gradient reduction, by task; with replicas
   std::vector<int64_t> peak_activation_bytes;  // measured, by task; 0 where not measured
   // Parameter digests reported with the step (replicas): stage -> (first replica, digest).
   std::map<int, std::pair<int, std::string>> digests;

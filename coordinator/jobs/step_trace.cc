@@ -177,7 +177,14 @@ absl::StatusOr<std::string> MeasuredStepTrace(const std::vector<RankStepTiming>&
       options.spans.push_back(schedule::TraceSpan{
           r.rank, absl::StrCat("reduce stage ", b.stage()),
           offset + absl::ToDoubleMicroseconds(rpc::FromProtoDuration(b.start())),
-          offset + absl::ToDoubleMicroseconds(rpc::FromProtoDuration(b.end())), b.bytes()});
+          offset + absl::ToDoubleMicroseconds(rpc::FromProtoDuration(b.end())), b.bytes(), ""});
+    }
+    for (const v1::ReductionBucket& g : r.gathers) {
+      options.spans.push_back(schedule::TraceSpan{
+          r.rank, absl::StrCat("gather stage ", g.stage()),
+          offset + absl::ToDoubleMicroseconds(rpc::FromProtoDuration(g.start())),
+          offset + absl::ToDoubleMicroseconds(rpc::FromProtoDuration(g.end())), g.bytes(),
+          "parameter gathering"});
     }
   }
   return schedule::FormatChromeTrace(timeline, messages, options);

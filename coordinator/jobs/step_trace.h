@@ -45,6 +45,9 @@ struct RankStepTiming {
   std::vector<v1::ReductionBucket> reduction;
   // The rank's measured bubble ratio of the step (ReportStepRequest.bubble_ratio).
   double bubble_ratio = 0;
+  // With placement.shard: parameters: the step's all-gathers of stage parameters, drawn on the
+  // rank's "parameter gathering" track.
+  std::vector<v1::ReductionBucket> gathers;
 };
 
 // The Chrome trace JSON of one step from `ranks` (any order; rank r is process r, ranks that

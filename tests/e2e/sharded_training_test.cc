@@ -1,0 +1,237 @@
+// ZeRO's shard levels (placement.shard: none | optimizer | gradients | parameters) across real
+// processes: a coordinator and 2 replicas x 2 workers train an MLP, 1F1B with one stage per rank
+// and ZBVZeroBubble with two, SGD (momentum) and AdamW, and at every level every step's loss and
+// every stage's final parameters equal the single-process reference (tests/support/
+// reference_mlp.h) on the whole batch in replicas x microbatches microbatches, within rtol 1e-5 +
+// atol 1e-6.
+//
+// What each rank holds between steps is measured by its worker's counting allocator (the
+// allocations behind its stages' parameters and gradients and the optimizer's shards of them),
+// per rank with N = its stages' parameters and c = ceil(N_s / 2) summed over its stages s
+// (each stage's shard, padded), in float32 bytes:
+//                 parameters     gradients
+//   none          4N             4N
+//   optimizer     4N + 4c        4N + 4c
+//   gradients     4N + 4c        4c
+//   parameters    4c             4c
+// Bytes sent per step by its data-parallel collectives (the ring: each of 2 replicas sends half
+// a reduce-scattered or all-gathered buffer, and its whole buffer in an all-reduce):
+//   none 4N (all-reduce); optimizer and gradients 4c + 4c (reduce-scatter, all-gather after
+//   the optimizer step); parameters 4c per stage for its reduce-scatter plus 4c for each UNSHARD
+//   of the stage in the rank's list (its all-gather; the checkpoints' gathers are outside steps).
+// A checkpoint resumes across shard levels (parameters -> none -> gradients gives the straight
+// run's losses), and the replicas hold the same bits after every step (the coordinator compares
+// their digests at each step's checkpoint).
+#include <algorithm>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "common/checkpoint/layout.h"
+#include "gtest/gtest.h"
+#include "tests/support/job_predicates.h"
+#include "tests/support/local_cluster.h"
+#include "tests/support/reference_mlp.h"
+#include "tests/support/stage_files.h"
+
+namespace stagecoach::testing::sharded_training_test {
+namespace {
+
+constexpr double kRtol = 1e-5;
+constexpr double kAtol = 1e-6;
+constexpr int64_t kSteps = 3;
+constexpr int kReplicas = 2;
+constexpr int kWorkers = 2;  // per replica
+const char* const kLevels[] = {"none", "optimizer", "gradients", "parameters"};
+
+struct Case {
+  std::string name;
+  std::string schedule;
+  int stages;
+  int microbatches;  // per replica
+  ReferenceConfig ref;
+  std::string unshard;  // placement.unshard with shard: parameters
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+ReferenceConfig Ref(std::vector<int64_t> sizes, int64_t batch, int microbatches,
+                    std::string optimizer, double lr, double momentum, double weight_decay) {
+  return MlpReference(std::move(sizes), 7, 99, batch, microbatches, kSteps, "mse",
+                      std::move(optimizer), lr, momentum, weight_decay);
+}
+
+std::string SpecYaml(const Case& c, const std::string& level, const std::string& ckpt,
+                     const std::string& resume_from = "") {
+  std::string spec = MlpSpecYaml(
+      c.ref, {absl::StrCat(c.name, "-", level), c.schedule, c.stages, kWorkers, c.microbatches},
+      ckpt);
+  std::string placement = absl::StrCat("placement: {workers: ", kWorkers, ", replicas: ", kReplicas,
+                                       ", shard: ", level);
+  if (level == "parameters") absl::StrAppend(&placement, ", unshard: ", c.unshard);
+  spec = absl::StrReplaceAll(
+      spec, {{absl::StrCat("placement: {workers: ", kWorkers, "}"), placement + "}"},
+             {absl::StrCat("checkpoint: {dir: ", ckpt, "}"),
+              absl::StrCat("checkpoint: {dir: ", ckpt, ", every_steps: 1}")}});
+  if (!resume_from.empty()) {
+    spec = absl::StrReplaceAll(
+        spec,
+        {{"\n  checkpoint:", absl::StrCat("\n  resume_from: ", resume_from, "\n  checkpoint:")}});
+  }
+  return spec;
+}
+
+int64_t CeilHalf(int64_t n) { return (n + 1) / 2; }
+
+class ShardedTrainingTest : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    setenv("OMP_NUM_THREADS", "1", 1);
+    setenv("MKL_NUM_THREADS", "1", 1);
+  }
+};
+
+// One job at `level`: the reference's losses and parameters, the held and sent bytes.
+void RunLevel(LocalCluster& cluster, const Case& c, const std::string& level,
+              const ReferenceResult& ref) {
+  SCOPED_TRACE(level);
+  const std::string ckpt = absl::StrCat(cluster.dir(), "/ckpt-", level);
+  const std::string spec =
+      cluster.WriteFile(absl::StrCat(level, ".yaml"), SpecYaml(c, level, ckpt));
+  CommandResult submit = cluster.Stagectl({"submit", spec, "--wait"});
+  ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err << cluster.Logs();
+  auto job = cluster.GetJob(LastLine(submit.out));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->reason() << cluster.Logs();
+  ASSERT_EQ(job->losses_size(), kSteps);
+  for (int step = 0; step < kSteps; ++step) {
+    EXPECT_NEAR(job->losses(step), ref.losses[step], kAtol + kRtol * std::abs(ref.losses[step]))
+        << "step " << step;
+  }
+  const double diff =
+      ExpectParamsMatchReference(LoadAllStageFiles(ckpt, kSteps, c.stages), ref, kRtol, kAtol);
+  std::cerr << c.name << " shard " << level << ": largest |parameter - reference| " << diff << "\n";
+
+  std::map<int, int64_t> stage_params;
+  for (const auto& st : job->stages()) stage_params[st.stage()] = st.parameters();
+  ASSERT_EQ(job->ranks_size(), kReplicas * kWorkers);
+  for (const v1::RankStatus& rank : job->ranks()) {
+    SCOPED_TRACE(absl::StrCat("replica ", rank.replica(), " rank ", rank.rank()));
+    int64_t n = 0, shard = 0, sent = 0;
+    for (int s : rank.stages()) {
+      n += stage_params[s];
+      shard += CeilHalf(stage_params[s]);
+      int unshards = 0;
+      for (const std::string& a : rank.assigned_actions()) {
+        if (a == absl::StrCat(s, "UNSHARD")) ++unshards;
+      }
+      if (level == "none") {
+        EXPECT_EQ(unshards, 0);
+        sent += 4 * stage_params[s];
+      } else if (level == "parameters") {
+        EXPECT_GE(unshards, 1);
+        sent += 4 * CeilHalf(stage_params[s]) * (1 + unshards);
+      } else {
+        EXPECT_EQ(unshards, 0);
+        sent += 8 * CeilHalf(stage_params[s]);
+      }
+    }
+    int64_t want_params = 4 * n, want_grads = 4 * n;
+    if (level == "optimizer") {
+      want_params = want_grads = 4 * n + 4 * shard;
+    } else if (level == "gradients") {
+      want_params = 4 * n + 4 * shard;
+      want_grads = 4 * shard;
+    } else if (level == "parameters") {
+      want_params = want_grads = 4 * shard;
+    }
+    EXPECT_EQ(rank.held_parameter_bytes(), want_params);
+    EXPECT_EQ(rank.held_gradient_bytes(), want_grads);
+    EXPECT_EQ(rank.reduction_bytes_sent(), kSteps * sent);
+    EXPECT_GE(rank.gather_hidden_ratio(), 0.0);
+    EXPECT_LE(rank.gather_hidden_ratio(), 1.0);
+    std::cerr << c.name << " shard " << level << " replica " << rank.replica() << " rank "
+              << rank.rank() << ": holds " << rank.held_parameter_bytes() << " B parameters, "
+              << rank.held_gradient_bytes() << " B gradients; sent "
+              << rank.reduction_bytes_sent() / kSteps << " B a step; all-gathers hidden "
+              << rank.gather_hidden_ratio() << "\n";
+    // Same bits on both replicas after the last step.
+    const v1::RankStatus& replica_0 = job->ranks(rank.rank());
+    for (int s : rank.stages()) {
+      EXPECT_EQ(rank.parameter_digests().at(s), replica_0.parameter_digests().at(s)) << s;
+    }
+  }
+}
+
+TEST_P(ShardedTrainingTest, EveryLevelMatchesTheReferenceAndHoldsItsShare) {
+  const Case& c = GetParam();
+  ClusterOptions options;
+  options.workers = kReplicas * kWorkers;
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const ReferenceResult ref = TrainReference(c.ref);
+  for (const char* level : kLevels) RunLevel(**cluster, c, level, ref);
+}
+
+TEST(ShardedCheckpoints, ResumeAcrossShardLevelsGivesTheStraightRun) {
+  setenv("OMP_NUM_THREADS", "1", 1);
+  ClusterOptions options;
+  options.workers = kReplicas * kWorkers;
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& cl = **cluster;
+  Case c{"resume", "1F1B", 2, 2, Ref({16, 32, 31, 5}, 24, 4, "adamw", 0.01, 0.0, 0.01), "step"};
+  ReferenceConfig straight = c.ref;
+  straight.steps = 6;
+  const ReferenceResult want = TrainReference(straight);
+  c.ref.steps = 2;
+  std::string resume_from;
+  std::vector<double> losses;
+  std::string last_ckpt;
+  const std::vector<std::string> legs = {"parameters", "none", "gradients"};
+  for (size_t i = 0; i < legs.size(); ++i) {
+    const std::string ckpt = absl::StrCat(cl.dir(), "/resume-", i);
+    const std::string spec =
+        cl.WriteFile(absl::StrCat("resume-", i, ".yaml"), SpecYaml(c, legs[i], ckpt, resume_from));
+    CommandResult submit = cl.Stagectl({"submit", spec, "--wait"});
+    ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err << cl.Logs();
+    auto job = cl.GetJob(LastLine(submit.out));
+    ASSERT_TRUE(job.ok()) << job.status();
+    ASSERT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->reason() << cl.Logs();
+    ASSERT_EQ(job->losses_size(), 2) << legs[i];
+    losses.insert(losses.end(), job->losses().begin(), job->losses().end());
+    resume_from = checkpoint::CheckpointStepDirectory(ckpt, 2 * static_cast<int64_t>(i + 1));
+    last_ckpt = ckpt;
+  }
+  ASSERT_EQ(losses.size(), 6u);
+  for (int step = 0; step < 6; ++step) {
+    EXPECT_NEAR(losses[step], want.losses[step], kAtol + kRtol * std::abs(want.losses[step]))
+        << "step " << step;
+  }
+  ExpectParamsMatchReference(LoadAllStageFiles(last_ckpt, 6, 2), want, kRtol, kAtol);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Levels, ShardedTrainingTest,
+    ::testing::Values(
+        // 30 rows in 2 x 2 microbatches; an odd parameter count per stage (padding).
+        Case{"1f1b-sgd", "1F1B", 2, 2, Ref({16, 32, 31, 5}, 30, 4, "sgd", 0.05, 0.9, 0.0), "step"},
+        Case{"1f1b-adamw", "1F1B", 2, 2, Ref({16, 32, 31, 5}, 30, 4, "adamw", 0.01, 0.0, 0.01),
+             "step"},
+        // 2 ranks x 2 stages per replica.
+        Case{"zbv-sgd", "ZBVZeroBubble", 4, 4,
+             Ref({16, 24, 24, 23, 8}, 32, 8, "sgd", 0.05, 0.9, 0.0), "stage"},
+        Case{"zbv-adamw", "ZBVZeroBubble", 4, 4,
+             Ref({16, 24, 24, 23, 8}, 32, 8, "adamw", 0.01, 0.0, 0.01), "step"}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      std::string name = info.param.name;
+      name.erase(std::remove(name.begin(), name.end(), '-'), name.end());
+      return name;
+    });
+
+}  // namespace
+}  // namespace stagecoach::testing::sharded_training_test

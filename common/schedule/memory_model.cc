@@ -28,7 +28,8 @@ absl::Status CheckStageMemory(const StageMemory& m, const std::string& where) {
                                     {"forward_transient", m.forward_transient},
                                     {"weight_transient", m.weight_transient},
                                     {"weight_gradients", m.weight_gradients},
-                                    {"output", m.output}}) {
+                                    {"output", m.output},
+                                    {"gathered_parameters", m.gathered_parameters}}) {
     if (!std::isfinite(value) || value < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ".", name, " must be finite and >= 0, got ", value));
@@ -105,6 +106,19 @@ class RankReplay {
         case ActionType::kSendF:
         case ActionType::kSendB:
           break;
+        case ActionType::kUnshard:
+          Change(t.start, stages_[t.action.stage].gathered_parameters, t.action);
+          break;
+        case ActionType::kReshard:
+          Change(t.end, -stages_[t.action.stage].gathered_parameters, t.action);
+          break;
+        case ActionType::kReduceGrad: {
+          const StageMemory& m = stages_[t.action.stage];
+          if (m.gradients_freed_at_reduce && stages_with_gradients_.count(t.action.stage) > 0) {
+            Change(t.end, -m.gradients, t.action);
+          }
+          break;
+        }
         default:
           RunCompute(t);
       }
@@ -124,6 +138,14 @@ class RankReplay {
       live_ -= bytes;
       Point(time, live_);
     }
+  }
+
+  // `bytes` allocated (or, negative, freed) at `time` by `action`.
+  void Change(double time, double bytes, const Action& action) {
+    if (bytes == 0) return;
+    live_ += bytes;
+    Point(time, live_);
+    if (bytes > 0) Candidate(live_, held_, time, action);
   }
 
   void Buffer(std::map<Key, double>& buffers, const Action& recv, double bytes, double time) {
@@ -252,9 +274,9 @@ class RankReplay {
   const int rank_;
   std::vector<std::pair<double, double>> arrivals_;  // (time, bytes freed)
   size_t next_arrival_ = 0;
-  std::map<Key, double> recv_f_;  // received inputs, until the backward
-  std::map<Key, double> recv_b_;  // received output gradients, until the backward
-  std::map<Key, double> handed_;  // output gradients from a stage on this rank
+  std::map<Key, double> recv_f_;         // received inputs, until the backward
+  std::map<Key, double> recv_b_;         // received output gradients, until the backward
+  std::map<Key, double> handed_;         // output gradients from a stage on this rank
   std::map<Key, double> weight_inputs_;  // received inputs I left for W
   std::set<int> stages_with_gradients_;  // stages whose gradient buffers exist
   double live_ = 0;

@@ -6,8 +6,10 @@
 // What a rank holds, by kind:
 //  - static: its stages' parameters and optimizer state, live for the whole step;
 //  - gradients: a stage's gradient buffers, allocated by its first backward of the step that
-//    computes weight gradients (B, or W with a split backward) and live until the step ends; the
-//    next step starts without them (the runtime sets them to none, as PyTorch's zero_grad does);
+//    computes weight gradients (B, or W with a split backward) and live until the step ends (or,
+//    sharded, until its REDUCE_GRAD); the next step starts without them (the runtime sets them
+//    to none, as PyTorch's zero_grad does);
+//  - gathered parameters (sharded): a stage's whole parameters from its UNSHARD to its RESHARD;
 //  - activations: per (stage, microbatch), what F keeps for the backward (its saved tensors and
 //    its output, which the runtime keeps to run the backward from);
 //  - buffers: a received input (RECV_F), kept until the B that produces its gradient or, with a
@@ -16,7 +18,7 @@
 //    until its SEND_B has arrived (or the step's end, see MemoryModel) or, when the previous
 //    stage is on the same rank, until that stage's I or B has consumed it. Stage 0's input batch
 //    is the data, not counted.
-// "Dynamic" bytes are gradients, activations and buffers; the peak a worker measures from the start
+// "Dynamic" bytes are gradients, gathered parameters, activations and buffers; the peak a worker measures from the start
 // of a step (counting_allocator.h) is the dynamic peak.
 #pragma once
 
@@ -56,6 +58,14 @@ struct StageMemory {
   // Per microbatch: the tensor the stage sends forward; the next stage's receive buffer and the
   // size of the gradient that comes back.
   double output = 0;
+  // Sharded parameters (placement.shard: parameters): the whole parameters, gathered from the
+  // stage's UNSHARD (its start) to its RESHARD (its end); `parameters` then holds only what
+  // stays between uses (the shards). 0: the parameters are always whole.
+  double gathered_parameters = 0;
+  // Sharded gradients (placement.shard: gradients or parameters): the gradient buffers are
+  // freed at the end of the stage's REDUCE_GRAD (their reduce-scattered shard, which stays, is
+  // static bytes) instead of at the step's end.
+  bool gradients_freed_at_reduce = false;
 };
 
 // What every stage holds.
@@ -127,6 +137,8 @@ struct MemoryProfile {
 //    frees all of them at its end. Stage 0's input is the data, so its I has no input path: it
 //    computes and frees nothing (its RECV_B buffer stays), and its W is a B: it runs with
 //    backward_transient and frees activations(0) and the RECV_B buffer;
+//  - UNSHARD(s) at its start allocates gathered_parameters(s), and RESHARD(s) at its end frees
+//    them; with gradients_freed_at_reduce, REDUCE_GRAD(s) at its end frees gradients(s);
 //  - an OVERLAP_F_B runs its sub-actions one after another: its peak is the highest any of them
 //    reaches on what the earlier ones left; the changes apply at its end;
 //  - an input gradient sent by SEND_B is freed when the message arrives (with

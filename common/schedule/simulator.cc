@@ -41,6 +41,9 @@ class Simulator {
         costs_(costs),
         stage_costs_(num_stages, costs.defaults),
         message_bytes_(num_stages, costs.message_bytes),
+        unshard_(num_stages, costs.unshard),
+        reduce_grad_(num_stages, costs.reduce_grad),
+        gathered_at_(num_stages, 0),
         ranks_(lowered.size()),
         done_(static_cast<size_t>(num_stages) * num_microbatches, 0),
         slots_(2 * static_cast<size_t>(num_stages) * num_microbatches),
@@ -49,6 +52,9 @@ class Simulator {
     std::copy(costs.per_stage.begin(), costs.per_stage.end(), stage_costs_.begin());
     std::copy(costs.per_stage_message_bytes.begin(), costs.per_stage_message_bytes.end(),
               message_bytes_.begin());
+    std::copy(costs.per_stage_unshard.begin(), costs.per_stage_unshard.end(), unshard_.begin());
+    std::copy(costs.per_stage_reduce_grad.begin(), costs.per_stage_reduce_grad.end(),
+              reduce_grad_.begin());
     timeline_.resize(lowered.size());
     busy_.assign(lowered.size(), 0);
     for (size_t rank = 0; rank < lowered.size(); ++rank) {
@@ -79,8 +85,9 @@ class Simulator {
   };
 
   struct RankState {
-    size_t next = 0;   // index of the next entry in the rank's list
-    double clock = 0;  // when the rank is free
+    size_t next = 0;        // index of the next entry in the rank's list
+    double clock = 0;       // when the rank is free
+    double queue_free = 0;  // overlap_collectives: when its communication queue is free
     std::optional<Wait> wait;
     bool queued = false;
   };
@@ -236,11 +243,11 @@ class Simulator {
       case ActionType::kFullBackward:
         return c.backward;
       case ActionType::kUnshard:
-        return costs_.unshard;
+        return unshard_[leaf.stage];
       case ActionType::kReshard:
         return costs_.reshard;
       case ActionType::kReduceGrad:
-        return costs_.reduce_grad;
+        return reduce_grad_[leaf.stage];
       default:
         return 0;
     }
@@ -267,10 +274,22 @@ class Simulator {
   // Runs a compute entry (F, I, W, B, OVERLAP_F_B) or UNSHARD / RESHARD / REDUCE_GRAD.
   absl::Status RunCompute(size_t rank, const Action& entry) {
     RankState& state = ranks_[rank];
+    if (costs_.overlap_collectives &&
+        (entry.type == ActionType::kUnshard || entry.type == ActionType::kReduceGrad)) {
+      // Queued: the collective runs on the communication queue.
+      state.queue_free = std::max(state.clock, state.queue_free) + LeafCost(entry);
+      if (entry.type == ActionType::kUnshard) gathered_at_[entry.stage] = state.queue_free;
+      timeline_[rank].push_back({entry, state.clock, state.clock});
+      return absl::OkStatus();
+    }
     std::optional<double> start;
     double t = state.clock;
     for (const Action* leaf : LeafActions(entry)) {
-      const double leaf_start = std::max(t, InputReady(rank, *leaf));
+      double leaf_start = std::max(t, InputReady(rank, *leaf));
+      if (costs_.overlap_collectives &&
+          (IsLeafCompute(leaf->type) || leaf->type == ActionType::kReshard)) {
+        leaf_start = std::max(leaf_start, gathered_at_[leaf->stage]);
+      }
       if (!start.has_value()) start = leaf_start;
       const double cost = LeafCost(*leaf);
       t = leaf_start + cost;
@@ -424,7 +443,9 @@ class Simulator {
 
   Simulation Finish() {
     Simulation sim;
-    for (const RankState& state : ranks_) sim.makespan = std::max(sim.makespan, state.clock);
+    for (const RankState& state : ranks_) {
+      sim.makespan = std::max({sim.makespan, state.clock, state.queue_free});
+    }
     sim.timeline = std::move(timeline_);
     sim.messages = SortedMessages();
     sim.busy = busy_;
@@ -457,6 +478,9 @@ class Simulator {
   const CostModel& costs_;
   std::vector<StageCosts> stage_costs_;  // per stage, overrides applied
   std::vector<double> message_bytes_;    // per sending stage, overrides applied
+  std::vector<double> unshard_;          // per stage, overrides applied
+  std::vector<double> reduce_grad_;      // per stage, overrides applied
+  std::vector<double> gathered_at_;      // per stage: when its latest all-gather ends
   std::vector<RankState> ranks_;
   std::deque<size_t> queue_;   // ranks that may be able to progress
   std::vector<uint8_t> done_;  // DoneBits per (stage, mb)

@@ -31,6 +31,17 @@ struct CostModel {
   double unshard = 0;
   double reshard = 0;
   double reduce_grad = 0;
+  // Element s overrides `unshard` (`reduce_grad`) for stage s: its all-gather (its gradients'
+  // reduction); may be shorter than the number of stages, not longer.
+  std::vector<double> per_stage_unshard;
+  std::vector<double> per_stage_reduce_grad;
+  // UNSHARD and REDUCE_GRAD hand their collective to the rank's communication queue and take
+  // no time of the rank's own (Stagecoach's workers): each collective starts once the rank
+  // reaches its action and the queue is free, and lasts the action's cost; F, I, B and W of a
+  // stage start no earlier than the end of the all-gather of the stage's latest UNSHARD, and so
+  // does its RESHARD (which then takes its cost); a rank ends no earlier than its queue. Off:
+  // both take their cost on the rank, one action after another.
+  bool overlap_collectives = false;
   // Fixed cost of every message, in time units.
   double latency = 0;
   // Bytes per time unit of every link; 0 means infinite (a message takes only `latency`).
@@ -73,7 +84,8 @@ struct Simulation {
   // posted them).
   std::vector<Message> messages;
   // Element r: the time rank r spends running actions (the sum of their costs; waiting for an
-  // input, including inside an OVERLAP_F_B, is not busy time).
+  // input, including inside an OVERLAP_F_B, is not busy time; collectives on the
+  // communication queue are not either).
   std::vector<double> busy;
   // Element r: 1 - busy[r] / makespan (0 when makespan is 0).
   std::vector<double> bubble_ratio;
@@ -86,7 +98,8 @@ struct Simulation {
 // `costs`. Semantics:
 //  - Each rank runs its list in order, one action at a time, on its own clock starting at 0; idle
 //    slots (std::nullopt) are skipped and cost nothing.
-//  - F, B, I and W take their stage's cost; UNSHARD, RESHARD and REDUCE_GRAD take the model's.
+//  - F, B, I and W take their stage's cost; UNSHARD, RESHARD and REDUCE_GRAD take the model's
+//    (see CostModel::overlap_collectives for UNSHARD and REDUCE_GRAD handed to a queue).
 //    OVERLAP_F_B runs its sub-actions one after another, each as it would run alone (waiting for
 //    its own input); it spans from the first one's start to the last one's end, which is the sum
 //    of their costs unless a later sub-action waits.
@@ -102,8 +115,8 @@ struct Simulation {
 // Errors, all INVALID_ARGUMENT:
 //  - inconsistent inputs: num_stages or num_microbatches < 1, stage_to_rank not one rank in
 //    [0, lowered.size()) per stage, a cost that is negative or not finite (the message names the
-//    field, e.g. "costs.per_stage[2].forward"), per_stage or per_stage_message_bytes longer than
-//    num_stages;
+//    field, e.g. "costs.per_stage[2].forward"), per_stage, per_stage_message_bytes,
+//    per_stage_unshard or per_stage_reduce_grad longer than num_stages;
 //  - an action the simulator cannot run: a stage or microbatch out of range, an action on a rank
 //    other than its stage's, an OVERLAP_F_B holding anything but F, I, B and W, an action that
 //    runs twice for the same (stage, mb), B or I before its F, W before its I, a SEND before the

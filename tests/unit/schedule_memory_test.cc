@@ -151,8 +151,8 @@ TEST(ScheduleMemoryTest, SplitBackwardKeepsWeightPartUntilW) {
   model.per_stage = {StageMemory{}};
   const std::vector<int> one_rank{0, 0};
   // Both of stage 1's forwards first: 200 from 1F1 (at 3); each I leaves 40, each W frees it.
-  Replay all_first = MustRun({ParseActions({"0F0", "1F0", "0F1", "1F1", "1I0", "1I1", "1W0",
-                                            "1W1", "0I0", "0I1", "0W0", "0W1"})},
+  Replay all_first = MustRun({ParseActions({"0F0", "1F0", "0F1", "1F1", "1I0", "1I1", "1W0", "1W1",
+                                            "0I0", "0I1", "0W0", "0W1"})},
                              one_rank, 2, 2, model);
   const RankMemory& a = all_first.memory.ranks[0];
   EXPECT_EQ(a.peak_dynamic, 200);
@@ -185,8 +185,8 @@ TEST(ScheduleMemoryTest, SplitBackwardBuildsUpWhatWNeedsWhileIRuns) {
   model.defaults.backward_transient = 30;
   model.defaults.weight_transient = 10;
   model.per_stage = {StageMemory{}};
-  Replay run = MustRun({ParseActions({"0F0", "1F0", "1I0", "1W0", "0I0", "0W0"})}, {0, 0}, 2, 1,
-                       model);
+  Replay run =
+      MustRun({ParseActions({"0F0", "1F0", "1I0", "1W0", "0I0", "0W0"})}, {0, 0}, 2, 1, model);
   // 1I0 [2,3]: 100 + 20 + 25 = 145, then 40 + 25 = 65; 1W0 [3,4]: 75, then 0.
   EXPECT_EQ(run.memory.ranks[0].peak_dynamic, 145);
   EXPECT_EQ(run.memory.ranks[0].peak_action, "1I0");
@@ -209,9 +209,9 @@ TEST(ScheduleMemoryTest, TheFirstStagesIDoesNothingAndItsWIsTheWholeBackward) {
   const RankMemory& m = run.memory.ranks[0];
   EXPECT_EQ(m.peak_dynamic, 250);
   EXPECT_EQ(m.peak_action, "0W0");
-  EXPECT_THAT(Curve(m), ElementsAre(std::pair(0.0, 100.0), std::pair(2.0, 200.0),
-                                    std::pair(4.0, 250.0), std::pair(5.0, 150.0),
-                                    std::pair(6.0, 0.0)));
+  EXPECT_THAT(Curve(m),
+              ElementsAre(std::pair(0.0, 100.0), std::pair(2.0, 200.0), std::pair(4.0, 250.0),
+                          std::pair(5.0, 150.0), std::pair(6.0, 0.0)));
 }
 
 TEST(ScheduleMemoryTest, BackwardTransientAddsWhileTheBackwardRuns) {
@@ -403,6 +403,33 @@ TEST(ScheduleMemoryTest, SplitBackwardAllocatesTheGradientsAtW) {
   EXPECT_EQ(m.peak_action, "0W0");
   // 60 at 2 (I's end) and 150 at 2 (W's start): the curve keeps the last.
   EXPECT_THAT(Curve(m), ElementsAre(std::pair(0.0, 100.0), std::pair(2.0, 150.0)));
+}
+
+TEST(ScheduleMemoryTest, ShardedParametersAreWholeFromUnshardToReshard) {
+  // One stage: 0UNSHARD gathers 300 at 0; 0F0 [0,1] keeps 100 (peak 400); 0B0 [1,3] frees them
+  // and allocates 40 of gradients; freed at 0REDUCE_GRAD (3) when sharded, and the gathered
+  // parameters at 0RESHARD (3).
+  MemoryModel model = Activations(100);
+  model.defaults.parameters = 20;
+  model.defaults.gradients = 40;
+  model.defaults.gathered_parameters = 300;
+  model.defaults.gradients_freed_at_reduce = true;
+  const PipelineOrder lowered = {
+      ParseActions({"0UNSHARD", "0F0", "0B0", "0REDUCE_GRAD", "0RESHARD"})};
+  Replay run = MustRun(lowered, {0}, 1, 1, model);
+  const RankMemory& m = run.memory.ranks[0];
+  EXPECT_EQ(m.static_bytes, 20);
+  EXPECT_EQ(m.peak_dynamic, 400);
+  EXPECT_EQ(m.peak_action, "0F0");
+  EXPECT_THAT(Curve(m), ElementsAre(std::pair(0.0, 400.0), std::pair(3.0, 0.0)));
+  // Gradients kept to the step's end (unsharded gradients): 40 after the step.
+  model.defaults.gradients_freed_at_reduce = false;
+  EXPECT_THAT(Curve(MustRun(lowered, {0}, 1, 1, model).memory.ranks[0]),
+              ElementsAre(std::pair(0.0, 400.0), std::pair(3.0, 40.0)));
+  model.defaults.gathered_parameters = -1;
+  auto bad = SimulateMemory(run.sim, {0}, 1, model);
+  EXPECT_THAT(std::string(bad.status().message()),
+              HasSubstr("memory.defaults.gathered_parameters must be finite and >= 0"));
 }
 
 TEST(ScheduleMemoryTest, OptimizerState) {

@@ -232,6 +232,34 @@ TEST(Simulate, UnshardReshardAndReduceGradTakeTheirCost) {
   EXPECT_DOUBLE_EQ(sim.bubble_ratio[0], 3 / 7.75);
 }
 
+// overlap_collectives, one rank of two stages, F 1, B 2: the all-gathers (3 and 1) and the
+// reductions (2 each) queue on the rank's communication queue and take none of its time.
+//   0UNSHARD at 0: gather 0-3; 1UNSHARD at 0: 3-4. 0F0 waits for it: 3-4; 1F0 4-5; 1B0 5-7;
+//   1REDUCE_GRAD at 7: 7-9; 1RESHARD 7; 0B0 7-9; 0REDUCE_GRAD at 9: 9-11. Makespan 11, busy 6.
+TEST(Simulate, OverlappedCollectivesRunOnTheRanksQueue) {
+  CostModel costs;
+  costs.overlap_collectives = true;
+  costs.per_stage_unshard = {3, 1};
+  costs.per_stage_reduce_grad = {2, 2};
+  const PipelineOrder lowered = {
+      ParseActions({"0UNSHARD", "1UNSHARD", "0F0", "1F0", "1B0", "1REDUCE_GRAD", "1RESHARD", "0B0",
+                    "0REDUCE_GRAD", "0RESHARD"})};
+  Simulation sim = MustSimulate(lowered, {0, 0}, 2, 1, costs);
+  EXPECT_EQ(sim.makespan, 11);
+  EXPECT_THAT(Spans(sim.timeline[0]),
+              ElementsAre(Span{"0UNSHARD", 0, 0}, Span{"1UNSHARD", 0, 0}, Span{"0F0", 3, 4},
+                          Span{"1F0", 4, 5}, Span{"1B0", 5, 7}, Span{"1REDUCE_GRAD", 7, 7},
+                          Span{"1RESHARD", 7, 7}, Span{"0B0", 7, 9}, Span{"0REDUCE_GRAD", 9, 9},
+                          Span{"0RESHARD", 9, 9}));
+  EXPECT_THAT(sim.busy, ElementsAre(6));
+  // Without the queue they take the rank's time: 3 + 1 + 1 + 1 + 2 + 2 + 2 + 2.
+  costs.overlap_collectives = false;
+  EXPECT_EQ(MustSimulate(lowered, {0, 0}, 2, 1, costs).makespan, 14);
+  costs.per_stage_unshard = {1, 1, 1};
+  EXPECT_THAT(std::string(Simulate(lowered, {0, 0}, 2, 1, costs).status().message()),
+              HasSubstr("per_stage_unshard"));
+}
+
 // The full runtime lowering (UNSHARD/RESHARD, REDUCE_GRAD, send/recv) of generated GPipe r2 m1
 // runs like the hand-written list: its extra actions cost nothing by default.
 TEST(Simulate, RunsLowerScheduleOutput) {

@@ -19,7 +19,8 @@ std::string Seconds(double s) {
 std::string Summary(const v1::PlanCandidate& c) {
   return absl::StrCat(
       c.schedule(), ", ", c.stages_per_rank(), " stage", c.stages_per_rank() == 1 ? "" : "s",
-      "/worker, ", c.microbatches(), " microbatches, split ", c.split_policy(), ": step ",
+      "/worker, ", c.microbatches(), " microbatches, split ", c.split_policy(),
+      c.shard().empty() ? "" : absl::StrCat(", shard ", c.shard()), ": step ",
       Seconds(c.step_seconds()), ", bubble ", absl::StrFormat("%.1f%%", 100 * c.bubble()),
       ", peak ", c.max_peak_bytes() > 0 ? util::FormatBytes(c.max_peak_bytes()) : "unknown");
 }
@@ -39,14 +40,22 @@ std::string PlanTable(const v1::PlanSpecResponse& plans, int top) {
     out << " (" << plans.layers_size() << " layers profiled by " << plans.profiled_by() << ")";
   }
   out << "\n";
-  out << absl::StrFormat("%-4s %-22s %-8s %-6s %-16s %-11s %-7s %-11s %s\n", "RANK", "SCHEDULE",
-                         "STAGES/W", "MB", "SPLIT", "STEP", "BUBBLE", "PEAK", "FITS");
+  // A SHARD column when the search chose the shard level (placement.shard: auto).
+  const bool shards = std::any_of(plans.candidates().begin(), plans.candidates().end(),
+                                  [](const v1::PlanCandidate& c) { return !c.shard().empty(); });
+  auto shard = [&](const std::string& value) {
+    return shards ? absl::StrFormat("%-11s ", value) : std::string();
+  };
+  out << absl::StrFormat("%-4s %-22s %-8s %-6s %-16s %s%-11s %-7s %-11s %s\n", "RANK", "SCHEDULE",
+                         "STAGES/W", "MB", "SPLIT", shard("SHARD"), "STEP", "BUBBLE", "PEAK",
+                         "FITS");
   const int shown = std::min(top, plans.candidates_size());
   for (int i = 0; i < shown; ++i) {
     const v1::PlanCandidate& c = plans.candidates(i);
-    out << absl::StrFormat("%-4d %-22s %-8d %-6d %-16s %-11s %-7s %-11s %s\n", i + 1, c.schedule(),
-                           c.stages_per_rank(), c.microbatches(), c.split_policy(),
-                           Seconds(c.step_seconds()), absl::StrFormat("%.1f%%", 100 * c.bubble()),
+    out << absl::StrFormat("%-4d %-22s %-8d %-6d %-16s %s%-11s %-7s %-11s %s\n", i + 1,
+                           c.schedule(), c.stages_per_rank(), c.microbatches(), c.split_policy(),
+                           shard(c.shard()), Seconds(c.step_seconds()),
+                           absl::StrFormat("%.1f%%", 100 * c.bubble()),
                            c.max_peak_bytes() > 0 ? util::FormatBytes(c.max_peak_bytes()) : "-",
                            c.fits() ? "yes" : "no");
   }
@@ -58,9 +67,9 @@ std::string PlanTable(const v1::PlanSpecResponse& plans, int top) {
     out << "Plan 1 per rank (predicted compute, bubble):";
     for (int r = 0; r < c.rank_compute_seconds_size(); ++r) {
       out << (r == 0 ? " " : "; ") << "rank " << r << " " << Seconds(c.rank_compute_seconds(r))
-          << ", " << absl::StrFormat("%.3f", r < c.rank_bubble_ratios_size()
-                                                ? c.rank_bubble_ratios(r)
-                                                : 0.0);
+          << ", "
+          << absl::StrFormat("%.3f",
+                             r < c.rank_bubble_ratios_size() ? c.rank_bubble_ratios(r) : 0.0);
     }
     out << "\n";
   }
@@ -73,6 +82,7 @@ nlohmann::json CandidateJson(const v1::PlanCandidate& c) {
           {"num_stages", c.num_stages()},
           {"microbatches", c.microbatches()},
           {"split_policy", c.split_policy()},
+          {"shard", c.shard()},
           {"step_seconds", c.step_seconds()},
           {"bubble", c.bubble()},
           {"rank_peak_bytes",

@@ -122,6 +122,9 @@ struct PlacementSpec {
   // (ZeRO-3): also the parameters, gathered at each UNSHARD and freed at each RESHARD. Only with
   // replicas > 1; kNone otherwise.
   ShardLevel shard = ShardLevel::kNone;
+  // placement.shard: auto (with schedule.kind: auto and replicas): the plan search chooses the
+  // level, the lowest whose plan fits placement.memory_limit; `shard` is kNone until it has.
+  bool shard_auto = false;
   // placement.unshard, with shard: parameters. "step": a stage's parameters stay gathered from
   // its first use in a step to the step's end (one all-gather per stage and step); "stage":
   // gathered for each run of the stage's actions, and the next stage's gather starts while the

@@ -54,6 +54,11 @@ const std::vector<std::string>& TopLevelKeys() {
   return *keys;
 }
 
+// placement.shard as written: a level's name, or "auto".
+std::string ShardName(const PlacementSpec& placement) {
+  return placement.shard_auto ? "auto" : ShardLevelName(placement.shard);
+}
+
 // "[lo, hi)" and the like, for range errors.
 std::string FormatRange(double lo, bool lo_inclusive, double hi, bool hi_inclusive) {
   return absl::StrCat(lo_inclusive ? "[" : "(", lo, ", ", hi, hi_inclusive ? "]" : ")");
@@ -73,7 +78,13 @@ class SpecParser {
     recipe_fields::ParseData(v_, top->Get("data"), "data", &spec_.data);
     ParseRestart(top->Get("restart"));
     recipe_fields::ParseEval(v_, top->Get("eval"), &spec_.eval);
-    if (builtin_ok_ && spec_.model.builtin->tie_embeddings && spec_.placement.shards()) {
+    if (spec_.placement.shard_auto && !spec::IsAutoSchedule(spec_.schedule)) {
+      v_.Error("placement.shard",
+               "auto needs schedule.kind: auto (the plan search chooses the level); name a level "
+               "(none, optimizer, gradients, parameters) for a named schedule");
+    }
+    if (builtin_ok_ && spec_.model.builtin->tie_embeddings &&
+        (spec_.placement.shards() || spec_.placement.shard_auto)) {
       v_.Error("model.builtin.tie_embeddings",
                absl::StrCat(
                    "not supported with placement.shard: ", ShardLevelName(spec_.placement.shard),
@@ -284,7 +295,8 @@ class SpecParser {
     PlacementSpec& out = spec_.placement;
     std::string level;
     const Read shard =
-        placement.Enum("shard", {"none", "optimizer", "gradients", "parameters"}, &level);
+        placement.Enum("shard", {"none", "optimizer", "gradients", "parameters", "auto"}, &level);
+    out.shard_auto = shard == Read::kOk && level == "auto";
     if (shard == Read::kOk) {
       for (ShardLevel l : {ShardLevel::kNone, ShardLevel::kOptimizer, ShardLevel::kGradients,
                            ShardLevel::kParameters}) {
@@ -303,7 +315,7 @@ class SpecParser {
       }
     }
     if (placement.Enum("unshard", {"step", "stage"}, &out.unshard) == Read::kOk &&
-        shard != Read::kInvalid && out.shard != ShardLevel::kParameters) {
+        shard != Read::kInvalid && out.shard != ShardLevel::kParameters && !out.shard_auto) {
       v_.Error(placement.Path("unshard"),
                absl::StrCat("only with placement.shard: parameters (the parameters of shard: ",
                             ShardLevelName(out.shard), " are never gathered for a stage's use)"));
@@ -541,7 +553,7 @@ absl::Status Invalid(absl::string_view message) { return absl::InvalidArgumentEr
 
 bool CarriesOn(const JobSpec& spec) {
   if (spec.placement.replicas <= 1) return false;
-  return spec.restart.carry_on.value_or(!spec.placement.shards());
+  return spec.restart.carry_on.value_or(!spec.placement.shards() && !spec.placement.shard_auto);
 }
 
 bool ShardsParameters(const JobSpec& spec) {

@@ -60,13 +60,26 @@ void SetWeightPending(const Plan& plan, const StagePlan& stage, bool recompute,
 schedule::MemoryModel StageMemoryModel(const spec::JobSpec& spec, const Plan& plan) {
   schedule::MemoryModel model;
   const bool recompute = spec.training.activation_checkpointing == "full";
-  const int shards = spec.placement.shards() ? std::max(1, plan.replicas) : 1;
+  const int replicas = std::max(1, plan.replicas);
+  const spec::ShardLevel level = replicas > 1 ? spec.placement.shard : spec::ShardLevel::kNone;
+  const int shards = level != spec::ShardLevel::kNone ? replicas : 1;
   for (const StagePlan& stage : plan.stages) {
     schedule::StageMemory m;
-    m.parameters = kBytesPerParameter * static_cast<double>(stage.parameters);
-    m.gradients = m.parameters;
+    const double whole = kBytesPerParameter * static_cast<double>(stage.parameters);
+    // One replica's shard of the stage's flat parameters, padded (sharding/zero_shards.h).
+    const double shard =
+        kBytesPerParameter * static_cast<double>((stage.parameters + shards - 1) / shards);
+    m.parameters = whole;
+    m.gradients = whole;
+    if (level == spec::ShardLevel::kOptimizer || level == spec::ShardLevel::kGradients) {
+      m.parameters = whole + 2 * shard;  // the optimizer's shard and its gradient
+    } else if (level == spec::ShardLevel::kParameters) {
+      m.parameters = 2 * shard;
+      m.gathered_parameters = shard * shards;
+    }
+    m.gradients_freed_at_reduce = level >= spec::ShardLevel::kGradients;
     m.optimizer_state =
-        schedule::OptimizerStateBytes(OptimizerOf(spec.training.optimizer), m.parameters, shards);
+        schedule::OptimizerStateBytes(OptimizerOf(spec.training.optimizer), whole, shards);
     double kept = 0;
     double transient = 0;  // the layers' backwards run one after another
     for (int l = stage.first_layer; l < stage.end_layer; ++l) {

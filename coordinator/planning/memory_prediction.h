@@ -19,7 +19,12 @@ namespace stagecoach::coordinator {
 
 // Per stage of `plan`, in bytes:
 //  - parameters and gradients: 4 bytes per parameter each (fp32, bf16 jobs included: their
-//    master weights are fp32);
+//    master weights are fp32). With replicas and placement.shard (c: 4 bytes per parameter of
+//    one replica's padded shard): optimizer and gradients add the optimizer's shard and its
+//    gradient (2c, static); parameters keeps only those as static bytes and gathers the whole
+//    (replicas x c) from each UNSHARD to its RESHARD; from gradients on, the gradients are freed
+//    at the stage's REDUCE_GRAD. The reduce-scatter's flat copy of a stage's gradients (while
+//    it runs on the communication thread) is not counted;
 //  - optimizer state: schedule::OptimizerStateBytes for training.optimizer (SGD with momentum
 //    keeps one buffer, AdamW two), divided over the replicas with placement.shard: optimizer
 //    or more;

@@ -1,6 +1,7 @@
 #include "coordinator/planning/plan_costs.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace stagecoach::coordinator {
 
@@ -11,6 +12,45 @@ CostAssumptions DefaultCostAssumptions() {
   a.message_cpu_seconds = 500e-6;
   return a;
 }
+
+namespace {
+
+// Seconds of `rounds` ring messages of `bytes` each.
+double RingSeconds(double rounds, double bytes, const CostAssumptions& a) {
+  const double per_message = a.message_latency_seconds +
+                             (a.link_bytes_per_second > 0 ? bytes / a.link_bytes_per_second : 0);
+  return rounds * per_message;
+}
+
+// The replicas' collectives of each stage (see PlanCostModel), on the ranks' queues.
+void AddCollectiveCosts(const Plan& plan, const CostAssumptions& assumptions,
+                        schedule::CostModel& costs) {
+  const double d = plan.replicas;
+  costs.overlap_collectives = true;
+  for (const StagePlan& stage : plan.stages) {
+    const double shard_bytes = 4.0 * std::ceil(static_cast<double>(stage.parameters) / d);
+    const double reduce_scatter = RingSeconds(d - 1, shard_bytes, assumptions);
+    double reduce = 0;
+    double unshard = 0;
+    switch (plan.shard) {
+      case spec::ShardLevel::kNone:
+        reduce = 2 * reduce_scatter;  // an all-reduce: reduce-scatter, then all-gather
+        break;
+      case spec::ShardLevel::kOptimizer:
+      case spec::ShardLevel::kGradients:
+        reduce = 2 * reduce_scatter;  // the reduce-scatter, and the all-gather after the step
+        break;
+      case spec::ShardLevel::kParameters:
+        reduce = reduce_scatter;
+        unshard = reduce_scatter;  // an all-gather moves as many bytes
+        break;
+    }
+    costs.per_stage_reduce_grad.push_back(reduce);
+    costs.per_stage_unshard.push_back(unshard);
+  }
+}
+
+}  // namespace
 
 schedule::CostModel PlanCostModel(const Plan& plan, const CostAssumptions& assumptions) {
   schedule::CostModel costs;
@@ -46,6 +86,7 @@ schedule::CostModel PlanCostModel(const Plan& plan, const CostAssumptions& assum
   if (!measured) return schedule::CostModel();
   costs.latency = assumptions.message_latency_seconds;
   costs.bandwidth = assumptions.link_bytes_per_second;
+  if (plan.replicas > 1) AddCollectiveCosts(plan, assumptions, costs);
   return costs;
 }
 

@@ -35,7 +35,13 @@ CostAssumptions DefaultCostAssumptions();
 // carry its last layer's output_bytes; F, B and I each add message_cpu_seconds for every
 // message between their stage and a stage on another rank. When no layer has a profiled time the
 // per-stage costs are left empty (the simulator's defaults, F 1, B 2, I 1, W 1, in abstract units)
-// and the assumptions are not applied.
+// and the assumptions are not applied. With replicas, each stage's collectives run on its rank's
+// communication queue (CostModel::overlap_collectives), as ring messages of the link above: of a
+// stage of N parameters and c = 4 ceil(N / replicas) bytes per shard, D - 1 messages of c for a
+// reduce-scatter or an all-gather. REDUCE_GRAD takes an all-reduce (2(D - 1) messages) without
+// sharding, the reduce-scatter and the all-gather after the optimizer step with shard optimizer
+// or gradients (the all-gather, which follows the step, is counted with the reduction), the
+// reduce-scatter alone with shard parameters, whose UNSHARD takes an all-gather.
 schedule::CostModel PlanCostModel(const Plan& plan, const CostAssumptions& assumptions = {});
 
 // Each rank's predicted compute per step and bubble ratio, from the schedule simulator: with

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -138,6 +139,35 @@ absl::StatusOr<v1::PlanCandidate> Describe(const Plan& plan, const std::string& 
   return c;
 }
 
+// The shard levels a candidate tries, in order: every level with placement.shard: auto and
+// replicas, else the spec's own.
+std::vector<spec::ShardLevel> LevelsFor(const spec::JobSpec& spec) {
+  if (!spec.placement.shard_auto) return {spec.placement.shard};
+  if (spec.placement.replicas <= 1) return {spec::ShardLevel::kNone};
+  return {spec::ShardLevel::kNone, spec::ShardLevel::kOptimizer, spec::ShardLevel::kGradients,
+          spec::ShardLevel::kParameters};
+}
+
+// `candidate` (schedule, stages, microbatches and split set) planned on `layers` and described
+// at each of `levels` in order: the first that fits `limit`, else the one with the smallest
+// peak. With shard: auto the candidate names its level. PlanJob's errors.
+absl::StatusOr<v1::PlanCandidate> PlanAtLevels(spec::JobSpec candidate,
+                                               const std::vector<v1::LayerInfo>& layers,
+                                               const std::string& policy,
+                                               const std::vector<spec::ShardLevel>& levels,
+                                               const SearchOptions& options, int64_t limit) {
+  std::optional<v1::PlanCandidate> best;
+  for (spec::ShardLevel level : levels) {
+    candidate.placement.shard = level;
+    ASSIGN_OR_RETURN(const Plan plan, PlanJob(candidate, layers, options.planning));
+    ASSIGN_OR_RETURN(v1::PlanCandidate c, Describe(plan, policy, options.costs, limit));
+    if (candidate.placement.shard_auto) c.set_shard(spec::ShardLevelName(level));
+    if (c.fits()) return c;
+    if (!best.has_value() || c.max_peak_bytes() < best->max_peak_bytes()) best = std::move(c);
+  }
+  return *std::move(best);
+}
+
 std::string CandidateKey(const v1::PlanCandidate& c) {
   return absl::StrCat(c.schedule(), "/", c.stages_per_rank(), "/", c.microbatches(), "/",
                       absl::StrJoin(c.stage_first_layers(), ","));
@@ -252,16 +282,15 @@ absl::StatusOr<SearchResult> SearchPlans(const spec::JobSpec& spec,
             candidate.split.policy = policy;
             candidate.split.policy_given = true;
           }
-          absl::StatusOr<Plan> plan = PlanJob(candidate, scaled, options.planning);
-          if (!plan.ok()) {
-            if (!absl::IsInvalidArgument(plan.status())) return plan.status();
-            last_refusal = plan.status();
+          absl::StatusOr<v1::PlanCandidate> c = PlanAtLevels(
+              candidate, scaled, policy, LevelsFor(spec), options, result.memory_limit_bytes);
+          if (!c.ok()) {
+            if (!absl::IsInvalidArgument(c.status())) return c.status();
+            last_refusal = c.status();
             continue;
           }
-          ASSIGN_OR_RETURN(v1::PlanCandidate c,
-                           Describe(*plan, policy, options.costs, result.memory_limit_bytes));
-          if (!seen.insert(CandidateKey(c)).second) continue;
-          result.candidates.push_back(std::move(c));
+          if (!seen.insert(CandidateKey(*c)).second) continue;
+          result.candidates.push_back(*std::move(c));
         }
       }
     }
@@ -294,6 +323,10 @@ spec::SpecOverrides CandidateOverrides(const v1::PlanCandidate& candidate) {
     o.set.push_back({"split.stages", absl::StrCat(candidate.num_stages())});
     o.set.push_back({"split.policy", candidate.split_policy()});
   }
+  if (!candidate.shard().empty()) {  // chosen for placement.shard: auto
+    o.set.push_back({"placement.shard", candidate.shard()});
+    if (candidate.shard() != "parameters") o.remove.push_back("placement.unshard");
+  }
   return o;
 }
 
@@ -325,7 +358,8 @@ absl::StatusOr<v1::PlanChoice> ChoosePlan(const SearchResult& result) {
 std::string DescribeCandidate(const v1::PlanCandidate& c) {
   return absl::StrCat(c.schedule(), ", ", c.stages_per_rank(), " stage",
                       c.stages_per_rank() == 1 ? "" : "s", "/worker, ", c.microbatches(),
-                      " microbatches, split ", c.split_policy());
+                      " microbatches, split ", c.split_policy(),
+                      c.shard().empty() ? "" : absl::StrCat(", shard ", c.shard()));
 }
 
 }  // namespace stagecoach::coordinator

@@ -476,6 +476,7 @@ absl::StatusOr<Plan> PlanJob(const spec::JobSpec& spec, std::vector<v1::LayerInf
   ASSIGN_OR_RETURN(plan.transport, ResolveTransport(spec.placement));
   plan.num_microbatches = spec.schedule.microbatches;
   plan.replicas = std::max(1, spec.placement.replicas);
+  plan.shard = plan.replicas > 1 ? spec.placement.shard : spec::ShardLevel::kNone;
 
   StageRequest request;
   request.stages = spec.split.stages;

@@ -82,6 +82,9 @@ struct Plan {
   // task replica * num_ranks + rank holding `rank` of replica `replica`. The D tasks of one rank
   // form that rank's data-parallel group.
   int replicas = 1;
+  // What the replicas shard (placement.shard; kNone with one replica): the time model counts
+  // its collectives (plan_costs.h).
+  spec::ShardLevel shard = spec::ShardLevel::kNone;
   // Indexed by rank: the memory model's prediction when the layers carry measured sizes (a
   // profiled InspectModel), else empty.
   std::vector<PredictedRankMemory> predicted_memory;

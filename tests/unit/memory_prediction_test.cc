@@ -112,6 +112,34 @@ TEST(MemoryPrediction, ShardedOptimizerStateIsDividedOverTheReplicas) {
   EXPECT_EQ(model.per_stage[0].optimizer_state, 400);  // one 800-byte buffer, half each
 }
 
+// Stage 0 has 200 parameters (800 bytes); a replica's shard 100 (400 bytes).
+TEST(MemoryPrediction, ShardLevelsHoldTheirShareAndGatherTheRest) {
+  struct Want {
+    std::string level;
+    double parameters;
+    double gathered;
+    bool freed;
+  };
+  for (const Want& want :
+       {Want{"none", 800, 0, false}, Want{"optimizer", 800 + 800, 0, false},
+        Want{"gradients", 800 + 800, 0, true}, Want{"parameters", 800, 800, true}}) {
+    SCOPED_TRACE(want.level);
+    const spec::JobSpec spec =
+        Parse("{kind: 1F1B, microbatches: 4}", ", optimizer: {kind: sgd, momentum: 0.9}",
+              absl::StrCat("{workers: 4, replicas: 2, shard: ", want.level, "}"));
+    const Plan plan = MustPlan(spec, MeasuredLayers());
+    const schedule::MemoryModel model = StageMemoryModel(spec, plan);
+    EXPECT_EQ(model.per_stage[0].parameters, want.parameters);
+    EXPECT_EQ(model.per_stage[0].gradients, 800);  // built whole by the backward
+    EXPECT_EQ(model.per_stage[0].gathered_parameters, want.gathered);
+    EXPECT_EQ(model.per_stage[0].gradients_freed_at_reduce, want.freed);
+    EXPECT_EQ(model.per_stage[0].optimizer_state, want.level == "none" ? 800 : 400);
+    ASSERT_EQ(plan.predicted_memory.size(), 4u);
+    EXPECT_EQ(plan.predicted_memory[0].static_bytes,
+              static_cast<int64_t>(want.parameters + model.per_stage[0].optimizer_state));
+  }
+}
+
 TEST(MemoryPrediction, PlanCarriesOnePredictionPerRank) {
   const spec::JobSpec spec = Parse("{kind: 1F1B, microbatches: 8}");
   const Plan plan = MustPlan(spec, MeasuredLayers());

@@ -4,6 +4,7 @@
 // more than B, a clear refusal naming the smallest peak when nothing fits.
 #include "coordinator/planning/plan_search.h"
 
+#include <algorithm>
 #include <set>
 #include <string>
 #include <vector>
@@ -20,12 +21,13 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 spec::JobSpec Parse(const std::string& schedule, const std::string& extra = "",
-                    const std::string& placement = "{workers: 4}") {
+                    const std::string& placement = "{workers: 4}",
+                    const std::string& training = "{batch_size: 256}") {
   auto spec = spec::ParseJobSpec(
       absl::StrCat("name: t\nmodel: {builtin: {family: mlp, sizes: [64, 64, 64, 64, 64, 64, 64, "
                    "64, 64, 64, 64, 64, 64, 64, 64, 64, 8]}}\n",
                    extra, "schedule: ", schedule, "\nplacement: ", placement,
-                   "\ntraining: {batch_size: 256}\n"),
+                   "\ntraining: ", training, "\n"),
       "t");
   EXPECT_TRUE(spec.ok()) << spec.status();
   return *spec;
@@ -205,6 +207,44 @@ TEST(PlanSearch, RefusesWhatCannotBeSearched) {
   auto cuda = SearchPlans(Parse("{kind: auto}"), {unsized}, options);
   EXPECT_THAT(std::string(cuda.status().message()),
               HasSubstr("placement.memory_limit: the model's profile carries no measured sizes"));
+}
+
+// placement.shard: auto tries every level per candidate and keeps the lowest that fits: none
+// without a limit; under a limit no unsharded plan meets, a sharded one. 4 replicas with AdamW,
+// whose two moments ZeRO divides.
+TEST(PlanSearch, ShardAutoTakesTheLowestLevelThatFits) {
+  const std::string training = "{batch_size: 256, optimizer: {kind: adamw}}";
+  const spec::JobSpec spec = Parse("{kind: auto, microbatches: 16}", "",
+                                   "{workers: 4, replicas: 4, shard: auto}", training);
+  const SearchResult free = MustSearch(spec, {Profile(16)});
+  for (const v1::PlanCandidate& c : free.candidates) EXPECT_EQ(c.shard(), "none");
+  EXPECT_THAT(DescribeCandidate(free.candidates.front()), HasSubstr(", shard none"));
+  int64_t smallest = free.candidates.front().max_peak_bytes();
+  for (const v1::PlanCandidate& c : free.candidates) {
+    smallest = std::min(smallest, c.max_peak_bytes());
+  }
+  const SearchResult tight = MustSearch(spec, {Profile(16)}, smallest - 1);
+  ASSERT_GT(tight.fitting, 0) << "sharding lowers the smallest peak";
+  for (int i = 0; i < tight.fitting; ++i) {
+    EXPECT_NE(tight.candidates[i].shard(), "none");
+    EXPECT_TRUE(tight.candidates[i].fits());
+  }
+  // The level chosen is the lowest that fits: one level lower does not, for the same plan.
+  const v1::PlanCandidate& chosen = tight.candidates.front();
+  const std::vector<std::string> levels = {"none", "optimizer", "gradients", "parameters"};
+  const auto at = std::find(levels.begin(), levels.end(), chosen.shard());
+  ASSERT_NE(at, levels.end());
+  ASSERT_NE(at, levels.begin());
+  const spec::JobSpec lower =
+      Parse(absl::StrCat("{kind: ", chosen.schedule(), ", microbatches: 16}"),
+            absl::StrCat("split: {stages: ", chosen.num_stages(),
+                         ", policy: ", chosen.split_policy(), "}\n"),
+            absl::StrCat("{workers: 4, replicas: 4, shard: ", *(at - 1), "}"), training);
+  const SearchResult below = MustSearch(lower, {Profile(16)}, smallest - 1);
+  ASSERT_EQ(below.candidates.size(), 1u);
+  EXPECT_FALSE(below.candidates.front().fits());
+  const spec::SpecOverrides o = CandidateOverrides(chosen);
+  EXPECT_EQ(o.set.back(), (std::pair<std::string, std::string>{"placement.shard", chosen.shard()}));
 }
 
 TEST(PlanSearch, CandidateOverridesSetTheChosenFields) {

@@ -226,6 +226,12 @@ TEST(SpecParserTest, ShardLevels) {
                           "parameters of shard: gradients are never gathered for a stage's use)"));
   EXPECT_THAT(Errors(with("  shard: parameters\n  unshard: layer\n")),
               ElementsAre(HasSubstr("placement.unshard: ")));
+  EXPECT_TRUE(
+      Parsed(Edit(with("  shard: auto\n"), "kind: 1F1B", "kind: auto")).placement.shard_auto);
+  EXPECT_THAT(Errors(with("  shard: auto\n")),
+              ElementsAre("placement.shard: auto needs schedule.kind: auto (the plan search "
+                          "chooses the level); name a level (none, optimizer, gradients, "
+                          "parameters) for a named schedule"));
   // One replica: nothing is sharded.
   EXPECT_FALSE(ShardsParameters(
       Parsed(Edit(kBase, "  workers: 2\n", "  workers: 2\n  shard: parameters\n"))));

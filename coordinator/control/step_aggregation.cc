@@ -76,10 +76,12 @@ absl::Status StepAggregator::CheckLocked(const Job& job, const RankSlot& slot,
           absl::StrCat("eval_microbatch_tokens: a negative count ", tokens));
     }
   }
-  if (req.held_parameter_bytes() < 0 || req.held_gradient_bytes() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("held_parameter_bytes / held_gradient_bytes: negative (",
-                     req.held_parameter_bytes(), " / ", req.held_gradient_bytes(), ")"));
+  if (req.held_parameter_bytes() < 0 || req.held_gradient_bytes() < 0 ||
+      req.peak_live_bytes() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "held_parameter_bytes / held_gradient_bytes / peak_live_bytes: negative (",
+        req.held_parameter_bytes(), " / ", req.held_gradient_bytes(), " / ",
+        req.peak_live_bytes(), ")"));
   }
   if (req.action_timings_size() != 0 && req.action_timings_size() != req.executed_actions_size()) {
     return absl::InvalidArgumentError(
@@ -107,6 +109,7 @@ bool StepAggregator::AddLocked(Job& job, RankSlot& slot, const v1::ReportStepReq
   }
   slot.held_parameter_bytes = req.held_parameter_bytes();
   slot.held_gradient_bytes = req.held_gradient_bytes();
+  slot.peak_live_bytes = req.peak_live_bytes();
   slot.executed_actions.assign(req.executed_actions().begin(), req.executed_actions().end());
   const int64_t global = job.attempt_base + req.step();  // the step's number in the timeline
   if (req.action_timings_size() > 0) {

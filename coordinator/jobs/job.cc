@@ -199,6 +199,7 @@ void Job::RanksToProto(v1::Job* out, bool actions) const {
     r->set_gather_hidden_ratio(slot.gather_hidden_ratio);
     r->set_held_parameter_bytes(slot.held_parameter_bytes);
     r->set_held_gradient_bytes(slot.held_gradient_bytes);
+    r->set_peak_live_bytes(slot.peak_live_bytes);
     for (const auto& [stage, digest] : slot.parameter_digests) {
       (*r->mutable_parameter_digests())[stage] = digest;
     }

@@ -99,6 +99,7 @@ struct RankSlot {
   double gather_hidden_ratio = 0.0;              // of its latest step's all-gathers (ZeRO-3)
   int64_t held_parameter_bytes = 0;              // after its latest step, measured
   int64_t held_gradient_bytes = 0;               // after its latest step, measured
+  int64_t peak_live_bytes = 0;                   // its process's peak in its latest step
   std::map<int, std::string> parameter_digests;  // latest reported, by stage
   bool task_ended = false;                       // ReportTaskEnd received, or the task was stopped
   bool replica_lost = false;  // its replica left the job (it carries on: ReplicaHealth)

@@ -327,6 +327,7 @@ absl::StatusOr<bool> DataSteps::RunPasses(const std::vector<Pass>& passes, bool 
     const HeldMemory held = MeasureHeldMemory(setup.stages->by_index, setup.shards.get());
     report.set_held_parameter_bytes(held.parameter_bytes);
     report.set_held_gradient_bytes(held.gradient_bytes);
+    report.set_peak_live_bytes(env_.memory_counter->peak_bytes());
   }
   env_.reports->Send(report);
   if (env_.snapshots != nullptr) RETURN_IF_ERROR(env_.snapshots->AfterStep(end.steps_done));

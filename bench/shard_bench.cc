@@ -1,5 +1,6 @@
 // ZeRO's shard levels on real daemons (issue 41): 2 replicas x 2 workers on loopback train a
-// wide MLP whose stage parameters are the largest term (1F1B, AdamW, a small batch), once per
+// wide MLP whose stage parameters are the largest term (6 layers, 64-W-W-W-W-W-64 in stages of
+// equal layers, 1F1B or a schedule of 2 stages per worker, AdamW, a small batch), once per
 // placement.shard level, alternating the levels in every round. Per level it prints the median
 // step time and its ratio to `none`, and per rank the peak tensor bytes its worker process held
 // in a step (ReportStepRequest.peak_live_bytes, the counting allocator), what it holds between
@@ -8,8 +9,8 @@
 // gathers' span). Byte figures are of each rank's latest step in the last round (they do not
 // vary from step to step); the hidden fraction is the median over rounds.
 //
-//   build/bench/shard_bench [--rounds N] [--steps N] [--warmup N] [--width N] [--unshard
-//   step|stage]
+//   build/bench/shard_bench [--rounds N] [--steps N] [--warmup N] [--width N]
+//                           [--unshard step|stage] [--schedule 1F1B|ZBVZeroBubble|...]
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <map>
@@ -40,13 +41,17 @@ struct Options {
   int warmup = 3;
   int width = 1024;
   std::string unshard = "step";
+  std::string schedule = "1F1B";  // or a schedule of 2 stages per worker (4 stages)
 };
 
 std::string Spec(const Options& o, const std::string& level) {
   const std::string w = absl::StrCat(o.width);
   return absl::StrCat(
       "name: shard-", level, "\nmodel: {builtin: {family: mlp, sizes: [64, ", w, ", ", w, ", ", w,
-      ", ", w, ", 64], seed: 1}}\nschedule: {kind: 1F1B, microbatches: 2}\n",
+      ", ", w, ", ", w, ", 64], seed: 1}}\n",
+      // The same split at every level (a memory-based default would move with the level).
+      "split: {stages: ", o.schedule == "1F1B" ? 2 : 4,
+      ", policy: equal-layers}\nschedule: {kind: ", o.schedule, ", microbatches: 4}\n",
       "placement: {workers: ", kWorkers, ", replicas: ", kReplicas, ", shard: ", level,
       level == "parameters" ? absl::StrCat(", unshard: ", o.unshard) : std::string(), "}\n",
       "training: {batch_size: 16, steps: ", o.steps,
@@ -101,8 +106,10 @@ int main(int argc, char** argv) {
   app.add_option("--rounds", o.rounds, "rounds (each runs every level once, alternating)");
   app.add_option("--steps", o.steps, "steps of each run");
   app.add_option("--warmup", o.warmup, "steps left out of each median");
-  app.add_option("--width", o.width, "the MLP's hidden width (4 such layers)");
+  app.add_option("--width", o.width, "the MLP's hidden width (4 W x W layers)");
   app.add_option("--unshard", o.unshard, "placement.unshard of the parameters level");
+  app.add_option("--schedule", o.schedule,
+                 "1F1B (2 stages), or a schedule of 2 stages per worker (4 stages)");
   CLI11_PARSE(app, argc, argv);
 
   sc::testing::ClusterOptions options;
@@ -120,9 +127,10 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "%d rounds of %d steps (medians after %d warm-up steps): %d replicas x %d workers, "
-      "1F1B x 2 microbatches, MLP 64-%d-%d-%d-%d-64, AdamW, batch 16, unshard %s\n\n",
-      o.rounds, o.steps, o.warmup, kReplicas, kWorkers, o.width, o.width, o.width, o.width,
-      o.unshard.c_str());
+      "%s x 4 microbatches, MLP 64-%d x 5-64 (%d stages of equal layers), AdamW, batch 16, "
+      "unshard %s\n\n",
+      o.rounds, o.steps, o.warmup, kReplicas, kWorkers, o.schedule.c_str(), o.width,
+      o.schedule == "1F1B" ? 2 : 4, o.unshard.c_str());
   std::printf("%-11s %9s %7s | per rank (replica 0): %-10s %-10s %-10s %-10s %s\n", "SHARD",
               "STEP ms", "RATIO", "PEAK", "HELD PAR", "HELD GRAD", "SENT/STEP", "GATHERS HIDDEN");
   double none = 0;

@@ -159,7 +159,8 @@ absl::Status InstallFlatInShard(const StateFields& flat, int stage,
 
 ShardLayout ZeroShards::LayoutOf(const Layout& layout) {
   ShardLayout out;
-  for (size_t i = 0; i < layout.params.size(); ++i) out.emplace_back(layout.names[i], layout.shapes[i]);
+  for (size_t i = 0; i < layout.params.size(); ++i)
+    out.emplace_back(layout.names[i], layout.shapes[i]);
   return out;
 }
 
@@ -174,8 +175,7 @@ absl::StatusOr<std::unique_ptr<ZeroShards>> ZeroShards::Create(
           (!layout.params.empty() && p.scalar_type() != layout.params.front().scalar_type())) {
         return absl::InvalidArgumentError(
             absl::StrCat("placement.shard: ", spec::ShardLevelName(level), ": stage ", s,
-                         " parameter '", name,
-                         "' is not of the stage's one floating dtype"));
+                         " parameter '", name, "' is not of the stage's one floating dtype"));
       }
       layout.params.push_back(p);
       layout.names.push_back(name);
@@ -225,11 +225,24 @@ void ZeroShards::ClearStageGradients() {
   }
 }
 
-torch::Tensor ZeroShards::FlatGradients(int stage, torch::Device device) const {
-  const Layout& layout = layouts_.at(stage);
-  std::vector<torch::Tensor> grads;
-  for (const torch::Tensor& p : layout.params) grads.push_back(p.grad());
-  return Flatten(grads, layout.shard.numel() * replicas_, layout.shard.options().device(device));
+torch::Tensor ZeroShards::FlatGradients(int stage, torch::Device device) {
+  Layout& layout = layouts_.at(stage);
+  if (level_ < spec::ShardLevel::kGradients) {
+    std::vector<torch::Tensor> grads;
+    for (const torch::Tensor& p : layout.params) grads.push_back(p.grad());
+    return Flatten(grads, layout.shard.numel() * replicas_, layout.shard.options().device(device));
+  }
+  torch::Tensor flat =
+      torch::zeros({layout.shard.numel() * replicas_}, layout.shard.options().device(device));
+  int64_t offset = 0;
+  for (size_t i = 0; i < layout.params.size(); ++i) {
+    torch::Tensor& p = layout.params[i];
+    const int64_t n = c10::multiply_integers(layout.shapes[i]);
+    if (p.grad().defined()) flat.narrow(0, offset, n).copy_(p.grad().detach().reshape(-1));
+    p.mutable_grad() = torch::Tensor();
+    offset += n;
+  }
+  return flat;
 }
 
 void ZeroShards::SetShardGradient(int stage, const torch::Tensor& grad) {

@@ -14,8 +14,9 @@
 // The padding elements have zero gradients and stay zero under SGD and AdamW. Parameters
 // without a gradient in a step count as zero gradient (a plain optimizer would skip them).
 //
-// Level gradients (ZeRO-2): SetShardGradient also frees the stage's full gradients, so between
-// steps a replica holds only the shard's. Level parameters (ZeRO-3): besides, the stage's
+// Level gradients (ZeRO-2): FlatGradients frees each parameter's gradient as it copies it (and
+// SetShardGradient any left), so between steps a replica holds only the shard's, and while the
+// gradients are flattened they are held about once. Level parameters (ZeRO-3): besides, the stage's
 // parameters hold no memory between uses (ReleaseStage: each becomes an empty tensor of its
 // dtype, device and autograd identity); GatherStage all-gathers the shards into one new flat
 // buffer and makes each parameter a view of its part, so the gathered copy is freed when the
@@ -83,7 +84,9 @@ class ZeroShards {
   // Sets the stages' parameter gradients to none (the optimizer's params are the shards).
   void ClearStageGradients();
   // Stage `stage`'s gradients, flattened and padded to D * c elements, on `device`.
-  torch::Tensor FlatGradients(int stage, torch::Device device) const;
+  // From level gradients on, each parameter's gradient is freed as soon as it is copied, so
+  // the stage holds its gradients about once, not twice, while they are flattened.
+  torch::Tensor FlatGradients(int stage, torch::Device device);
   // The reduce-scattered gradient of the shard (c elements); from level gradients on, the
   // stage's parameters' gradients are freed.
   void SetShardGradient(int stage, const torch::Tensor& grad);
@@ -109,8 +112,8 @@ class ZeroShards {
  private:
   struct Layout {
     std::vector<torch::Tensor> params;
-    std::vector<std::string> names;              // the parameters' names, in order
-    std::vector<std::vector<int64_t>> shapes;    // their shapes (level parameters empties them)
+    std::vector<std::string> names;            // the parameters' names, in order
+    std::vector<std::vector<int64_t>> shapes;  // their shapes (level parameters empties them)
     int64_t numel = 0;
     torch::Tensor shard;  // leaf, c elements, the parameters' dtype and device
   };

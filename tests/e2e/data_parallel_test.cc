@@ -33,6 +33,7 @@
 #include "tests/support/local_cluster.h"
 #include "tests/support/npy_files.h"
 #include "tests/support/reference_mlp.h"
+#include "tests/support/resumed_legs.h"
 #include "tests/support/stage_files.h"
 
 namespace stagecoach::testing::data_parallel_test {
@@ -221,30 +222,17 @@ TEST_F(DataParallelCheckpoints, ResumeFromTwoShardedReplicasOntoOneAndBackGivesT
     bool shard;
   };
   const std::vector<Leg> legs = {{2, true}, {1, false}, {2, true}};
-  std::string resume_from;
-  std::vector<double> losses;
-  std::string last_ckpt;
-  for (size_t i = 0; i < legs.size(); ++i) {
-    const std::string ckpt = absl::StrCat(c.dir(), "/ckpt-", i);
-    const std::string spec = c.WriteFile(absl::StrCat("leg-", i, ".yaml"),
-                                         ChainSpec(absl::StrCat("leg-", i), ref, legs[i].replicas,
-                                                   legs[i].shard, 2, ckpt, resume_from, ""));
-    CommandResult submit = c.Stagectl({"submit", spec, "--wait"});
-    ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err << c.Logs();
-    auto job = c.GetJob(LastLine(submit.out));
-    ASSERT_TRUE(job.ok()) << job.status();
-    ASSERT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->reason();
-    ASSERT_EQ(job->losses_size(), 2) << "leg " << i;
-    losses.insert(losses.end(), job->losses().begin(), job->losses().end());
-    resume_from = checkpoint::CheckpointStepDirectory(ckpt, 2 * static_cast<int64_t>(i + 1));
-    last_ckpt = ckpt;
-  }
-  ASSERT_EQ(losses.size(), 6u);
-  for (int step = 0; step < 6; ++step) {
-    EXPECT_NEAR(losses[step], want.losses[step], kAtol + kRtol * std::abs(want.losses[step]))
-        << "step " << step;
-  }
-  ExpectParamsMatchReference(LoadAllStageFiles(last_ckpt, 6, 2), want, kRtol, kAtol);
+  ResumedLegs run;
+  RunResumedLegs(
+      c, "leg", 3, 2,
+      [&](int i, const std::string& ckpt, const std::string& resume_from) {
+        return ChainSpec(absl::StrCat("leg-", i), ref, legs[i].replicas, legs[i].shard, 2, ckpt,
+                         resume_from, "");
+      },
+      &run);
+  if (HasFatalFailure()) return;
+  ExpectLossesNear(run.losses, want.losses, kRtol, kAtol);
+  ExpectParamsMatchReference(LoadAllStageFiles(run.last_checkpoint_dir, 6, 2), want, kRtol, kAtol);
 }
 
 TEST_F(DataParallelCheckpoints, ClientBatchesAndInferenceSplitTheBatchOverTheReplicas) {

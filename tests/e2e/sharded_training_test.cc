@@ -31,11 +31,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
-#include "common/checkpoint/layout.h"
 #include "gtest/gtest.h"
 #include "tests/support/job_predicates.h"
 #include "tests/support/local_cluster.h"
 #include "tests/support/reference_mlp.h"
+#include "tests/support/resumed_legs.h"
 #include "tests/support/stage_files.h"
 
 namespace stagecoach::testing::sharded_training_test {
@@ -189,30 +189,17 @@ TEST(ShardedCheckpoints, ResumeAcrossShardLevelsGivesTheStraightRun) {
   straight.steps = 6;
   const ReferenceResult want = TrainReference(straight);
   c.ref.steps = 2;
-  std::string resume_from;
-  std::vector<double> losses;
-  std::string last_ckpt;
   const std::vector<std::string> legs = {"parameters", "none", "gradients"};
-  for (size_t i = 0; i < legs.size(); ++i) {
-    const std::string ckpt = absl::StrCat(cl.dir(), "/resume-", i);
-    const std::string spec =
-        cl.WriteFile(absl::StrCat("resume-", i, ".yaml"), SpecYaml(c, legs[i], ckpt, resume_from));
-    CommandResult submit = cl.Stagectl({"submit", spec, "--wait"});
-    ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err << cl.Logs();
-    auto job = cl.GetJob(LastLine(submit.out));
-    ASSERT_TRUE(job.ok()) << job.status();
-    ASSERT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->reason() << cl.Logs();
-    ASSERT_EQ(job->losses_size(), 2) << legs[i];
-    losses.insert(losses.end(), job->losses().begin(), job->losses().end());
-    resume_from = checkpoint::CheckpointStepDirectory(ckpt, 2 * static_cast<int64_t>(i + 1));
-    last_ckpt = ckpt;
-  }
-  ASSERT_EQ(losses.size(), 6u);
-  for (int step = 0; step < 6; ++step) {
-    EXPECT_NEAR(losses[step], want.losses[step], kAtol + kRtol * std::abs(want.losses[step]))
-        << "step " << step;
-  }
-  ExpectParamsMatchReference(LoadAllStageFiles(last_ckpt, 6, 2), want, kRtol, kAtol);
+  ResumedLegs run;
+  RunResumedLegs(
+      cl, "resume", 3, 2,
+      [&](int i, const std::string& ckpt, const std::string& resume_from) {
+        return SpecYaml(c, legs[i], ckpt, resume_from);
+      },
+      &run);
+  if (::testing::Test::HasFatalFailure()) return;
+  ExpectLossesNear(run.losses, want.losses, kRtol, kAtol);
+  ExpectParamsMatchReference(LoadAllStageFiles(run.last_checkpoint_dir, 6, 2), want, kRtol, kAtol);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -23,6 +23,7 @@
 #include "worker/runtime/sharding/held_memory.h"
 #include "worker/runtime/sharding/parameter_gathering.h"
 #include "worker/runtime/sharding/zero_shards.h"
+#include "worker/runtime/task/client_steps.h"
 #include "worker/transport/gloo/factory.h"
 #include "worker/transport/in_memory_store.h"
 
@@ -204,6 +205,31 @@ TEST_F(ShardedParametersTest, PlaceholdersGiveTheShapesUntilPutBack) {
   }
   put_back();
   for (const torch::Tensor& p : replicas_[0].stage->Parameters()) EXPECT_EQ(p.numel(), 0);
+}
+
+// A client step's check of stage 0 runs while the task holds, on parameters that are empty
+// between steps: it runs on zeros of their shapes and leaves them empty.
+TEST_F(ShardedParametersTest, AClientStepsCheckRunsOnZerosOfTheShapes) {
+  Build(spec::ShardLevel::kParameters);
+  auto group = RingGroup();
+  ASSERT_TRUE(group.ok()) << group.status();
+  WorkQueue comm(1);
+  ParameterGathering gathering(replicas_[0].shards.get(), (*group)[0].get(), &comm,
+                               absl::Seconds(20));
+  model::StageModel& stage = *replicas_[0].stage;
+  const std::vector<torch::Tensor> batch = {torch::ones({4, 6})};
+  EXPECT_FALSE(CheckStage0Takes(batch, stage, "client_step.inputs").ok())
+      << "empty parameters cannot run";
+  {
+    const ParameterShapes shapes = replicas_[0].shards->ShapesOf(0);
+    std::function<void()> empty_again = FillEmptyWithZeros(shapes);
+    EXPECT_TRUE(CheckStage0Takes(batch, stage, "client_step.inputs").ok());
+    const absl::Status wrong = CheckStage0Takes({torch::ones({4, 5})}, stage, "client_step.inputs");
+    EXPECT_THAT(std::string(wrong.message()),
+                HasSubstr("client_step.inputs: stage 0 cannot take microbatch 0 of shape"));
+    empty_again();
+  }
+  for (const torch::Tensor& p : stage.Parameters()) EXPECT_EQ(p.numel(), 0);
 }
 
 TEST_F(ShardedParametersTest, ALateReplicaFailsTheGatherWithinTheTimeoutNamingTheAction) {

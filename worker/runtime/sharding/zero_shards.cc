@@ -314,6 +314,26 @@ void ZeroShards::ReleaseStage(int stage) {
   }
 }
 
+ParameterShapes ZeroShards::ShapesOf(int stage) const {
+  const Layout& layout = layouts_.at(stage);
+  return ParameterShapes{layout.params, layout.shapes};
+}
+
+std::function<void()> FillEmptyWithZeros(const ParameterShapes& shapes) {
+  std::vector<torch::Tensor> filled;
+  for (size_t i = 0; i < shapes.params.size(); ++i) {
+    torch::Tensor p = shapes.params[i];
+    if (p.numel() != 0 || c10::multiply_integers(shapes.shapes[i]) == 0) continue;
+    p.set_data(torch::zeros(shapes.shapes[i], p.options().requires_grad(false)));
+    filled.push_back(p);
+  }
+  return [filled]() mutable {
+    for (torch::Tensor& p : filled) {
+      p.set_data(torch::empty({0}, p.options().requires_grad(false)));
+    }
+  };
+}
+
 void ZeroShards::FillPlaceholders(int stage) {
   Layout& layout = layouts_.at(stage);
   for (size_t i = 0; i < layout.params.size(); ++i) {

@@ -40,6 +40,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -57,6 +58,18 @@
 namespace stagecoach::runtime {
 
 using checkpoint::OptimizerShardFileName;
+
+// A stage's parameters and their shapes: what a run of the stage outside its steps needs when
+// the parameters are empty between uses (level parameters). The tensors share the stage's.
+struct ParameterShapes {
+  std::vector<torch::Tensor> params;
+  std::vector<std::vector<int64_t>> shapes;
+};
+
+// Gives every empty parameter of `shapes` zeros of its shape (a check of input shapes needs the
+// shapes, not the values); the returned closure empties them again. Not thread-safe: the
+// stage must not run a step meanwhile.
+std::function<void()> FillEmptyWithZeros(const ParameterShapes& shapes);
 
 class ZeroShards {
  public:
@@ -98,6 +111,8 @@ class ZeroShards {
   // naming the stage. Payload bytes of that buffer: gathered_bytes.
   absl::Status GatherStage(int stage, collectives::Collectives& group, absl::Duration timeout);
   int64_t gathered_bytes(int stage) const;
+  // Stage `stage`'s parameters and their shapes.
+  ParameterShapes ShapesOf(int stage) const;
   // Makes the stage's parameters empty (the gathered copy goes once nothing else holds it).
   void ReleaseStage(int stage);
   // Gives the stage's parameters zeros of their shapes (a probe of the stage's output shapes

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint/layout.h"
 #include "common/rpc/time_conversion.h"
@@ -187,6 +188,12 @@ absl::StatusOr<v1::DecodeResponse> TaskRunner::Decode(const v1::DecodeRequest& r
               absl::StrCat(who, " does not run stage ", request.stage(),
                            stages == nullptr ? " (it has no stages: set-up or its end)" : ""));
         }
+        if (stages->sharded.count(request.stage()) > 0) {
+          return absl::FailedPreconditionError(
+              absl::StrCat(who, ": stage ", request.stage(),
+                           " keeps its parameters sharded across the replicas between steps "
+                           "(placement.shard: parameters); decode from a checkpoint instead"));
+        }
         ASSIGN_OR_RETURN(DecodeStepResult result,
                          decode_sessions_->Run(step, *stages->by_index.at(request.stage()),
                                                stages->precision, stages->device));
@@ -219,6 +226,11 @@ StepGate::Check TaskRunner::Stage0Check(const StepGate::ClientStep& client) {
           absl::StrCat(task_.job_id(), " attempt ", task_.attempt(), " rank ", task_.rank(),
                        ": the task has no stages to check the client step on (it is ending)"));
     }
+    // Sharded parameters are empty between steps: the check runs on zeros of their shapes.
+    auto sharded = stages->sharded.find(0);
+    const absl::Cleanup empty_again = sharded != stages->sharded.end()
+                                          ? FillEmptyWithZeros(sharded->second)
+                                          : std::function<void()>([] {});
     return CheckStage0Takes(batch->inputs, *stages->by_index.at(0),
                             absl::StrCat("client_step.inputs (rank ", task_.rank(), ")"));
   };

@@ -236,6 +236,9 @@ absl::StatusOr<TaskSetup> SetUpTask(const v1::TaskAssignment& task, const TaskRu
     ASSIGN_OR_RETURN(setup.shards, ZeroShards::Create(setup.stages->by_index, share.replica,
                                                       share.replicas, setup.spec.placement.shard));
     parameters = setup.shards->ShardParameters();
+    if (setup.shards->level() == spec::ShardLevel::kParameters) {
+      for (int s : setup.shards->stages()) setup.stages->sharded[s] = setup.shards->ShapesOf(s);
+    }
   } else {
     for (auto& [s, stage] : setup.stages->by_index) {
       for (auto& p : stage->Parameters()) parameters.push_back(p);

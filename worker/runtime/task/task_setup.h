@@ -51,6 +51,9 @@ struct TaskStages {
   // holds: a client step's check, a generation session's decoding).
   torch::Device device = torch::kCPU;
   model::Precision precision = model::Precision::kFp32;
+  // With placement.shard: parameters and replicas: by stage, its parameters (empty between
+  // uses) and their shapes, for the checks that run a stage while the task holds.
+  std::map<int, ParameterShapes> sharded;
 
   bool Owns(int stage) const { return by_index.count(stage) > 0; }
 };

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <map>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -204,6 +205,38 @@ TEST(MeasuredStepTrace, ReplicasPairTransfersWithinTheirReplicaAndDrawTheirReduc
     named = named || m.at("args").at("name") == "Replica 1 rank 1";
   }
   EXPECT_TRUE(named);
+}
+
+// Sharded parameters: each all-gather on a "parameter gathering" track of its own, beside the
+// gradient reduction's.
+TEST(MeasuredStepTrace, ParameterGathersHaveATrackOfTheirOwn) {
+  std::vector<RankStepTiming> ranks = TwoRanks();
+  for (RankStepTiming& r : ranks) {
+    v1::ReductionBucket bucket;
+    bucket.set_stage(r.rank);
+    bucket.set_bytes(4096);
+    bucket.mutable_start()->set_nanos(500000);
+    bucket.mutable_end()->set_nanos(900000);
+    r.reduction.push_back(bucket);
+    v1::ReductionBucket gather = bucket;
+    gather.set_bytes(8192);
+    gather.mutable_start()->set_nanos(0);
+    gather.mutable_end()->set_nanos(200000);
+    r.gathers.push_back(gather);
+  }
+  auto trace = MeasuredStepTrace(ranks, "sharded");
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  const json doc = Parse(*trace);
+  const std::vector<json> gathers = Events(doc, "X", "gather stage 1", 1);
+  ASSERT_EQ(gathers.size(), 1u);
+  EXPECT_EQ(gathers[0].at("args").at("bytes"), 8192);
+  EXPECT_EQ(gathers[0].at("tid"), 1001);
+  EXPECT_EQ(Events(doc, "X", "reduce stage 1", 1).at(0).at("tid"), 1000);
+  std::set<std::string> tracks;
+  for (const json& m : Events(doc, "M", "thread_name", 1)) {
+    tracks.insert(m.at("args").at("name").get<std::string>());
+  }
+  EXPECT_TRUE(tracks.count("parameter gathering") && tracks.count("gradient reduction"));
 }
 
 TEST(MeasuredStepTrace, UnmatchedSendsAndRecvsGetNoTransfer) {

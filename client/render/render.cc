@@ -146,6 +146,10 @@ nlohmann::json RanksJson(const v1::Job& job) {
         {"worker_id", r.worker_id()},
         {"reduction_bytes_sent", r.reduction_bytes_sent()},
         {"reduction_hidden_ratio", r.reduction_hidden_ratio()},
+        {"gather_hidden_ratio", r.gather_hidden_ratio()},
+        {"held_parameter_bytes", r.held_parameter_bytes()},
+        {"held_gradient_bytes", r.held_gradient_bytes()},
+        {"peak_live_bytes", r.peak_live_bytes()},
         {"stages", std::vector<int>(r.stages().begin(), r.stages().end())},
         {"steps_done", r.steps_done()},
         {"bytes_sent", r.bytes_sent()},
@@ -409,7 +413,8 @@ std::string WorkersTable(const std::vector<v1::WorkerInfo>& workers) {
     if (w.state() == v1::WORKER_STATE_LOST && !w.reason().empty()) {
       absl::StrAppend(&state, " (", w.reason(), ")");
     }
-    if (!w.reserved_for_job().empty()) absl::StrAppend(&state, " (spare of ", w.reserved_for_job(), ")");
+    if (!w.reserved_for_job().empty())
+      absl::StrAppend(&state, " (spare of ", w.reserved_for_job(), ")");
     rows.push_back({w.id(), w.name(), w.address(), w.device(), state,
                     w.job_id().empty() ? "-" : w.job_id(),
                     w.rank() < 0 ? "-" : absl::StrCat(w.rank()),
@@ -457,8 +462,7 @@ std::string TrainingLines(const v1::Job& j) {
     std::vector<int64_t> latest(j.skipped_steps().begin(), j.skipped_steps().end());
     constexpr size_t kShown = 8;
     if (latest.size() > kShown) latest.erase(latest.begin(), latest.end() - kShown);
-    out << "Skipped:   " << j.skipped_steps_size()
-        << " steps (non-finite gradients), global steps "
+    out << "Skipped:   " << j.skipped_steps_size() << " steps (non-finite gradients), global steps "
         << (j.skipped_steps_size() > static_cast<int>(kShown) ? "... " : "")
         << absl::StrJoin(latest, ", ") << "; " << j.consecutive_skipped_steps()
         << " in a row now\n";

@@ -32,6 +32,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/support/job_predicates.h"
 #include "tests/support/local_cluster.h"
 #include "tests/support/reference_mlp.h"
@@ -119,6 +120,19 @@ void RunLevel(LocalCluster& cluster, const Case& c, const std::string& level,
   std::map<int, int64_t> stage_params;
   for (const auto& st : job->stages()) stage_params[st.stage()] = st.parameters();
   ASSERT_EQ(job->ranks_size(), kReplicas * kWorkers);
+  // stagectl status shows what the ranks measured.
+  CommandResult status = cluster.Stagectl({"status", job->id(), "-o", "json"});
+  ASSERT_EQ(status.exit_code, 0) << status.err;
+  const nlohmann::json shown = nlohmann::json::parse(status.out, nullptr, false);
+  ASSERT_TRUE(shown.is_object()) << status.out;
+  ASSERT_EQ(shown.at("ranks").size(), static_cast<size_t>(job->ranks_size()));
+  for (int i = 0; i < job->ranks_size(); ++i) {
+    const nlohmann::json& r = shown.at("ranks").at(i);
+    EXPECT_EQ(r.at("held_parameter_bytes").get<int64_t>(), job->ranks(i).held_parameter_bytes());
+    EXPECT_EQ(r.at("held_gradient_bytes").get<int64_t>(), job->ranks(i).held_gradient_bytes());
+    EXPECT_GT(r.at("peak_live_bytes").get<int64_t>(), job->ranks(i).held_parameter_bytes());
+    EXPECT_EQ(r.at("gather_hidden_ratio").get<double>(), job->ranks(i).gather_hidden_ratio());
+  }
   for (const v1::RankStatus& rank : job->ranks()) {
     SCOPED_TRACE(absl::StrCat("replica ", rank.replica(), " rank ", rank.rank()));
     int64_t n = 0, shard = 0, sent = 0;

@@ -130,8 +130,7 @@ std::function<void()> ParameterGathering::Placeholders(int stage) {
   absl::MutexLock lock(&mu_);
   auto it = stages_.find(stage);
   if (it == stages_.end() || it->second.state != State::kReleased) return [] {};
-  shards_->FillPlaceholders(stage);
-  return [this, stage] { shards_->ReleaseStage(stage); };
+  return FillEmptyWithZeros(shards_->ShapesOf(stage));
 }
 
 absl::Status ParameterGathering::GatherAll() {

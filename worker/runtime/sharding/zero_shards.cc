@@ -334,14 +334,6 @@ std::function<void()> FillEmptyWithZeros(const ParameterShapes& shapes) {
   };
 }
 
-void ZeroShards::FillPlaceholders(int stage) {
-  Layout& layout = layouts_.at(stage);
-  for (size_t i = 0; i < layout.params.size(); ++i) {
-    torch::Tensor& p = layout.params[i];
-    p.set_data(torch::zeros(layout.shapes[i], p.options().requires_grad(false)));
-  }
-}
-
 absl::StatusOr<std::vector<StateSnapshot>> ZeroShards::SnapshotShardFiles(
     int64_t global_step, const torch::optim::Optimizer& optimizer) const {
   std::vector<StateSnapshot> snapshots;

@@ -115,9 +115,6 @@ class ZeroShards {
   ParameterShapes ShapesOf(int stage) const;
   // Makes the stage's parameters empty (the gathered copy goes once nothing else holds it).
   void ReleaseStage(int stage);
-  // Gives the stage's parameters zeros of their shapes (a probe of the stage's output shapes
-  // needs their shapes, not their values); ReleaseStage takes them back.
-  void FillPlaceholders(int stage);
 
   // This replica's shard file of every stage after `global_step` steps, copied for writing
   // (checkpoint.h's WriteSnapshot): the shard's values, its state in `optimizer`, the layout.

@@ -116,19 +116,32 @@ class ShardedParametersTest : public ::testing::Test {
     return MeasureHeldMemory(replicas_[k].stages, replicas_[k].shards.get());
   }
 
+  // A data-parallel group of both replicas, and each replica's gathering over it (which
+  // releases its stage's parameters).
+  void StartGathering(absl::Duration timeout = absl::Seconds(20)) {
+    auto group = RingGroup();
+    ASSERT_TRUE(group.ok()) << group.status();
+    group_ = *std::move(group);
+    for (int k = 0; k < kReplicas; ++k) {
+      comm_[k] = std::make_unique<WorkQueue>(1);
+      gathering_[k] = std::make_unique<ParameterGathering>(
+          replicas_[k].shards.get(), group_[k].get(), comm_[k].get(), timeout);
+    }
+  }
+
+  // Destroyed in reverse order: the gatherings before their queues, group and shards.
   Replica replicas_[kReplicas];
+  std::vector<std::unique_ptr<collectives::Collectives>> group_;
+  std::unique_ptr<WorkQueue> comm_[kReplicas];
+  std::unique_ptr<ParameterGathering> gathering_[kReplicas];
 };
 
 TEST_F(ShardedParametersTest, UnshardGathersTheWholeParametersAndReshardFreesThem) {
   std::map<std::string, torch::Tensor> whole;
   Build(spec::ShardLevel::kParameters, &whole);
-  auto group = RingGroup();
-  ASSERT_TRUE(group.ok()) << group.status();
-  WorkQueue comm[kReplicas] = {WorkQueue(1), WorkQueue(1)};
-  std::unique_ptr<ParameterGathering> gathering[kReplicas];
+  ASSERT_NO_FATAL_FAILURE(StartGathering());
+  std::unique_ptr<ParameterGathering>* gathering = gathering_;
   for (int k = 0; k < kReplicas; ++k) {
-    gathering[k] = std::make_unique<ParameterGathering>(
-        replicas_[k].shards.get(), (*group)[k].get(), &comm[k], absl::Seconds(20));
     // Released at once: the parameters hold nothing, the shard c elements.
     for (const torch::Tensor& p : replicas_[k].stage->Parameters()) EXPECT_EQ(p.numel(), 0);
     EXPECT_EQ(Held(k).parameter_bytes, kShard * kFloat) << "replica " << k;
@@ -171,11 +184,8 @@ TEST_F(ShardedParametersTest, UnshardGathersTheWholeParametersAndReshardFreesThe
 
 TEST_F(ShardedParametersTest, ComputeOnAShardedStageAndAStrayReshardAreRefused) {
   Build(spec::ShardLevel::kParameters);
-  auto group = RingGroup();
-  ASSERT_TRUE(group.ok()) << group.status();
-  WorkQueue comm(1);
-  ParameterGathering gathering(replicas_[0].shards.get(), (*group)[0].get(), &comm,
-                               absl::Seconds(20));
+  ASSERT_NO_FATAL_FAILURE(StartGathering());
+  ParameterGathering& gathering = *gathering_[0];
   const absl::StatusOr<absl::Duration> waited = gathering.AwaitGathered(0, "rank 0, action 0F0");
   EXPECT_EQ(waited.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(waited.status().message(),
@@ -192,11 +202,8 @@ TEST_F(ShardedParametersTest, ComputeOnAShardedStageAndAStrayReshardAreRefused) 
 TEST_F(ShardedParametersTest, PlaceholdersGiveTheShapesUntilPutBack) {
   std::map<std::string, torch::Tensor> whole;
   Build(spec::ShardLevel::kParameters, &whole);
-  auto group = RingGroup();
-  ASSERT_TRUE(group.ok()) << group.status();
-  WorkQueue comm(1);
-  ParameterGathering gathering(replicas_[0].shards.get(), (*group)[0].get(), &comm,
-                               absl::Seconds(20));
+  ASSERT_NO_FATAL_FAILURE(StartGathering());
+  ParameterGathering& gathering = *gathering_[0];
   const std::function<void()> put_back = gathering.Placeholders(0);
   for (const auto& [name, p] : replicas_[0].stage->NamedParameters()) {
     EXPECT_EQ(p.sizes(), whole.at(name).sizes()) << name;
@@ -211,11 +218,8 @@ TEST_F(ShardedParametersTest, PlaceholdersGiveTheShapesUntilPutBack) {
 // between steps: it runs on zeros of their shapes and leaves them empty.
 TEST_F(ShardedParametersTest, AClientStepsCheckRunsOnZerosOfTheShapes) {
   Build(spec::ShardLevel::kParameters);
-  auto group = RingGroup();
-  ASSERT_TRUE(group.ok()) << group.status();
-  WorkQueue comm(1);
-  ParameterGathering gathering(replicas_[0].shards.get(), (*group)[0].get(), &comm,
-                               absl::Seconds(20));
+  ASSERT_NO_FATAL_FAILURE(StartGathering());
+  ParameterGathering& gathering = *gathering_[0];
   model::StageModel& stage = *replicas_[0].stage;
   const std::vector<torch::Tensor> batch = {torch::ones({4, 6})};
   EXPECT_FALSE(CheckStage0Takes(batch, stage, "client_step.inputs").ok())
@@ -234,11 +238,8 @@ TEST_F(ShardedParametersTest, AClientStepsCheckRunsOnZerosOfTheShapes) {
 
 TEST_F(ShardedParametersTest, ALateReplicaFailsTheGatherWithinTheTimeoutNamingTheAction) {
   Build(spec::ShardLevel::kParameters);
-  auto group = RingGroup();
-  ASSERT_TRUE(group.ok()) << group.status();
-  WorkQueue comm(1);
-  ParameterGathering gathering(replicas_[0].shards.get(), (*group)[0].get(), &comm,
-                               absl::Milliseconds(500));
+  ASSERT_NO_FATAL_FAILURE(StartGathering(absl::Milliseconds(500)));
+  ParameterGathering& gathering = *gathering_[0];
   // Replica 1 never gathers.
   gathering.Unshard(0);
   const absl::Time start = absl::Now();

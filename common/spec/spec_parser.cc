@@ -23,6 +23,7 @@
 #include "common/checkpoint/layout.h"
 #include "common/spec/builtin_fields.h"
 #include "common/spec/recipe_fields.h"
+#include "common/spec/shard_fields.h"
 #include "common/spec/yaml_documents.h"
 #include "common/spec/yaml_fields.h"
 #include "common/transport/backends.h"
@@ -274,7 +275,7 @@ class SpecParser {
     placement->Int("workers", 1, kIntMax, &spec_.placement.workers);
     placement->Int("replicas", 1, kMaxReplicas, &spec_.placement.replicas);
     placement->Int("spares", 0, kMaxSpares, &spec_.placement.spares);
-    ParseShard(*placement);
+    shard_fields::ParseShard(v_, *placement, &spec_.placement);
     placement->Bool("overlap_reduction", &spec_.placement.overlap_reduction);
     const Read device = placement->Enum("device", {"cpu", "cuda"}, &spec_.placement.device);
     placement->Enum("style", {"loop", "v"}, &spec_.placement.style);
@@ -287,38 +288,6 @@ class SpecParser {
       const absl::Status usable =
           backends.CheckDevice(spec_.placement.transport, spec_.placement.device);
       if (!usable.ok()) v_.Error(placement->Path("transport"), usable.message());
-    }
-  }
-
-  // placement.shard, its synonym shard_optimizer, and placement.unshard.
-  void ParseShard(const Fields& placement) {
-    PlacementSpec& out = spec_.placement;
-    std::string level;
-    const Read shard =
-        placement.Enum("shard", {"none", "optimizer", "gradients", "parameters", "auto"}, &level);
-    out.shard_auto = shard == Read::kOk && level == "auto";
-    if (shard == Read::kOk) {
-      for (ShardLevel l : {ShardLevel::kNone, ShardLevel::kOptimizer, ShardLevel::kGradients,
-                           ShardLevel::kParameters}) {
-        if (level == ShardLevelName(l)) out.shard = l;
-      }
-    }
-    bool optimizer = false;
-    if (placement.Bool("shard_optimizer", &optimizer) == Read::kOk) {
-      if (shard == Read::kAbsent) {
-        out.shard = optimizer ? ShardLevel::kOptimizer : ShardLevel::kNone;
-      } else if (shard == Read::kOk && optimizer != (out.shard == ShardLevel::kOptimizer)) {
-        v_.Error(placement.Path("shard_optimizer"),
-                 absl::StrCat(optimizer ? "true" : "false", " contradicts placement.shard: ", level,
-                              " (shard_optimizer: true is another name for shard: optimizer; "
-                              "give one of them)"));
-      }
-    }
-    if (placement.Enum("unshard", {"step", "stage"}, &out.unshard) == Read::kOk &&
-        shard != Read::kInvalid && out.shard != ShardLevel::kParameters && !out.shard_auto) {
-      v_.Error(placement.Path("unshard"),
-               absl::StrCat("only with placement.shard: parameters (the parameters of shard: ",
-                            ShardLevelName(out.shard), " are never gathered for a stage's use)"));
     }
   }
 
@@ -554,24 +523,6 @@ absl::Status Invalid(absl::string_view message) { return absl::InvalidArgumentEr
 bool CarriesOn(const JobSpec& spec) {
   if (spec.placement.replicas <= 1) return false;
   return spec.restart.carry_on.value_or(!spec.placement.shards() && !spec.placement.shard_auto);
-}
-
-bool ShardsParameters(const JobSpec& spec) {
-  return spec.placement.shard == ShardLevel::kParameters && spec.placement.replicas > 1;
-}
-
-const char* ShardLevelName(ShardLevel level) {
-  switch (level) {
-    case ShardLevel::kNone:
-      return "none";
-    case ShardLevel::kOptimizer:
-      return "optimizer";
-    case ShardLevel::kGradients:
-      return "gradients";
-    case ShardLevel::kParameters:
-      return "parameters";
-  }
-  return "none";
 }
 
 absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view yaml_text, absl::string_view origin) {

@@ -258,7 +258,10 @@ void NetnsCluster::RunPartition(absl::Duration partition, const std::string& lea
   ASSERT_TRUE(hosts_->Cut(0, CutKind::kDrop).ok());
   absl::SleepFor(partition);
   ASSERT_TRUE(hosts_->Heal(0).ok());
-  auto healed = cluster_->GetJob(*id);
+  // This test's own channel to the coordinator failed during the partition and may still be in
+  // gRPC's reconnect backoff: retry until it answers (a bounded wait).
+  auto healed = cluster_->WaitForJob(
+      *id, [](const v1::Job&) { return true; }, absl::Seconds(60));
   ASSERT_TRUE(healed.ok()) << healed.status();
   std::cerr << "partitioned the coordinator for " << absl::FormatDuration(partition) << " after "
             << before.global_steps_done() << " steps; " << healed->global_steps_done()

@@ -1,5 +1,5 @@
 // What UNSHARD and RESHARD do when a rank's stages keep their parameters sharded across the
-// data-parallel replicas (placement.shard: parameters; worker/runtime/training/
+// data-parallel replicas (placement.shard: parameters; worker/runtime/sharding/
 // parameter_gathering.h implements it). Without one (ExecutorOptions::sharding null) the two
 // actions do nothing and every stage's parameters are whole.
 //

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/util/status_macros.h"
 
 namespace stagecoach::runtime {
 
@@ -34,17 +35,9 @@ GatherReport ParameterGathering::Report() const {
   absl::MutexLock lock(&mu_);
   report.gathers = gathers_;
   report.waited = waited_;
-  if (gathers_.empty()) return report;
-  absl::Duration first = gathers_.front().start, last = gathers_.front().end;
-  for (const GatherTiming& g : gathers_) {
-    first = std::min(first, g.start);
-    last = std::max(last, g.end);
-  }
-  report.span = last - first;
-  if (report.span > absl::ZeroDuration()) {
-    report.hidden_ratio = std::clamp(
-        1.0 - absl::FDivDuration(std::min(report.waited, report.span), report.span), 0.0, 1.0);
-  }
+  const collectives::CollectiveOverlap overlap = collectives::OverlapOf(gathers_, waited_);
+  report.span = overlap.span;
+  report.hidden_ratio = overlap.hidden_ratio;
   return report;
 }
 
@@ -60,8 +53,7 @@ void ParameterGathering::Unshard(int stage) {
   comm_->Run(scope_.Wrap([this, stage] { Gather(stage); }));
 }
 
-void ParameterGathering::Gather(int stage) {
-  const absl::Time start = absl::Now();
+absl::Status ParameterGathering::GatherNow(int stage) {
   absl::Status status;
   try {
     status = shards_->GatherStage(stage, *group_, timeout_);
@@ -70,6 +62,12 @@ void ParameterGathering::Gather(int stage) {
                                               e.what_without_backtrace()));
   }
   if (!status.ok()) group_->Abort();
+  return status;
+}
+
+void ParameterGathering::Gather(int stage) {
+  const absl::Time start = absl::Now();
+  absl::Status status = GatherNow(stage);
   const absl::Time end = absl::Now();
   absl::MutexLock lock(&mu_);
   Stage& st = stages_.at(stage);
@@ -137,17 +135,7 @@ absl::Status ParameterGathering::GatherAll() {
   absl::MutexLock lock(&mu_);
   for (auto& [s, st] : stages_) {
     if (st.state != State::kReleased) continue;
-    absl::Status gathered;
-    try {
-      gathered = shards_->GatherStage(s, *group_, timeout_);
-    } catch (const c10::Error& e) {
-      gathered = absl::InternalError(
-          absl::StrCat("gathering the parameters of stage ", s, ": ", e.what_without_backtrace()));
-    }
-    if (!gathered.ok()) {
-      group_->Abort();
-      return gathered;
-    }
+    RETURN_IF_ERROR(GatherNow(s));
     st.state = State::kGathered;
   }
   return absl::OkStatus();

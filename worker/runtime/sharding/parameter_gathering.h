@@ -34,19 +34,16 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/util/executor.h"
+#include "worker/collectives/collective_timing.h"
 #include "worker/collectives/collectives.h"
 #include "worker/runtime/executor/stage_sharding.h"
 #include "worker/runtime/sharding/zero_shards.h"
 
 namespace stagecoach::runtime {
 
-// One all-gather of a stage's parameters, relative to the step's start.
-struct GatherTiming {
-  int stage = 0;
-  int64_t bytes = 0;  // the gathered parameters' bytes (padded)
-  absl::Duration start;
-  absl::Duration end;
-};
+// One all-gather of a stage's parameters, relative to the step's start; bytes: the gathered
+// parameters' (padded).
+using GatherTiming = collectives::CollectiveTiming;
 
 // What a step's all-gathers did.
 struct GatherReport {
@@ -87,7 +84,10 @@ class ParameterGathering final : public StageSharding {
     absl::Status error;  // of its last gather
   };
 
+  // Queued by Unshard: gathers `stage` and records it.
   void Gather(int stage);
+  // ZeroShards::GatherStage with LibTorch's errors as INTERNAL; aborts the group on an error.
+  absl::Status GatherNow(int stage);
   // Waits until `stage` is not being gathered; its state then. The error names `where`.
   absl::StatusOr<State> AwaitSettled(int stage, const std::string& where)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

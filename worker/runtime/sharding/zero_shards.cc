@@ -227,11 +227,7 @@ void ZeroShards::ClearStageGradients() {
 
 torch::Tensor ZeroShards::FlatGradients(int stage, torch::Device device) {
   Layout& layout = layouts_.at(stage);
-  if (level_ < spec::ShardLevel::kGradients) {
-    std::vector<torch::Tensor> grads;
-    for (const torch::Tensor& p : layout.params) grads.push_back(p.grad());
-    return Flatten(grads, layout.shard.numel() * replicas_, layout.shard.options().device(device));
-  }
+  const bool free_as_copied = level_ >= spec::ShardLevel::kGradients;
   torch::Tensor flat =
       torch::zeros({layout.shard.numel() * replicas_}, layout.shard.options().device(device));
   int64_t offset = 0;
@@ -239,7 +235,7 @@ torch::Tensor ZeroShards::FlatGradients(int stage, torch::Device device) {
     torch::Tensor& p = layout.params[i];
     const int64_t n = c10::multiply_integers(layout.shapes[i]);
     if (p.grad().defined()) flat.narrow(0, offset, n).copy_(p.grad().detach().reshape(-1));
-    p.mutable_grad() = torch::Tensor();
+    if (free_as_copied) p.mutable_grad() = torch::Tensor();
     offset += n;
   }
   return flat;

@@ -71,6 +71,24 @@ void StepReports::AddRecipe(const RecipeDecision& decision, v1::ReportStepReques
   for (int rank : decision.nonfinite_ranks) report->add_nonfinite_ranks(rank);
 }
 
+namespace {
+
+// `timings` (relative to mark.start) into `out`, moved to the report's step start.
+void AddTimings(const std::vector<collectives::CollectiveTiming>& timings, const StepMark& mark,
+                const v1::ReportStepRequest& report,
+                google::protobuf::RepeatedPtrField<v1::ReductionBucket>* out) {
+  const absl::Duration shift = rpc::FromProtoTimestamp(report.step_start_time()) - mark.start;
+  for (const collectives::CollectiveTiming& t : timings) {
+    v1::ReductionBucket* bucket = out->Add();
+    bucket->set_stage(t.stage);
+    bucket->set_bytes(t.bytes);
+    *bucket->mutable_start() = rpc::ToProtoDuration(t.start - shift);
+    *bucket->mutable_end() = rpc::ToProtoDuration(t.end - shift);
+  }
+}
+
+}  // namespace
+
 void StepReports::AddReduction(const ReductionReport& reduction, const StepMark& mark,
                                v1::ReportStepRequest* report) {
   v1::GradientReduction* out = report->mutable_reduction();
@@ -80,14 +98,7 @@ void StepReports::AddReduction(const ReductionReport& reduction, const StepMark&
   *out->mutable_waited() = rpc::ToProtoDuration(reduction.waited);
   out->set_hidden_ratio(reduction.hidden_ratio);
   out->set_gather_bytes_sent(reduction.gather_bytes_sent);
-  const absl::Duration shift = rpc::FromProtoTimestamp(report->step_start_time()) - mark.start;
-  for (const BucketTiming& b : reduction.buckets) {
-    v1::ReductionBucket* bucket = out->add_buckets();
-    bucket->set_stage(b.stage);
-    bucket->set_bytes(b.bytes);
-    *bucket->mutable_start() = rpc::ToProtoDuration(b.start - shift);
-    *bucket->mutable_end() = rpc::ToProtoDuration(b.end - shift);
-  }
+  AddTimings(reduction.buckets, mark, *report, out->mutable_buckets());
 }
 
 void StepReports::AddGathers(const GatherReport& gathers, const StepMark& mark,
@@ -95,14 +106,7 @@ void StepReports::AddGathers(const GatherReport& gathers, const StepMark& mark,
   v1::GradientReduction* out = report->mutable_reduction();
   *out->mutable_gather_waited() = rpc::ToProtoDuration(gathers.waited);
   out->set_gather_hidden_ratio(gathers.hidden_ratio);
-  const absl::Duration shift = rpc::FromProtoTimestamp(report->step_start_time()) - mark.start;
-  for (const GatherTiming& g : gathers.gathers) {
-    v1::ReductionBucket* gather = out->add_gathers();
-    gather->set_stage(g.stage);
-    gather->set_bytes(g.bytes);
-    *gather->mutable_start() = rpc::ToProtoDuration(g.start - shift);
-    *gather->mutable_end() = rpc::ToProtoDuration(g.end - shift);
-  }
+  AddTimings(gathers.gathers, mark, *report, out->mutable_gathers());
 }
 
 v1::ReportStepRequest StepReports::CheckpointOnly(int64_t step, int64_t global_step) const {

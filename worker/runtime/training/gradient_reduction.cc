@@ -234,19 +234,10 @@ absl::StatusOr<ReductionReport> GradientReducer::Finish() {
   const collectives::CollectiveStats after = group_->stats();
   report.bytes_sent = after.bytes_sent - stats_at_start_.bytes_sent;
   report.bytes_received = after.bytes_received - stats_at_start_.bytes_received;
-  if (!report.buckets.empty()) {
-    absl::Duration first = report.buckets.front().start, last = report.buckets.front().end;
-    for (const BucketTiming& b : report.buckets) {
-      first = std::min(first, b.start);
-      last = std::max(last, b.end);
-    }
-    report.span = last - first;
-    if (report.span > absl::ZeroDuration()) {
-      const double ratio =
-          1.0 - absl::FDivDuration(std::min(report.waited, report.span), report.span);
-      report.hidden_ratio = std::clamp(ratio, 0.0, 1.0);
-    }
-  }
+  const collectives::CollectiveOverlap overlap =
+      collectives::OverlapOf(report.buckets, report.waited);
+  report.span = overlap.span;
+  report.hidden_ratio = overlap.hidden_ratio;
   return report;
 }
 

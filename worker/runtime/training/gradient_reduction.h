@@ -36,6 +36,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/util/executor.h"
+#include "worker/collectives/collective_timing.h"
 #include "worker/collectives/collectives.h"
 #include "worker/model/stage_model.h"
 #include "worker/runtime/sharding/zero_shards.h"
@@ -57,12 +58,7 @@ struct GradientReductionOptions {
 };
 
 // One bucket's reduction, relative to the step's start (BeginStep).
-struct BucketTiming {
-  int stage = 0;
-  int64_t bytes = 0;
-  absl::Duration start;
-  absl::Duration end;
-};
+using BucketTiming = collectives::CollectiveTiming;
 
 // What a step's reduction did.
 struct ReductionReport {

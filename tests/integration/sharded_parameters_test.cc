@@ -265,6 +265,18 @@ TEST_F(ShardedParametersTest, FromLevelGradientsTheReduceScatteredShardFreesTheF
       EXPECT_EQ(p.grad().defined(), !freed);
     }
     EXPECT_EQ(Held(0).gradient_bytes, (freed ? 0 : kParameters * kFloat) + kShard * kFloat);
+    // Flattening for the reduce-scatter: the padded gradients in order, each parameter's
+    // gradient freed once copied from level gradients on.
+    for (torch::Tensor& p : replicas_[0].stage->Parameters()) {
+      p.mutable_grad() = torch::ones_like(p);
+    }
+    const torch::Tensor flat = shards.FlatGradients(0, torch::kCPU);
+    ASSERT_EQ(flat.numel(), kReplicas * kShard);
+    EXPECT_EQ(flat.narrow(0, 0, kParameters).sum().item<float>(), kParameters);
+    EXPECT_EQ(flat.narrow(0, kParameters, kReplicas * kShard - kParameters).sum().item<float>(), 0);
+    for (const torch::Tensor& p : replicas_[0].stage->Parameters()) {
+      EXPECT_EQ(p.grad().defined(), !freed);
+    }
   }
 }
 

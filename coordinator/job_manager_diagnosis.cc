@@ -92,7 +92,8 @@ void JobManager::DiagnoseJobsLocked(absl::Time now) {
       const std::vector<absl::Duration> recent(job->diagnosis.recent_steps().begin(),
                                                job->diagnosis.recent_steps().end());
       const absl::Duration bound = StallBound(options_.stall, recent);
-      const std::optional<absl::Duration> ran = StepRunning(StallInputsLocked(*job, false), now);
+      const std::optional<absl::Duration> ran =
+          StepRunning(StallInputsLocked(*job, false), options_.stall, now);
       if (ran.has_value() && *ran > bound) {
         stall = EvaluateStall(StallInputsLocked(*job, true), bound, options_.stall, now);
       }

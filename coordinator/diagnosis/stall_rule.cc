@@ -117,12 +117,17 @@ absl::Duration StallBound(const StallOptions& options,
   return std::max(options.floor, MedianDuration(recent_steps) * options.median_factor);
 }
 
-std::optional<absl::Duration> StepRunning(const StallInputs& in, absl::Time now) {
+std::optional<absl::Duration> StepRunning(const StallInputs& in, const StallOptions& options,
+                                          absl::Time now) {
   std::optional<absl::Time> earliest;
   for (const RankView& r : in.ranks) {
     if (r.progress == nullptr) continue;
     const v1::RankProgress& p = *r.progress;
-    if (p.phase() == v1::RANK_PHASE_SETUP) return std::nullopt;
+    if (p.phase() == v1::RANK_PHASE_SETUP) {
+      const bool heard = now - std::max(r.received, r.last_heartbeat) <= options.silent_after;
+      if (heard) return std::nullopt;
+      continue;
+    }
     // A rank may be a step (or, with its reports in flight, a few) ahead of the steps the
     // coordinator saw complete: its step counts too.
     if (p.global_step() < in.step || p.step_elapsed_us() <= 0) continue;
@@ -174,7 +179,7 @@ std::vector<v1::RankDiagnosis> DiagnoseRanks(const std::vector<RankView>& ranks,
 
 std::optional<v1::JobStall> EvaluateStall(const StallInputs& in, absl::Duration bound,
                                           const StallOptions& options, absl::Time now) {
-  const std::optional<absl::Duration> running = StepRunning(in, now);
+  const std::optional<absl::Duration> running = StepRunning(in, options, now);
   if (!running.has_value() || *running <= bound) return std::nullopt;
   v1::JobStall stall;
   stall.set_global_step(in.step);

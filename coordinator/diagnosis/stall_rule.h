@@ -70,8 +70,11 @@ absl::Duration StallBound(const StallOptions& options,
                           const std::vector<absl::Duration>& recent_steps);
 
 // How long the job's current step has run at `now`; unset when it has not begun (no rank began
-// its actions) or a rank is still setting up.
-std::optional<absl::Duration> StepRunning(const StallInputs& in, absl::Time now);
+// its actions) or a rank is still setting up. A setting-up beacon counts only while its rank is
+// heard from (within `options.silent_after`): a worker frozen before its first heartbeat of the
+// step left a setting-up beacon behind, and must not hold the stall off for ever.
+std::optional<absl::Duration> StepRunning(const StallInputs& in, const StallOptions& options,
+                                          absl::Time now);
 
 // The rank's state in one line (RankDiagnosis.summary), naming peers by rank and address; a
 // rank whose worker fell silent says so first ("silent for 12.0 s (no heartbeat); last heard:

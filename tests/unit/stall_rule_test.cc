@@ -112,30 +112,57 @@ TEST(StallRule, AStepPastItsBoundNamesEachRanksActionPeerAndWait) {
 }
 
 TEST(StallRule, TheStepClockStartsWhenTheFirstRankBeganNotBefore) {
+  StallOptions options;
   StallInputs in;
   in.step = 3;
   in.step_began = kT0;  // the previous step completed long ago: a slow data loader, say
   const absl::Time now = kT0 + absl::Seconds(100);
   in.ranks.push_back(View(0, InStep(0, 3, absl::Seconds(10)), now - absl::Seconds(1)));
-  ASSERT_EQ(StepRunning(in, now), absl::Seconds(11));
+  ASSERT_EQ(StepRunning(in, options, now), absl::Seconds(11));
   // A rank still setting up: not stalled, whatever the clock says.
   v1::RankProgress setup;
   setup.set_phase(v1::RANK_PHASE_SETUP);
   in.ranks.push_back(View(1, setup, now));
-  EXPECT_EQ(StepRunning(in, now), std::nullopt);
+  EXPECT_EQ(StepRunning(in, options, now), std::nullopt);
   // No rank has begun the step: nothing runs, so nothing stalls.
   in.ranks.clear();
   v1::RankProgress between;
   between.set_phase(v1::RANK_PHASE_BETWEEN_STEPS);
   between.set_global_step(3);
   in.ranks.push_back(View(0, between, now));
-  EXPECT_EQ(StepRunning(in, now), std::nullopt);
+  EXPECT_EQ(StepRunning(in, options, now), std::nullopt);
   // A beacon of the previous step does not start this one.
   in.ranks.push_back(View(1, InStep(1, 2, absl::Seconds(50)), now));
-  EXPECT_EQ(StepRunning(in, now), std::nullopt);
+  EXPECT_EQ(StepRunning(in, options, now), std::nullopt);
   // A rank already in the next step (its peer froze before reporting this one) does.
   in.ranks.push_back(View(2, InStep(2, 4, absl::Seconds(20)), now - absl::Seconds(1)));
-  EXPECT_EQ(StepRunning(in, now), absl::Seconds(21));
+  EXPECT_EQ(StepRunning(in, options, now), absl::Seconds(21));
+}
+
+TEST(StallRule, ASilentRanksSettingUpBeaconDoesNotHoldTheStallOff) {
+  // Rank 0 froze right after its setup, before a heartbeat carried a beacon of its steps: its
+  // latest beacon says it sets up, while rank 1 has waited on it for 40 s.
+  StallOptions options;
+  options.silent_after = absl::Seconds(2);
+  StallInputs in;
+  in.step = 5;
+  const absl::Time now = kT0 + absl::Seconds(100);
+  in.step_began = now - absl::Seconds(41);
+  v1::RankProgress setup;
+  setup.set_phase(v1::RANK_PHASE_SETUP);
+  in.ranks.push_back(View(0, setup, now - absl::Seconds(2)));
+  in.ranks.push_back(View(1, InStep(1, 5, absl::Seconds(39)), now - absl::Seconds(1)));
+  EXPECT_EQ(StepRunning(in, options, now), std::nullopt)
+      << "heard from within silent_after: it is still setting up";
+  in.ranks[0].received = now - absl::Seconds(3);
+  EXPECT_EQ(StepRunning(in, options, now), absl::Seconds(40));
+  // A heartbeat without a beacon keeps it heard from.
+  in.ranks[0].last_heartbeat = now - absl::Seconds(1);
+  EXPECT_EQ(StepRunning(in, options, now), std::nullopt);
+  in.ranks[0].last_heartbeat = now - absl::Seconds(10);
+  const std::optional<v1::JobStall> stall = EvaluateStall(in, absl::Seconds(4), options, now);
+  ASSERT_TRUE(stall.has_value());
+  EXPECT_THAT(stall->ranks(0).summary(), HasSubstr("silent for 3.0 s"));
 }
 
 TEST(StallRule, SummariesSayWhatEachPhaseWaitsFor) {

@@ -316,6 +316,7 @@ void StepAggregator::CompleteStepLocked(Job& job, int64_t step_index, absl::Time
     if (computed > 0) {
       metrics_->TokenStep(job.id, step->tokens_per_second(), step->padding_waste());
     }
+    MemoryMetricsLocked(job, agg);
   }
   // A client batch step (StepJob) hands its losses to its caller.
   if (job.client_step.has_value() && !job.client_step->forward_only &&
@@ -372,13 +373,31 @@ void StepAggregator::RecordMemoryLocked(Job& job, const StepAggregate& agg,
     job.measured_max_bytes[rank] =
         std::max(job.measured_max_bytes[rank], agg.peak_activation_bytes[task]);
   }
-  if (metrics_ != nullptr) {
+}
+
+void StepAggregator::MemoryMetricsLocked(const Job& job, const StepAggregate& agg) {
+  if (std::any_of(agg.peak_activation_bytes.begin(), agg.peak_activation_bytes.end(),
+                  [](int64_t bytes) { return bytes > 0; })) {
     std::vector<int64_t> predicted;
     for (const PredictedRankMemory& rank : job.plan.predicted_memory) {
       predicted.push_back(rank.peak_bytes);
     }
-    metrics_->RankMemory(job.id, agg.peak_activation_bytes, predicted, num_ranks);
+    metrics_->RankMemory(job.id, agg.peak_activation_bytes, predicted, job.plan.num_ranks);
   }
+  // What each task holds after the step: its slot's latest figures (every task reported it).
+  const bool gathers = job.plan.replicas > 1 && spec::ShardsParameters(job.spec);
+  std::vector<TaskHeldMemory> tasks;
+  bool measured = false;
+  for (const RankSlot& slot : job.ranks) {
+    TaskHeldMemory t;
+    t.held_parameter_bytes = slot.held_parameter_bytes;
+    t.held_gradient_bytes = slot.held_gradient_bytes;
+    t.peak_live_bytes = slot.peak_live_bytes;
+    if (gathers) t.gather_hidden_ratio = slot.gather_hidden_ratio;
+    measured = measured || t.held_parameter_bytes > 0 || t.peak_live_bytes > 0;
+    tasks.push_back(t);
+  }
+  if (measured) metrics_->HeldMemory(job.id, tasks, job.plan.num_ranks);
 }
 
 std::optional<double> StepAggregator::EvalLoss(const StepAggregate& agg) {

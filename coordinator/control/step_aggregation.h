@@ -78,9 +78,12 @@ class StepAggregator {
   // or with their token counts (the loss normalised by tokens) the sum of the counted tokens'
   // losses over their count. None when nothing was counted.
   static std::optional<double> EvalLoss(const StepAggregate& agg);
-  // The ranks' measured activation peaks: into the event, the job's latest and largest per
-  // rank, and the metrics (with the plan's predictions).
+  // The ranks' measured activation peaks: into the event and the job's latest and largest per
+  // rank.
   void RecordMemoryLocked(Job& job, const StepAggregate& agg, v1::StepCompleted& step);
+  // The step's memory metrics, after its StepCompleted (which keeps the job's series): the
+  // measured activation peaks with the plan's predictions, and what each task holds after it.
+  void MemoryMetricsLocked(const Job& job, const StepAggregate& agg);
   // The diagnosis's part (coordinator/diagnosis/): the step's duration for the stall bound, the
   // straggler rule over the step's compute, its events and the ranks' pace metrics.
   void RecordDiagnosisLocked(Job& job, int64_t global, absl::Time now);

@@ -31,6 +31,19 @@ void SetPerState(prometheus::Family<prometheus::Gauge>& family,
   }
 }
 
+// Sets one gauge of `family` per task of `job_id` to `values` (index = task, labelled by rank
+// and replica: task = replica * per_replica + rank), adding the gauges `gauges` lacks.
+void SetPerTask(prometheus::Family<prometheus::Gauge>& family,
+                std::vector<prometheus::Gauge*>& gauges, const std::string& job_id,
+                size_t per_replica, const std::vector<double>& values) {
+  for (size_t task = gauges.size(); task < values.size(); ++task) {
+    gauges.push_back(&family.Add({{"job", job_id},
+                                  {"rank", absl::StrCat(task % per_replica)},
+                                  {"replica", absl::StrCat(task / per_replica)}}));
+  }
+  for (size_t task = 0; task < values.size(); ++task) gauges[task]->Set(values[task]);
+}
+
 }  // namespace
 
 std::string CoordinatorMetrics::StateLabel(v1::JobState state) {
@@ -120,6 +133,29 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
                             .Help("The planner's prediction of a rank's activation and buffer "
                                   "peak in a step (the schedule memory model)")
                             .Register(registry)),
+      held_parameters_(prometheus::BuildGauge()
+                           .Name("stagecoach_held_parameter_bytes")
+                           .Help("Bytes a rank holds between steps for its stages' parameters "
+                                 "(and their optimizer shards), as its worker's allocator "
+                                 "counts them (CPU workers)")
+                           .Register(registry)),
+      held_gradients_(prometheus::BuildGauge()
+                          .Name("stagecoach_held_gradient_bytes")
+                          .Help("Bytes a rank holds between steps for its stages' gradients "
+                                "(whole or its shard, placement.shard), as its worker's "
+                                "allocator counts them (CPU workers)")
+                          .Register(registry)),
+      peak_live_(prometheus::BuildGauge()
+                     .Name("stagecoach_peak_live_bytes")
+                     .Help("Most tensor bytes a rank's worker process held at once in the "
+                           "job's last completed step (CPU workers)")
+                     .Register(registry)),
+      gather_hidden_(prometheus::BuildGauge()
+                         .Name("stagecoach_parameter_gather_hidden_ratio")
+                         .Help("Share of a rank's parameter all-gathers (placement.shard: "
+                               "parameters) its compute did not wait for, in the job's last "
+                               "completed step")
+                         .Register(registry)),
       degraded_(prometheus::BuildGauge()
                     .Name("stagecoach_job_degraded")
                     .Help("1 while a replica of the job has left it and the others carry on")
@@ -171,11 +207,6 @@ void CoordinatorMetrics::StepCompleted(const std::string& job_id, absl::Duration
                                        const std::vector<double>& hidden_ratios, int num_ranks) {
   const size_t per_replica =
       num_ranks > 0 ? static_cast<size_t>(num_ranks) : std::max<size_t>(bubble_ratios.size(), 1);
-  auto labels = [&](size_t task) -> std::map<std::string, std::string> {
-    return {{"job", job_id},
-            {"rank", absl::StrCat(task % per_replica)},
-            {"replica", absl::StrCat(task / per_replica)}};
-  };
   steps_.Increment();
   step_duration_.Observe(absl::ToDoubleSeconds(step_time));
 
@@ -193,18 +224,8 @@ void CoordinatorMetrics::StepCompleted(const std::string& job_id, absl::Duration
     s.loss->Set(*loss);
   }
   s.samples_per_second->Set(samples_per_second);
-  for (size_t task = s.bubble_ratios.size(); task < bubble_ratios.size(); ++task) {
-    s.bubble_ratios.push_back(&bubble_ratio_.Add(labels(task)));
-  }
-  for (size_t task = 0; task < bubble_ratios.size(); ++task) {
-    s.bubble_ratios[task]->Set(bubble_ratios[task]);
-  }
-  for (size_t task = s.hidden_ratios.size(); task < hidden_ratios.size(); ++task) {
-    s.hidden_ratios.push_back(&hidden_ratio_.Add(labels(task)));
-  }
-  for (size_t task = 0; task < hidden_ratios.size(); ++task) {
-    s.hidden_ratios[task]->Set(hidden_ratios[task]);
-  }
+  SetPerTask(bubble_ratio_, s.bubble_ratios, job_id, per_replica, bubble_ratios);
+  SetPerTask(hidden_ratio_, s.hidden_ratios, job_id, per_replica, hidden_ratios);
 
   while (series_order_.size() > static_cast<size_t>(kMaxJobSeries)) {
     auto oldest = series_.find(series_order_.front());
@@ -222,6 +243,10 @@ void CoordinatorMetrics::StepCompleted(const std::string& job_id, absl::Duration
     if (old.padding_waste != nullptr) padding_waste_.Remove(old.padding_waste);
     for (prometheus::Gauge* g : old.measured_memory) measured_memory_.Remove(g);
     for (prometheus::Gauge* g : old.predicted_memory) predicted_memory_.Remove(g);
+    for (prometheus::Gauge* g : old.held_parameters) held_parameters_.Remove(g);
+    for (prometheus::Gauge* g : old.held_gradients) held_gradients_.Remove(g);
+    for (prometheus::Gauge* g : old.peak_live) peak_live_.Remove(g);
+    for (prometheus::Gauge* g : old.gather_hidden) gather_hidden_.Remove(g);
     if (old.degraded != nullptr) degraded_.Remove(old.degraded);
     if (old.healthy_replicas != nullptr) healthy_replicas_.Remove(old.healthy_replicas);
     if (old.stalled != nullptr) stalled_.Remove(old.stalled);
@@ -274,15 +299,8 @@ void CoordinatorMetrics::RankMemory(const std::string& job_id, const std::vector
   auto it = series_.find(job_id);
   if (it == series_.end()) return;  // evicted: its series are gone
   JobSeries& s = it->second;
-  for (size_t task = s.measured_memory.size(); task < measured.size(); ++task) {
-    s.measured_memory.push_back(
-        &measured_memory_.Add({{"job", job_id},
-                               {"rank", absl::StrCat(task % per_replica)},
-                               {"replica", absl::StrCat(task / per_replica)}}));
-  }
-  for (size_t task = 0; task < measured.size(); ++task) {
-    s.measured_memory[task]->Set(static_cast<double>(measured[task]));
-  }
+  SetPerTask(measured_memory_, s.measured_memory, job_id, per_replica,
+             std::vector<double>(measured.begin(), measured.end()));
   for (size_t rank = s.predicted_memory.size(); rank < predicted.size(); ++rank) {
     s.predicted_memory.push_back(
         &predicted_memory_.Add({{"job", job_id}, {"rank", absl::StrCat(rank)}}));
@@ -290,6 +308,27 @@ void CoordinatorMetrics::RankMemory(const std::string& job_id, const std::vector
   for (size_t rank = 0; rank < predicted.size(); ++rank) {
     s.predicted_memory[rank]->Set(static_cast<double>(predicted[rank]));
   }
+}
+
+void CoordinatorMetrics::HeldMemory(const std::string& job_id,
+                                    const std::vector<TaskHeldMemory>& tasks, int num_ranks) {
+  const size_t per_replica = std::max(num_ranks, 1);
+  std::vector<double> parameters, gradients, peak, hidden;
+  for (const TaskHeldMemory& t : tasks) {
+    parameters.push_back(static_cast<double>(t.held_parameter_bytes));
+    gradients.push_back(static_cast<double>(t.held_gradient_bytes));
+    peak.push_back(static_cast<double>(t.peak_live_bytes));
+    if (t.gather_hidden_ratio.has_value()) hidden.push_back(*t.gather_hidden_ratio);
+  }
+  if (hidden.size() != tasks.size()) hidden.clear();  // every task gathers, or none
+  absl::MutexLock lock(&mu_);
+  auto it = series_.find(job_id);
+  if (it == series_.end()) return;  // evicted: its series are gone
+  JobSeries& s = it->second;
+  SetPerTask(held_parameters_, s.held_parameters, job_id, per_replica, parameters);
+  SetPerTask(held_gradients_, s.held_gradients, job_id, per_replica, gradients);
+  SetPerTask(peak_live_, s.peak_live, job_id, per_replica, peak);
+  SetPerTask(gather_hidden_, s.gather_hidden, job_id, per_replica, hidden);
 }
 
 void CoordinatorMetrics::RecipeStep(const std::string& job_id, double learning_rate,

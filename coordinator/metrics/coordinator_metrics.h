@@ -29,6 +29,16 @@
 
 namespace stagecoach::coordinator {
 
+// What one task (rank of a replica) reported of its memory after a completed step
+// (ReportStepRequest's held_parameter_bytes, held_gradient_bytes, peak_live_bytes and, with
+// placement.shard: parameters, GradientReduction.gather_hidden_ratio).
+struct TaskHeldMemory {
+  int64_t held_parameter_bytes = 0;
+  int64_t held_gradient_bytes = 0;
+  int64_t peak_live_bytes = 0;
+  std::optional<double> gather_hidden_ratio;
+};
+
 // Thread-safe.
 class CoordinatorMetrics {
  public:
@@ -69,6 +79,13 @@ class CoordinatorMetrics {
   // {job, rank}). Call after the step's StepCompleted; an evicted job's series stay gone.
   void RankMemory(const std::string& job_id, const std::vector<int64_t>& measured,
                   const std::vector<int64_t>& predicted, int num_ranks);
+  // What each task of `job_id` held after its last completed step (index = task as for
+  // StepCompleted): stagecoach_held_parameter_bytes, stagecoach_held_gradient_bytes and
+  // stagecoach_peak_live_bytes {job, rank, replica}, and with sharded parameters
+  // stagecoach_parameter_gather_hidden_ratio (same labels). Call after the step's
+  // StepCompleted; an evicted job's series stay gone.
+  void HeldMemory(const std::string& job_id, const std::vector<TaskHeldMemory>& tasks,
+                  int num_ranks);
   // A rank's step report: data-plane bytes it sent and received in that step.
   void AddDataPlaneBytes(int64_t sent, int64_t received);
   // A job was restarted from its latest checkpoint (restart.max_restarts allowed it): counts it
@@ -108,7 +125,12 @@ class CoordinatorMetrics {
     prometheus::Gauge* padding_waste = nullptr;
     std::vector<prometheus::Gauge*> measured_memory;   // index = task
     std::vector<prometheus::Gauge*> predicted_memory;  // index = rank
-    prometheus::Gauge* degraded = nullptr;             // with replicas; null until first set
+    // HeldMemory's, index = task.
+    std::vector<prometheus::Gauge*> held_parameters;
+    std::vector<prometheus::Gauge*> held_gradients;
+    std::vector<prometheus::Gauge*> peak_live;
+    std::vector<prometheus::Gauge*> gather_hidden;
+    prometheus::Gauge* degraded = nullptr;  // with replicas; null until first set
     prometheus::Gauge* healthy_replicas = nullptr;
     prometheus::Gauge* stalled = nullptr;  // null until first set (Diagnosis)
     // By (replica, rank): its pace and straggling gauges.
@@ -131,6 +153,10 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& padding_waste_;
   prometheus::Family<prometheus::Gauge>& measured_memory_;
   prometheus::Family<prometheus::Gauge>& predicted_memory_;
+  prometheus::Family<prometheus::Gauge>& held_parameters_;
+  prometheus::Family<prometheus::Gauge>& held_gradients_;
+  prometheus::Family<prometheus::Gauge>& peak_live_;
+  prometheus::Family<prometheus::Gauge>& gather_hidden_;
   prometheus::Family<prometheus::Gauge>& degraded_;
   prometheus::Family<prometheus::Gauge>& healthy_replicas_;
   prometheus::Family<prometheus::Gauge>& stalled_;

@@ -196,8 +196,9 @@ TEST(Dashboard, EveryQueriedMetricAndLabelIsExportedByARunningCluster) {
   }
 
   // A tiny training job on token data (documents packed into rows) with 2 data-parallel
-  // replicas, clipping and an eval pass, so that per-job series (the gradient reduction's, the
-  // training recipe's and the token data's among them) and RPC latencies exist.
+  // replicas sharding their parameters, clipping and an eval pass, so that per-job series (the
+  // gradient reduction's and all-gathers', the training recipe's and the token data's among
+  // them) and RPC latencies exist.
   const std::string tokens = c.WriteFile("tokens.bin", PhraseTokenFile(3, 32, 6, 2, 9, 400));
   const std::string spec = c.WriteFile(
       "dash.yaml",
@@ -205,7 +206,7 @@ TEST(Dashboard, EveryQueriedMetricAndLabelIsExportedByARunningCluster) {
                    "model:\n  builtin: {family: gpt, vocab: 32, d_model: 8, layers: 2, heads: 2, "
                    "seq: 8, seed: 1}\n"
                    "split: {stages: 2}\nschedule: {kind: 1F1B, microbatches: 2}\n"
-                   "placement: {replicas: 2}\n"
+                   "placement: {replicas: 2, shard: parameters}\n"
                    "training: {batch_size: 8, steps: 2, loss: cross_entropy, "
                    "grad_clip: {max_norm: 1}}\n"
                    "data: {kind: tokens, path: ",

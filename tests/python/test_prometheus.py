@@ -77,7 +77,7 @@ class Dashboard(unittest.TestCase):
                                       "heads": 2, "seq": 8, "seed": 1}},
                 "split": {"stages": 2},
                 "schedule": {"kind": "1F1B", "microbatches": 2},
-                "placement": {"replicas": 2},
+                "placement": {"replicas": 2, "shard": "parameters"},
                 "training": {"batch_size": 8, "steps": 30, "loss": "cross_entropy",
                              "grad_clip": {"max_norm": 1.0},
                              "lr_schedule": {"kind": "cosine", "warmup_steps": 2}},

@@ -224,6 +224,79 @@ TEST_F(CoordinatorMetricsTest, ReplicatedJobsLabelEachRankWithItsReplica) {
             0.5);
 }
 
+TEST_F(CoordinatorMetricsTest, EachRanksHeldBytesAndPeakFollowItsLatestStepReport) {
+  const std::string w1 = Register(1), w2 = Register(2);
+  auto id = manager_->SubmitJob(
+      "name: t\nmodel: {builtin: {family: mlp, sizes: [4, 8, 8, 8, 2]}}\nsplit: {stages: 2}\n"
+      "schedule: {kind: 1F1B, microbatches: 4}\ntraining: {batch_size: 8, steps: 2}\n",
+      "spec.yaml");
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(Eventually([&] { return State(*id) == v1::JOB_STATE_RUNNING; }));
+  auto report = [&](const std::string& worker, int rank, int step, int64_t params) {
+    v1::ReportStepRequest r;
+    r.set_worker_id(worker);
+    r.set_job_id(*id);
+    r.set_attempt(1);
+    r.set_rank(rank);
+    r.set_step(step);
+    if (rank == 1) {
+      for (int mb = 0; mb < 4; ++mb) r.add_microbatch_losses(1.0);
+    }
+    r.mutable_step_time()->set_nanos(1'000'000);
+    r.set_held_parameter_bytes(params);
+    r.set_held_gradient_bytes(params / 2);
+    r.set_peak_live_bytes(params * 3);
+    r.set_peak_activation_bytes(params * 2);
+    return manager_->ReportStep(r);
+  };
+  const std::map<std::string, std::string> rank1 = {{"job", *id}, {"rank", "1"}, {"replica", "0"}};
+  ASSERT_TRUE(report(w1, 0, 0, 1000).ok());
+  EXPECT_TRUE(std::isnan(Sample(registry_, "stagecoach_held_parameter_bytes", rank1)))
+      << "nothing until the step completes";
+  ASSERT_TRUE(report(w2, 1, 0, 600).ok());
+  EXPECT_EQ(Sample(registry_, "stagecoach_held_parameter_bytes",
+                   {{"job", *id}, {"rank", "0"}, {"replica", "0"}}),
+            1000);
+  EXPECT_EQ(Sample(registry_, "stagecoach_held_parameter_bytes", rank1), 600);
+  EXPECT_EQ(Sample(registry_, "stagecoach_held_gradient_bytes", rank1), 300);
+  EXPECT_EQ(Sample(registry_, "stagecoach_peak_live_bytes", rank1), 1800);
+  // The first step's activation peaks too (they once went to the metrics before the step had
+  // made the job's series, and were dropped).
+  EXPECT_EQ(Sample(registry_, "stagecoach_activation_peak_bytes", rank1), 1200);
+  EXPECT_TRUE(std::isnan(Sample(registry_, "stagecoach_parameter_gather_hidden_ratio", rank1)))
+      << "no sharded parameters, no all-gathers";
+  ASSERT_TRUE(report(w1, 0, 1, 1000).ok());
+  ASSERT_TRUE(report(w2, 1, 1, 400).ok());
+  EXPECT_EQ(Sample(registry_, "stagecoach_held_parameter_bytes", rank1), 400);
+  EXPECT_EQ(Sample(registry_, "stagecoach_peak_live_bytes", rank1), 1200);
+}
+
+TEST_F(CoordinatorMetricsTest, ShardedReplicasReportTheirGathersHiddenRatioPerRank) {
+  prometheus::Registry registry;
+  CoordinatorMetrics metrics(registry);
+  metrics.StepCompleted("job-1", absl::Seconds(1), 1.0, 8.0, {0.1, 0.2, 0.3, 0.4},
+                        {0.0, 0.5, 0.25, 0.75}, /*num_ranks=*/2);
+  std::vector<TaskHeldMemory> tasks(4);
+  for (int task = 0; task < 4; ++task) {
+    tasks[task].held_parameter_bytes = 100 * (task + 1);
+    tasks[task].gather_hidden_ratio = 0.125 * task;
+  }
+  metrics.HeldMemory("job-1", tasks, /*num_ranks=*/2);
+  const std::map<std::string, std::string> replica1_rank0 = {
+      {"job", "job-1"}, {"rank", "0"}, {"replica", "1"}};
+  EXPECT_EQ(Sample(registry, "stagecoach_held_parameter_bytes", replica1_rank0), 300);
+  EXPECT_EQ(Sample(registry, "stagecoach_parameter_gather_hidden_ratio", replica1_rank0), 0.25);
+  // A job evicted from the series loses these too; HeldMemory does not bring them back.
+  for (int i = 0; i < CoordinatorMetrics::kMaxJobSeries; ++i) {
+    metrics.StepCompleted(absl::StrCat("other-", i), absl::Seconds(1), 1.0, 8.0, {0.1});
+  }
+  EXPECT_TRUE(std::isnan(Sample(registry, "stagecoach_held_parameter_bytes", replica1_rank0)));
+  EXPECT_TRUE(
+      std::isnan(Sample(registry, "stagecoach_parameter_gather_hidden_ratio", replica1_rank0)));
+  metrics.HeldMemory("job-1", tasks, /*num_ranks=*/2);
+  EXPECT_TRUE(std::isnan(Sample(registry, "stagecoach_held_parameter_bytes", replica1_rank0)));
+}
+
 TEST_F(CoordinatorMetricsTest, PerJobSeriesAreBoundedToTheMostRecentJobs) {
   prometheus::Registry registry;
   CoordinatorMetrics metrics(registry);

@@ -3,8 +3,9 @@
 // job's final checkpoint (through a helper job) and from a paused job's current weights equals
 // greedy decoding by the plain LibTorch reference (tests/support/reference_gpt.h) on the
 // checkpointed weights; a seeded draw repeats; the paused job stays where it was and the helper
-// job is cancelled afterwards. A running job, an MLP job and a prompt the vocabulary cannot
-// encode are refused, naming why.
+// job is cancelled afterwards. A running job, an MLP job, a prompt the vocabulary cannot
+// encode and a paused job whose replicas shard their parameters (placement.shard: parameters)
+// are refused, naming why.
 #include <torch/torch.h>
 
 #include <random>
@@ -230,6 +231,47 @@ TEST_F(GenerateTest, RefusesARunningJobAnMlpAndAPromptTheVocabularyLacks) {
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
   EXPECT_THAT(r.err, HasSubstr("U+007E"));
   ASSERT_TRUE(cluster_->Cancel(mlp->id()).ok());
+}
+
+TEST_F(GenerateTest, RefusesAPausedJobWhoseReplicasShardTheirParameters) {
+  // 2 ranks x 2 replicas: two more workers.
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(cluster_->AddWorker().ok());
+  ASSERT_TRUE(cluster_->WaitForIdleWorkers(4, absl::Seconds(60)).ok());
+  std::string spec = GptSpec("gpt-sharded", kSteps, data_, "");
+  const std::string placement = "placement: {workers: 2}";
+  const std::string tied = "tie_embeddings: true";
+  ASSERT_NE(spec.find(placement), std::string::npos);
+  ASSERT_NE(spec.find(tied), std::string::npos);
+  spec.replace(spec.find(placement), placement.size(),
+               "placement: {workers: 2, replicas: 2, shard: parameters}");
+  // Tied copies on two stages would shard differently (refused at submit).
+  spec.replace(spec.find(tied), tied.size(), "tie_embeddings: false");
+  auto held = SubmitAndWait(spec, true, v1::JOB_STATE_PAUSED);
+  ASSERT_TRUE(held.ok()) << held.status();
+  ASSERT_EQ(held->state(), v1::JOB_STATE_PAUSED) << held->reason();
+  const std::string id = held->id();
+  CommandResult run = cluster_->Stagectl({"run", id, "--steps", "2"});
+  ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
+  auto at2 = cluster_->WaitForJob(
+      id,
+      [](const v1::Job& j) {
+        return IsFinal(j) || (j.state() == v1::JOB_STATE_PAUSED && j.global_steps_done() == 2);
+      },
+      absl::Seconds(120));
+  ASSERT_TRUE(at2.ok()) << at2.status();
+  ASSERT_EQ(at2->state(), v1::JOB_STATE_PAUSED) << at2->reason() << cluster_->Logs();
+
+  // Between steps each replica holds half of every stage: no worker can decode alone.
+  CommandResult r =
+      cluster_->Stagectl({"generate", id, "--prompt", "123", "--vocab", vocab_, "--tokens", "3"});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("keeps its parameters sharded across the replicas"));
+  EXPECT_THAT(r.err, HasSubstr("decode from a checkpoint instead"));
+  auto after = cluster_->GetJob(id);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->state(), v1::JOB_STATE_PAUSED) << after->reason();
+  EXPECT_EQ(after->global_steps_done(), 2);
+  ASSERT_TRUE(cluster_->Cancel(id).ok());
 }
 
 }  // namespace

@@ -27,6 +27,18 @@ std::string PeerName(int peer, const RankView& self, const std::vector<RankView>
   return absl::StrCat("rank ", peer);
 }
 
+// "replica 1 (host-c:41236)": the same rank of the other replicas, whose all-gathers `self`
+// takes part in; "its replicas" when none is known.
+std::string ReplicaPeers(const RankView& self, const std::vector<RankView>& all) {
+  std::string out;
+  for (const RankView& r : all) {
+    if (r.rank != self.rank || r.replica == self.replica) continue;
+    absl::StrAppend(&out, out.empty() ? "" : ", ", "replica ", r.replica,
+                    r.address.empty() ? "" : absl::StrCat(" (", r.address, ")"));
+  }
+  return out.empty() ? "its replicas" : out;
+}
+
 // What the beacon `p` says the rank does, `age` after it was read.
 std::string Activity(const v1::RankProgress& p, absl::Duration age, const RankView& self,
                      const std::vector<RankView>& all) {
@@ -47,6 +59,14 @@ std::string Activity(const v1::RankProgress& p, absl::Duration age, const RankVi
       if (p.has_wait()) {
         const v1::RankWait& w = p.wait();
         const absl::Duration waited = Micros(w.waited_us()) + age;
+        if (w.kind() == "ALL_GATHER") {
+          const std::string in = p.action().empty()
+                                     ? std::string()
+                                     : absl::StrCat("in ", DescribeAction(p.action()), ", ");
+          return absl::StrCat(in, "waiting for the all-gather of stage ", w.stage(),
+                              "'s parameters with ", ReplicaPeers(self, all), " for ",
+                              Seconds(waited));
+        }
         if (w.kind() == "SEND") {
           const std::string finished =
               p.recent().empty()

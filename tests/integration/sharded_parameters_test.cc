@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/spec/job_spec.h"
 #include "common/util/work_queue.h"
 #include "gmock/gmock.h"
@@ -20,6 +21,7 @@
 #include "worker/collectives/ring/factory.h"
 #include "worker/model/mlp.h"
 #include "worker/runtime/device/counting_allocator.h"
+#include "worker/runtime/executor/progress_beacon.h"
 #include "worker/runtime/sharding/held_memory.h"
 #include "worker/runtime/sharding/parameter_gathering.h"
 #include "worker/runtime/sharding/zero_shards.h"
@@ -248,6 +250,42 @@ TEST_F(ShardedParametersTest, ALateReplicaFailsTheGatherWithinTheTimeoutNamingTh
   ASSERT_FALSE(waited.ok());
   EXPECT_THAT(std::string(waited.status().message()), HasSubstr("rank 0, action 0F0: "));
   EXPECT_THAT(std::string(waited.status().message()), HasSubstr("stage 0"));
+}
+
+// While the compute thread waits for a gather, its beacon says so (the coordinator's stall rule
+// names the replicas it waits on); replica 1 joins the gather only once it has seen that.
+TEST_F(ShardedParametersTest, AWaitForAGatherShowsOnTheBeaconUntilTheGatherEnds) {
+  Build(spec::ShardLevel::kParameters);
+  ASSERT_NO_FATAL_FAILURE(StartGathering());
+  ProgressBeacon beacon("job-1", 1, /*rank=*/0, /*replica=*/0);
+  gathering_[0]->set_progress(&beacon);
+  beacon.BeginStep(0);
+  beacon.BeginAction("0F0");
+  v1::RankWait seen;
+  absl::Status late;
+  std::thread replica1([&] {
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (!beacon.Read().has_wait() && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    seen = beacon.Read().wait();
+    gathering_[1]->Unshard(0);
+    late = gathering_[1]->AwaitGathered(0, "replica 1, action 0F0").status();
+  });
+  gathering_[0]->Unshard(0);
+  const absl::StatusOr<absl::Duration> waited = gathering_[0]->AwaitGathered(0, "action 0F0");
+  replica1.join();
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  ASSERT_TRUE(late.ok()) << late;
+  EXPECT_EQ(seen.kind(), "ALL_GATHER");
+  EXPECT_EQ(seen.stage(), 0);
+  EXPECT_EQ(seen.peer_rank(), -1);
+  EXPECT_GT(*waited, absl::ZeroDuration());
+  EXPECT_FALSE(beacon.Read().has_wait()) << "the wait ends with the gather";
+  EXPECT_EQ(beacon.Read().action(), "0F0") << "the action goes on";
+  // A stage gathered already: no wait to show.
+  ASSERT_TRUE(gathering_[0]->AwaitGathered(0, "action 0F1").ok());
+  EXPECT_FALSE(beacon.Read().has_wait());
 }
 
 TEST_F(ShardedParametersTest, FromLevelGradientsTheReduceScatteredShardFreesTheFullGradients) {

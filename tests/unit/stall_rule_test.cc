@@ -188,6 +188,29 @@ TEST(StallRule, SummariesSayWhatEachPhaseWaitsFor) {
   EXPECT_EQ(SummarizeRank(View(0, reduce, now), all, options, now),
             "reducing step 7's gradients with its replicas for 2.0 s");
 
+  // With sharded parameters (2 replicas of 2 ranks): rank 0 of replica 0 waits in a forward
+  // for its stage's all-gather, which needs rank 0 of replica 1.
+  v1::RankProgress gather = InStep(0, 7, absl::Seconds(9));
+  gather.set_action("0F2");
+  gather.mutable_wait()->set_kind("ALL_GATHER");
+  gather.mutable_wait()->set_stage(0);
+  gather.mutable_wait()->set_microbatch(-1);
+  gather.mutable_wait()->set_peer_rank(-1);
+  gather.mutable_wait()->set_waited_us(3'000'000);
+  std::vector<RankView> replicated = all;
+  for (int rank = 0; rank < 2; ++rank) {
+    RankView other = View(rank, std::nullopt, now);
+    other.replica = 1;
+    other.address = absl::StrCat("host-", rank + 2, ":4100", rank + 2);
+    replicated.push_back(other);
+  }
+  EXPECT_EQ(SummarizeRank(View(0, gather, now - absl::Seconds(1)), replicated, options, now),
+            "in F stage 0 microbatch 2, waiting for the all-gather of stage 0's parameters with "
+            "replica 1 (host-2:41002) for 4.0 s");
+  EXPECT_EQ(SummarizeRank(View(0, gather, now), all, options, now),
+            "in F stage 0 microbatch 2, waiting for the all-gather of stage 0's parameters with "
+            "its replicas for 3.0 s");
+
   v1::RankProgress recipe = InStep(0, 7, absl::Seconds(9));
   recipe.set_phase(v1::RANK_PHASE_OPTIMIZER);
   recipe.mutable_wait()->set_kind("JOB_REDUCTION receive");

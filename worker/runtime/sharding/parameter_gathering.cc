@@ -81,9 +81,12 @@ absl::StatusOr<ParameterGathering::State> ParameterGathering::AwaitSettled(
     int stage, const std::string& where) {
   Stage& st = stages_.at(stage);
   auto settled = [&st]() { return st.state != State::kGathering; };
+  const bool blocks = st.state == State::kGathering && progress_ != nullptr;
+  if (blocks) progress_->BeginWait("ALL_GATHER", stage, -1, -1, 0);
   const absl::Time start = absl::Now();
   const bool done = mu_.AwaitWithTimeout(absl::Condition(&settled), timeout_);
   waited_ += absl::Now() - start;
+  if (blocks) progress_->EndWait();
   if (!done) {
     group_->Abort();
     return absl::DeadlineExceededError(absl::StrCat(

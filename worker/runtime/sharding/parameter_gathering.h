@@ -36,6 +36,7 @@
 #include "common/util/executor.h"
 #include "worker/collectives/collective_timing.h"
 #include "worker/collectives/collectives.h"
+#include "worker/runtime/executor/progress_beacon.h"
 #include "worker/runtime/executor/stage_sharding.h"
 #include "worker/runtime/sharding/zero_shards.h"
 
@@ -61,6 +62,11 @@ class ParameterGathering final : public StageSharding {
                      absl::Duration timeout);
   // Waits for a gather in flight (abort the group first to cut it short).
   ~ParameterGathering() override;
+
+  // Where the compute thread's waits for a gather show: the task's beacon marks each as a wait
+  // of kind ALL_GATHER on the stage (no peer rank: the other replicas), so that a gather stuck
+  // on a lost replica reads as a wait, not as a slow action. Null (the default): nowhere.
+  void set_progress(ProgressBeacon* progress) { progress_ = progress; }
 
   // A step starts at `step_start` (gather timings count from it); its report starts empty.
   void BeginStep(absl::Time step_start);
@@ -96,7 +102,8 @@ class ParameterGathering final : public StageSharding {
   collectives::Collectives* const group_;
   Executor* const comm_;
   const absl::Duration timeout_;
-  absl::Time step_start_;  // the task's thread's
+  absl::Time step_start_;               // the task's thread's
+  ProgressBeacon* progress_ = nullptr;  // the task's thread's
 
   mutable absl::Mutex mu_;
   std::map<int, Stage> stages_ ABSL_GUARDED_BY(mu_);

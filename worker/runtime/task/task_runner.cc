@@ -456,6 +456,7 @@ absl::Status TaskRunner::RunOnDataPlane(TaskSetup& setup, transport::Transport& 
   absl::StatusOr<TrainingParts> parts = MakeTrainingParts(task_, setup, transport, group);
   if (!parts.ok()) return AbortDataPlane(transport, group, parts.status());
   if (parts->job_reduction != nullptr) parts->job_reduction->set_progress(&progress_);
+  if (parts->gathering != nullptr) parts->gathering->set_progress(&progress_);
   CheckpointStepsOptions checkpoint_options;
   checkpoint_options.dir = setup.forward_only ? "" : setup.spec.training.checkpoint.dir;
   checkpoint_options.every_steps = setup.spec.training.checkpoint.every_steps;

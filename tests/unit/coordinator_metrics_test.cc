@@ -74,6 +74,18 @@ class CoordinatorMetricsTest : public ::testing::Test {
     r.set_bubble_ratio(bubble);
     return manager_->ReportStep(r);
   }
+  // A 2-stage 1F1B MLP job of 4 microbatches and 2 steps, RUNNING on the registered workers.
+  absl::StatusOr<std::string> SubmitRunningMlp() {
+    auto id = manager_->SubmitJob(
+        "name: t\nmodel: {builtin: {family: mlp, sizes: [4, 8, 8, 8, 2]}}\nsplit: {stages: 2}\n"
+        "schedule: {kind: 1F1B, microbatches: 4}\ntraining: {batch_size: 8, steps: 2}\n",
+        "spec.yaml");
+    if (!id.ok()) return id.status();
+    if (!Eventually([&] { return State(*id) == v1::JOB_STATE_RUNNING; })) {
+      return absl::DeadlineExceededError(absl::StrCat(*id, " is not RUNNING"));
+    }
+    return id;
+  }
   // Runs what the manager queued (calls to the fake workers), then checks `cond`.
   bool Eventually(const std::function<bool()>& cond) {
     executor_.RunUntilIdle();
@@ -116,12 +128,8 @@ TEST_F(CoordinatorMetricsTest, KnownStatesAndCountersStartAtZero) {
 TEST_F(CoordinatorMetricsTest, StepsLossAndStatesFollowTheJob) {
   const std::string w1 = Register(1), w2 = Register(2);
   EXPECT_EQ(Workers("idle"), 2);
-  auto id = manager_->SubmitJob(
-      "name: t\nmodel: {builtin: {family: mlp, sizes: [4, 8, 8, 8, 2]}}\nsplit: {stages: 2}\n"
-      "schedule: {kind: 1F1B, microbatches: 4}\ntraining: {batch_size: 8, steps: 2}\n",
-      "spec.yaml");
+  auto id = SubmitRunningMlp();
   ASSERT_TRUE(id.ok()) << id.status();
-  ASSERT_TRUE(Eventually([&] { return State(*id) == v1::JOB_STATE_RUNNING; }));
   EXPECT_EQ(Jobs("running"), 1);
   EXPECT_EQ(Jobs("pending"), 0);
   EXPECT_EQ(Workers("busy"), 2);
@@ -226,12 +234,8 @@ TEST_F(CoordinatorMetricsTest, ReplicatedJobsLabelEachRankWithItsReplica) {
 
 TEST_F(CoordinatorMetricsTest, EachRanksHeldBytesAndPeakFollowItsLatestStepReport) {
   const std::string w1 = Register(1), w2 = Register(2);
-  auto id = manager_->SubmitJob(
-      "name: t\nmodel: {builtin: {family: mlp, sizes: [4, 8, 8, 8, 2]}}\nsplit: {stages: 2}\n"
-      "schedule: {kind: 1F1B, microbatches: 4}\ntraining: {batch_size: 8, steps: 2}\n",
-      "spec.yaml");
+  auto id = SubmitRunningMlp();
   ASSERT_TRUE(id.ok()) << id.status();
-  ASSERT_TRUE(Eventually([&] { return State(*id) == v1::JOB_STATE_RUNNING; }));
   auto report = [&](const std::string& worker, int rank, int step, int64_t params) {
     v1::ReportStepRequest r;
     r.set_worker_id(worker);

@@ -443,8 +443,14 @@ class Simulator {
 
   Simulation Finish() {
     Simulation sim;
-    for (const RankState& state : ranks_) {
-      sim.makespan = std::max({sim.makespan, state.clock, state.queue_free});
+    std::vector<double> after_step(ranks_.size(), 0);
+    for (size_t s = 0; s < costs_.per_stage_after_step.size(); ++s) {
+      after_step[stage_to_rank_[s]] += costs_.per_stage_after_step[s];
+    }
+    for (size_t rank = 0; rank < ranks_.size(); ++rank) {
+      const RankState& state = ranks_[rank];
+      sim.makespan =
+          std::max(sim.makespan, std::max(state.clock, state.queue_free) + after_step[rank]);
     }
     sim.timeline = std::move(timeline_);
     sim.messages = SortedMessages();

@@ -42,6 +42,11 @@ struct CostModel {
   // does its RESHARD (which then takes its cost); a rank ends no earlier than its queue. Off:
   // both take their cost on the rank, one action after another.
   bool overlap_collectives = false;
+  // Element s: work for stage s after its rank's last action and its communication queue (ZeRO
+  // levels optimizer and gradients: the all-gather of the stepped shards follows the optimizer
+  // step, so nothing in the step hides it). A rank ends that much later for each of its stages;
+  // it is not busy time. May be shorter than the number of stages, not longer.
+  std::vector<double> per_stage_after_step;
   // Fixed cost of every message, in time units.
   double latency = 0;
   // Bytes per time unit of every link; 0 means infinite (a message takes only `latency`).
@@ -116,7 +121,7 @@ struct Simulation {
 //  - inconsistent inputs: num_stages or num_microbatches < 1, stage_to_rank not one rank in
 //    [0, lowered.size()) per stage, a cost that is negative or not finite (the message names the
 //    field, e.g. "costs.per_stage[2].forward"), per_stage, per_stage_message_bytes,
-//    per_stage_unshard or per_stage_reduce_grad longer than num_stages;
+//    per_stage_unshard, per_stage_reduce_grad or per_stage_after_step longer than num_stages;
 //  - an action the simulator cannot run: a stage or microbatch out of range, an action on a rank
 //    other than its stage's, an OVERLAP_F_B holding anything but F, I, B and W, an action that
 //    runs twice for the same (stage, mb), B or I before its F, W before its I, a SEND before the

@@ -108,7 +108,8 @@ absl::Status CheckCostModel(const CostModel& costs, int num_stages) {
   }
   for (const auto& [values, name] : {std::pair<const std::vector<double>*, const char*>{
                                          &costs.per_stage_unshard, "per_stage_unshard"},
-                                     {&costs.per_stage_reduce_grad, "per_stage_reduce_grad"}}) {
+                                     {&costs.per_stage_reduce_grad, "per_stage_reduce_grad"},
+                                     {&costs.per_stage_after_step, "per_stage_after_step"}}) {
     RETURN_IF_ERROR(CheckPerStageSize(values->size(), name, num_stages));
     for (size_t s = 0; s < values->size(); ++s) {
       RETURN_IF_ERROR(CheckCost((*values)[s], absl::StrCat(name, "[", s, "]")));

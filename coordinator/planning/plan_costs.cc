@@ -32,13 +32,15 @@ void AddCollectiveCosts(const Plan& plan, const CostAssumptions& assumptions,
     const double reduce_scatter = RingSeconds(d - 1, shard_bytes, assumptions);
     double reduce = 0;
     double unshard = 0;
+    double after_step = 0;
     switch (plan.shard) {
       case spec::ShardLevel::kNone:
         reduce = 2 * reduce_scatter;  // an all-reduce: reduce-scatter, then all-gather
         break;
       case spec::ShardLevel::kOptimizer:
       case spec::ShardLevel::kGradients:
-        reduce = 2 * reduce_scatter;  // the reduce-scatter, and the all-gather after the step
+        reduce = reduce_scatter;
+        after_step = reduce_scatter;  // the all-gather of the stepped shards
         break;
       case spec::ShardLevel::kParameters:
         reduce = reduce_scatter;
@@ -47,6 +49,7 @@ void AddCollectiveCosts(const Plan& plan, const CostAssumptions& assumptions,
     }
     costs.per_stage_reduce_grad.push_back(reduce);
     costs.per_stage_unshard.push_back(unshard);
+    costs.per_stage_after_step.push_back(after_step);
   }
 }
 

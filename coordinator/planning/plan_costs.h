@@ -39,9 +39,10 @@ CostAssumptions DefaultCostAssumptions();
 // communication queue (CostModel::overlap_collectives), as ring messages of the link above: of a
 // stage of N parameters and c = 4 ceil(N / replicas) bytes per shard, D - 1 messages of c for a
 // reduce-scatter or an all-gather. REDUCE_GRAD takes an all-reduce (2(D - 1) messages) without
-// sharding, the reduce-scatter and the all-gather after the optimizer step with shard optimizer
-// or gradients (the all-gather, which follows the step, is counted with the reduction), the
-// reduce-scatter alone with shard parameters, whose UNSHARD takes an all-gather.
+// sharding, the reduce-scatter alone with shard optimizer or gradients, whose all-gather of the
+// stepped shards follows the optimizer step (CostModel::per_stage_after_step: it lengthens the
+// rank's step, hidden by nothing), and the reduce-scatter alone with shard parameters, whose
+// UNSHARD takes an all-gather.
 schedule::CostModel PlanCostModel(const Plan& plan, const CostAssumptions& assumptions = {});
 
 // Each rank's predicted compute per step and bubble ratio, from the schedule simulator: with

@@ -260,6 +260,28 @@ TEST(Simulate, OverlappedCollectivesRunOnTheRanksQueue) {
               HasSubstr("per_stage_unshard"));
 }
 
+// per_stage_after_step: work after a rank's last action and its queue (the all-gather after a
+// ZeRO-1/2 optimizer step) ends the rank later without being busy time. Two ranks of one stage
+// each, F 1, B 2, reductions of 2 on the queue: rank 0's B0 runs 4-6 and its reduction 6-8, then
+// 3 more: 11 (rank 1: B0 2-4, reduction 4-6, then 0.5: 6.5); busy 3 each.
+TEST(Simulate, WorkAfterTheStepEndsTheRankLaterWithoutBusyTime) {
+  CostModel costs;
+  costs.overlap_collectives = true;
+  costs.per_stage_reduce_grad = {2, 2};
+  costs.per_stage_after_step = {3, 0.5};
+  const PipelineOrder lowered = {
+      ParseActions({"0F0", "0SEND_F0", "0RECV_B0", "0B0", "0REDUCE_GRAD"}),
+      ParseActions({"1RECV_F0", "1F0", "1B0", "1SEND_B0", "1REDUCE_GRAD"})};
+  Simulation sim = MustSimulate(lowered, {0, 1}, 2, 1, costs);
+  EXPECT_EQ(sim.makespan, 11);
+  EXPECT_THAT(sim.busy, ElementsAre(3, 3));
+  costs.per_stage_after_step = {};
+  EXPECT_EQ(MustSimulate(lowered, {0, 1}, 2, 1, costs).makespan, 8);
+  costs.per_stage_after_step = {1, -1};
+  EXPECT_THAT(std::string(Simulate(lowered, {0, 1}, 2, 1, costs).status().message()),
+              HasSubstr("per_stage_after_step[1]"));
+}
+
 // The full runtime lowering (UNSHARD/RESHARD, REDUCE_GRAD, send/recv) of generated GPipe r2 m1
 // runs like the hand-written list: its extra actions cost nothing by default.
 TEST(Simulate, RunsLowerScheduleOutput) {

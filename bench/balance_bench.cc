@@ -19,7 +19,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "bench/bench_support.h"
 #include "bench/cluster_runs.h"
 #include "nlohmann/json.hpp"
@@ -38,8 +37,9 @@ struct Variant {
 
 std::string Spec(const Variant& v, int steps) {
   return absl::StrCat(
-      "name: balance-", v.name, "\nmodel: {builtin: {family: gpt, vocab: 96, d_model: 128, layers: ",
-      v.layers, ", heads: 4, seq: 64, seed: 1, tie_embeddings: true}}\n", v.split,
+      "name: balance-", v.name,
+      "\nmodel: {builtin: {family: gpt, vocab: 96, d_model: 128, layers: ", v.layers,
+      ", heads: 4, seq: 64, seed: 1, tie_embeddings: true}}\n", v.split,
       "\nschedule: {kind: ZBVZeroBubble, microbatches: 8}\nplacement: {workers: 2}\n",
       "training: {batch_size: 32, steps: ", steps,
       ", loss: cross_entropy, optimizer: {kind: adamw, lr: 0.003, weight_decay: 0.01},\n",
@@ -58,12 +58,7 @@ Run RunOnce(sc::testing::LocalCluster& cluster, const Variant& v, int steps, int
   const sc::v1::Job done =
       sc::bench::RunJob(cluster, Spec(v, steps), absl::Minutes(20), "the " + v.name + " job");
   Run run;
-  sc::testing::CommandResult watch = cluster.Stagectl({"watch", done.id(), "-o", "json"});
-  int step = 0;
-  for (absl::string_view line : absl::StrSplit(watch.out, '\n')) {
-    json event = json::parse(line, nullptr, false);
-    if (!event.is_object() || !event.contains("step_time_seconds")) continue;
-    if (step++ < warmup) continue;
+  for (const json& event : sc::bench::StepEvents(cluster, done.id(), warmup)) {
     run.step_seconds.push_back(event["step_time_seconds"].get<double>());
     const auto& ratios = event["bubble_ratios"];
     for (size_t r = 0; r < ratios.size(); ++r) {
@@ -72,10 +67,8 @@ Run RunOnce(sc::testing::LocalCluster& cluster, const Variant& v, int steps, int
   }
   const sc::v1::Job job = sc::bench::Value("GetJob " + done.id(), cluster.GetJob(done.id()));
   run.split = job.split();
-  for (const sc::v1::RankBalance& b : job.balance()) run.simulated.push_back(b.simulated_bubble_ratio());
-  if (run.step_seconds.empty()) {
-    sc::bench::Fail("watch " + done.id(), absl::InternalError("no step times after the warm-up"));
-  }
+  for (const sc::v1::RankBalance& b : job.balance())
+    run.simulated.push_back(b.simulated_bubble_ratio());
   return run;
 }
 
@@ -106,9 +99,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "round %d: %s done\n", round + 1, v.name.c_str());
     }
   }
-  std::printf("%d rounds of %d steps each (medians after %d warm-up steps), 2 workers, "
-              "ZBVZeroBubble x 8 microbatches, batch 32\n\n",
-              rounds, steps, warmup);
+  std::printf(
+      "%d rounds of %d steps each (medians after %d warm-up steps), 2 workers, "
+      "ZBVZeroBubble x 8 microbatches, batch 32\n\n",
+      rounds, steps, warmup);
   std::printf("%-10s %-7s %-44s %9s %9s %-22s %-22s\n", "VARIANT", "BLOCKS", "SPLIT", "STEP ms",
               "SAMPLES/s", "BUBBLE r0 (sim)", "BUBBLE r1 (sim)");
   for (const Variant& v : variants) {
@@ -127,13 +121,13 @@ int main(int argc, char** argv) {
     const double step = sc::bench::Median(times);
     std::string split = runs[v.name].front().split;
     if (split.size() > 44) split = split.substr(0, 41) + "...";
-    std::printf("%-10s %-7d %-44s %9.1f %9.0f", v.name.c_str(), v.layers, split.c_str(),
-                step * 1e3, 32 / step);
+    std::printf("%-10s %-7d %-44s %9.1f %9.0f", v.name.c_str(), v.layers, split.c_str(), step * 1e3,
+                32 / step);
     for (int rank = 0; rank < 2; ++rank) {
-      std::printf(" %-22s",
-                  absl::StrFormat("%.3f (%.3f)", sc::bench::Median(bubbles[rank]),
-                                  simulated[rank].empty() ? 0.0 : sc::bench::Median(simulated[rank]))
-                      .c_str());
+      std::printf(" %-22s", absl::StrFormat(
+                                "%.3f (%.3f)", sc::bench::Median(bubbles[rank]),
+                                simulated[rank].empty() ? 0.0 : sc::bench::Median(simulated[rank]))
+                                .c_str());
     }
     std::printf("\n");
   }

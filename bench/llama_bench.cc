@@ -11,9 +11,9 @@
 // the ratio to plain. The jobs' step times are the coordinator's (stagectl watch -o json).
 //
 //   build/bench/llama_bench [--hidden N] [--layers N] [--seq N] [--batch N] [--steps N]
-#include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -21,7 +21,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "bench/bench_support.h"
 #include "bench/cluster_runs.h"
 #include "bench/llama_sizes.h"
@@ -46,30 +45,24 @@ std::string Builtin(const Options& o) {
 }
 
 std::string Spec(const Options& o, int workers, bool bf16) {
-  return absl::StrCat("name: llama-bench-", workers, bf16 ? "-bf16" : "-fp32", "\nmodel: {builtin: ",
-                      Builtin(o), "}\nsplit: {stages: ", workers, "}\n",
+  return absl::StrCat("name: llama-bench-", workers, bf16 ? "-bf16" : "-fp32",
+                      "\nmodel: {builtin: ", Builtin(o), "}\nsplit: {stages: ", workers, "}\n",
                       "schedule: {kind: 1F1B, microbatches: ", o.microbatches, "}\n",
                       "placement: {workers: ", workers, "}\ntraining: {batch_size: ", o.batch,
-                      ", steps: ", o.steps, ", loss: cross_entropy, optimizer: {kind: adamw, "
-                      "lr: 0.0003}", bf16 ? ", precision: bf16" : "", "}\n",
-                      "data: {kind: synthetic, seed: 1}\n");
+                      ", steps: ", o.steps,
+                      ", loss: cross_entropy, optimizer: {kind: adamw, "
+                      "lr: 0.0003}",
+                      bf16 ? ", precision: bf16" : "", "}\n", "data: {kind: synthetic, seed: 1}\n");
 }
 
 // Median step seconds of a job on the cluster, after the warm-up steps.
-double JobStepSeconds(sc::testing::LocalCluster& cluster, const Options& o, int workers, bool bf16) {
+double JobStepSeconds(sc::testing::LocalCluster& cluster, const Options& o, int workers,
+                      bool bf16) {
   const sc::v1::Job done = sc::bench::RunJob(cluster, Spec(o, workers, bf16), absl::Minutes(30),
                                              absl::StrCat("the ", workers, "-worker job"));
-  sc::testing::CommandResult watch = cluster.Stagectl({"watch", done.id(), "-o", "json"});
   std::vector<double> seconds;
-  int step = 0;
-  for (absl::string_view line : absl::StrSplit(watch.out, '\n')) {
-    json event = json::parse(line, nullptr, false);
-    if (!event.is_object() || !event.contains("step_time_seconds")) continue;
-    if (step++ < o.warmup) continue;
+  for (const json& event : sc::bench::StepEvents(cluster, done.id(), o.warmup)) {
     seconds.push_back(event["step_time_seconds"].get<double>());
-  }
-  if (seconds.empty()) {
-    sc::bench::Fail("watch " + done.id(), absl::InternalError("no step times after the warm-up"));
   }
   return sc::bench::Median(seconds);
 }
@@ -85,7 +78,8 @@ double PlainStepSeconds(const Options& o, bool bf16) {
       bf16 ? sc::model::Precision::kBf16 : sc::model::Precision::kFp32;
   std::vector<double> seconds;
   for (int step = 0; step < o.steps; ++step) {
-    const torch::Tensor tokens = torch::randint(0, o.model.vocab, {o.batch, o.seq + 1}, torch::kInt64);
+    const torch::Tensor tokens =
+        torch::randint(0, o.model.vocab, {o.batch, o.seq + 1}, torch::kInt64);
     const auto start = std::chrono::steady_clock::now();
     optimizer.zero_grad();
     const auto xs = torch::tensor_split(tokens.slice(1, 0, o.seq), o.microbatches, 0);
@@ -101,7 +95,8 @@ double PlainStepSeconds(const Options& o, bool bf16) {
       (loss / o.microbatches).backward();
     }
     optimizer.step();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (step >= o.warmup) seconds.push_back(s);
   }
   return sc::bench::Median(seconds);
@@ -124,10 +119,11 @@ int main(int argc, char** argv) {
 
   const sc::spec::JobSpec probe =
       sc::bench::Value("the spec", sc::spec::ParseJobSpec(Spec(o, 1, false)));
-  std::printf("llama %s: %.1fM parameters; batch %d x seq %d = %d tokens per step, %d "
-              "microbatches, AdamW; medians of %d steps after %d warm-up, %d cores\n\n",
-              Builtin(o).c_str(), probe.model.builtin->decoder->NumParameters() / 1e6, o.batch,
-              o.seq, o.batch * o.seq, o.microbatches, o.steps - o.warmup, o.warmup, cores);
+  std::printf(
+      "llama %s: %.1fM parameters; batch %d x seq %d = %d tokens per step, %d "
+      "microbatches, AdamW; medians of %d steps after %d warm-up, %d cores\n\n",
+      Builtin(o).c_str(), probe.model.builtin->decoder->NumParameters() / 1e6, o.batch, o.seq,
+      o.batch * o.seq, o.microbatches, o.steps - o.warmup, o.warmup, cores);
   sc::testing::ClusterOptions options;
   options.check_lock_order = false;
   options.workers = 2;
@@ -140,8 +136,8 @@ int main(int argc, char** argv) {
     const double tokens = static_cast<double>(o.batch) * o.seq;
     for (const auto& [name, s] :
          {std::pair<const char*, double>{"plain", plain}, {"1 worker", one}, {"2 workers", two}}) {
-      std::printf("%-10s %-10s %12.2f %12.1f %10.2f\n", bf16 ? "bf16" : "fp32", name, s,
-                  tokens / s, plain / s);
+      std::printf("%-10s %-10s %12.2f %12.1f %10.2f\n", bf16 ? "bf16" : "fp32", name, s, tokens / s,
+                  plain / s);
     }
   }
   return 0;

@@ -92,7 +92,7 @@ struct Row {
   // the machine's drift between rounds.
   std::vector<std::vector<double>> ours_round_spreads;
   std::vector<double> theirs_round_spreads;
-  std::vector<double> max_loss_diff;      // per stack, against PyTorch's
+  std::vector<double> max_loss_diff;  // per stack, against PyTorch's
   std::string shipped = "not run";
   json torch_info;
 };
@@ -232,11 +232,8 @@ Run MeasureOurs(sc::testing::LocalCluster& c, const Options& o, const std::strin
       "}}\ndata: {kind: tensors, path: ", work, "/data.pt}\n");
   const std::string id =
       sc::bench::RunJob(c, spec, absl::Minutes(10), "Stagecoach " + schedule).id();
-  sc::testing::CommandResult watch = c.Stagectl({"watch", id, "-o", "json"});
   Run run;
-  for (absl::string_view line : absl::StrSplit(watch.out, '\n')) {
-    json event = json::parse(line, nullptr, false);
-    if (!event.is_object() || !event.contains("step_time_seconds")) continue;
+  for (const json& event : sc::bench::StepEvents(c, id)) {
     if (static_cast<int>(run.losses.size()) >= o.warmup)
       run.times.push_back(event["step_time_seconds"].get<double>());
     run.losses.push_back(event["loss"].is_null() ? NAN : event["loss"].get<double>());

@@ -20,7 +20,6 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "bench/bench_support.h"
 #include "bench/cluster_runs.h"
 #include "nlohmann/json.hpp"
@@ -60,15 +59,10 @@ std::string Pinned(const json& c, const json& layers) {
 
 // Median step seconds of the finished job `id` after `warmup` steps (from its event log).
 double MeasuredMedian(sc::testing::LocalCluster& c, const std::string& id, int warmup) {
-  sc::testing::CommandResult watch = c.Stagectl({"watch", id, "-o", "json"});
   std::vector<double> times;
-  int step = 0;
-  for (absl::string_view line : absl::StrSplit(watch.out, '\n')) {
-    json event = json::parse(line, nullptr, false);
-    if (!event.is_object() || !event.contains("step_time_seconds")) continue;
-    if (step++ >= warmup) times.push_back(event["step_time_seconds"].get<double>());
+  for (const json& event : sc::bench::StepEvents(c, id, warmup)) {
+    times.push_back(event["step_time_seconds"].get<double>());
   }
-  if (times.empty()) sc::bench::Fail("watch " + id, absl::InternalError("no step times"));
   return sc::bench::Median(times);
 }
 

@@ -19,7 +19,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "bench/bench_support.h"
 #include "bench/cluster_runs.h"
 #include "common/util/byte_size.h"
@@ -76,16 +75,8 @@ Run RunOnce(sc::testing::LocalCluster& cluster, const Options& o, const std::str
   const sc::v1::Job done =
       sc::bench::RunJob(cluster, Spec(o, level), absl::Minutes(20), "the " + level + " job");
   Run run;
-  sc::testing::CommandResult watch = cluster.Stagectl({"watch", done.id(), "-o", "json"});
-  int step = 0;
-  for (absl::string_view line : absl::StrSplit(watch.out, '\n')) {
-    json event = json::parse(line, nullptr, false);
-    if (!event.is_object() || !event.contains("step_time_seconds")) continue;
-    if (step++ < o.warmup) continue;
+  for (const json& event : sc::bench::StepEvents(cluster, done.id(), o.warmup)) {
     run.step_seconds.push_back(event["step_time_seconds"].get<double>());
-  }
-  if (run.step_seconds.empty()) {
-    sc::bench::Fail("watch " + done.id(), absl::InternalError("no step times after the warm-up"));
   }
   const sc::v1::Job job = sc::bench::Value("GetJob " + done.id(), cluster.GetJob(done.id()));
   for (const sc::v1::RankStatus& rank : job.ranks()) {
